@@ -1,0 +1,1 @@
+"""Platform: connection, embedded engine, unit of work, outbox, workers, CLI."""

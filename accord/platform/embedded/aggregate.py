@@ -1,0 +1,153 @@
+"""Aggregation pipelines over a transaction's view of the data.
+
+Stages whose semantics mongomock gets right are delegated to its handlers; the ones it
+lacks or gets wrong for the platform ($unset, $replaceWith, $lookup with a pipeline,
+$facet over this runner, $match/$sort with this engine's evaluators) are done here.
+``extra_stages`` lets the engine plug in stages such as ``$vectorSearch``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from mongomock import OperationFailure
+from mongomock import aggregate as mm_aggregate
+
+from accord.platform.embedded import query
+from accord.platform.embedded.errors import EngineError, bad_value
+
+Doc = dict[str, Any]
+# Reads the documents of another collection of the same database (for $lookup).
+CollectionReader = Callable[[str], list[Doc]]
+StageHandler = Callable[[list[Doc], Any, "Pipeline"], list[Doc]]
+
+FIRST_STAGE_ONLY = {"$vectorSearch", "$search", "$documents"}
+
+
+class Pipeline:
+    """Runs one pipeline; ``reader`` resolves other collections of the database."""
+
+    extra_stages: dict[str, StageHandler] = {}
+
+    def __init__(self, reader: CollectionReader, collection: str | None) -> None:
+        self.reader = reader
+        self.collection = collection
+
+    def run(self, docs: list[Doc], pipeline: list[Any]) -> list[Doc]:
+        if not isinstance(pipeline, list):
+            raise EngineError(14, "'pipeline' option must be specified as an array")
+        docs = copy.deepcopy(docs)
+        for position, stage in enumerate(pipeline):
+            if not isinstance(stage, dict) or len(stage) != 1:
+                raise EngineError(
+                    40323, "A pipeline stage specification object must contain exactly one field."
+                )
+            (name, spec), = stage.items()
+            if name in FIRST_STAGE_ONLY and position != 0:
+                raise EngineError(40602, f"{name} is only valid as the first stage in a pipeline")
+            docs = self._stage(name, spec, docs)
+        return docs
+
+    def _stage(self, name: str, spec: Any, docs: list[Doc]) -> list[Doc]:
+        if name in self.extra_stages:
+            return self.extra_stages[name](docs, spec, self)
+        if name == "$match":
+            query.check_filter(spec)
+            return [d for d in docs if query.matches(spec, d)]
+        if name == "$sort":
+            if not isinstance(spec, dict) or not spec:
+                raise EngineError(15976, "$sort stage must have at least one sort key")
+            return query.sort_docs(docs, spec)
+        if name in ("$limit", "$skip"):
+            if isinstance(spec, bool) or not isinstance(spec, int | float) or spec < 0:
+                raise EngineError(15958, f"invalid argument to {name} stage: {spec!r}")
+            if name == "$limit" and spec == 0:
+                raise EngineError(15958, "the limit must be positive")
+            return docs[: int(spec)] if name == "$limit" else docs[int(spec) :]
+        if name == "$unset":
+            fields = [spec] if isinstance(spec, str) else spec
+            if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+                raise EngineError(31002, "$unset specification must be a string or an array")
+            return [query.project(d, {f: 0 for f in fields}) for d in docs]
+        if name == "$replaceWith":
+            return self._stage("$replaceRoot", {"newRoot": spec}, docs)
+        if name == "$sortByCount":
+            grouped = self._stage("$group", {"_id": spec, "count": {"$sum": 1}}, docs)
+            return query.sort_docs(grouped, {"count": -1})
+        if name == "$facet":
+            if not isinstance(spec, dict):
+                raise EngineError(15947, "a facet's fields must be specified in an object")
+            return [{k: Pipeline(self.reader, self.collection).run(docs, p) for k, p in spec.items()}]
+        if name == "$lookup":
+            return self._lookup(spec, docs)
+        if name == "$documents":
+            if not isinstance(spec, list):
+                raise bad_value("$documents needs an array of documents")
+            return copy.deepcopy(spec)
+        handler = mm_aggregate._PIPELINE_HANDLERS.get(name)
+        if handler is None or name in ("$out", "$merge", "$graphLookup"):
+            raise EngineError(40324, f"Unrecognized pipeline stage name: '{name}'")
+        try:
+            return list(handler(docs, None, spec))
+        except EngineError:
+            raise
+        except OperationFailure as exc:
+            raise EngineError(exc.code or 2, str(exc)) from exc
+        except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise bad_value(f"{name} failed: {exc}") from exc
+
+    def _lookup(self, spec: Any, docs: list[Doc]) -> list[Doc]:
+        if not isinstance(spec, dict) or "as" not in spec or not isinstance(spec["as"], str):
+            raise EngineError(40319, "$lookup requires an 'as' field")
+        foreign = self.reader(spec["from"]) if "from" in spec else []
+        local_field, foreign_field = spec.get("localField"), spec.get("foreignField")
+        if (local_field is None) != (foreign_field is None):
+            raise EngineError(40321, "$lookup requires both or neither of localField and foreignField")
+        sub_pipeline = spec.get("pipeline")
+        let = spec.get("let") or {}
+        out = []
+        for doc in docs:
+            matched = foreign
+            if local_field is not None:
+                locals_ = [v for v in query.path_values(doc, local_field) if v is not query._MISSING]
+                if not locals_:
+                    locals_ = [None]
+                keyed = [query.canonical(v) for v in locals_]
+                matched = [
+                    f for f in foreign
+                    if any(query.canonical(v) in keyed for v in _values_or_null(f, foreign_field))
+                ]  # fmt: skip
+            if sub_pipeline is not None:
+                variables = {
+                    name: mm_aggregate._parse_expression(expr, doc) for name, expr in let.items()
+                }
+                bound = _bind_variables(sub_pipeline, variables)
+                matched = Pipeline(self.reader, spec.get("from")).run(matched, bound)
+            new = dict(doc)
+            new[spec["as"]] = copy.deepcopy(matched)
+            out.append(new)
+        return out
+
+
+def _values_or_null(doc: Doc, path: str) -> list[Any]:
+    values = [v for v in query.path_values(doc, path) if v is not query._MISSING]
+    return values or [None]
+
+
+def _bind_variables(node: Any, variables: dict[str, Any]) -> Any:
+    """Substitute ``$$name`` references with the values of ``let`` variables."""
+    if isinstance(node, str) and node.startswith("$$"):
+        name, _, rest = node[2:].partition(".")
+        if name in variables:
+            value = variables[name]
+            for part in rest.split(".") if rest else []:
+                value = value.get(part) if isinstance(value, dict) else None
+            return {"$literal": value}
+        return node
+    if isinstance(node, list):
+        return [_bind_variables(n, variables) for n in node]
+    if isinstance(node, dict):
+        return {k: _bind_variables(v, variables) for k, v in node.items()}
+    return node

@@ -1,0 +1,100 @@
+"""Server-side cursors: materialised result sets served in batches under 16 MB."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+
+from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.wire import MAX_BSON_SIZE
+
+Doc = dict[str, Any]
+DEFAULT_FIRST_BATCH = 101
+# Leave room for the reply envelope around the batch.
+BATCH_BYTES = MAX_BSON_SIZE - 64 * 1024
+CURSOR_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Cursor:
+    id: int
+    ns: str
+    docs: list[Doc]
+    pos: int = 0
+    session: bytes | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class CursorManager:
+    def __init__(self) -> None:
+        self.cursors: dict[int, Cursor] = {}
+        self._ids = itertools.count(random.randint(1, 2**40))
+
+    def first_batch(
+        self, ns: str, docs: list[Doc], batch_size: int | None, session: bytes | None,
+        *, single_batch: bool = False, key: str = "firstBatch",
+    ) -> Doc:  # fmt: skip
+        cursor = Cursor(id=0, ns=ns, docs=docs, session=session)
+        limit = DEFAULT_FIRST_BATCH if batch_size is None else batch_size
+        batch = self._take(cursor, limit)
+        cursor_id = 0
+        if cursor.pos < len(docs) and not single_batch:
+            cursor_id = cursor.id = next(self._ids)
+            self.cursors[cursor_id] = cursor
+        return {"cursor": {key: batch, "id": bson.Int64(cursor_id), "ns": ns}, "ok": 1.0}
+
+    def get_more(self, cursor_id: int, ns: str, batch_size: int | None) -> Doc:
+        cursor = self.cursors.get(cursor_id)
+        if cursor is None:
+            raise EngineError(43, f"cursor id {cursor_id} not found")
+        if cursor.ns != ns:
+            raise EngineError(
+                13, f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'"
+            )
+        cursor.last_used = time.monotonic()
+        batch = self._take(cursor, batch_size or 0)
+        next_id = cursor_id
+        if cursor.pos >= len(cursor.docs):
+            del self.cursors[cursor_id]
+            next_id = 0
+        return {"cursor": {"nextBatch": batch, "id": bson.Int64(next_id), "ns": ns}, "ok": 1.0}
+
+    def kill(self, ids: list[int]) -> Doc:
+        killed, missing = [], []
+        for cid in ids:
+            (killed if self.cursors.pop(cid, None) else missing).append(bson.Int64(cid))
+        return {
+            "cursorsKilled": killed, "cursorsNotFound": missing,
+            "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0,
+        }  # fmt: skip
+
+    def kill_session(self, session: bytes) -> None:
+        for cid, cursor in list(self.cursors.items()):
+            if cursor.session == session:
+                del self.cursors[cid]
+
+    def reap(self) -> None:
+        deadline = time.monotonic() - CURSOR_TIMEOUT_S
+        for cid, cursor in list(self.cursors.items()):
+            if cursor.last_used < deadline:
+                del self.cursors[cid]
+
+    @staticmethod
+    def _take(cursor: Cursor, limit: int) -> list[Doc]:
+        """Up to ``limit`` docs (0 = no count limit), never more than fits in one reply."""
+        batch: list[Doc] = []
+        size = 0
+        while cursor.pos < len(cursor.docs) and (limit <= 0 or len(batch) < limit):
+            doc = cursor.docs[cursor.pos]
+            doc_size = len(bson.encode(doc))
+            if batch and size + doc_size > BATCH_BYTES:
+                break
+            batch.append(doc)
+            size += doc_size
+            cursor.pos += 1
+        return batch

@@ -1,0 +1,180 @@
+"""Query-side evaluators: filters, sorting, projection, identity keys and index keys.
+
+mongomock's evaluators do the matching and BSON ordering (they are right for the
+operators the platform uses); this module wraps them so their Python exceptions become
+MongoDB error replies, and adds what mongomock lacks (canonical keys, index key
+extraction).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import bson
+import mongomock.aggregate  # noqa: F401  (registers $expr support in the filterer)
+from bson.int64 import Int64
+from mongomock import OperationFailure
+from mongomock import collection as _mm_collection
+from mongomock import filtering
+
+from accord.platform.embedded.errors import EngineError, bad_value
+
+_KNOWN_QUERY_OPS = {
+    "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
+    "$exists", "$type", "$regex", "$options", "$elemMatch", "$size", "$all", "$mod", "$expr",
+    "$comment", "$jsonSchema", "$bitsAllSet", "$bitsAnySet", "$bitsAllClear", "$bitsAnyClear",
+}  # fmt: skip
+
+
+def check_filter(spec: Any, *, top: bool = True) -> None:
+    """Reject malformed filters up front with mongod's errors (code 2 BadValue)."""
+    if not isinstance(spec, dict):
+        raise bad_value("the match filter must be an expression in an object")
+    for key, value in spec.items():
+        if key.startswith("$"):
+            if key in ("$and", "$or", "$nor"):
+                if not isinstance(value, list) or not value:
+                    raise bad_value(f"{key} argument must be a non-empty array")
+                for sub in value:
+                    check_filter(sub, top=False)
+            elif key not in ("$expr", "$comment", "$jsonSchema", "$where", "$text"):
+                raise bad_value(f"unknown top level operator: {key}")
+        elif isinstance(value, dict) and value and next(iter(value)).startswith("$"):
+            for op in value:
+                if op not in _KNOWN_QUERY_OPS:
+                    raise bad_value(f"unknown operator: {op}")
+                if op in ("$in", "$nin", "$all") and not isinstance(value[op], list):
+                    raise bad_value(f"{op} needs an array")
+                if op == "$elemMatch" and not isinstance(value[op], dict):
+                    raise bad_value("$elemMatch needs an Object")
+
+
+def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
+    if not spec:
+        return True
+    try:
+        return bool(filtering.filter_applies(spec, doc))
+    except EngineError:
+        raise
+    except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
+        raise bad_value(f"cannot evaluate filter: {exc}") from exc
+
+
+def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Stable multi-key sort in BSON order; the last key is applied first."""
+    for key, direction in reversed(list(spec.items())):
+        if isinstance(direction, dict):
+            raise bad_value(f"unsupported sort specification for {key!r}: {direction}")
+        if direction not in (1, -1):
+            raise bad_value(f"bad sort specification: {key!r} must be 1 or -1")
+        if key == "$natural":
+            if direction < 0:
+                docs = list(reversed(docs))
+            continue
+        docs = sorted(
+            docs,
+            key=lambda d, k=key: filtering.resolve_sort_key(k, d),  # type: ignore[misc]
+            reverse=direction < 0,
+        )
+    return docs
+
+
+_PROJECTOR = object.__new__(_mm_collection.Collection)
+
+
+def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str, Any]:
+    """Apply a find projection (inclusion/exclusion, ``$slice``, ``$elemMatch``)."""
+    if not projection:
+        return doc
+    fields = {}
+    for key, value in projection.items():
+        if isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, float):
+            value = int(value != 0)
+        elif isinstance(value, int):
+            value = int(value != 0)
+        elif isinstance(value, dict) and set(value) <= {"$slice", "$elemMatch"}:
+            pass
+        else:
+            raise bad_value(f"unsupported projection value for {key!r}: {value!r}")
+        fields[key] = value
+    try:
+        return _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise EngineError(31254, f"Cannot mix inclusion and exclusion in projection: {exc}") from exc
+    except (OperationFailure, NotImplementedError) as exc:
+        raise bad_value(str(exc)) from exc
+
+
+def canonical(value: Any) -> Any:
+    """Normalise values that MongoDB treats as equal keys (1 == 1.0 == Int64(1))."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return Int64(int(value))
+    if isinstance(value, int):
+        return Int64(value) if -(2**63) <= value < 2**63 else float(value)
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def id_key(value: Any) -> bytes:
+    """The storage key of a document's ``_id``."""
+    return bson.encode({"": canonical(value)})
+
+
+_MISSING = object()
+
+
+def path_values(doc: Any, path: str) -> list[Any]:
+    """Values at a dotted path, expanding arrays as a multikey index does."""
+    current: list[Any] = [doc]
+    for part in path.split("."):
+        nxt: list[Any] = []
+        for value in current:
+            if isinstance(value, dict):
+                nxt.append(value.get(part, _MISSING))
+            elif isinstance(value, list):
+                if part.isdigit() and int(part) < len(value):
+                    nxt.append(value[int(part)])
+                else:
+                    nxt.extend(v.get(part, _MISSING) for v in value if isinstance(v, dict))
+            else:
+                nxt.append(_MISSING)
+        current = nxt
+    out: list[Any] = []
+    for value in current:
+        if isinstance(value, list):
+            out.extend(value if value else [None])
+        else:
+            out.append(value)
+    return out
+
+
+def index_keys(
+    doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False
+) -> list[bytes]:
+    """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
+    per_field = [path_values(doc, f) for f in fields]
+    if sparse and all(all(v is _MISSING for v in vals) for vals in per_field):
+        return []
+    normalised = [[None if v is _MISSING else canonical(v) for v in vals] for vals in per_field]
+    keys = []
+    for combo in itertools.product(*normalised):
+        keys.append(bson.encode({str(i): v for i, v in enumerate(combo)}))
+    return list(dict.fromkeys(keys))
+
+
+def key_value(doc: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """The ``keyValue`` mongod reports in a duplicate-key error."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        vals = path_values(doc, f)
+        out[f] = None if not vals or vals[0] is _MISSING else vals[0]
+    return out

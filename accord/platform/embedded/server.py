@@ -1,0 +1,262 @@
+"""The embedded engine's network server: a threaded MongoDB wire-protocol listener.
+
+One thread per connection reads a message, has the dispatcher execute it and writes the
+reply. Malformed input gets an error reply when the request id is known, otherwise the
+connection is closed; the server itself never goes down for a client's bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import bson
+
+from accord.errors import DataDirLockedError, EngineStartError
+from accord.platform.embedded import wire
+from accord.platform.embedded.commands import MAX_WIRE_VERSION
+from accord.platform.embedded.dispatch import Dispatcher
+from accord.platform.embedded.engine import SESSION_TIMEOUT_MINUTES, Engine
+from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.ttl import expire_once
+
+log = logging.getLogger("accord.engine")
+
+REPLICA_SET = "accord"
+LOCK_FILE = "mongod.lock"
+READ_TIMEOUT_S = 3600.0
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _TCPServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(READ_TIMEOUT_S)
+        owner = self.server.owner
+        try:
+            while not owner.stopping.is_set():
+                header = _recv_exact(sock, wire.HEADER.size)
+                if header is None:
+                    return
+                try:
+                    length, request_id, _, op_code = wire.parse_header(header)
+                except wire.ProtocolError:
+                    return  # cannot even frame the message: drop the connection
+                body = _recv_exact(sock, length - wire.HEADER.size)
+                if body is None:
+                    return
+                try:
+                    request = wire.parse_message(request_id, op_code, body)
+                except wire.ProtocolError as exc:
+                    if op_code in (wire.OP_MSG, wire.OP_QUERY):
+                        fake = wire.Request(request_id=request_id, op_code=op_code, command={})
+                        sock.sendall(wire.encode_reply(fake, EngineError(9, f"invalid message: {exc}").to_reply()))
+                        continue
+                    return
+                reply = owner.handle(request)
+                if request.more_to_come:
+                    continue  # unacknowledged write: the client expects no reply
+                try:
+                    data = wire.encode_reply(request, reply)
+                except Exception as exc:  # e.g. a reply over the BSON size limit
+                    data = wire.encode_reply(request, EngineError(10334, f"reply could not be encoded: {exc}").to_reply())
+                sock.sendall(data)
+        except (ConnectionError, TimeoutError, OSError):
+            return
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+    owner: EmbeddedServer
+
+
+class EmbeddedServer:
+    """accord's embedded MongoDB-compatible server on one data directory.
+
+    ``start()`` runs it in background threads of this process; ``serve_forever()`` in the
+    foreground. Reports itself as the primary of a one-node replica set named ``accord``
+    running MongoDB 8.0, so pymongo enables sessions, transactions, retryable writes and
+    client-level ``bulk_write``.
+    """
+
+    def __init__(
+        self,
+        dbpath: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 27017,
+        sync: bool = True,
+        ttl_interval: float = 60.0,
+    ) -> None:
+        self.dbpath = Path(dbpath)
+        self.host = host
+        self.requested_port = port
+        self.sync = sync
+        self.ttl_interval = ttl_interval
+        self.stopping = threading.Event()
+        self.engine: Engine | None = None
+        self.dispatcher: Dispatcher | None = None
+        self._tcp: _TCPServer | None = None
+        self._lock_fd: int | None = None
+        self._threads: list[threading.Thread] = []
+        self._process_id = bson.ObjectId()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._tcp is None:
+            raise EngineStartError("the engine is not running")
+        return int(self._tcp.server_address[1])
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def uri(self) -> str:
+        return f"mongodb://{self.address}/?replicaSet={REPLICA_SET}"
+
+    def _open(self) -> None:
+        self.dbpath.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.dbpath / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise DataDirLockedError(
+                f"{self.dbpath} is in use by another accord engine (lock file {LOCK_FILE}); "
+                "stop it first or pick another --dbpath"
+            ) from None
+        self.engine = Engine(self.dbpath, sync=self.sync)
+        self.dispatcher = Dispatcher(self.engine, self.hello)
+        try:
+            self._tcp = _TCPServer((self.host, self.requested_port), _Handler, bind_and_activate=True)
+        except OSError as exc:
+            self.engine.close()
+            self._release_lock()
+            raise EngineStartError(f"cannot listen on {self.host}:{self.requested_port}: {exc}") from exc
+        self._tcp.owner = self
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()} {self.port}\n".encode(), 0)
+        housekeeping = threading.Thread(target=self._housekeeping, name="accord-engine-housekeeping", daemon=True)
+        housekeeping.start()
+        self._threads.append(housekeeping)
+
+    def start(self) -> EmbeddedServer:
+        """Start serving in background threads; returns once the port accepts connections."""
+        self._open()
+        assert self._tcp is not None
+        t = threading.Thread(target=self._tcp.serve_forever, kwargs={"poll_interval": 0.2}, name="accord-engine", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until ``stop()`` (or a signal) ends it."""
+        self._open()
+        assert self._tcp is not None
+        try:
+            self._tcp.serve_forever(poll_interval=0.2)
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._tcp is not None:
+            self._tcp.shutdown()
+        self._close()
+
+    def _close(self) -> None:
+        self.stopping.set()
+        if self._tcp is not None:
+            self._tcp.server_close()
+        if self.engine is not None:
+            with self.engine.lock:
+                self.engine.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def handle(self, request: wire.Request) -> dict[str, Any]:
+        cmd = request.command
+        name = next(iter(cmd), "")
+        if name in ("hello", "isMaster", "ismaster"):
+            return self.hello(cmd)
+        assert self.dispatcher is not None
+        return self.dispatcher.execute(cmd)
+
+    def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        # Awaitable hello (streaming monitor): the topology never changes, so hold the
+        # reply for maxAwaitTimeMS instead of answering at once (which makes pymongo spin).
+        if "topologyVersion" in cmd and "maxAwaitTimeMS" in cmd:
+            wait = cmd.get("maxAwaitTimeMS")
+            if isinstance(wait, int) and wait > 0:
+                self.stopping.wait(min(wait, 60_000) / 1000.0)
+        name = next(iter(cmd), "hello")
+        me = self.address
+        reply: dict[str, Any] = {
+            "isWritablePrimary": True, "topologyVersion": {"processId": self._process_id, "counter": bson.Int64(0)},
+            "hosts": [me], "setName": REPLICA_SET, "setVersion": 1, "primary": me, "me": me,
+            "electionId": bson.ObjectId("7fffffff0000000000000001"),
+            "lastWrite": {"lastWriteDate": dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)},
+            "maxBsonObjectSize": wire.MAX_BSON_SIZE, "maxMessageSizeBytes": wire.MAX_MESSAGE_SIZE,
+            "maxWriteBatchSize": 100_000, "localTime": dt.datetime.now(dt.UTC).replace(tzinfo=None),
+            "logicalSessionTimeoutMinutes": SESSION_TIMEOUT_MINUTES, "connectionId": 1,
+            "minWireVersion": 0, "maxWireVersion": MAX_WIRE_VERSION, "readOnly": False, "ok": 1.0,
+        }  # fmt: skip
+        if name != "hello":
+            reply["ismaster"] = True
+            del reply["isWritablePrimary"]
+        if cmd.get("helloOk"):
+            reply["helloOk"] = True
+        return reply
+
+    def _housekeeping(self) -> None:
+        last_ttl = time.monotonic()
+        while not self.stopping.wait(min(1.0, self.ttl_interval)):
+            assert self.engine is not None and self.dispatcher is not None
+            try:
+                self.dispatcher.reap()
+                if time.monotonic() - last_ttl >= self.ttl_interval:
+                    last_ttl = time.monotonic()
+                    with self.engine.lock:
+                        expire_once(self.engine)
+            except Exception:  # housekeeping must never take the server down
+                log.exception("engine housekeeping failed")

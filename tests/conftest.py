@@ -1,0 +1,62 @@
+"""Shared fixtures: one MongoDB for the whole session.
+
+When ``MONGODB_URI`` is set the tests run against that server (a real replica set, Atlas,
+Atlas Local). Otherwise they start accord's embedded engine in this process on a temporary
+data directory, so every test drives a server through the real pymongo driver either way.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+REAL_URI = os.environ.get("MONGODB_URI")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not REAL_URI:
+        return
+    skip = pytest.mark.skip(reason="needs the embedded engine's own files/process; MONGODB_URI is set")
+    for item in items:
+        if "embedded_only" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mongo_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if REAL_URI:
+        yield REAL_URI
+        return
+    from accord.platform.embedded import EmbeddedServer
+
+    dbpath: Path = tmp_path_factory.mktemp("engine")
+    server = EmbeddedServer(dbpath=dbpath, port=0, sync=False, ttl_interval=1.0)
+    server.start()
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def client(mongo_uri: str) -> Iterator[MongoClient]:
+    c: MongoClient = MongoClient(mongo_uri)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture()
+def db(client: MongoClient):
+    """A fresh database per test, dropped afterwards."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    try:
+        yield client[name]
+    finally:
+        client.drop_database(name)
