@@ -376,7 +376,7 @@ def update_docs(
         return n, modified, None, before, after
     if isinstance(upd, dict) and upd and not next(iter(upd)).startswith("$"):
         seed = {"_id": filt["_id"]} if "_id" in filt and not isinstance(filt["_id"], dict) else {}
-        new = update.apply_update(seed, upd, is_insert=True) if seed else dict(upd)
+        new = update.apply_update(seed, upd, is_insert=True)
     else:
         new = update.apply_update(update.upsert_seed(filt), upd, array_filters=array_filters, query=filt, is_insert=True)
     new = insert_one(ctx, coll, new, bypass)

@@ -40,8 +40,7 @@ class CursorManager:
         *, single_batch: bool = False, key: str = "firstBatch",
     ) -> Doc:  # fmt: skip
         cursor = Cursor(id=0, ns=ns, docs=docs, session=session)
-        limit = DEFAULT_FIRST_BATCH if batch_size is None else batch_size
-        batch = self._take(cursor, limit)
+        batch = self._take(cursor, DEFAULT_FIRST_BATCH if batch_size is None else batch_size)
         cursor_id = 0
         if cursor.pos < len(docs) and not single_batch:
             cursor_id = cursor.id = next(self._ids)
@@ -57,7 +56,7 @@ class CursorManager:
                 13, f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'"
             )
         cursor.last_used = time.monotonic()
-        batch = self._take(cursor, batch_size or 0)
+        batch = self._take(cursor, batch_size or None)
         next_id = cursor_id
         if cursor.pos >= len(cursor.docs):
             del self.cursors[cursor_id]
@@ -85,11 +84,11 @@ class CursorManager:
                 del self.cursors[cid]
 
     @staticmethod
-    def _take(cursor: Cursor, limit: int) -> list[Doc]:
-        """Up to ``limit`` docs (0 = no count limit), never more than fits in one reply."""
+    def _take(cursor: Cursor, limit: int | None) -> list[Doc]:
+        """Up to ``limit`` docs (None = no count limit), never more than fits in one reply."""
         batch: list[Doc] = []
         size = 0
-        while cursor.pos < len(cursor.docs) and (limit <= 0 or len(batch) < limit):
+        while cursor.pos < len(cursor.docs) and (limit is None or len(batch) < limit):
             doc = cursor.docs[cursor.pos]
             doc_size = len(bson.encode(doc))
             if batch and size + doc_size > BATCH_BYTES:

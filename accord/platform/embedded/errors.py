@@ -18,6 +18,7 @@ CODE_NAMES: dict[int, str] = {
     14: "TypeMismatch",
     18: "AuthenticationFailed",
     26: "NamespaceNotFound",
+    28: "PathNotViable",
     27: "IndexNotFound",
     40: "ConflictingUpdateOperators",
     43: "CursorNotFound",

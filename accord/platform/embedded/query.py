@@ -102,7 +102,10 @@ def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str,
             raise bad_value(f"unsupported projection value for {key!r}: {value!r}")
         fields[key] = value
     try:
-        return _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+        out = _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+        if "_id" in out and next(iter(out)) != "_id":
+            out = {"_id": out.pop("_id"), **out}  # mongod keeps _id first
+        return out
     except ValueError as exc:
         raise EngineError(31254, f"Cannot mix inclusion and exclusion in projection: {exc}") from exc
     except (OperationFailure, NotImplementedError) as exc:

@@ -1,0 +1,570 @@
+"""AsyncAccordSaver: the transactional checkpointer on pymongo's native ``AsyncMongoClient``.
+
+Same storage model, transactions and guarantees as :class:`~accord.checkpointers.AccordSaver`;
+every call is a coroutine on the driver's own asyncio I/O (no thread pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.errors import ClientBulkWriteException, CollectionInvalid
+
+from accord.checkpointers import maintenance, ownership, schema, validation
+from accord.checkpointers.base import (
+    AccordBase,
+    AlreadyRecorded,
+    HeadMoved,
+    ReadBatch,
+    list_query,
+    recorded_before,
+)
+from accord.checkpointers.ops import (
+    CLIENT_BULK_WIRE_VERSION,
+    Counts,
+    Group,
+    client_counts,
+    client_models,
+    collection_counts,
+    unwrap_client_bulk_error,
+)
+from accord.checkpointers.saver import _MAX_HEAD_ATTEMPTS, _PAGE, _WAIT_SECONDS, _validate_writes
+from accord.checkpointers.storage import Scope
+from accord.checkpointers.txn import READ_CONCERN, WRITE_CONCERN
+from accord.errors import AccordError, ConcurrentRunError
+
+T = TypeVar("T")
+
+
+class _AsyncInflight:
+    """asyncio twin of ``saver._Inflight`` (see there for why saves are ordered)."""
+
+    def __init__(self) -> None:
+        self._cond: asyncio.Condition | None = None
+        self._puts: Counter[tuple[str, ...]] = Counter()
+        self._writes: Counter[tuple[str, ...]] = Counter()
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    @asynccontextmanager
+    async def put(
+        self, key: tuple[str, ...], parent: tuple[str, ...] | None
+    ) -> AsyncIterator[None]:
+        cond = self._condition()
+        async with cond:
+            self._puts[key] += 1
+            if parent is not None:
+                await _wait_for(cond, lambda: not self._writes[parent])
+        try:
+            yield
+        finally:
+            async with cond:
+                self._puts[key] -= 1
+                if not self._puts[key]:
+                    del self._puts[key]
+                cond.notify_all()
+
+    @asynccontextmanager
+    async def writes(self, key: tuple[str, ...]) -> AsyncIterator[None]:
+        cond = self._condition()
+        async with cond:
+            await _wait_for(cond, lambda: not self._puts[key])
+            self._writes[key] += 1
+        try:
+            yield
+        finally:
+            async with cond:
+                self._writes[key] -= 1
+                if not self._writes[key]:
+                    del self._writes[key]
+                cond.notify_all()
+
+
+async def _wait_for(cond: asyncio.Condition, predicate: Callable[[], bool]) -> None:
+    # On timeout, proceed: the head check in the transaction still guards correctness.
+    with suppress(TimeoutError):
+        await asyncio.wait_for(cond.wait_for(predicate), timeout=_WAIT_SECONDS)
+
+
+class AsyncAccordSaver(AccordBase):
+    """Transactional checkpointer for async graphs (``graph.ainvoke``/``astream``).
+
+    Example::
+
+        async with AsyncAccordSaver.from_conn_string(uri) as saver:
+            graph = builder.compile(checkpointer=saver)
+            await graph.ainvoke(inputs, {"configurable": {"thread_id": "t-1"}})
+    """
+
+    def __init__(self, client: AsyncMongoClient, *, db_name: str = "accord", **kwargs: Any) -> None:
+        super().__init__(db_name=db_name, **kwargs)
+        self.client = client
+        self.db = client[self.db_name]
+        self._inflight = _AsyncInflight()
+        self._setup_done = False
+        self._setup_lock: asyncio.Lock | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls, conn_string: str, *, db_name: str = "accord", **kwargs: Any
+    ) -> AsyncIterator[AsyncAccordSaver]:
+        """Connect, run :meth:`setup`, yield the saver, close the client on exit."""
+        client: AsyncMongoClient = AsyncMongoClient(conn_string)
+        try:
+            saver = cls(client, db_name=db_name, **kwargs)
+            await saver.setup()
+            yield saver
+        finally:
+            await client.close()
+
+    async def setup(self) -> None:
+        """Create the collections and indexes (idempotent) and detect server features."""
+        existing = set(await self.db.list_collection_names())
+        for key, name in self.collections.all().items():
+            if name not in existing:
+                with suppress(CollectionInvalid):
+                    await self.db.create_collection(name)
+            await self.db[name].create_indexes(schema.index_models(self.collections)[key])
+        if self._client_bulk is None:
+            hello = await self.client.admin.command("hello")
+            self._client_bulk = int(hello.get("maxWireVersion", 0)) >= CLIENT_BULK_WIRE_VERSION
+        self._setup_done = True
+
+    async def _ensure_setup(self) -> None:
+        if self._setup_done:
+            return
+        if self._setup_lock is None:
+            self._setup_lock = asyncio.Lock()
+        async with self._setup_lock:
+            if not self._setup_done:
+                await self.setup()
+
+    async def _transaction(self, fn: Callable[[AsyncClientSession], Awaitable[T]]) -> T:
+        async with self.client.start_session() as session:
+            return await session.with_transaction(
+                fn, read_concern=READ_CONCERN, write_concern=WRITE_CONCERN
+            )
+
+    async def _execute(
+        self, session: AsyncClientSession, groups: Sequence[Group]
+    ) -> dict[str, Counts]:
+        groups = [g for g in groups if g.ops]
+        if self._client_bulk:
+            models, owners = client_models(groups)
+            try:
+                result = await self.client.bulk_write(
+                    models, session=session, ordered=True, verbose_results=True
+                )
+            except ClientBulkWriteException as exc:
+                raise unwrap_client_bulk_error(exc) from exc
+            return client_counts(result, owners)
+        out: dict[str, Counts] = {}
+        for g in groups:
+            res = await self.client[g.db][g.collection].bulk_write(
+                [op.model() for op in g.ops], ordered=True, session=session
+            )
+            c = collection_counts(res)
+            prev = out.get(g.name)
+            out[g.name] = (
+                c
+                if prev is None
+                else Counts(
+                    *(a + b for a, b in zip(vars(prev).values(), vars(c).values(), strict=True))
+                )
+            )
+        return out
+
+    # --- write path --------------------------------------------------------------------
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint, its changed channel values and new messages in one transaction.
+
+        Raises:
+            ConcurrentRunError: another writer advanced the thread; nothing was written.
+        """
+        scope = self._scope(config)
+        conf = validation.configurable(config)
+        parent_id = validation.optional_identifier(conf.get("checkpoint_id"), "checkpoint_id")
+        checkpoint_id = validation.identifier(checkpoint.get("id"), "checkpoint['id']")
+        metadata = get_serializable_checkpoint_metadata(config, metadata)
+        await self._ensure_setup()
+        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns)
+        async with self._inflight.put(
+            (*key, checkpoint_id), (*key, parent_id) if parent_id else None
+        ):
+            plan = ownership.fast_plan(parent_id)
+            docs = self._build_put(
+                scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
+            )
+            for _ in range(_MAX_HEAD_ATTEMPTS):
+                if plan is None:
+                    head = await self.db[self.collections.heads].find_one({"_id": scope.head_id})
+                    plan = ownership.decide_put(
+                        head,
+                        thread_id=scope.thread_id,
+                        checkpoint_ns=scope.checkpoint_ns,
+                        checkpoint_id=checkpoint_id,
+                        parent_id=parent_id,
+                        marker=conf.get(ownership.BRANCH_MARKER),
+                        source=metadata.get("source"),
+                        step=metadata.get("step"),
+                    )
+                    if plan.expected != parent_id:
+                        docs = self._build_put(
+                            scope,
+                            config,
+                            checkpoint,
+                            metadata,
+                            new_versions,
+                            parent_id,
+                            use_cache=False,
+                        )
+                groups = self._put_groups(scope, docs, plan, checkpoint_id, metadata.get("run_id"))
+                current = plan
+
+                async def txn(
+                    session: AsyncClientSession,
+                    groups: list[Group] = groups,
+                    current: Any = current,
+                ) -> None:
+                    counts = await self._execute(session, groups)
+                    if not self._head_ok(current, counts["head"]):
+                        raise HeadMoved()
+
+                try:
+                    await self._transaction(txn)
+                    break
+                except HeadMoved:
+                    plan = None
+            else:
+                raise ConcurrentRunError(
+                    f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving "
+                    f"while this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
+                )
+        self._remember_messages(scope, checkpoint_id, docs.message_refs)
+        return {
+            "configurable": {
+                "thread_id": scope.thread_id,
+                "checkpoint_ns": scope.checkpoint_ns,
+                "checkpoint_id": checkpoint_id,
+                **({"tenant_id": scope.tenant_id} if scope.tenant_id != self.tenant_id else {}),
+            }
+        }
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Record a task's writes, and apply the business writes it staged, in one transaction.
+
+        Raises:
+            ConcurrentRunError: the checkpoint is no longer the thread's head.
+        """
+        scope = self._scope(config)
+        conf = validation.configurable(config)
+        checkpoint_id = validation.identifier(conf.get("checkpoint_id"), "checkpoint_id")
+        task_id = validation.identifier(task_id, "task_id")
+        task_path = validation.identifier(task_path, "task_path", allow_empty=True)
+        writes = _validate_writes(writes)
+        if not writes:
+            return
+        await self._ensure_setup()
+        marker = conf.get(ownership.BRANCH_MARKER)
+        with_business = not self._task_failed(writes)
+        async with self._inflight.writes(
+            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        ):
+            for _ in range(2):
+                groups, overwrite = self._writes_groups(
+                    scope, checkpoint_id, writes, task_id, task_path, with_business=with_business
+                )
+                has_business = any(g.name.startswith("business:") for g in groups)
+
+                async def txn(
+                    session: AsyncClientSession,
+                    groups: list[Group] = groups,
+                    has_business: bool = has_business,
+                    overwrite: bool = overwrite,
+                ) -> None:
+                    head = await self.db[self.collections.heads].find_one(
+                        {"_id": scope.head_id}, session=session
+                    )
+                    ownership.check_put_writes(
+                        head,
+                        thread_id=scope.thread_id,
+                        checkpoint_ns=scope.checkpoint_ns,
+                        checkpoint_id=checkpoint_id,
+                        marker=marker,
+                    )
+                    counts = await self._execute(session, groups)
+                    recorded_before(
+                        counts["writes"], overwrite=overwrite, has_business=has_business
+                    )
+
+                try:
+                    await self._transaction(txn)
+                    return
+                except AlreadyRecorded as e:
+                    if e.nothing_new:
+                        return
+                    with_business = False
+
+    # --- read path ---------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch a checkpoint (the latest when no ``checkpoint_id``) with a constant number
+        of indexed queries (blobs and writes are fetched concurrently)."""
+        scope = self._scope(config)
+        checkpoint_id = validation.optional_identifier(
+            validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
+        )
+        coll = self.db[self.collections.checkpoints]
+        if checkpoint_id is not None:
+            doc = await coll.find_one(
+                {
+                    "_id": schema.checkpoint_doc_id(
+                        scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id
+                    ),
+                    "tenant_id": scope.tenant_id,
+                }
+            )
+        else:
+            doc = await coll.find_one(scope.ns_filter, sort=[("checkpoint_id", -1)])
+        if doc is None:
+            return None
+        batch = ReadBatch(scope.tenant_id, [doc], self.serde)
+        blob_docs, write_docs, message_docs = await self._fetch(batch)
+        if checkpoint_id is None:
+            self._remember_messages(scope, doc["checkpoint_id"], batch.message_refs(blob_docs, doc))
+        return batch.assemble(
+            blob_docs,
+            write_docs,
+            message_docs,
+            lambda d: self._config_extra(scope, marker=checkpoint_id),
+        )[0]
+
+    async def _find(self, collection: str, filter: dict[str, Any] | None) -> list[Any]:
+        if filter is None:
+            return []
+        return await self.db[collection].find(filter).to_list(None)
+
+    async def _fetch(self, batch: ReadBatch) -> tuple[list[Any], list[Any], list[Any]]:
+        blob_docs, write_docs = await asyncio.gather(
+            self._find(self.collections.blobs, batch.blobs_filter()),
+            self._find(self.collections.writes, batch.writes_filter()),
+        )
+        message_docs = await self._find(self.collections.messages, batch.messages_filter(blob_docs))
+        return blob_docs, write_docs, message_docs
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """List checkpoints, newest first, hydrated in pages (3 queries per page)."""
+        tenant, query = list_query(self, config, filter, before)
+        limit = validation.limit(limit)
+        if limit == 0:
+            return
+        cursor = self.db[self.collections.checkpoints].find(
+            query, sort=[("checkpoint_id", -1)], batch_size=_PAGE
+        )
+        if limit is not None:
+            cursor = cursor.limit(limit)
+
+        def extra(d: Any) -> dict[str, Any]:
+            return self._config_extra(
+                Scope(d["tenant_id"], d["thread_id"], d["checkpoint_ns"]), marker=d["checkpoint_id"]
+            )
+
+        try:
+            page: list[Any] = []
+            async for doc in cursor:
+                page.append(doc)
+                if len(page) >= _PAGE:
+                    for tup in await self._hydrate_page(tenant, page, extra):
+                        yield tup
+                    page = []
+            if page:
+                for tup in await self._hydrate_page(tenant, page, extra):
+                    yield tup
+        finally:
+            await cursor.close()
+
+    async def _hydrate_page(
+        self, tenant: str, page: list[Any], extra: Any
+    ) -> list[CheckpointTuple]:
+        batch = ReadBatch(tenant, page, self.serde)
+        return batch.assemble(*(await self._fetch(batch)), extra)
+
+    # --- maintenance -------------------------------------------------------------------
+
+    async def adelete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+        """Delete every document of a thread (all namespaces) in the saver's collections."""
+        scope = self._scope_for(thread_id, tenant_id)
+        for name, filt in maintenance.thread_deletes(self.collections, scope):
+            await self.db[name].delete_many(filt)
+        self._forget_thread(scope.tenant_id, scope.thread_id)
+
+    async def acopy_thread(
+        self, source_thread_id: str, target_thread_id: str, *, tenant_id: str | None = None
+    ) -> None:
+        """Copy a thread's checkpoints, writes, values and messages to a new thread id."""
+        src = self._scope_for(source_thread_id, tenant_id)
+        dst = self._scope_for(target_thread_id, tenant_id)
+        await self._ensure_setup()
+        if await self.db[self.collections.checkpoints].find_one(
+            dst.thread_filter, projection={"_id": 1}
+        ):
+            raise validation.InvalidInputError(
+                f"copy_thread: target thread {dst.thread_id!r} already has checkpoints; delete it first."
+            )
+        for key in ("checkpoints", "blobs", "writes", "messages", "heads"):
+            coll = getattr(self.collections, key)
+            batch: list[dict[str, Any]] = []
+            async for doc in self.db[coll].find(src.thread_filter):
+                batch.append(maintenance.rekey(key, doc, dst.thread_id))
+                if len(batch) >= _PAGE:
+                    await maintenance.upsert_all(self.db[coll], batch)
+                    batch = []
+            if batch:
+                await maintenance.upsert_all(self.db[coll], batch)
+
+    async def adelete_for_runs(
+        self, run_ids: Sequence[str], *, tenant_id: str | None = None
+    ) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs; see
+        :meth:`AccordSaver.delete_for_runs`."""
+        runs = validation.thread_ids(run_ids, "run_ids")
+        tenant = (
+            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
+        )
+        if not runs:
+            return
+        cps = self.db[self.collections.checkpoints]
+        doomed = await cps.find(
+            {"tenant_id": tenant, "run_id": {"$in": runs}},
+            projection={"thread_id": 1, "checkpoint_ns": 1, "checkpoint_id": 1},
+        ).to_list(None)
+        for (thread_id, ns), ids in maintenance.by_scope(doomed).items():
+            scope = Scope(tenant, thread_id, ns)
+            await self.db[self.collections.writes].delete_many(
+                {**scope.ns_filter, "checkpoint_id": {"$in": ids}}
+            )
+            await cps.delete_many({**scope.ns_filter, "checkpoint_id": {"$in": ids}})
+            await self._repair(scope)
+
+    async def aprune(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        strategy: str = "keep_latest",
+        tenant_id: str | None = None,
+    ) -> None:
+        """Prune threads; see :meth:`AccordSaver.prune`."""
+        threads = validation.thread_ids(thread_ids)
+        if strategy not in ("keep_latest", "delete"):
+            raise validation.InvalidInputError(
+                f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}."
+            )
+        for thread_id in threads:
+            if strategy == "delete":
+                await self.adelete_thread(thread_id, tenant_id=tenant_id)
+                continue
+            scope0 = self._scope_for(thread_id, tenant_id)
+            cps = self.db[self.collections.checkpoints]
+            for ns in await cps.distinct("checkpoint_ns", scope0.thread_filter):
+                scope = Scope(scope0.tenant_id, thread_id, ns)
+                latest = await cps.find_one(scope.ns_filter, sort=[("checkpoint_id", -1)])
+                if latest is None or maintenance.uses_delta_channels(latest, self.serde):
+                    continue
+                keep = latest["checkpoint_id"]
+                await self.db[self.collections.writes].delete_many(
+                    {**scope.ns_filter, "checkpoint_id": {"$ne": keep}}
+                )
+                await cps.delete_many({**scope.ns_filter, "checkpoint_id": {"$ne": keep}})
+                await self._repair(scope)
+
+    async def _repair(self, scope: Scope) -> None:
+        started = maintenance.gc_cutoff()
+        cps = self.db[self.collections.checkpoints]
+        referenced: set[str] = set()
+        async for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
+            referenced.update(d.get("blobs") or ())
+        await self.db[self.collections.blobs].delete_many(
+            {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
+        )
+        refs: set[str] = set()
+        async for b in self.db[self.collections.blobs].find(
+            {**scope.thread_filter, "type": schema.MSGREFS_TYPE}, projection={"refs": 1}
+        ):
+            refs.update(b.get("refs") or ())
+        await self.db[self.collections.messages].delete_many(
+            {**scope.thread_filter, "key": {"$nin": sorted(refs)}, "created_at": {"$lt": started}}
+        )
+        latest = await cps.find_one(
+            scope.ns_filter,
+            sort=[("checkpoint_id", -1)],
+            projection={"checkpoint_id": 1, "run_id": 1},
+        )
+        heads = self.db[self.collections.heads]
+        head = await heads.find_one({"_id": scope.head_id})
+        if latest is None:
+            await heads.delete_one({"_id": scope.head_id})
+        elif head is None or not await cps.find_one(
+            {**scope.ns_filter, "checkpoint_id": head["checkpoint_id"]}, projection={"_id": 1}
+        ):
+            await heads.replace_one(
+                {"_id": scope.head_id},
+                maintenance.head_doc(scope, latest["checkpoint_id"], latest.get("run_id")),
+                upsert=True,
+            )
+        self._forget_thread(scope.tenant_id, scope.thread_id)
+
+    # --- sync API: use AccordSaver -----------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        raise _use_sync()
+
+    def put(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise _use_sync()
+
+    def put_writes(self, *args: Any, **kwargs: Any) -> None:
+        raise _use_sync()
+
+
+def _use_sync() -> AccordError:
+    return AccordError(
+        "AsyncAccordSaver is the async checkpointer; for invoke/stream use AccordSaver "
+        "(pymongo MongoClient), or call the a-prefixed methods."
+    )

@@ -1,0 +1,156 @@
+"""Business writes: stage inserts/updates/deletes inside a node; they commit with the task.
+
+Inside a LangGraph node (sync or async)::
+
+    from accord.checkpointers import business
+
+    def place_order(state):
+        business.insert_one("orders", {"_id": state["order_id"], "total": 42})
+        business.update_one("inventory", {"sku": "A-1"}, {"$inc": {"qty": -1}})
+        return {"messages": [AIMessage("Order placed.")]}
+
+Nothing is written when these functions return. The staged operations travel with the
+task's own writes (LangGraph's per-task write buffer, found through the node's runnable
+config, i.e. a context variable), and the saver applies them in the same transaction that
+records the task as finished (``put_writes``). Consequences:
+
+* parallel tasks never see each other's staged writes; async nodes work the same way;
+* a retried attempt starts with an empty buffer (LangGraph clears it), a failed or
+  interrupted task commits none of its business writes;
+* a task that was already recorded (a replayed ``put_writes``, a resumed thread) is not
+  applied twice: exactly once per task, as long as the task's writes are committed;
+* staged writes are invisible (to the node too) until the transaction commits.
+
+Documents get the run's ``tenant_id`` and filters are scoped to it. Staging requires
+the graph to be compiled with an accord saver and ``durability`` ``"sync"`` or
+``"async"`` (LangGraph's default); under ``"exit"`` LangGraph never records tasks
+individually, so staging raises instead of silently dropping writes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph.config import get_config
+
+from accord.checkpointers.storage import BUSINESS_CHANNEL
+from accord.checkpointers.validation import collection_name, identifier
+from accord.errors import ConfigurationError, InvalidInputError
+
+# LangGraph's configurable keys for the running task (langgraph._internal._constants).
+_SEND = "__pregel_send"
+_CHECKPOINTER = "__pregel_checkpointer"
+_DURABILITY = "__pregel_durability"
+
+__all__ = ["insert_one", "update_one", "replace_one", "delete_one", "BUSINESS_CHANNEL"]
+
+
+def insert_one(collection: str, document: Mapping[str, Any]) -> None:
+    """Stage an insert of ``document`` into business collection ``collection``."""
+    _stage("insert_one", collection, document=_document(document, "document"))
+
+
+def update_one(
+    collection: str,
+    filter: Mapping[str, Any],
+    update: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    upsert: bool = False,
+) -> None:
+    """Stage ``update_one(filter, update, upsert=upsert)``; ``update`` uses operators ($set, $inc...)."""
+    if isinstance(update, Mapping):
+        if not update or not all(isinstance(k, str) and k.startswith("$") for k in update):
+            raise InvalidInputError(
+                "update must be a non-empty operator document such as {'$set': {...}}."
+            )
+        update_doc: Any = copy.deepcopy(dict(update))
+    elif isinstance(update, Sequence) and not isinstance(update, str | bytes):
+        update_doc = [copy.deepcopy(dict(stage)) for stage in update]
+    else:
+        raise InvalidInputError(
+            "update must be an operator document or an aggregation pipeline list."
+        )
+    _stage(
+        "update_one",
+        collection,
+        filter=_document(filter, "filter"),
+        update=update_doc,
+        upsert=bool(upsert),
+    )
+
+
+def replace_one(
+    collection: str,
+    filter: Mapping[str, Any],
+    replacement: Mapping[str, Any],
+    *,
+    upsert: bool = False,
+) -> None:
+    """Stage ``replace_one(filter, replacement, upsert=upsert)``."""
+    doc = _document(replacement, "replacement")
+    if any(isinstance(k, str) and k.startswith("$") for k in doc):
+        raise InvalidInputError("replacement must be a document, not an update with operators.")
+    _stage(
+        "replace_one",
+        collection,
+        filter=_document(filter, "filter"),
+        document=doc,
+        upsert=bool(upsert),
+    )
+
+
+def delete_one(collection: str, filter: Mapping[str, Any]) -> None:
+    """Stage ``delete_one(filter)``."""
+    _stage("delete_one", collection, filter=_document(filter, "filter"))
+
+
+def _document(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"{name} must be a dict, got {type(value).__name__}.")
+    # Copy now: the node may keep mutating its objects after staging them.
+    return copy.deepcopy(dict(value))
+
+
+def _stage(kind: str, collection: str, **fields: Any) -> None:
+    try:
+        config = get_config()
+    except RuntimeError:
+        raise ConfigurationError(
+            "business writes can only be staged inside a running LangGraph node "
+            "(no runnable config in this context)."
+        ) from None
+    conf = config.get("configurable") or {}
+    send = conf.get(_SEND)
+    if send is None:
+        raise ConfigurationError(
+            "business writes can only be staged inside a running LangGraph node."
+        )
+    saver = conf.get(_CHECKPOINTER)
+    from accord.checkpointers.base import AccordBase  # local import: base imports storage
+
+    if not isinstance(saver, AccordBase):
+        raise ConfigurationError(
+            "business writes commit in the checkpointer's transaction: compile the graph with "
+            "accord's AccordSaver / AsyncAccordSaver (got "
+            f"{type(saver).__name__ if saver is not None else 'no checkpointer'})."
+        )
+    if conf.get(_DURABILITY, "async") == "exit":
+        raise ConfigurationError(
+            "business writes need durability='sync' or 'async': with durability='exit' "
+            "LangGraph does not record tasks one by one, so staged writes would be lost."
+        )
+    name = collection_name(collection, saver.reserved_collections())
+    tenant = saver.tenant_of(config)
+    op: dict[str, Any] = {"op": kind, "collection": name, **fields}
+    if "document" in op:
+        doc = op["document"]
+        if doc.setdefault("tenant_id", tenant) != tenant:
+            raise InvalidInputError(
+                f"document tenant_id {doc['tenant_id']!r} differs from the run's tenant {tenant!r}."
+            )
+    if "filter" in op:
+        op["filter"]["tenant_id"] = tenant
+    identifier(tenant, "tenant_id")
+    send([(BUSINESS_CHANNEL, op)])

@@ -1,0 +1,109 @@
+"""Single writer per thread: who may extend a thread's checkpoint chain.
+
+Each (tenant, thread, namespace) has a *head* document naming the checkpoint that may be
+extended. Every ``put`` compares-and-sets it inside the step transaction:
+
+* ``put`` whose parent is the head advances it. Two workers that loaded the same head race
+  on that compare-and-set; exactly one transaction commits, the other gets
+  :class:`~accord.errors.ConcurrentRunError` and none of its documents are written.
+* A parent that is *not* the head is a stale writer, unless the caller branched on purpose:
+  LangGraph's own fork/update checkpoints (``metadata.source`` ``"fork"``/``"update"``),
+  or a config that came from an *addressed* read (``get_tuple`` with a ``checkpoint_id``,
+  or ``list``), which carries :data:`BRANCH_MARKER` naming the checkpoint it read. That is
+  how time travel and ``update_state`` keep working while a stale worker cannot.
+* No parent while a head exists starts a new root. LangGraph only does that for a thread
+  it believes empty (``source="input"``, ``step=-1``), so that case means two workers both
+  started the thread: the second is refused. Other parent-less puts (tools, migrations,
+  the conformance suite) are allowed.
+
+``put_writes`` must target the head (or the addressed checkpoint named by the marker):
+a stale worker's task results never commit, and neither do the business writes staged
+with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from accord.errors import ConcurrentRunError
+
+#: configurable key set on configs returned by addressed reads; see the module docstring.
+BRANCH_MARKER = "__accord_branch_from"
+
+EXPLICIT_BRANCH_SOURCES = frozenset({"fork", "update"})
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """How a put transaction updates the head document.
+
+    ``expected`` is the head checkpoint id to compare-and-set against; ``None`` means the
+    head document must not exist yet (create it).
+    """
+
+    expected: str | None
+    create: bool
+
+
+def fast_plan(parent_id: str | None) -> HeadPlan | None:
+    """The optimistic plan used before reading anything: the parent is the head."""
+    return HeadPlan(expected=parent_id, create=False) if parent_id is not None else None
+
+
+def decide_put(
+    head: Mapping[str, Any] | None,
+    *,
+    thread_id: str,
+    checkpoint_ns: str,
+    checkpoint_id: str,
+    parent_id: str | None,
+    marker: Any,
+    source: Any,
+    step: Any,
+) -> HeadPlan:
+    """Decide, from the current head document, whether this put may proceed."""
+    if head is None:
+        return HeadPlan(expected=None, create=True)
+    current = head.get("checkpoint_id")
+    if current in (checkpoint_id, parent_id):
+        # Idempotent re-put of the head itself, or the fast path lost a benign race.
+        return HeadPlan(expected=current, create=False)
+    if parent_id is None:
+        if source == "input" and step == -1:
+            raise ConcurrentRunError(
+                f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) already has checkpoint "
+                f"{current!r}, but this worker started it as a new thread: another worker "
+                f"started the same thread at the same time. Nothing of this step was written; "
+                f"reload the thread and retry."
+            )
+        return HeadPlan(expected=current, create=False)
+    if source in EXPLICIT_BRANCH_SOURCES or (marker is not None and marker == parent_id):
+        return HeadPlan(expected=current, create=False)
+    raise ConcurrentRunError(
+        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) was advanced by another writer: "
+        f"its head is {current!r} (run {head.get('run_id')!r}), but this step extends "
+        f"{parent_id!r}. Nothing of this step was written. Only one worker may run a thread "
+        f"at a time; reload the thread to continue from its head, or fork explicitly by "
+        f"passing a checkpoint_id."
+    )
+
+
+def check_put_writes(
+    head: Mapping[str, Any] | None,
+    *,
+    thread_id: str,
+    checkpoint_ns: str,
+    checkpoint_id: str,
+    marker: Any,
+) -> None:
+    """Refuse task writes against a checkpoint that another writer moved past."""
+    if head is None or head.get("checkpoint_id") == checkpoint_id or marker == checkpoint_id:
+        return
+    raise ConcurrentRunError(
+        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) moved on to checkpoint "
+        f"{head.get('checkpoint_id')!r} (run {head.get('run_id')!r}) while this worker ran a "
+        f"task of checkpoint {checkpoint_id!r}. The task's writes and business writes were "
+        f"not committed. Only one worker may run a thread at a time."
+    )

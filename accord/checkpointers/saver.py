@@ -1,0 +1,569 @@
+"""AccordSaver: the transactional LangGraph checkpointer on ``pymongo.MongoClient``."""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+from pymongo import MongoClient
+from pymongo.client_session import ClientSession
+from pymongo.errors import ClientBulkWriteException, CollectionInvalid
+
+from accord.checkpointers import maintenance, ownership, schema, validation
+from accord.checkpointers.base import (
+    AccordBase,
+    AlreadyRecorded,
+    HeadMoved,
+    ReadBatch,
+    list_query,
+    recorded_before,
+)
+from accord.checkpointers.ops import (
+    CLIENT_BULK_WIRE_VERSION,
+    Counts,
+    Group,
+    client_counts,
+    client_models,
+    collection_counts,
+    unwrap_client_bulk_error,
+)
+from accord.checkpointers.storage import Scope
+from accord.checkpointers.txn import READ_CONCERN, WRITE_CONCERN
+from accord.errors import AccordError, ConcurrentRunError
+
+T = TypeVar("T")
+_PAGE = 100
+_MAX_HEAD_ATTEMPTS = 4
+_WAIT_SECONDS = 300.0
+
+
+class _Inflight:
+    """Orders one process's saves of a thread the way the storage model needs.
+
+    LangGraph's default durability ("async") saves in the background, so a task's
+    ``put_writes`` can race the ``put`` of its own checkpoint, and the next ``put`` can
+    race the previous step's ``put_writes``. Writes wait for their checkpoint's put; a put
+    waits for the writes against its parent.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._puts: Counter[tuple[str, ...]] = Counter()
+        self._writes: Counter[tuple[str, ...]] = Counter()
+
+    @contextmanager
+    def put(self, key: tuple[str, ...], parent: tuple[str, ...] | None) -> Iterator[None]:
+        with self._cond:
+            self._puts[key] += 1
+            if parent is not None:
+                self._cond.wait_for(lambda: not self._writes[parent], timeout=_WAIT_SECONDS)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._puts[key] -= 1
+                if not self._puts[key]:
+                    del self._puts[key]
+                self._cond.notify_all()
+
+    @contextmanager
+    def writes(self, key: tuple[str, ...]) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._puts[key], timeout=_WAIT_SECONDS)
+            self._writes[key] += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writes[key] -= 1
+                if not self._writes[key]:
+                    del self._writes[key]
+                self._cond.notify_all()
+
+
+class AccordSaver(AccordBase):
+    """Transactional checkpointer for sync graphs (``graph.invoke``/``stream``).
+
+    Each ``put`` and ``put_writes`` is one MongoDB transaction (write concern majority,
+    retried on transient errors). See :class:`~accord.checkpointers.base.AccordBase` for
+    the keyword arguments and docs/checkpointer.md for the storage model and guarantees.
+
+    Example::
+
+        with AccordSaver.from_conn_string("mongodb://localhost:27017/?replicaSet=rs0") as saver:
+            graph = builder.compile(checkpointer=saver)
+            graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
+    """
+
+    def __init__(self, client: MongoClient, *, db_name: str = "accord", **kwargs: Any) -> None:
+        super().__init__(db_name=db_name, **kwargs)
+        self.client = client
+        self.db = client[self.db_name]
+        self._inflight = _Inflight()
+        self._setup_done = False
+        self._setup_lock = threading.Lock()
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls, conn_string: str, *, db_name: str = "accord", **kwargs: Any
+    ) -> Iterator[AccordSaver]:
+        """Connect, run :meth:`setup`, yield the saver, close the client on exit."""
+        client: MongoClient = MongoClient(conn_string)
+        try:
+            saver = cls(client, db_name=db_name, **kwargs)
+            saver.setup()
+            yield saver
+        finally:
+            client.close()
+
+    # --- setup -------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create the collections and indexes (idempotent) and detect server features."""
+        existing = set(self.db.list_collection_names())
+        for key, name in self.collections.all().items():
+            if name not in existing:
+                with suppress(CollectionInvalid):  # created concurrently
+                    self.db.create_collection(name)
+            self.db[name].create_indexes(schema.index_models(self.collections)[key])
+        if self._client_bulk is None:
+            hello = self.client.admin.command("hello")
+            self._client_bulk = int(hello.get("maxWireVersion", 0)) >= CLIENT_BULK_WIRE_VERSION
+        self._setup_done = True
+
+    def _ensure_setup(self) -> None:
+        if not self._setup_done:
+            with self._setup_lock:
+                if not self._setup_done:
+                    self.setup()
+
+    # --- transactions ------------------------------------------------------------------
+
+    def _transaction(self, fn: Callable[[ClientSession], T]) -> T:
+        with self.client.start_session() as session:
+            return session.with_transaction(
+                fn, read_concern=READ_CONCERN, write_concern=WRITE_CONCERN
+            )
+
+    def _execute(self, session: ClientSession, groups: Sequence[Group]) -> dict[str, Counts]:
+        groups = [g for g in groups if g.ops]
+        if self._client_bulk:
+            models, owners = client_models(groups)
+            try:
+                result = self.client.bulk_write(
+                    models, session=session, ordered=True, verbose_results=True
+                )
+            except ClientBulkWriteException as exc:
+                raise unwrap_client_bulk_error(exc) from exc
+            return client_counts(result, owners)
+        out: dict[str, Counts] = {}
+        for g in groups:
+            res = self.client[g.db][g.collection].bulk_write(
+                [op.model() for op in g.ops], ordered=True, session=session
+            )
+            c = collection_counts(res)
+            prev = out.get(g.name)
+            out[g.name] = (
+                c
+                if prev is None
+                else Counts(
+                    *(a + b for a, b in zip(vars(prev).values(), vars(c).values(), strict=True))
+                )
+            )
+        return out
+
+    # --- write path --------------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint, its changed channel values and new messages in one transaction.
+
+        Raises:
+            ConcurrentRunError: another writer advanced the thread; nothing was written.
+        """
+        scope = self._scope(config)
+        conf = validation.configurable(config)
+        parent_id = validation.optional_identifier(conf.get("checkpoint_id"), "checkpoint_id")
+        checkpoint_id = validation.identifier(checkpoint.get("id"), "checkpoint['id']")
+        metadata = get_serializable_checkpoint_metadata(config, metadata)
+        self._ensure_setup()
+        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns)
+        with self._inflight.put((*key, checkpoint_id), (*key, parent_id) if parent_id else None):
+            plan = ownership.fast_plan(parent_id)
+            docs = self._build_put(
+                scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
+            )
+            for _ in range(_MAX_HEAD_ATTEMPTS):
+                if plan is None:
+                    head = self.db[self.collections.heads].find_one({"_id": scope.head_id})
+                    plan = ownership.decide_put(
+                        head,
+                        thread_id=scope.thread_id,
+                        checkpoint_ns=scope.checkpoint_ns,
+                        checkpoint_id=checkpoint_id,
+                        parent_id=parent_id,
+                        marker=conf.get(ownership.BRANCH_MARKER),
+                        source=metadata.get("source"),
+                        step=metadata.get("step"),
+                    )
+                    if plan.expected != parent_id:
+                        # Not extending the cached parent: send every message.
+                        docs = self._build_put(
+                            scope,
+                            config,
+                            checkpoint,
+                            metadata,
+                            new_versions,
+                            parent_id,
+                            use_cache=False,
+                        )
+                groups = self._put_groups(scope, docs, plan, checkpoint_id, metadata.get("run_id"))
+                current = plan
+
+                def txn(
+                    session: ClientSession, groups: list[Group] = groups, current: Any = current
+                ) -> None:
+                    counts = self._execute(session, groups)
+                    if not self._head_ok(current, counts["head"]):
+                        raise HeadMoved()
+
+                try:
+                    self._transaction(txn)
+                    break
+                except HeadMoved:
+                    plan = None
+            else:
+                raise ConcurrentRunError(
+                    f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving "
+                    f"while this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
+                )
+        self._remember_messages(scope, checkpoint_id, docs.message_refs)
+        return {
+            "configurable": {
+                "thread_id": scope.thread_id,
+                "checkpoint_ns": scope.checkpoint_ns,
+                "checkpoint_id": checkpoint_id,
+                **({"tenant_id": scope.tenant_id} if scope.tenant_id != self.tenant_id else {}),
+            }
+        }
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Record a task's writes, and apply the business writes it staged, in one transaction.
+
+        Raises:
+            ConcurrentRunError: the checkpoint is no longer the thread's head.
+        """
+        scope = self._scope(config)
+        conf = validation.configurable(config)
+        checkpoint_id = validation.identifier(conf.get("checkpoint_id"), "checkpoint_id")
+        task_id = validation.identifier(task_id, "task_id")
+        task_path = validation.identifier(task_path, "task_path", allow_empty=True)
+        writes = _validate_writes(writes)
+        if not writes:
+            return
+        self._ensure_setup()
+        marker = conf.get(ownership.BRANCH_MARKER)
+        with_business = not self._task_failed(writes)
+        with self._inflight.writes(
+            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        ):
+            for _ in range(2):
+                groups, overwrite = self._writes_groups(
+                    scope, checkpoint_id, writes, task_id, task_path, with_business=with_business
+                )
+                has_business = any(g.name.startswith("business:") for g in groups)
+
+                def txn(
+                    session: ClientSession,
+                    groups: list[Group] = groups,
+                    has_business: bool = has_business,
+                    overwrite: bool = overwrite,
+                ) -> None:
+                    head = self.db[self.collections.heads].find_one(
+                        {"_id": scope.head_id}, session=session
+                    )
+                    ownership.check_put_writes(
+                        head,
+                        thread_id=scope.thread_id,
+                        checkpoint_ns=scope.checkpoint_ns,
+                        checkpoint_id=checkpoint_id,
+                        marker=marker,
+                    )
+                    counts = self._execute(session, groups)
+                    recorded_before(
+                        counts["writes"], overwrite=overwrite, has_business=has_business
+                    )
+
+                try:
+                    self._transaction(txn)
+                    return
+                except AlreadyRecorded as e:
+                    if e.nothing_new:
+                        return
+                    with_business = False  # record the new writes, never the business ones again
+
+    # --- read path ---------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch a checkpoint (the latest when no ``checkpoint_id``) with a constant number
+        of indexed queries: checkpoint, blobs, writes, and messages if it has any."""
+        scope = self._scope(config)
+        checkpoint_id = validation.optional_identifier(
+            validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
+        )
+        coll = self.db[self.collections.checkpoints]
+        if checkpoint_id is not None:
+            doc = coll.find_one(
+                {
+                    "_id": schema.checkpoint_doc_id(
+                        scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id
+                    ),
+                    "tenant_id": scope.tenant_id,
+                }
+            )
+        else:
+            doc = coll.find_one(scope.ns_filter, sort=[("checkpoint_id", -1)])
+        if doc is None:
+            return None
+        batch = ReadBatch(scope.tenant_id, [doc], self.serde)
+        blob_docs, write_docs, message_docs = self._fetch(batch)
+        if checkpoint_id is None:
+            self._remember_messages(scope, doc["checkpoint_id"], batch.message_refs(blob_docs, doc))
+        return batch.assemble(
+            blob_docs,
+            write_docs,
+            message_docs,
+            lambda d: self._config_extra(scope, marker=checkpoint_id),
+        )[0]
+
+    def _fetch(self, batch: ReadBatch) -> tuple[list[Any], list[Any], list[Any]]:
+        bf = batch.blobs_filter()
+        blob_docs = list(self.db[self.collections.blobs].find(bf)) if bf else []
+        wf = batch.writes_filter()
+        write_docs = list(self.db[self.collections.writes].find(wf)) if wf else []
+        mf = batch.messages_filter(blob_docs)
+        message_docs = list(self.db[self.collections.messages].find(mf)) if mf else []
+        return blob_docs, write_docs, message_docs
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """List checkpoints, newest first, hydrated in pages (3 queries per page, not per checkpoint)."""
+        tenant, query = list_query(self, config, filter, before)
+        limit = validation.limit(limit)
+        if limit == 0:
+            return
+        cursor = self.db[self.collections.checkpoints].find(
+            query, sort=[("checkpoint_id", -1)], batch_size=_PAGE
+        )
+        if limit is not None:
+            cursor = cursor.limit(limit)
+
+        def extra(d: Any) -> dict[str, Any]:
+            return self._config_extra(
+                Scope(d["tenant_id"], d["thread_id"], d["checkpoint_ns"]), marker=d["checkpoint_id"]
+            )
+
+        with cursor:
+            page: builtins.list[Any] = []
+            for doc in cursor:
+                page.append(doc)
+                if len(page) >= _PAGE:
+                    yield from self._hydrate_page(tenant, page, extra)
+                    page = []
+            if page:
+                yield from self._hydrate_page(tenant, page, extra)
+
+    def _hydrate_page(
+        self, tenant: str, page: builtins.list[Any], extra: Any
+    ) -> builtins.list[CheckpointTuple]:
+        batch = ReadBatch(tenant, page, self.serde)
+        return batch.assemble(*self._fetch(batch), extra)
+
+    # --- maintenance -------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+        """Delete every document of a thread (all namespaces) in the saver's collections."""
+        scope = self._scope_for(thread_id, tenant_id)
+        for name, filt in maintenance.thread_deletes(self.collections, scope):
+            self.db[name].delete_many(filt)
+        self._forget_thread(scope.tenant_id, scope.thread_id)
+
+    def copy_thread(
+        self, source_thread_id: str, target_thread_id: str, *, tenant_id: str | None = None
+    ) -> None:
+        """Copy a thread's checkpoints, writes, values and messages to a new thread id."""
+        src = self._scope_for(source_thread_id, tenant_id)
+        dst = self._scope_for(target_thread_id, tenant_id)
+        self._ensure_setup()
+        if self.db[self.collections.checkpoints].find_one(dst.thread_filter, projection={"_id": 1}):
+            raise validation.InvalidInputError(
+                f"copy_thread: target thread {dst.thread_id!r} already has checkpoints; delete it first."
+            )
+        # Heads last: the target becomes writable only once everything else is there.
+        for key in ("checkpoints", "blobs", "writes", "messages", "heads"):
+            coll = getattr(self.collections, key)
+            batch: builtins.list[dict[str, Any]] = []
+            for doc in self.db[coll].find(src.thread_filter):
+                batch.append(maintenance.rekey(key, doc, dst.thread_id))
+                if len(batch) >= _PAGE:
+                    maintenance.upsert_all(self.db[coll], batch)
+                    batch = []
+            if batch:
+                maintenance.upsert_all(self.db[coll], batch)
+
+    def delete_for_runs(self, run_ids: Sequence[str], *, tenant_id: str | None = None) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs.
+
+        Channel values and messages no longer referenced by any checkpoint of the affected
+        threads are removed; a thread head pointing at a deleted checkpoint moves to the
+        newest remaining one.
+        """
+        runs = validation.thread_ids(run_ids, "run_ids")
+        tenant = (
+            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
+        )
+        if not runs:
+            return
+        cps = self.db[self.collections.checkpoints]
+        doomed = list(
+            cps.find(
+                {"tenant_id": tenant, "run_id": {"$in": runs}},
+                projection={"thread_id": 1, "checkpoint_ns": 1, "checkpoint_id": 1},
+            )
+        )
+        if not doomed:
+            return
+        for (thread_id, ns), ids in maintenance.by_scope(doomed).items():
+            scope = Scope(tenant, thread_id, ns)
+            self.db[self.collections.writes].delete_many(
+                {**scope.ns_filter, "checkpoint_id": {"$in": ids}}
+            )
+            cps.delete_many({**scope.ns_filter, "checkpoint_id": {"$in": ids}})
+            self._repair(scope)
+
+    def prune(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        strategy: str = "keep_latest",
+        tenant_id: str | None = None,
+    ) -> None:
+        """Prune threads: ``"keep_latest"`` keeps the newest checkpoint per namespace (and its
+        writes); ``"delete"`` removes the threads. Threads that use LangGraph
+        ``DeltaChannel`` are skipped by ``keep_latest`` (their state needs the ancestors)."""
+        threads = validation.thread_ids(thread_ids)
+        if strategy not in ("keep_latest", "delete"):
+            raise validation.InvalidInputError(
+                f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}."
+            )
+        for thread_id in threads:
+            if strategy == "delete":
+                self.delete_thread(thread_id, tenant_id=tenant_id)
+                continue
+            scope0 = self._scope_for(thread_id, tenant_id)
+            cps = self.db[self.collections.checkpoints]
+            for ns in cps.distinct("checkpoint_ns", scope0.thread_filter):
+                scope = Scope(scope0.tenant_id, thread_id, ns)
+                latest = cps.find_one(scope.ns_filter, sort=[("checkpoint_id", -1)])
+                if latest is None or maintenance.uses_delta_channels(latest, self.serde):
+                    continue
+                keep = latest["checkpoint_id"]
+                self.db[self.collections.writes].delete_many(
+                    {**scope.ns_filter, "checkpoint_id": {"$ne": keep}}
+                )
+                cps.delete_many({**scope.ns_filter, "checkpoint_id": {"$ne": keep}})
+                self._repair(scope)
+
+    def _repair(self, scope: Scope) -> None:
+        """After deletions in one namespace: drop unreferenced blobs/messages, fix the head."""
+        started = maintenance.gc_cutoff()
+        cps = self.db[self.collections.checkpoints]
+        referenced: set[str] = set()
+        for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
+            referenced.update(d.get("blobs") or ())
+        self.db[self.collections.blobs].delete_many(
+            {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
+        )
+        refs: set[str] = set()
+        for b in self.db[self.collections.blobs].find(
+            {**scope.thread_filter, "type": schema.MSGREFS_TYPE}, projection={"refs": 1}
+        ):
+            refs.update(b.get("refs") or ())
+        self.db[self.collections.messages].delete_many(
+            {**scope.thread_filter, "key": {"$nin": sorted(refs)}, "created_at": {"$lt": started}}
+        )
+        latest = cps.find_one(
+            scope.ns_filter,
+            sort=[("checkpoint_id", -1)],
+            projection={"checkpoint_id": 1, "run_id": 1},
+        )
+        heads = self.db[self.collections.heads]
+        head = heads.find_one({"_id": scope.head_id})
+        if latest is None:
+            heads.delete_one({"_id": scope.head_id})
+        elif head is None or not cps.find_one(
+            {**scope.ns_filter, "checkpoint_id": head["checkpoint_id"]}, projection={"_id": 1}
+        ):
+            heads.replace_one(
+                {"_id": scope.head_id},
+                maintenance.head_doc(scope, latest["checkpoint_id"], latest.get("run_id")),
+                upsert=True,
+            )
+        self._forget_thread(scope.tenant_id, scope.thread_id)
+
+    # --- async API: use AsyncAccordSaver -----------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        raise _use_async()
+
+    async def aput(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        raise _use_async()
+
+    async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
+        raise _use_async()
+
+
+def _use_async() -> AccordError:
+    return AccordError(
+        "AccordSaver is the sync checkpointer; for ainvoke/astream use AsyncAccordSaver "
+        "(native pymongo AsyncMongoClient)."
+    )
+
+
+def _validate_writes(writes: Any) -> builtins.list[tuple[str, Any]]:
+    out = []
+    for i, w in enumerate(writes):
+        if not isinstance(w, tuple | list) or len(w) != 2:
+            raise validation.InvalidInputError(f"writes[{i}] must be a (channel, value) pair.")
+        out.append((validation.identifier(w[0], f"writes[{i}] channel"), w[1]))
+    return out

@@ -1,0 +1,428 @@
+"""Documents <-> LangGraph objects (pure functions, no I/O).
+
+Shapes (all documents carry ``tenant_id``; see docs/checkpointer.md):
+
+checkpoints   one per checkpoint: ids, parent id, ``checkpoint`` (serialized, without
+              channel values), ``metadata`` (serialized, exact) and ``meta`` (its plain,
+              filterable part), ``blobs`` (keys of the channel values it points to).
+checkpoint_blobs
+              one per channel value at one version (more when chunked). A message
+              channel's value is stored as ``refs`` to short_term_memory documents.
+checkpoint_writes
+              one per pending write (more when chunked).
+short_term_memory
+              one per message revision, shared by every checkpoint that contains it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from accord.checkpointers import schema
+from accord.checkpointers.ops import Op, insert_once
+from accord.checkpointers.serde import (
+    is_message_list,
+    join_payload,
+    message_revision,
+    message_summary,
+    split_payload,
+)
+from accord.checkpointers.validation import bson_safe
+
+#: Pending-write channel that carries staged business writes (see business.py).
+BUSINESS_CHANNEL = "__accord_business__"
+
+
+class Scope:
+    """(tenant, thread, namespace) of one call, with the filters derived from it."""
+
+    __slots__ = ("tenant_id", "thread_id", "checkpoint_ns")
+
+    def __init__(self, tenant_id: str, thread_id: str, checkpoint_ns: str) -> None:
+        self.tenant_id = tenant_id
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+
+    @property
+    def thread_filter(self) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "thread_id": self.thread_id}
+
+    @property
+    def ns_filter(self) -> dict[str, Any]:
+        return {**self.thread_filter, "checkpoint_ns": self.checkpoint_ns}
+
+    @property
+    def head_id(self) -> str:
+        return schema.head_id(self.tenant_id, self.thread_id, self.checkpoint_ns)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- put ---------------------------------------------------------------------------
+
+
+def plain_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The filterable part of checkpoint metadata (values BSON can store as-is)."""
+    return {
+        k: v
+        for k, v in metadata.items()
+        if isinstance(k, str)
+        and k
+        and not k.startswith("$")
+        and "." not in k
+        and "\x00" not in k
+        and bson_safe(v)
+    }
+
+
+class PutDocs:
+    """Documents of one ``put``, grouped by collection."""
+
+    def __init__(self) -> None:
+        self.checkpoint: Op | None = None
+        self.blobs: list[Op] = []
+        self.messages: list[Op] = []
+        self.outbox: Op | None = None
+        self.message_keys: list[str] = []  # new messages, for the outbox event
+        self.message_refs: dict[str, frozenset[str]] = {}  # channel -> refs at this checkpoint
+
+
+def build_put(
+    scope: Scope,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    new_versions: Mapping[str, Any],
+    parent_id: str | None,
+    *,
+    serde: SerializerProtocol,
+    chunk_size: int,
+    message_channels: frozenset[str],
+    known_messages: Mapping[str, frozenset[str]],
+) -> PutDocs:
+    """Build the documents of one ``put``.
+
+    Only channels in ``new_versions`` get blobs. ``known_messages`` maps a message
+    channel to the message keys already stored (those of the parent checkpoint), so
+    only new message revisions are sent.
+    """
+    ts = now()
+    out = PutDocs()
+    values = checkpoint["channel_values"]
+    for channel, version in new_versions.items():
+        if channel not in values:
+            continue  # e.g. a DeltaChannel step: nothing stored at this version
+        value = values[channel]
+        key = schema.blob_key(channel, version)
+        base = {
+            **scope.ns_filter,
+            "key": key,
+            "channel": channel,
+            "version": str(version),
+            "created_at": ts,
+        }
+        if channel in message_channels and is_message_list(value):
+            refs, docs = _message_docs(
+                scope, checkpoint["id"], value, serde, chunk_size, ts, known_messages.get(channel)
+            )
+            out.messages.extend(insert_once(d) for d in docs)
+            out.message_keys.extend(d["key"] for d in docs if d["chunk"] == 0)
+            out.message_refs[channel] = frozenset(refs)
+            doc = {
+                **base,
+                "_id": _blob_id(scope, key, 0),
+                "chunk": 0,
+                "chunks": 1,
+                "type": schema.MSGREFS_TYPE,
+                "refs": refs,
+            }
+            out.blobs.append(insert_once(doc))
+            continue
+        type_, data = serde.dumps_typed(value)
+        for frag in split_payload(type_, data, chunk_size):
+            out.blobs.append(
+                insert_once({**base, **frag, "_id": _blob_id(scope, key, frag["chunk"])})
+            )
+
+    body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+    ctype, cdata = serde.dumps_typed(body)
+    mtype, mdata = serde.dumps_typed(dict(metadata))
+    run_id = metadata.get("run_id")
+    doc = {
+        "_id": schema.checkpoint_doc_id(
+            scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint["id"]
+        ),
+        **scope.ns_filter,
+        "checkpoint_id": checkpoint["id"],
+        "parent_checkpoint_id": parent_id,
+        "run_id": run_id if isinstance(run_id, str) else None,
+        "source": metadata.get("source"),
+        "step": metadata.get("step"),
+        "ts": checkpoint.get("ts"),
+        "checkpoint": {"type": ctype, "data": cdata},
+        "metadata": {"type": mtype, "data": mdata},
+        "meta": plain_metadata(metadata),
+        "blobs": sorted({schema.blob_key(c, v) for c, v in checkpoint["channel_versions"].items()}),
+        "created_at": ts,
+    }
+    out.checkpoint = Op("replace", {"_id": doc["_id"]}, doc, upsert=True)
+    out.outbox = insert_once(
+        outbox_doc(scope, checkpoint["id"], "checkpoint", ts, messages=out.message_keys or None)
+    )
+    return out
+
+
+def _blob_id(scope: Scope, key: str, chunk: int) -> str:
+    return schema.blob_doc_id(scope.tenant_id, scope.thread_id, scope.checkpoint_ns, key, chunk)
+
+
+def message_key(message_id: str, revision: str) -> str:
+    return schema.doc_id("m", message_id, revision)
+
+
+def _message_docs(
+    scope: Scope,
+    checkpoint_id: str,
+    messages: list[BaseMessage],
+    serde: SerializerProtocol,
+    chunk_size: int,
+    ts: datetime,
+    known: frozenset[str] | None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    refs: list[str] = []
+    docs: list[dict[str, Any]] = []
+    seen: set[str] = set(known or ())
+    for message in messages:
+        assert message.id is not None
+        rev = message_revision(message)
+        key = message_key(message.id, rev)
+        refs.append(key)
+        if key in seen:
+            continue
+        seen.add(key)
+        type_, data = serde.dumps_typed(message)
+        for frag in split_payload(type_, data, chunk_size):
+            doc: dict[str, Any] = {
+                "_id": schema.message_doc_id(scope.tenant_id, scope.thread_id, key, frag["chunk"]),
+                **scope.thread_filter,
+                "key": key,
+                **frag,
+                "created_at": ts,
+            }
+            if frag["chunk"] == 0:
+                doc.update(
+                    message_id=message.id,
+                    revision=rev,
+                    checkpoint_ns=scope.checkpoint_ns,
+                    checkpoint_id=checkpoint_id,
+                    **message_summary(message, serde),
+                )
+            docs.append(doc)
+    return refs, docs
+
+
+def outbox_doc(
+    scope: Scope,
+    checkpoint_id: str,
+    kind: str,
+    ts: datetime,
+    *,
+    task_id: str | None = None,
+    messages: list[str] | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "_id": schema.doc_id(
+            "o", kind, scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id, task_id
+        ),
+        **scope.ns_filter,
+        "checkpoint_id": checkpoint_id,
+        "kind": kind,
+        "status": "pending",
+        "created_at": ts,
+    }
+    if task_id is not None:
+        doc["task_id"] = task_id
+    if messages:
+        doc["messages"] = messages
+    return doc
+
+
+# --- put_writes ----------------------------------------------------------------------
+
+
+def build_writes(
+    scope: Scope,
+    checkpoint_id: str,
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+    *,
+    serde: SerializerProtocol,
+    chunk_size: int,
+    business_applied: bool,
+) -> tuple[list[Op], bool]:
+    """Documents of one ``put_writes``; returns (ops, overwrite).
+
+    Regular writes are insert-once, so a repeated ``put_writes`` for a task changes
+    nothing (and the caller can tell the task was already recorded). Writes that are all
+    special channels (error, interrupt, resume, scheduled) overwrite, as in every
+    LangGraph saver.
+    """
+    ts = now()
+    overwrite = all(w[0] in WRITES_IDX_MAP for w in writes)
+    ops: list[Op] = []
+    for i, (channel, value) in enumerate(writes):
+        idx = WRITES_IDX_MAP.get(channel, i)
+        if channel == BUSINESS_CHANNEL:
+            value = {
+                "ops": len(value) if isinstance(value, list) else 1,
+                "applied": business_applied,
+            }
+        type_, data = serde.dumps_typed(value)
+        base = {
+            **scope.ns_filter,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "task_path": task_path,
+            "idx": idx,
+            "channel": channel,
+            "created_at": ts,
+        }
+        if overwrite:
+            ops.append(
+                Op(
+                    "delete_many",
+                    {
+                        **scope.ns_filter,
+                        "checkpoint_id": checkpoint_id,
+                        "task_id": task_id,
+                        "idx": idx,
+                    },
+                )
+            )
+        for frag in split_payload(type_, data, chunk_size):
+            wid = schema.write_doc_id(
+                scope.tenant_id,
+                scope.thread_id,
+                scope.checkpoint_ns,
+                checkpoint_id,
+                task_id,
+                idx,
+                frag["chunk"],
+            )
+            doc = {**base, **frag, "_id": wid}
+            ops.append(Op("insert", doc=doc) if overwrite else insert_once(doc))
+    return ops, overwrite
+
+
+# --- reading -------------------------------------------------------------------------
+
+
+def group_fragments(
+    docs: Iterable[Mapping[str, Any]], *key_fields: str
+) -> dict[Any, list[Mapping[str, Any]]]:
+    out: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    for d in docs:
+        k = d[key_fields[0]] if len(key_fields) == 1 else tuple(d[f] for f in key_fields)
+        out[k].append(d)
+    return out
+
+
+def message_keys_of(blob_docs: Iterable[Mapping[str, Any]]) -> set[str]:
+    keys: set[str] = set()
+    for d in blob_docs:
+        if d.get("type") == schema.MSGREFS_TYPE:
+            keys.update(d.get("refs") or ())
+    return keys
+
+
+def load_checkpoint_body(doc: Mapping[str, Any], serde: SerializerProtocol) -> dict[str, Any]:
+    c = doc["checkpoint"]
+    return dict(serde.loads_typed((c["type"], bytes(c["data"]))))
+
+
+def build_tuple(
+    doc: Mapping[str, Any],
+    *,
+    blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]],
+    writes: list[Mapping[str, Any]],
+    messages: Mapping[str, list[Mapping[str, Any]]],
+    serde: SerializerProtocol,
+    config_extra: Mapping[str, Any],
+    body: dict[str, Any] | None = None,
+) -> CheckpointTuple:
+    """Reassemble a CheckpointTuple.
+
+    ``blobs`` is keyed by (thread_id, checkpoint_ns, key); ``writes`` are this
+    checkpoint's write fragments; ``messages`` is keyed by message key.
+    """
+    body = body if body is not None else load_checkpoint_body(doc, serde)
+    thread_id, ns = doc["thread_id"], doc["checkpoint_ns"]
+    values: dict[str, Any] = {}
+    loaded_messages: dict[str, Any] = {}
+    for channel, version in body.get("channel_versions", {}).items():
+        key = schema.blob_key(channel, version)
+        frags = blobs.get((thread_id, ns, key))
+        if not frags:
+            continue
+        if frags[0].get("type") == schema.MSGREFS_TYPE:
+            out: list[Any] = []
+            for ref in frags[0].get("refs") or ():
+                if ref not in loaded_messages:
+                    loaded_messages[ref] = serde.loads_typed(
+                        join_payload(messages.get(ref, ()), f"message {ref}")
+                    )
+                out.append(loaded_messages[ref])
+            values[channel] = out
+            continue
+        type_, data = join_payload(frags, f"channel {channel!r} at version {version!r}")
+        if type_ == "empty":
+            continue
+        values[channel] = serde.loads_typed((type_, data))
+    checkpoint: Checkpoint = {**body, "channel_values": values}  # type: ignore[typeddict-item]
+    m = doc["metadata"]
+    metadata: CheckpointMetadata = serde.loads_typed((m["type"], bytes(m["data"])))
+    base_conf = {"thread_id": thread_id, "checkpoint_ns": ns}
+    config: RunnableConfig = {
+        "configurable": {**base_conf, "checkpoint_id": doc["checkpoint_id"], **config_extra}
+    }
+    parent_id = doc.get("parent_checkpoint_id")
+    parent_config: RunnableConfig | None = (
+        {"configurable": {**base_conf, "checkpoint_id": parent_id, **_tenant_only(config_extra)}}
+        if parent_id
+        else None
+    )
+    return CheckpointTuple(config, checkpoint, metadata, parent_config, load_writes(writes, serde))
+
+
+def _tenant_only(extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in extra.items() if k == "tenant_id"}
+
+
+def load_writes(docs: Iterable[Mapping[str, Any]], serde: SerializerProtocol) -> list[PendingWrite]:
+    """Pending writes in ``writes_sort_key`` order: (task_path, task_id, idx)."""
+    grouped = group_fragments(docs, "task_id", "idx")
+    rows = []
+    for (task_id, idx), frags in grouped.items():
+        first = frags[0]
+        value = serde.loads_typed(join_payload(frags, f"write {task_id}/{idx}"))
+        rows.append(
+            ((first.get("task_path", ""), task_id, idx), (task_id, first["channel"], value))
+        )
+    rows.sort(key=lambda r: r[0])
+    return [r[1] for r in rows]

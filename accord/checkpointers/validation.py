@@ -1,0 +1,153 @@
+"""Input validation, done before any query is built.
+
+Identifiers become equality predicates in MongoDB filters. A dict such as ``{"$ne": ""}`` in
+place of a thread id would widen a query to every thread, so identifiers must be plain
+strings; metadata filters may not carry operators either. Every refusal raises
+:class:`accord.errors.InvalidInputError` and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from accord.errors import InvalidInputError
+
+MAX_ID_LENGTH = 1024
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def identifier(value: Any, name: str, *, allow_empty: bool = False) -> str:
+    """Return ``value`` if it is a usable identifier string, else raise InvalidInputError."""
+    if not isinstance(value, str):
+        raise InvalidInputError(
+            f"{name} must be a string, got {type(value).__name__} ({value!r:.80}); "
+            f"pass the identifier as str (e.g. str(uuid4()))."
+        )
+    if not value and not allow_empty:
+        raise InvalidInputError(f"{name} must be a non-empty string.")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"{name} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}."
+        )
+    if "\x00" in value:
+        raise InvalidInputError(f"{name} must not contain NUL characters.")
+    return value
+
+
+def optional_identifier(value: Any, name: str) -> str | None:
+    return None if value is None else identifier(value, name)
+
+
+def configurable(config: RunnableConfig | None) -> Mapping[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise InvalidInputError(f"config must be a mapping, got {type(config).__name__}.")
+    conf = config.get("configurable") or {}
+    if not isinstance(conf, Mapping):
+        raise InvalidInputError("config['configurable'] must be a mapping.")
+    return conf
+
+
+def thread_ids(values: Any, name: str = "thread_ids") -> list[str]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | set | frozenset):
+        raise InvalidInputError(
+            f"{name} must be a sequence of strings, got {type(values).__name__}."
+        )
+    return [identifier(v, f"{name}[{i}]") for i, v in enumerate(values)]
+
+
+def limit(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"limit must be a non-negative int or None, got {value!r:.80}.")
+    return value
+
+
+def _field_name(key: Any, where: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"{where}: keys must be non-empty strings, got {key!r:.80}.")
+    if key.startswith("$"):
+        raise InvalidInputError(
+            f"{where}: key {key!r:.80} looks like a query operator; metadata filters match "
+            f"values exactly and accept no operators."
+        )
+    if "." in key or "\x00" in key:
+        raise InvalidInputError(f"{where}: key {key!r:.80} must not contain '.' or NUL.")
+    return key
+
+
+def _filter_value(value: Any, where: str) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, Mapping):
+        return {_field_name(k, where): _filter_value(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_filter_value(v, where) for v in value]
+    raise InvalidInputError(
+        f"{where}: filter values must be JSON-like (str, int, float, bool, None, list, dict), "
+        f"got {type(value).__name__}."
+    )
+
+
+def metadata_filter(filter: Any) -> dict[str, Any]:
+    """Turn a LangGraph metadata filter into MongoDB equality predicates on ``meta``.
+
+    Nested dicts match by containment (``{"a": {"b": 1}}`` matches metadata whose ``a``
+    contains ``b == 1``), like PostgresSaver's ``@>``; lists match exactly.
+    """
+    if filter is None:
+        return {}
+    if not isinstance(filter, Mapping):
+        raise InvalidInputError(f"filter must be a dict, got {type(filter).__name__}.")
+    out: dict[str, Any] = {}
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                flatten(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = value
+
+    for key, value in filter.items():
+        _field_name(key, "filter")
+        flatten(f"meta.{key}", _filter_value(value, f"filter[{key!r}]"))
+    return out
+
+
+def bson_safe(value: Any) -> bool:
+    """Whether ``value`` can be stored as a plain, queryable BSON value."""
+    if isinstance(value, bool | str | float | type(None)):
+        return True
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**63
+    if isinstance(value, list | tuple):
+        return all(bson_safe(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(
+            isinstance(k, str)
+            and k
+            and not k.startswith("$")
+            and "." not in k
+            and "\x00" not in k
+            and bson_safe(v)
+            for k, v in value.items()
+        )
+    return False
+
+
+def collection_name(value: Any, reserved: set[str]) -> str:
+    """Validate a business collection name."""
+    name = identifier(value, "collection")
+    if name.startswith("system.") or "$" in name or len(name) > 200:
+        raise InvalidInputError(f"{name!r} is not a valid business collection name.")
+    if name in reserved:
+        raise InvalidInputError(
+            f"{name!r} belongs to the checkpointer; business writes must target the "
+            f"application's own collections."
+        )
+    return name

@@ -1,0 +1,125 @@
+"""``connect()``: a pymongo client for accord, real MongoDB or the embedded engine.
+
+With ``MONGODB_URI`` set, that server is used as is. Otherwise an embedded engine is
+started for the data directory, or reused if one already serves it, so several processes
+(runtime, aggregator, API, a restarted worker) share one durable store. The engine runs in
+its own session (process group): it outlives the client process that started it, even
+one killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pymongo import AsyncMongoClient, MongoClient
+
+from accord.errors import EngineStartError
+from accord.platform.embedded.server import LOCK_FILE, REPLICA_SET
+from accord.platform.settings import Settings
+
+ENGINE_LOG = "engine.log"
+
+
+def read_lock(data_dir: Path) -> tuple[int, int] | None:
+    """``(pid, port)`` of the engine serving ``data_dir``, or None if none does."""
+    path = data_dir / LOCK_FILE
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            content = os.pread(fd, 100, 0).decode(errors="replace").split()
+            if len(content) == 2 and all(p.isdigit() for p in content):
+                return int(content[0]), int(content[1])
+            return None  # held but not written yet: an engine is starting
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def engine_uri(port: int, host: str = "127.0.0.1") -> str:
+    return f"mongodb://{host}:{port}/?replicaSet={REPLICA_SET}"
+
+
+def ensure_engine(
+    data_dir: str | os.PathLike[str] | None = None, *, sync: bool | None = None, timeout: float | None = None
+) -> str:
+    """Start (or find) the embedded engine for ``data_dir`` and return its URI."""
+    settings = Settings()
+    directory = Path(data_dir or settings.data_dir).resolve()
+    timeout = timeout or settings.engine_start_timeout
+    sync = settings.engine_sync if sync is None else sync
+    found = read_lock(directory)
+    if found:
+        return engine_uri(found[1])
+    return spawn_engine(directory, port=0, host="127.0.0.1", sync=sync, timeout=timeout)
+
+
+def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: float) -> str:
+    """Start an engine process for ``directory`` in its own session; return its URI."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
+    cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
+    with open(directory / ENGINE_LOG, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = read_lock(directory)
+        if found:
+            return engine_uri(found[1], host)
+        code = proc.poll()
+        if code is not None and code != 2:
+            tail = (directory / ENGINE_LOG).read_text(errors="replace")[-400:].strip()
+            raise EngineStartError(f"the embedded engine exited with code {code}: {tail}")
+        # Exit code 2: another process won the race to start it; poll for its lock instead.
+        time.sleep(0.05)
+    raise EngineStartError(
+        f"the embedded engine did not start within {timeout}s; see {directory / ENGINE_LOG}"
+    )
+
+
+def resolve_uri(uri: str | None = None, data_dir: str | os.PathLike[str] | None = None) -> str:
+    settings = Settings()
+    return uri or settings.mongodb_uri or ensure_engine(data_dir)
+
+
+def connect(uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> MongoClient[dict[str, Any]]:
+    """A ``MongoClient`` on ``uri``, ``MONGODB_URI``, or the embedded engine for ``data_dir``."""
+    return MongoClient(resolve_uri(uri, data_dir), **kwargs)
+
+
+def connect_async(
+    uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+) -> AsyncMongoClient[dict[str, Any]]:
+    """The ``AsyncMongoClient`` twin of :func:`connect` (pymongo's native async API)."""
+    return AsyncMongoClient(resolve_uri(uri, data_dir), **kwargs)
+
+
+def stop_engine(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bool:
+    """Stop the engine serving ``data_dir`` (SIGTERM, then wait). False if none was running."""
+    directory = Path(data_dir).resolve()
+    found = read_lock(directory)
+    if not found:
+        return False
+    pid = found[0]
+    try:
+        os.kill(pid, 15)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_lock(directory) is None:
+            return True
+        time.sleep(0.05)
+    raise EngineStartError(f"engine pid {pid} did not stop within {timeout}s")

@@ -1,0 +1,1 @@
+"""accord benchmarks: ``python -m benchmarks`` (or ``make bench``) prints and records them."""
