@@ -280,8 +280,8 @@ class Engine:
 
     def abort(self, txn: Txn, reason: str = "aborted") -> None:
         txn.aborted_reason = reason
-        txn.writes.clear()
         self._release(txn)
+        txn.writes.clear()
         if txn.session is not None and txn.session.txn is txn:
             txn.session.txn_state = "aborted"
 
