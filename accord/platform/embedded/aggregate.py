@@ -82,6 +82,12 @@ class Pipeline:
             return [{k: Pipeline(self.reader, self.collection).run(docs, p) for k, p in spec.items()}]
         if name == "$lookup":
             return self._lookup(spec, docs)
+        if name == "$count":
+            if not isinstance(spec, str) or not spec or spec.startswith("$") or "." in spec:
+                raise EngineError(40156, "the count field must be a non-empty string without '$' or '.'")
+            return [{spec: len(docs)}] if docs else []
+        if name == "$unwind":
+            return _unwind(spec, docs)
         if name == "$documents":
             if not isinstance(spec, list):
                 raise bad_value("$documents needs an array of documents")
@@ -151,3 +157,62 @@ def _bind_variables(node: Any, variables: dict[str, Any]) -> Any:
     if isinstance(node, dict):
         return {k: _bind_variables(v, variables) for k, v in node.items()}
     return node
+
+
+def _unwind(spec: Any, docs: list[Doc]) -> list[Doc]:
+    options = {"path": spec} if isinstance(spec, str) else spec
+    if not isinstance(options, dict):
+        raise EngineError(15981, "expected either a string or an object as specification for $unwind stage")
+    path = options.get("path")
+    if not isinstance(path, str) or not path.startswith("$"):
+        raise EngineError(28818, "path option to $unwind stage should be prefixed with a '$'")
+    field_path = path[1:]
+    index_field = options.get("includeArrayIndex")
+    preserve = bool(options.get("preserveNullAndEmptyArrays", False))
+    out: list[Doc] = []
+    for doc in docs:
+        found, value = _get_dotted(doc, field_path)
+        if isinstance(value, list) and value:
+            for i, item in enumerate(value):
+                new = copy.deepcopy(doc)
+                _set_dotted(new, field_path, item)
+                if index_field:
+                    _set_dotted(new, index_field, i)
+                out.append(new)
+        elif isinstance(value, list) or not found or value is None:
+            if preserve:
+                new = copy.deepcopy(doc)
+                if isinstance(value, list):
+                    _unset_dotted(new, field_path)
+                if index_field:
+                    _set_dotted(new, index_field, None)
+                out.append(new)
+        else:  # a non-array value unwinds to itself
+            new = copy.deepcopy(doc)
+            if index_field:
+                _set_dotted(new, index_field, None)
+            out.append(new)
+    return out
+
+
+def _get_dotted(doc: Any, path: str) -> tuple[bool, Any]:
+    for part in path.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return False, None
+        doc = doc[part]
+    return True, doc
+
+
+def _set_dotted(doc: Doc, path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        doc = doc.setdefault(part, {})
+    doc[parts[-1]] = value
+
+
+def _unset_dotted(doc: Doc, path: str) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        doc = doc.get(part, {})
+    if isinstance(doc, dict):
+        doc.pop(parts[-1], None)

@@ -47,8 +47,8 @@ WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
 # Commands allowed inside a multi-document transaction (as in mongod).
 TXN_COMMANDS = {
     "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
-    "aggregate", "distinct", "count", "bulkWrite", "commitTransaction", "abortTransaction",
-    "create", "createIndexes", "listCollections", "listIndexes", "ping", "hello", "isMaster",
+    "aggregate", "distinct", "bulkWrite", "commitTransaction", "abortTransaction",
+    "create", "createIndexes", "ping", "hello", "isMaster", "buildInfo", "connectionStatus",
 }  # fmt: skip
 
 
@@ -204,7 +204,7 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
         raise type_mismatch("'key' must be a non-empty string")
     seen: dict[bytes, Any] = {}
     for _, doc in visible_docs(ctx, ns, opt_doc(cmd, "query")):
-        for value in query.path_values(doc, key):
+        for value in query.path_values(doc, key, empty_array_as_null=False):
             if value is query._MISSING:
                 continue
             seen.setdefault(bson.encode({"": query.canonical(value)}), value)
@@ -316,6 +316,8 @@ def _write_coll(ctx: Context, ns: str) -> Collection:
     coll = ctx.engine.get_collection(ns)
     if coll is None:
         coll = ctx.engine.create_collection(ns)
+        if ctx.in_transaction:
+            ctx.txn.created.append(ns)  # dropped again if the transaction aborts
     return coll
 
 

@@ -93,7 +93,7 @@ class Collection:
         return {"options": self.options, "indexes": [i.spec for i in self.indexes.values()]}
 
     def add_index(self, index: Index) -> None:
-        self.indexes[index.name] = index
+        """Add an index; a unique one is built first and refused if data violates it."""
         if index.unique and index.name != "_id_":
             owners: dict[bytes, bytes] = {}
             for key, chain in self.versions.items():
@@ -114,6 +114,7 @@ class Collection:
                         )
                     owners[k] = key
             self.unique_maps[index.name] = owners
+        self.indexes[index.name] = index
 
     def latest(self, key: bytes) -> tuple[int, Doc | None]:
         chain = self.versions.get(key)
@@ -142,6 +143,8 @@ class Txn:
     claims: set[tuple[str, str, bytes]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     aborted_reason: str | None = None
+    # Collections this transaction created implicitly (mongod rolls their creation back).
+    created: list[str] = field(default_factory=list)
 
     def own(self, ns: str, key: bytes) -> tuple[bool, Doc | None]:
         w = self.writes.get(ns)
@@ -282,6 +285,11 @@ class Engine:
         txn.aborted_reason = reason
         self._release(txn)
         txn.writes.clear()
+        for ns in txn.created:
+            coll = self.collections.get(ns)
+            if coll is not None and not coll.versions and len(coll.indexes) == 1:
+                self.drop_collection(ns)
+        txn.created.clear()
         if txn.session is not None and txn.session.txn is txn:
             txn.session.txn_state = "aborted"
 

@@ -9,17 +9,56 @@ extraction).
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import bson
 import mongomock.aggregate  # noqa: F401  (registers $expr support in the filterer)
+from bson.binary import Binary
 from bson.int64 import Int64
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 from mongomock import OperationFailure
 from mongomock import collection as _mm_collection
 from mongomock import filtering
 
 from accord.platform.embedded.errors import EngineError, bad_value
+
+def _mod(doc_val: Any, spec: Any) -> bool:
+    if not isinstance(spec, list) or len(spec) != 2:
+        raise bad_value("malformed mod, needs to be an array of [divisor, remainder]")
+    divisor, remainder = spec
+    if isinstance(doc_val, bool) or not isinstance(doc_val, int | float):
+        return False
+    if int(divisor) == 0:
+        raise bad_value("divisor cannot be 0")
+    return int(math.fmod(int(doc_val), int(divisor))) == int(remainder)
+
+
+def _patch_mongomock() -> None:
+    """Fill gaps in mongomock's matcher that the platform's filters reach."""
+    ops = filtering._filterer_inst._operator_map
+    ops["$mod"] = filtering._not_nothing_and(filtering._list_expand(_mod))
+    types = filtering.TYPE_MAP
+    types["null"] = lambda v: v is None
+    types["regex"] = lambda v: isinstance(v, re.Pattern | Regex)
+    types["timestamp"] = lambda v: isinstance(v, Timestamp)
+    types["int"] = lambda v: (
+        isinstance(v, int) and not isinstance(v, bool | Int64) and -(2**31) <= v < 2**31
+    )
+    types["long"] = lambda v: isinstance(v, Int64) or (
+        isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31
+    )
+    types["binData"] = lambda v: isinstance(v, bytes | Binary)
+    for code, name in {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData",
+                       7: "objectId", 8: "bool", 9: "date", 10: "null", 11: "regex",
+                       16: "int", 17: "timestamp", 18: "long", 19: "decimal"}.items():  # fmt: skip
+        types[code] = types[name]  # type: ignore[index]
+
+
+_patch_mongomock()
 
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
@@ -88,6 +127,14 @@ def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str,
     """Apply a find projection (inclusion/exclusion, ``$slice``, ``$elemMatch``)."""
     if not projection:
         return doc
+    if any(_is_expression(v) for v in projection.values()):
+        # MongoDB 4.4+ find projections may compute fields: evaluate as a $project stage.
+        from mongomock import aggregate as mm_aggregate
+
+        try:
+            return mm_aggregate._handle_project_stage([doc], None, projection)[0]
+        except (OperationFailure, NotImplementedError, KeyError, TypeError, ValueError) as exc:
+            raise bad_value(f"invalid projection: {exc}") from exc
     fields = {}
     for key, value in projection.items():
         if isinstance(value, bool):
@@ -110,6 +157,14 @@ def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str,
         raise EngineError(31254, f"Cannot mix inclusion and exclusion in projection: {exc}") from exc
     except (OperationFailure, NotImplementedError) as exc:
         raise bad_value(str(exc)) from exc
+
+
+def _is_expression(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, dict):
+        return not set(value) <= {"$slice", "$elemMatch"}
+    return False
 
 
 def canonical(value: Any) -> Any:
@@ -135,8 +190,11 @@ def id_key(value: Any) -> bytes:
 _MISSING = object()
 
 
-def path_values(doc: Any, path: str) -> list[Any]:
-    """Values at a dotted path, expanding arrays as a multikey index does."""
+def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> list[Any]:
+    """Values at a dotted path, expanding arrays as a multikey index does.
+
+    An empty array is one ``null`` key for an index; ``distinct`` wants nothing for it.
+    """
     current: list[Any] = [doc]
     for part in path.split("."):
         nxt: list[Any] = []
@@ -154,7 +212,7 @@ def path_values(doc: Any, path: str) -> list[Any]:
     out: list[Any] = []
     for value in current:
         if isinstance(value, list):
-            out.extend(value if value else [None])
+            out.extend(value if value or not empty_array_as_null else [None])
         else:
             out.append(value)
     return out
