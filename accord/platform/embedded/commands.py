@@ -131,7 +131,10 @@ def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[b
         key = query.id_key(id_value)
         doc = ctx.engine.get(ctx.txn, ns, key)
         return [(key, doc)] if doc is not None and query.matches(filt, doc) else []
-    return [(k, d) for k, d in ctx.engine.scan(ctx.txn, ns) if query.matches(filt, d)]
+    found = ctx.engine.lookup(ctx.txn, ns, filt) if filt else None
+    if found is None:
+        found = ctx.engine.scan(ctx.txn, ns)
+    return [(k, d) for k, d in found if query.matches(filt, d)]
 
 
 def reader(ctx: Context) -> Callable[[str], list[Doc]]:

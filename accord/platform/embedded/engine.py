@@ -78,6 +78,13 @@ class Collection:
         self.indexes: dict[str, Index] = {}
         # Unique index name -> encoded key -> id key of the latest committed owner.
         self.unique_maps: dict[str, dict[bytes, bytes]] = {}
+        # Every field of a secondary index -> encoded value -> id keys of documents that
+        # have (or, in a version an open transaction may still read, had) that value.
+        # A superset: lookups re-check the filter, so stale entries cost time, not truth.
+        self.field_maps: dict[str, dict[bytes, set[bytes]]] = {}
+        # Natural order: id key -> insertion sequence, to return lookups in scan order.
+        self.order: dict[bytes, int] = {}
+        self._next_order = itertools.count()
         for spec in index_specs or [ID_INDEX_SPEC]:
             self.add_index(Index.from_spec(spec))
 
@@ -89,11 +96,49 @@ class Collection:
     def name(self) -> str:
         return self.ns.split(".", 1)[1]
 
+    def note_order(self, key: bytes) -> None:
+        if key not in self.order:
+            self.order[key] = next(self._next_order)
+
+    def rebuild_field_maps(self) -> None:
+        """Recompute the equality lookup maps from every retained version."""
+        fields = {f for i in self.indexes.values() if i.name != "_id_" for f in i.fields}
+        self.field_maps = {f: {} for f in fields}
+        for key, chain in self.versions.items():
+            for _, doc in chain:
+                if doc is not None:
+                    self.map_fields(key, doc)
+
+    def map_fields(self, key: bytes, doc: Doc) -> None:
+        for field_name, values in self.field_maps.items():
+            for v in query.path_values(doc, field_name):
+                if v is not query._MISSING:
+                    values.setdefault(query.value_key(v), set()).add(key)
+
+    def candidates(self, filt: Doc) -> list[bytes] | None:
+        """Id keys that may match ``filt`` (natural order), or None if no map applies."""
+        best: set[bytes] | None = None
+        for field_name, value in filt.items():
+            values = self.field_maps.get(field_name)
+            if values is None or not query.is_plain_equality(value):
+                continue
+            found = values.get(query.value_key(value), set())
+            if best is None or len(found) < len(best):
+                best = found
+        if best is None:
+            return None
+        return sorted(best, key=lambda k: self.order.get(k, 0))
+
     def catalog_spec(self) -> Doc:
         return {"options": self.options, "indexes": [i.spec for i in self.indexes.values()]}
 
     def add_index(self, index: Index) -> None:
         """Add an index; a unique one is built first and refused if data violates it."""
+        self._add_index(index)
+        if index.name != "_id_" and not set(index.fields) <= set(self.field_maps):
+            self.rebuild_field_maps()
+
+    def _add_index(self, index: Index) -> None:
         if index.unique and index.name != "_id_":
             owners: dict[bytes, bytes] = {}
             for key, chain in self.versions.items():
@@ -190,6 +235,8 @@ class Engine:
             coll = Collection(ns, spec.get("options", {}), spec.get("indexes"))
             for key, doc in self.storage.load_documents(ns):
                 coll.versions[key] = [(self.clock, doc)]
+                coll.note_order(key)
+                coll.map_fields(key, doc)
                 for index in coll.indexes.values():
                     if index.name in coll.unique_maps:
                         for k in index.keys_of(doc):
@@ -337,6 +384,9 @@ class Engine:
                     owners[k] = key
         if chain is None:
             chain = coll.versions[key] = []
+            coll.note_order(key)
+        if doc is not None:
+            coll.map_fields(key, doc)
         chain.append((ts, doc))
         self._prune(coll, key, chain)
 
@@ -356,11 +406,16 @@ class Engine:
             del coll.versions[key]
 
     def vacuum(self) -> None:
-        """Prune every version chain (called periodically)."""
+        """Prune version chains and stale lookup entries (called periodically)."""
         for coll in self.collections.values():
+            pruned = False
             for key, chain in list(coll.versions.items()):
                 if len(chain) > 1 or chain[0][1] is None:
                     self._prune(coll, key, chain)
+                    pruned = True
+            if pruned or len(coll.order) > 2 * len(coll.versions) + 64:
+                coll.rebuild_field_maps()
+                coll.order = {k: v for k, v in coll.order.items() if k in coll.versions}
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -382,6 +437,23 @@ class Engine:
         for key, doc in list(own.items()):
             if doc is not None and (coll is None or key not in coll.versions):
                 yield key, doc
+
+    def lookup(self, txn: Txn, ns: str, filt: Doc) -> Iterator[tuple[bytes, Doc]] | None:
+        """Documents visible to ``txn`` that may match ``filt``, via the equality maps.
+
+        None when no map applies (the caller scans). Own uncommitted writes are included.
+        """
+        coll = self.collections.get(ns)
+        if coll is None:
+            return None
+        keys = coll.candidates(filt)
+        if keys is None:
+            return None
+        own = txn.writes.get(ns, {})
+        if own:
+            known = set(keys)
+            keys = keys + [k for k in own if k not in known]
+        return ((k, d) for k in keys if (d := self.get(txn, ns, k)) is not None)
 
     def get(self, txn: Txn, ns: str, key: bytes) -> Doc | None:
         found, doc = txn.own(ns, key)

@@ -182,6 +182,20 @@ def canonical(value: Any) -> Any:
     return value
 
 
+def value_key(value: Any) -> bytes:
+    """Hashable encoding of a value under MongoDB equality (for lookup maps)."""
+    return bson.encode({"": canonical(value)})
+
+
+def is_plain_equality(value: Any) -> bool:
+    """True for filter values that match by plain equality on scalars/documents."""
+    if value is None or isinstance(value, list | re.Pattern | Regex):
+        return False
+    if isinstance(value, dict):
+        return not any(k.startswith("$") for k in value)
+    return True
+
+
 def id_key(value: Any) -> bytes:
     """The storage key of a document's ``_id``."""
     return bson.encode({"": canonical(value)})
