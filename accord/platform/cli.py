@@ -61,3 +61,7 @@ def engine_status(dbpath: Path = DBPATH) -> None:
         console.print(f"no engine running on {dbpath}")
         raise typer.Exit(1)
     console.print(f"running: pid {found[0]}, {connection.engine_uri(found[1])}")
+
+
+if __name__ == "__main__":
+    app()

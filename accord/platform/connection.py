@@ -66,7 +66,10 @@ def ensure_engine(
 
 def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: float) -> str:
     """Start an engine process for ``directory`` in its own session; return its URI."""
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EngineStartError(f"cannot use {directory} as the engine's data directory: {exc.strerror}") from exc
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
     with open(directory / ENGINE_LOG, "ab") as log:

@@ -141,7 +141,10 @@ class EmbeddedServer:
         return f"mongodb://{self.address}/?replicaSet={REPLICA_SET}"
 
     def _open(self) -> None:
-        self.dbpath.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dbpath.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EngineStartError(f"cannot use {self.dbpath} as the data directory: {exc.strerror}") from exc
         self._lock_fd = os.open(self.dbpath / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

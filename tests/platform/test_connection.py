@@ -1,0 +1,145 @@
+"""accord.platform.connect(): the embedded engine is started once, shared, and outlives clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+from accord.errors import DataDirLockedError, EngineStartError
+from accord.platform import connect, connect_async, ensure_engine, stop_engine
+from accord.platform.connection import read_lock
+from accord.platform.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.embedded_only
+
+
+@pytest.fixture()
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    directory = tmp_path / "data"
+    yield directory
+    stop_engine(directory)
+
+
+def test_connect_starts_an_engine_and_reuses_it(data_dir: Path) -> None:
+    first = connect(data_dir=data_dir)
+    first.accord.c.insert_one({"_id": 1})
+    pid, port = read_lock(data_dir) or (0, 0)
+    assert pid and port
+    second = connect(data_dir=data_dir)
+    assert second.accord.c.find_one({"_id": 1}) == {"_id": 1}
+    assert read_lock(data_dir) == (pid, port), "a second connect must reuse the running engine"
+    first.close()
+    second.close()
+
+
+def test_engine_outlives_a_sigkilled_client_and_keeps_its_commits(data_dir: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from accord.platform import connect
+        c = connect(data_dir={str(data_dir)!r})
+        c.accord.c.insert_one({{"_id": "from-child"}})
+        print("inserted", flush=True)
+        sys.stdin.read()  # wait to be killed
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == b"inserted"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    found = read_lock(data_dir)
+    assert found is not None, "the engine must keep running after its starter died"
+    os.kill(found[0], 0)
+    client = connect(data_dir=data_dir)
+    assert client.accord.c.find_one({"_id": "from-child"}) == {"_id": "from-child"}
+    client.close()
+
+
+def test_concurrent_starters_share_one_engine(data_dir: Path) -> None:
+    script = f"from accord.platform import ensure_engine; print(ensure_engine({str(data_dir)!r}))"
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE) for _ in range(4)]
+    uris = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(uris) == 1, f"every starter must get the same engine, got {uris}"
+
+
+def test_mongodb_uri_wins_over_the_embedded_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with EmbeddedServer(tmp_path / "other", port=0, sync=False) as server:
+        monkeypatch.setenv("MONGODB_URI", server.uri)
+        client = connect(data_dir=tmp_path / "unused")
+        client.accord.c.insert_one({"_id": 1})
+        assert not (tmp_path / "unused").exists(), "no embedded engine may start when MONGODB_URI is set"
+        assert MongoClient(server.uri).accord.c.count_documents({}) == 1
+        client.close()
+
+
+def test_async_twin_returns_an_async_client(data_dir: Path) -> None:
+    import asyncio
+
+    async def main() -> dict:
+        client = connect_async(data_dir=data_dir)
+        try:
+            await client.accord.c.insert_one({"_id": "async"})
+            return await client.accord.c.find_one({"_id": "async"})
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == {"_id": "async"}
+
+
+def test_second_engine_on_the_same_dbpath_is_refused(tmp_path: Path) -> None:
+    with EmbeddedServer(tmp_path, port=0, sync=False):
+        with pytest.raises(DataDirLockedError, match="in use by another accord engine"):
+            EmbeddedServer(tmp_path, port=0, sync=False).start()
+        proc = subprocess.run(
+            [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(tmp_path), "--port", "0"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2
+        assert "in use by another accord engine" in proc.stderr
+
+
+def test_engine_binds_loopback_by_default(tmp_path: Path) -> None:
+    with EmbeddedServer(tmp_path, port=0, sync=False) as server:
+        assert server.host == "127.0.0.1"
+        assert server._tcp is not None and server._tcp.server_address[0] == "127.0.0.1"
+
+
+def test_restart_recovers_data_indexes_and_validators(tmp_path: Path) -> None:
+    with EmbeddedServer(tmp_path, port=0) as server:
+        c: MongoClient = MongoClient(server.uri)
+        c.d.create_collection("v", validator={"$jsonSchema": {"required": ["x"]}})
+        c.d.v.create_index("x", unique=True)
+        c.d.v.insert_many([{"x": i} for i in range(100)])
+        c.d.v.delete_one({"x": 5})
+        c.close()
+    with EmbeddedServer(tmp_path, port=0) as server:
+        c = MongoClient(server.uri)
+        assert c.d.v.count_documents({}) == 99
+        assert [d["x"] for d in c.d.v.find({}, {"_id": 0}).limit(3)] == [0, 1, 2], "natural order kept"
+        assert "x_1" in c.d.v.index_information()
+        with pytest.raises(Exception, match="duplicate key"):
+            c.d.v.insert_one({"x": 1})
+        with pytest.raises(Exception, match="Document failed validation"):
+            c.d.v.insert_one({"y": 1})
+        c.close()
+
+
+def test_ensure_engine_reports_a_clear_error_when_the_engine_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    start = time.monotonic()
+    with pytest.raises(EngineStartError, match="cannot use .* as the engine's data directory"):
+        ensure_engine(blocker / "data", timeout=20)
+    assert time.monotonic() - start < 20
