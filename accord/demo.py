@@ -41,18 +41,32 @@ def run(data_dir: Path) -> None:
 
     with client.start_session() as session:
         session.with_transaction(lambda s: transfer(s, 30))
-    console.print("[green]committed[/green] transfer of 30 in one transaction (2 updates + 1 insert):")
-    console.print("  accounts:", list(db.accounts.find({}, {"balance": 1})), " ledger entries:", db.ledger.count_documents({}))
+    console.print(
+        "[green]committed[/green] transfer of 30 in one transaction (2 updates + 1 insert):"
+    )
+    console.print(
+        "  accounts:",
+        list(db.accounts.find({}, {"balance": 1})),
+        " ledger entries:",
+        db.ledger.count_documents({}),
+    )
 
     with client.start_session() as session:
         session.start_transaction()
         transfer(session, 1000)
-        inside = db.accounts.find_one({"_id": "alice"}, session=session)
-        outside = db.accounts.find_one({"_id": "alice"})
-        console.print(f"inside an open transaction alice has {inside['balance']}; another session still sees {outside['balance']}")
+        inside = db.accounts.find_one({"_id": "alice"}, session=session) or {}
+        outside = db.accounts.find_one({"_id": "alice"}) or {}
+        console.print(
+            f"inside an open transaction alice has {inside['balance']}; another session still sees {outside['balance']}"
+        )
         session.abort_transaction()
     console.print("[yellow]aborted[/yellow] the second transfer; nothing of it is visible:")
-    console.print("  accounts:", list(db.accounts.find({}, {"balance": 1})), " ledger entries:", db.ledger.count_documents({}))
+    console.print(
+        "  accounts:",
+        list(db.accounts.find({}, {"balance": 1})),
+        " ledger entries:",
+        db.ledger.count_documents({}),
+    )
 
     s1, s2 = client.start_session(), client.start_session()
     s1.start_transaction()
@@ -62,13 +76,17 @@ def run(data_dir: Path) -> None:
         db.accounts.update_one({"_id": "bob"}, {"$inc": {"balance": 1}}, session=s2)
     except OperationFailure as exc:
         labels = ", ".join(sorted(exc.details.get("errorLabels", []))) if exc.details else ""
-        console.print(f"two transactions writing bob at once: the second gets {exc.code} {exc.details.get('codeName') if exc.details else ''} [{labels}] and would retry")
+        console.print(
+            f"two transactions writing bob at once: the second gets {exc.code} {exc.details.get('codeName') if exc.details else ''} [{labels}] and would retry"
+        )
     s1.abort_transaction()
     s2.end_session()
     s1.end_session()
     total = sum(d["balance"] for d in db.accounts.find())
-    console.print(f"total balance is still {total}. The engine keeps running for other processes; stop it with "
-                  f"`.venv/bin/accord engine stop --dbpath {data_dir}`.")
+    console.print(
+        f"total balance is still {total}. The engine keeps running for other processes; stop it with "
+        f"`.venv/bin/accord engine stop --dbpath {data_dir}`."
+    )
     client.close()
 
 

@@ -10,7 +10,10 @@ from rich.console import Console
 from accord.errors import AccordError
 from accord.platform import connection
 
-app = typer.Typer(help="accord: transactional state and memory for LangGraph agents on MongoDB.", no_args_is_help=True)
+app = typer.Typer(
+    help="accord: transactional state and memory for LangGraph agents on MongoDB.",
+    no_args_is_help=True,
+)
 engine_app = typer.Typer(help="Run the embedded MongoDB-compatible engine.", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
 console = Console()
@@ -21,9 +24,15 @@ DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of 
 @engine_app.command("start")
 def engine_start(
     dbpath: Path = DBPATH,
-    port: int = typer.Option(27017, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."),
-    foreground: bool = typer.Option(False, "--foreground", help="Run in this terminal until Ctrl-C."),
+    port: int = typer.Option(
+        27017, "--port", min=0, max=65535, help="TCP port (0: any free port)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."
+    ),
+    foreground: bool = typer.Option(
+        False, "--foreground", help="Run in this terminal until Ctrl-C."
+    ),
     no_sync: bool = typer.Option(False, "--no-sync", help="Skip fsync on commit (tests only)."),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
@@ -37,7 +46,9 @@ def engine_start(
         console.print(f"engine already running: pid {found[0]}, {connection.engine_uri(found[1])}")
         return
     try:
-        uri = connection.spawn_engine(dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0)
+        uri = connection.spawn_engine(
+            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0
+        )
     except AccordError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

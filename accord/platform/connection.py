@@ -51,7 +51,10 @@ def engine_uri(port: int, host: str = "127.0.0.1") -> str:
 
 
 def ensure_engine(
-    data_dir: str | os.PathLike[str] | None = None, *, sync: bool | None = None, timeout: float | None = None
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    sync: bool | None = None,
+    timeout: float | None = None,
 ) -> str:
     """Start (or find) the embedded engine for ``data_dir`` and return its URI."""
     settings = Settings()
@@ -69,12 +72,19 @@ def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: 
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise EngineStartError(f"cannot use {directory} as the engine's data directory: {exc.strerror}") from exc
+        raise EngineStartError(
+            f"cannot use {directory} as the engine's data directory: {exc.strerror}"
+        ) from exc
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
     with open(directory / ENGINE_LOG, "ab") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+            cmd,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
         )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,7 +107,9 @@ def resolve_uri(uri: str | None = None, data_dir: str | os.PathLike[str] | None 
     return uri or settings.mongodb_uri or ensure_engine(data_dir)
 
 
-def connect(uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> MongoClient[dict[str, Any]]:
+def connect(
+    uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+) -> MongoClient[dict[str, Any]]:
     """A ``MongoClient`` on ``uri``, ``MONGODB_URI``, or the embedded engine for ``data_dir``."""
     return MongoClient(resolve_uri(uri, data_dir), **kwargs)
 

@@ -18,7 +18,13 @@ class Settings(BaseSettings):
         validation_alias="MONGODB_URI",
         description="A real MongoDB (Atlas, Atlas Local, replica set). Unset: the embedded engine.",
     )
-    data_dir: Path = Field(default=Path(".accord/data"), description="Embedded engine data directory.")
+    data_dir: Path = Field(
+        default=Path(".accord/data"), description="Embedded engine data directory."
+    )
     engine_sync: bool = Field(default=True, description="fsync each commit of the embedded engine.")
-    engine_start_timeout: float = Field(default=20.0, gt=0, description="Seconds to wait for the engine.")
-    database: str = Field(default="accord", min_length=1, description="Database accord's collections live in.")
+    engine_start_timeout: float = Field(
+        default=20.0, gt=0, description="Seconds to wait for the engine."
+    )
+    database: str = Field(
+        default="accord", min_length=1, description="Database accord's collections live in."
+    )

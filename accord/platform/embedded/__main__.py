@@ -21,14 +21,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=27017, help="TCP port; 0 picks a free one")
     parser.add_argument("--no-sync", action="store_true", help="do not fsync commits (tests only)")
-    parser.add_argument("--ttl-interval", type=float, default=60.0, help="seconds between TTL passes")
+    parser.add_argument(
+        "--ttl-interval", type=float, default=60.0, help="seconds between TTL passes"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
     if args.ttl_interval <= 0:
         parser.error("--ttl-interval must be positive")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = EmbeddedServer(args.dbpath, host=args.host, port=args.port, sync=not args.no_sync, ttl_interval=args.ttl_interval)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    server = EmbeddedServer(
+        args.dbpath,
+        host=args.host,
+        port=args.port,
+        sync=not args.no_sync,
+        ttl_interval=args.ttl_interval,
+    )
 
     def _stop(signum: int, frame: object) -> None:
         threading.Thread(target=server.stop, daemon=True).start()

@@ -44,7 +44,7 @@ class Pipeline:
                 raise EngineError(
                     40323, "A pipeline stage specification object must contain exactly one field."
                 )
-            (name, spec), = stage.items()
+            ((name, spec),) = stage.items()
             if name in FIRST_STAGE_ONLY and position != 0:
                 raise EngineError(40602, f"{name} is only valid as the first stage in a pipeline")
             docs = self._stage(name, spec, docs)
@@ -79,12 +79,16 @@ class Pipeline:
         if name == "$facet":
             if not isinstance(spec, dict):
                 raise EngineError(15947, "a facet's fields must be specified in an object")
-            return [{k: Pipeline(self.reader, self.collection).run(docs, p) for k, p in spec.items()}]
+            return [
+                {k: Pipeline(self.reader, self.collection).run(docs, p) for k, p in spec.items()}
+            ]
         if name == "$lookup":
             return self._lookup(spec, docs)
         if name == "$count":
             if not isinstance(spec, str) or not spec or spec.startswith("$") or "." in spec:
-                raise EngineError(40156, "the count field must be a non-empty string without '$' or '.'")
+                raise EngineError(
+                    40156, "the count field must be a non-empty string without '$' or '.'"
+                )
             return [{spec: len(docs)}] if docs else []
         if name == "$unwind":
             return _unwind(spec, docs)
@@ -110,20 +114,24 @@ class Pipeline:
         foreign = self.reader(spec["from"]) if "from" in spec else []
         local_field, foreign_field = spec.get("localField"), spec.get("foreignField")
         if (local_field is None) != (foreign_field is None):
-            raise EngineError(40321, "$lookup requires both or neither of localField and foreignField")
+            raise EngineError(
+                40321, "$lookup requires both or neither of localField and foreignField"
+            )
         sub_pipeline = spec.get("pipeline")
         let = spec.get("let") or {}
         out = []
         for doc in docs:
             matched = foreign
             if local_field is not None:
-                locals_ = [v for v in query.path_values(doc, local_field) if v is not query._MISSING]
+                locals_ = [
+                    v for v in query.path_values(doc, local_field) if v is not query._MISSING
+                ]
                 if not locals_:
                     locals_ = [None]
                 keyed = [query.canonical(v) for v in locals_]
                 matched = [
                     f for f in foreign
-                    if any(query.canonical(v) in keyed for v in _values_or_null(f, foreign_field))
+                    if any(query.canonical(v) in keyed for v in _values_or_null(f, str(foreign_field)))
                 ]  # fmt: skip
             if sub_pipeline is not None:
                 variables = {
@@ -162,7 +170,9 @@ def _bind_variables(node: Any, variables: dict[str, Any]) -> Any:
 def _unwind(spec: Any, docs: list[Doc]) -> list[Doc]:
     options = {"path": spec} if isinstance(spec, str) else spec
     if not isinstance(options, dict):
-        raise EngineError(15981, "expected either a string or an object as specification for $unwind stage")
+        raise EngineError(
+            15981, "expected either a string or an object as specification for $unwind stage"
+        )
     path = options.get("path")
     if not isinstance(path, str) or not path.startswith("$"):
         raise EngineError(28818, "path option to $unwind stage should be prefixed with a '$'")

@@ -92,7 +92,9 @@ def opt_doc(cmd: Doc, key: str, default: Doc | None = None) -> Doc:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise type_mismatch(f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'object'")
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'object'"
+        )
     return value
 
 
@@ -101,14 +103,18 @@ def opt_int(cmd: Doc, key: str, default: int | None = None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise type_mismatch(f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected a number")
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected a number"
+        )
     return int(value)
 
 
 def opt_bool(cmd: Doc, key: str, default: bool = False) -> bool:
     value = cmd.get(key, default)
     if not isinstance(value, bool | int | float):
-        raise type_mismatch(f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'bool'")
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'bool'"
+        )
     return bool(value)
 
 
@@ -127,7 +133,9 @@ def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[b
     query.check_filter(filt)
     # Fast path: an equality on _id is a point lookup, as an _id index makes it in mongod.
     id_value = filt.get("_id") if len(filt) == 1 else None
-    if id_value is not None and not (isinstance(id_value, dict) and any(k.startswith("$") for k in id_value)):
+    if id_value is not None and not (
+        isinstance(id_value, dict) and any(k.startswith("$") for k in id_value)
+    ):
         key = query.id_key(id_value)
         doc = ctx.engine.get(ctx.txn, ns, key)
         return [(key, doc)] if doc is not None and query.matches(filt, doc) else []
@@ -221,7 +229,9 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
     pipeline = opt_list(cmd, "pipeline")
     cursor_opts = cmd.get("cursor")
     if not isinstance(cursor_opts, dict) and not cmd.get("explain"):
-        raise failed_to_parse("The 'cursor' option is required, except for aggregate with the explain argument")
+        raise failed_to_parse(
+            "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
     for stage in pipeline:
         if isinstance(stage, dict) and ("$out" in stage or "$merge" in stage):
             raise EngineError(40324, "$out and $merge are not supported by the embedded engine")
@@ -273,7 +283,9 @@ def prepare_new_doc(doc: Any) -> Doc:
 def _check_size(doc: Doc) -> None:
     size = len(bson.encode(doc))
     if size > MAX_BSON_SIZE:
-        raise EngineError(10334, f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)")
+        raise EngineError(
+            10334, f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)"
+        )
 
 
 def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None:
@@ -307,9 +319,13 @@ def insert_one(ctx: Context, coll: Collection, doc: Doc, bypass: bool = False) -
     return doc
 
 
-def replace_one(ctx: Context, coll: Collection, key: bytes, old: Doc, new: Doc, bypass: bool) -> None:
+def replace_one(
+    ctx: Context, coll: Collection, key: bytes, old: Doc, new: Doc, bypass: bool
+) -> None:
     if query.canonical(new.get("_id")) != query.canonical(old.get("_id")):
-        raise EngineError(66, "Performing an update on the path '_id' would modify the immutable field '_id'")
+        raise EngineError(
+            66, "Performing an update on the path '_id' would modify the immutable field '_id'"
+        )
     _check_size(new)
     _validate(coll, new, old, bypass)
     ctx.engine.write(ctx.txn, coll, key, new)
@@ -348,7 +364,9 @@ def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
     return reply
 
 
-def _pick(ctx: Context, ns: str, filt: Doc, multi: bool, sort: Doc | None) -> list[tuple[bytes, Doc]]:
+def _pick(
+    ctx: Context, ns: str, filt: Doc, multi: bool, sort: Doc | None
+) -> list[tuple[bytes, Doc]]:
     found = visible_docs(ctx, ns, filt)
     if sort:
         order = query.sort_docs([d for _, d in found], sort)
@@ -383,7 +401,9 @@ def update_docs(
         seed = {"_id": filt["_id"]} if "_id" in filt and not isinstance(filt["_id"], dict) else {}
         new = update.apply_update(seed, upd, is_insert=True)
     else:
-        new = update.apply_update(update.upsert_seed(filt), upd, array_filters=array_filters, query=filt, is_insert=True)
+        new = update.apply_update(
+            update.upsert_seed(filt), upd, array_filters=array_filters, query=filt, is_insert=True
+        )
     new = insert_one(ctx, coll, new, bypass)
     return 1, 0, new["_id"], None, new
 
@@ -515,11 +535,13 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
         ns = entry.get("ns") if isinstance(entry, dict) else None
         if not isinstance(ns, str) or "." not in ns:
             raise bad_value(f"invalid nsInfo entry: {entry!r}")
-        db, coll = ns.split(".", 1)
-        check_db_name(db)
-        coll_name({"c": coll}, "c")
+        db_part, coll_part = ns.split(".", 1)
+        check_db_name(db_part)
+        coll_name({"c": coll_part}, "c")
         namespaces.append(ns)
-    counts = dict.fromkeys(("nInserted", "nMatched", "nModified", "nUpserted", "nDeleted", "nErrors"), 0)
+    counts = dict.fromkeys(
+        ("nInserted", "nMatched", "nModified", "nUpserted", "nDeleted", "nErrors"), 0
+    )
     results: list[Doc] = []
     for idx, op in enumerate(ops):
         try:
@@ -527,11 +549,15 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 raise failed_to_parse("bulkWrite ops must be objects")
             kind = next(iter(op))
             ns_index = op[kind]
-            if kind not in ("insert", "update", "delete") or not isinstance(ns_index, int) or not 0 <= ns_index < len(namespaces):
+            if (
+                kind not in ("insert", "update", "delete")
+                or not isinstance(ns_index, int)
+                or not 0 <= ns_index < len(namespaces)
+            ):
                 raise failed_to_parse(f"invalid bulkWrite operation: {kind!r}")
             ns = namespaces[ns_index]
             if kind == "insert":
-                insert_one(ctx, _write_coll(ctx, ns), op.get("document"), bypass)
+                insert_one(ctx, _write_coll(ctx, ns), op.get("document"), bypass)  # type: ignore[arg-type]
                 counts["nInserted"] += 1
                 res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
             elif kind == "update":
@@ -578,7 +604,21 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
 @command("create")
 def cmd_create(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "create")
-    options = {k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction", "capped", "size", "max", "clusteredIndex", "expireAfterSeconds")}
+    options = {
+        k: v
+        for k, v in cmd.items()
+        if k
+        in (
+            "validator",
+            "validationLevel",
+            "validationAction",
+            "capped",
+            "size",
+            "max",
+            "clusteredIndex",
+            "expireAfterSeconds",
+        )
+    }
     _check_validation_options(options)
     if ctx.engine.get_collection(ns) is not None:
         raise EngineError(48, f"Collection {ns} already exists.")
@@ -592,9 +632,13 @@ def _check_validation_options(options: Doc) -> None:
             raise type_mismatch("'validator' must be an object")
         validation.check_validator(options["validator"])
     if options.get("validationLevel", "strict") not in ("off", "strict", "moderate"):
-        raise bad_value(f"Enumeration value '{options['validationLevel']}' for field 'validationLevel' is not a valid value.")
+        raise bad_value(
+            f"Enumeration value '{options['validationLevel']}' for field 'validationLevel' is not a valid value."
+        )
     if options.get("validationAction", "error") not in ("error", "warn", "errorAndLog"):
-        raise bad_value(f"Enumeration value '{options['validationAction']}' for field 'validationAction' is not a valid value.")
+        raise bad_value(
+            f"Enumeration value '{options['validationAction']}' for field 'validationAction' is not a valid value."
+        )
 
 
 @command("collMod")
@@ -603,7 +647,9 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
     coll = ctx.engine.get_collection(ns)
     if coll is None:
         raise EngineError(26, f"ns does not exist: {ns}")
-    changes = {k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction")}
+    changes = {
+        k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction")
+    }
     _check_validation_options(changes)
     reply: Doc = {"ok": 1.0}
     if "index" in cmd:
@@ -613,7 +659,12 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
             old = target.expire_after
             target.expire_after = spec["expireAfterSeconds"]
             target.spec["expireAfterSeconds"] = spec["expireAfterSeconds"]
-            reply.update({"expireAfterSeconds_old": old, "expireAfterSeconds_new": spec["expireAfterSeconds"]})
+            reply.update(
+                {
+                    "expireAfterSeconds_old": old,
+                    "expireAfterSeconds_new": spec["expireAfterSeconds"],
+                }
+            )
     coll.options.update(changes)
     ctx.engine.save_catalog(coll)
     return reply
@@ -621,7 +672,9 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
 
 def _find_index(coll: Collection, name_or_key: Any) -> Index:
     for index in coll.indexes.values():
-        if index.name == name_or_key or (isinstance(name_or_key, dict) and dict(index.key) == name_or_key):
+        if index.name == name_or_key or (
+            isinstance(name_or_key, dict) and dict(index.key) == name_or_key
+        ):
             return index
     raise EngineError(27, f"index not found with name [{name_or_key}]")
 
@@ -647,7 +700,12 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
     if ctx.db != "admin":
         raise EngineError(13, "renameCollection may only be run against the admin database.")
     source, target = cmd.get("renameCollection"), cmd.get("to")
-    if not isinstance(source, str) or not isinstance(target, str) or "." not in source or "." not in target:
+    if (
+        not isinstance(source, str)
+        or not isinstance(target, str)
+        or "." not in source
+        or "." not in target
+    ):
         raise bad_value("renameCollection needs 'db.collection' source and 'to'")
     if ctx.engine.get_collection(source) is None:
         raise EngineError(26, f"Source collection {source} does not exist")
@@ -687,33 +745,62 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
             raise EngineError(9, "Index spec must have a non-empty 'key' object")
         unknown = set(raw) - _INDEX_OPTIONS
         if unknown:
-            raise EngineError(197, f"The field '{sorted(unknown)[0]}' is not valid for an index specification.")
+            raise EngineError(
+                197, f"The field '{sorted(unknown)[0]}' is not valid for an index specification."
+            )
         for field_name, direction in raw["key"].items():
-            ok_number = isinstance(direction, int | float) and not isinstance(direction, bool) and direction != 0
+            ok_number = (
+                isinstance(direction, int | float)
+                and not isinstance(direction, bool)
+                and direction != 0
+            )
             if not (ok_number or direction in ("text", "2d", "2dsphere", "hashed")):
-                raise EngineError(67, f"Values in the index key pattern can only be numbers > 0, numbers < 0, or strings. Bad value for {field_name!r}: {direction!r}")
+                raise EngineError(
+                    67,
+                    f"Values in the index key pattern can only be numbers > 0, numbers < 0, or strings. Bad value for {field_name!r}: {direction!r}",
+                )
         spec = {"v": 2, "key": raw["key"], "name": raw.get("name") or _index_name(raw["key"])}
-        for opt in ("unique", "sparse", "partialFilterExpression", "expireAfterSeconds", "hidden", "collation"):
+        for opt in (
+            "unique",
+            "sparse",
+            "partialFilterExpression",
+            "expireAfterSeconds",
+            "hidden",
+            "collation",
+        ):
             if opt in raw:
                 spec[opt] = raw[opt]
         if "expireAfterSeconds" in spec:
             eas = spec["expireAfterSeconds"]
             if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0:
-                raise EngineError(67, "TTL index 'expireAfterSeconds' option must be a non-negative number")
+                raise EngineError(
+                    67, "TTL index 'expireAfterSeconds' option must be a non-negative number"
+                )
             if len(raw["key"]) != 1:
-                raise EngineError(67, "TTL indexes are single-field indexes, compound indexes do not support TTL.")
+                raise EngineError(
+                    67, "TTL indexes are single-field indexes, compound indexes do not support TTL."
+                )
         if "partialFilterExpression" in spec:
             query.check_filter(spec["partialFilterExpression"])
         existing = coll.indexes.get(spec["name"])
         same_key = next((i for i in coll.indexes.values() if dict(i.key) == spec["key"]), None)
         if existing is not None:
             if dict(existing.key) != spec["key"]:
-                raise EngineError(86, f"An existing index has the same name as the requested index but a different key. Requested index: {spec}, existing index: {existing.spec}")
+                raise EngineError(
+                    86,
+                    f"An existing index has the same name as the requested index but a different key. Requested index: {spec}, existing index: {existing.spec}",
+                )
             if _options(existing.spec) != _options(spec):
-                raise EngineError(85, f"An equivalent index already exists with the same name but different options. Requested index: {spec}, existing index: {existing.spec}")
+                raise EngineError(
+                    85,
+                    f"An equivalent index already exists with the same name but different options. Requested index: {spec}, existing index: {existing.spec}",
+                )
             continue
         if same_key is not None and _options(same_key.spec) != _options(spec):
-            raise EngineError(85, f"An equivalent index already exists with a different name and options. Requested index: {spec}, existing index: {same_key.spec}")
+            raise EngineError(
+                85,
+                f"An equivalent index already exists with a different name and options. Requested index: {spec}, existing index: {same_key.spec}",
+            )
         if same_key is not None:
             raise EngineError(85, f"Index already exists with a different name: {same_key.name}")
         new_specs.append(spec)
@@ -724,7 +811,12 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
         coll.add_index(index)
     if new_specs:
         ctx.engine.save_catalog(coll)
-    reply: Doc = {"numIndexesBefore": before, "numIndexesAfter": len(coll.indexes), "createdCollectionAutomatically": created_coll, "ok": 1.0}
+    reply: Doc = {
+        "numIndexesBefore": before,
+        "numIndexesAfter": len(coll.indexes),
+        "createdCollectionAutomatically": created_coll,
+        "ok": 1.0,
+    }
     if not new_specs:
         reply["note"] = "all indexes already exist"
     return reply
@@ -733,7 +825,11 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
 def _check_no_pending_writes(ctx: Context, coll: Collection) -> None:
     for txn in ctx.engine.active.values():
         if txn is not ctx.txn and coll.ns in txn.writes:
-            raise EngineError(112, "Cannot build a unique index while a transaction writes to the collection", labels=("TransientTransactionError",))
+            raise EngineError(
+                112,
+                "Cannot build a unique index while a transaction writes to the collection",
+                labels=("TransientTransactionError",),
+            )
 
 
 def _options(spec: Doc) -> Doc:
@@ -747,7 +843,9 @@ def cmd_list_indexes(ctx: Context, cmd: Doc) -> Doc:
     if coll is None:
         raise EngineError(26, f"ns does not exist: {ns}")
     specs = [copy.deepcopy(i.spec) for i in coll.indexes.values()]
-    return ctx.cursors.first_batch(ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key)
+    return ctx.cursors.first_batch(
+        ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key
+    )
 
 
 @command("dropIndexes", "deleteIndexes")
@@ -785,7 +883,13 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
     for coll in ctx.engine.collections_in(ctx.db):
         info: Doc = {"name": coll.name, "type": "collection"}
         if not name_only:
-            info.update({"options": copy.deepcopy(coll.options), "info": {"readOnly": False}, "idIndex": dict(ID_INDEX)})
+            info.update(
+                {
+                    "options": copy.deepcopy(coll.options),
+                    "info": {"readOnly": False},
+                    "idIndex": dict(ID_INDEX),
+                }
+            )
         if query.matches(filt, info):
             out.append(info)
     return ctx.cursors.first_batch(f"{ctx.db}.$cmd.listCollections", out, None, ctx.session_key)

@@ -64,7 +64,8 @@ class CursorManager:
         return {"cursor": {"nextBatch": batch, "id": bson.Int64(next_id), "ns": ns}, "ok": 1.0}
 
     def kill(self, ids: list[int]) -> Doc:
-        killed, missing = [], []
+        killed: list[bson.Int64] = []
+        missing: list[bson.Int64] = []
         for cid in ids:
             (killed if self.cursors.pop(cid, None) else missing).append(bson.Int64(cid))
         return {

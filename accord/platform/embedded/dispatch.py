@@ -83,7 +83,9 @@ class Dispatcher:
                 raise EngineError(2, "lsid must be an object with a UUID 'id'")
             session = engine.session(bson.encode({"id": lsid["id"]}))
         txn_number = cmd.get("txnNumber")
-        if txn_number is not None and (not isinstance(txn_number, int) or isinstance(txn_number, bool)):
+        if txn_number is not None and (
+            not isinstance(txn_number, int) or isinstance(txn_number, bool)
+        ):
             raise EngineError(14, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
         if autocommit is not None:
@@ -92,7 +94,10 @@ class Dispatcher:
             raise EngineError(50768, f"{name} must be run within a transaction")
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
-                raise EngineError(50768, "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid")
+                raise EngineError(
+                    50768,
+                    "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
+                )
             return self._retryable(handler, db, cmd, session, txn_number)
         if name in WRITE_COMMANDS:
             return self._autocommit(handler, db, cmd, session, None)
@@ -126,7 +131,10 @@ class Dispatcher:
                     raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise EngineError(50, "operation exceeded time limit waiting for a transaction that holds the documents") from exc
+                    raise EngineError(
+                        50,
+                        "operation exceeded time limit waiting for a transaction that holds the documents",
+                    ) from exc
                 self.engine.changed.wait(min(remaining, 0.5))
                 continue
             except BaseException:
@@ -138,9 +146,14 @@ class Dispatcher:
             self.engine.commit(txn, record=stored)
             return reply
 
-    def _retryable(self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int) -> Doc:
+    def _retryable(
+        self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int
+    ) -> Doc:
         if number < session.retry_number or number < session.txn_number:
-            raise EngineError(225, f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.")
+            raise EngineError(
+                225,
+                f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.",
+            )
         if number == session.retry_number and session.retry_reply is not None:
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
         reply = self._autocommit(handler, db, cmd, session, (session.key, number))
@@ -160,7 +173,10 @@ class Dispatcher:
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:
-                raise EngineError(225, f"Cannot start transaction {number} on session because a newer transaction {session.txn_number} has already started.")
+                raise EngineError(
+                    225,
+                    f"Cannot start transaction {number} on session because a newer transaction {session.txn_number} has already started.",
+                )
             if number == session.txn_number:
                 raise EngineError(
                     251 if session.txn_state != "in_progress" else 50911,

@@ -81,7 +81,7 @@ class EngineError(Exception):
 
     @property
     def code_name(self) -> str:
-        return CODE_NAMES.get(self.code, "Location%d" % self.code)
+        return CODE_NAMES.get(self.code, f"Location{self.code}")
 
     def to_reply(self) -> dict[str, Any]:
         reply: dict[str, Any] = {

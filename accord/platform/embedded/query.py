@@ -20,11 +20,11 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.regex import Regex
 from bson.timestamp import Timestamp
-from mongomock import OperationFailure
+from mongomock import OperationFailure, filtering
 from mongomock import collection as _mm_collection
-from mongomock import filtering
 
 from accord.platform.embedded.errors import EngineError, bad_value
+
 
 def _mod(doc_val: Any, spec: Any) -> bool:
     if not isinstance(spec, list) or len(spec) != 2:
@@ -48,8 +48,9 @@ def _patch_mongomock() -> None:
     types["int"] = lambda v: (
         isinstance(v, int) and not isinstance(v, bool | Int64) and -(2**31) <= v < 2**31
     )
-    types["long"] = lambda v: isinstance(v, Int64) or (
-        isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31
+    types["long"] = lambda v: (
+        isinstance(v, Int64)
+        or (isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31)
     )
     types["binData"] = lambda v: isinstance(v, bytes | Binary)
     for code, name in {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData",
@@ -139,9 +140,7 @@ def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str,
     for key, value in projection.items():
         if isinstance(value, bool):
             value = int(value)
-        elif isinstance(value, float):
-            value = int(value != 0)
-        elif isinstance(value, int):
+        elif isinstance(value, float | int):
             value = int(value != 0)
         elif isinstance(value, dict) and set(value) <= {"$slice", "$elemMatch"}:
             pass
@@ -154,7 +153,9 @@ def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str,
             out = {"_id": out.pop("_id"), **out}  # mongod keeps _id first
         return out
     except ValueError as exc:
-        raise EngineError(31254, f"Cannot mix inclusion and exclusion in projection: {exc}") from exc
+        raise EngineError(
+            31254, f"Cannot mix inclusion and exclusion in projection: {exc}"
+        ) from exc
     except (OperationFailure, NotImplementedError) as exc:
         raise bad_value(str(exc)) from exc
 
@@ -232,9 +233,7 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
     return out
 
 
-def index_keys(
-    doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False
-) -> list[bytes]:
+def index_keys(doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False) -> list[bytes]:
     """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
     per_field = [path_values(doc, f) for f in fields]
     if sparse and all(all(v is _MISSING for v in vals) for vals in per_field):

@@ -60,7 +60,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 except wire.ProtocolError as exc:
                     if op_code in (wire.OP_MSG, wire.OP_QUERY):
                         fake = wire.Request(request_id=request_id, op_code=op_code, command={})
-                        sock.sendall(wire.encode_reply(fake, EngineError(9, f"invalid message: {exc}").to_reply()))
+                        sock.sendall(
+                            wire.encode_reply(
+                                fake, EngineError(9, f"invalid message: {exc}").to_reply()
+                            )
+                        )
                         continue
                     return
                 reply = owner.handle(request)
@@ -69,7 +73,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 try:
                     data = wire.encode_reply(request, reply)
                 except Exception as exc:  # e.g. a reply over the BSON size limit
-                    data = wire.encode_reply(request, EngineError(10334, f"reply could not be encoded: {exc}").to_reply())
+                    data = wire.encode_reply(
+                        request, EngineError(10334, f"reply could not be encoded: {exc}").to_reply()
+                    )
                 sock.sendall(data)
         except (ConnectionError, TimeoutError, OSError):
             return
@@ -144,7 +150,9 @@ class EmbeddedServer:
         try:
             self.dbpath.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise EngineStartError(f"cannot use {self.dbpath} as the data directory: {exc.strerror}") from exc
+            raise EngineStartError(
+                f"cannot use {self.dbpath} as the data directory: {exc.strerror}"
+            ) from exc
         self._lock_fd = os.open(self.dbpath / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -158,15 +166,21 @@ class EmbeddedServer:
         self.engine = Engine(self.dbpath, sync=self.sync)
         self.dispatcher = Dispatcher(self.engine, self.hello)
         try:
-            self._tcp = _TCPServer((self.host, self.requested_port), _Handler, bind_and_activate=True)
+            self._tcp = _TCPServer(
+                (self.host, self.requested_port), _Handler, bind_and_activate=True
+            )
         except OSError as exc:
             self.engine.close()
             self._release_lock()
-            raise EngineStartError(f"cannot listen on {self.host}:{self.requested_port}: {exc}") from exc
+            raise EngineStartError(
+                f"cannot listen on {self.host}:{self.requested_port}: {exc}"
+            ) from exc
         self._tcp.owner = self
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()} {self.port}\n".encode(), 0)
-        housekeeping = threading.Thread(target=self._housekeeping, name="accord-engine-housekeeping", daemon=True)
+        housekeeping = threading.Thread(
+            target=self._housekeeping, name="accord-engine-housekeeping", daemon=True
+        )
         housekeeping.start()
         self._threads.append(housekeeping)
 
@@ -174,7 +188,12 @@ class EmbeddedServer:
         """Start serving in background threads; returns once the port accepts connections."""
         self._open()
         assert self._tcp is not None
-        t = threading.Thread(target=self._tcp.serve_forever, kwargs={"poll_interval": 0.2}, name="accord-engine", daemon=True)
+        t = threading.Thread(
+            target=self._tcp.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="accord-engine",
+            daemon=True,
+        )
         t.start()
         self._threads.append(t)
         return self

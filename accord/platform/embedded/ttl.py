@@ -18,7 +18,10 @@ def _expiry_instant(values: list[Any]) -> dt.datetime | None:
     dates = [v for v in values if isinstance(v, dt.datetime)]
     if not dates:
         return None
-    return min(d.replace(tzinfo=None) if d.tzinfo is None else d.astimezone(dt.UTC).replace(tzinfo=None) for d in dates)
+    return min(
+        d.replace(tzinfo=None) if d.tzinfo is None else d.astimezone(dt.UTC).replace(tzinfo=None)
+        for d in dates
+    )
 
 
 def expire_once(engine: Engine, now: dt.datetime | None = None) -> int:
