@@ -7,7 +7,8 @@ every call is a coroutine on the driver's own asyncio I/O (no thread pool).
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
@@ -29,23 +30,34 @@ from accord.checkpointers.base import (
     AccordBase,
     AlreadyRecorded,
     HeadMoved,
+    NotSaved,
     ReadBatch,
+    check_business_marks,
     list_query,
-    recorded_before,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
     Counts,
     Group,
+    client_batches,
     client_counts,
     client_models,
     collection_counts,
+    merge_counts,
     unwrap_client_bulk_error,
 )
-from accord.checkpointers.saver import _MAX_HEAD_ATTEMPTS, _PAGE, _WAIT_SECONDS, _validate_writes
+from accord.checkpointers.saver import (
+    _IDLE_GRACE_SECONDS,
+    _MAX_HEAD_ATTEMPTS,
+    _OUTCOMES,
+    _PAGE,
+    _SAVE_WAIT_SECONDS,
+    _WAIT_SECONDS,
+    _validate_writes,
+)
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.txn import READ_CONCERN, WRITE_CONCERN
-from accord.errors import AccordError, ConcurrentRunError
+from accord.errors import AccordError
 
 T = TypeVar("T")
 
@@ -56,7 +68,7 @@ class _AsyncInflight:
     def __init__(self) -> None:
         self._cond: asyncio.Condition | None = None
         self._puts: Counter[tuple[str, ...]] = Counter()
-        self._writes: Counter[tuple[str, ...]] = Counter()
+        self._outcomes: OrderedDict[tuple[str, ...], bool] = OrderedDict()
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -64,43 +76,54 @@ class _AsyncInflight:
         return self._cond
 
     @asynccontextmanager
-    async def put(
-        self, key: tuple[str, ...], parent: tuple[str, ...] | None
-    ) -> AsyncIterator[None]:
+    async def put(self, key: tuple[str, ...]) -> AsyncIterator[list[bool]]:
         cond = self._condition()
+        ok: list[bool] = []
         async with cond:
             self._puts[key] += 1
-            if parent is not None:
-                await _wait_for(cond, lambda: not self._writes[parent])
         try:
-            yield
+            yield ok
         finally:
             async with cond:
                 self._puts[key] -= 1
                 if not self._puts[key]:
                     del self._puts[key]
+                self._outcomes[key] = bool(ok)
+                self._outcomes.move_to_end(key)
+                while len(self._outcomes) > _OUTCOMES:
+                    self._outcomes.popitem(last=False)
                 cond.notify_all()
 
-    @asynccontextmanager
-    async def writes(self, key: tuple[str, ...]) -> AsyncIterator[None]:
+    async def wait_put(self, key: tuple[str, ...]) -> None:
         cond = self._condition()
         async with cond:
-            await _wait_for(cond, lambda: not self._puts[key])
-            self._writes[key] += 1
-        try:
-            yield
-        finally:
-            async with cond:
-                self._writes[key] -= 1
-                if not self._writes[key]:
-                    del self._writes[key]
-                cond.notify_all()
+            await _wait_for(cond, lambda: not self._puts[key], _WAIT_SECONDS)
+
+    async def wait_outcome(self, key: tuple[str, ...]) -> bool | None:
+        """See ``saver._Inflight.wait_outcome``."""
+        cond = self._condition()
+        deadline = time.monotonic() + _SAVE_WAIT_SECONDS
+        idle_since: float | None = None
+        async with cond:
+            while key not in self._outcomes:
+                now = time.monotonic()
+                if any(k[:3] == key[:3] for k in self._puts):
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since > _IDLE_GRACE_SECONDS:
+                    break
+                if now > deadline:
+                    break
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(cond.wait(), timeout=0.05)
+            return self._outcomes.get(key)
 
 
-async def _wait_for(cond: asyncio.Condition, predicate: Callable[[], bool]) -> None:
-    # On timeout, proceed: the head check in the transaction still guards correctness.
+async def _wait_for(cond: asyncio.Condition, predicate: Callable[[], bool], timeout: float) -> None:
+    # On timeout, proceed: the checks in the transaction still guard correctness.
     with suppress(TimeoutError):
-        await asyncio.wait_for(cond.wait_for(predicate), timeout=_WAIT_SECONDS)
+        await asyncio.wait_for(cond.wait_for(predicate), timeout=timeout)
 
 
 class AsyncAccordSaver(AccordBase):
@@ -167,29 +190,23 @@ class AsyncAccordSaver(AccordBase):
         self, session: AsyncClientSession, groups: Sequence[Group]
     ) -> dict[str, Counts]:
         groups = [g for g in groups if g.ops]
+        out: dict[str, Counts] = {}
         if self._client_bulk:
             models, owners = client_models(groups)
-            try:
-                result = await self.client.bulk_write(
-                    models, session=session, ordered=True, verbose_results=True
-                )
-            except ClientBulkWriteException as exc:
-                raise unwrap_client_bulk_error(exc) from exc
-            return client_counts(result, owners)
-        out: dict[str, Counts] = {}
+            for batch, batch_owners in client_batches(models, owners):
+                try:
+                    result = await self.client.bulk_write(
+                        batch, session=session, ordered=True, verbose_results=True
+                    )
+                except ClientBulkWriteException as exc:
+                    raise unwrap_client_bulk_error(exc) from exc
+                merge_counts(out, client_counts(result, batch_owners))
+            return out
         for g in groups:
             res = await self.client[g.db][g.collection].bulk_write(
                 [op.model() for op in g.ops], ordered=True, session=session
             )
-            c = collection_counts(res)
-            prev = out.get(g.name)
-            out[g.name] = (
-                c
-                if prev is None
-                else Counts(
-                    *(a + b for a, b in zip(vars(prev).values(), vars(c).values(), strict=True))
-                )
-            )
+            merge_counts(out, {g.name: collection_counts(res)})
         return out
 
     # --- write path --------------------------------------------------------------------
@@ -212,10 +229,12 @@ class AsyncAccordSaver(AccordBase):
         checkpoint_id = validation.identifier(checkpoint.get("id"), "checkpoint['id']")
         metadata = get_serializable_checkpoint_metadata(config, metadata)
         await self._ensure_setup()
-        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns)
+        writer = self.writer_token(config)
+        # Business writes staged by the parent's tasks commit before this checkpoint does.
+        await self._await_units(scope, parent_id, _WAIT_SECONDS)
         async with self._inflight.put(
-            (*key, checkpoint_id), (*key, parent_id) if parent_id else None
-        ):
+            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        ) as ok:
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -223,16 +242,7 @@ class AsyncAccordSaver(AccordBase):
             for _ in range(_MAX_HEAD_ATTEMPTS):
                 if plan is None:
                     head = await self.db[self.collections.heads].find_one({"_id": scope.head_id})
-                    plan = ownership.decide_put(
-                        head,
-                        thread_id=scope.thread_id,
-                        checkpoint_ns=scope.checkpoint_ns,
-                        checkpoint_id=checkpoint_id,
-                        parent_id=parent_id,
-                        marker=conf.get(ownership.BRANCH_MARKER),
-                        source=metadata.get("source"),
-                        step=metadata.get("step"),
-                    )
+                    plan = self._decide_put(scope, head, conf, checkpoint_id, parent_id, metadata)
                     if plan.expected != parent_id:
                         docs = self._build_put(
                             scope,
@@ -243,7 +253,9 @@ class AsyncAccordSaver(AccordBase):
                             parent_id,
                             use_cache=False,
                         )
-                groups = self._put_groups(scope, docs, plan, checkpoint_id, metadata.get("run_id"))
+                groups = self._put_groups(
+                    scope, docs, plan, checkpoint_id, metadata.get("run_id"), writer
+                )
                 current = plan
 
                 async def txn(
@@ -257,14 +269,12 @@ class AsyncAccordSaver(AccordBase):
 
                 try:
                     await self._transaction(txn)
+                    ok.append(True)
                     break
                 except HeadMoved:
                     plan = None
             else:
-                raise ConcurrentRunError(
-                    f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving "
-                    f"while this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
-                )
+                raise self._kept_moving(scope, checkpoint_id)
         self._remember_messages(scope, checkpoint_id, docs.message_refs)
         return {
             "configurable": {
@@ -297,44 +307,44 @@ class AsyncAccordSaver(AccordBase):
             return
         await self._ensure_setup()
         marker = conf.get(ownership.BRANCH_MARKER)
-        with_business = not self._task_failed(writes)
-        async with self._inflight.writes(
-            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
-        ):
-            for _ in range(2):
-                groups, overwrite = self._writes_groups(
-                    scope, checkpoint_id, writes, task_id, task_path, with_business=with_business
+        writer = self.writer_token(config)
+        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        apply_business = True
+        try:
+            await self._inflight.wait_put(key)
+            for _ in range(_MAX_HEAD_ATTEMPTS):
+                groups = self._writes_groups(
+                    scope, checkpoint_id, writes, task_id, task_path, apply_business=apply_business
                 )
-                has_business = any(g.name.startswith("business:") for g in groups)
 
-                async def txn(
-                    session: AsyncClientSession,
-                    groups: list[Group] = groups,
-                    has_business: bool = has_business,
-                    overwrite: bool = overwrite,
-                ) -> None:
+                async def txn(session: AsyncClientSession, groups: list[Group] = groups) -> None:
                     head = await self.db[self.collections.heads].find_one(
                         {"_id": scope.head_id}, session=session
                     )
-                    ownership.check_put_writes(
-                        head,
-                        thread_id=scope.thread_id,
-                        checkpoint_ns=scope.checkpoint_ns,
-                        checkpoint_id=checkpoint_id,
-                        marker=marker,
-                    )
+                    verdict = self._write_verdict(head, checkpoint_id, marker, writer)
+                    if verdict != "ok":
+                        cid = self._checkpoint_doc_id(scope, checkpoint_id)
+                        exists = await self.db[self.collections.checkpoints].find_one(
+                            {"_id": cid}, projection={"_id": 1}, session=session
+                        )
+                        self._after_existence(
+                            scope, head, verdict, checkpoint_id, exists is not None
+                        )
                     counts = await self._execute(session, groups)
-                    recorded_before(
-                        counts["writes"], overwrite=overwrite, has_business=has_business
-                    )
+                    check_business_marks(counts.get("marks"))
 
                 try:
                     await self._transaction(txn)
                     return
-                except AlreadyRecorded as e:
-                    if e.nothing_new:
-                        return
-                    with_business = False
+                except AlreadyRecorded:
+                    # Applied when the task was first recorded: exactly once, never again.
+                    apply_business = False
+                except NotSaved:
+                    if not await self._inflight.wait_outcome(key):
+                        raise ownership.not_saved(scope.thread_id, checkpoint_id) from None
+            raise ownership.not_saved(scope.thread_id, checkpoint_id)
+        finally:
+            self._unit_done(scope, checkpoint_id, task_id)
 
     # --- read path ---------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,9 +18,15 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from accord.checkpointers import schema, storage, validation
 from accord.checkpointers.ops import Group, Op, insert_once
-from accord.checkpointers.ownership import BRANCH_MARKER, HeadPlan
+from accord.checkpointers.ownership import (
+    BRANCH_MARKER,
+    HeadPlan,
+    check_put_writes,
+    decide_put,
+    lost_thread,
+)
 from accord.checkpointers.storage import BUSINESS_CHANNEL, PutDocs, Scope
-from accord.errors import AccordError, ConfigurationError
+from accord.errors import AccordError, ConcurrentRunError, ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -31,34 +39,26 @@ class _HideBusinessChannel(logging.Filter):
         return BUSINESS_CHANNEL not in record.getMessage()
 
 
-logging.getLogger("langgraph.pregel._algo").addFilter(_HideBusinessChannel())
+logging.getLogger("langgraph").addFilter(_HideBusinessChannel())
 
 
 class HeadMoved(AccordError):
     """Internal: the head compare-and-set matched nothing; re-read the head and decide."""
 
 
+class NotSaved(AccordError):
+    """Internal: the task's checkpoint is not saved yet; wait for its put and retry."""
+
+
 class AlreadyRecorded(AccordError):
-    """Internal: (some of) the task's writes exist already; abort this transaction.
-
-    Business writes were applied with the first record of the task (exactly once), so a
-    transaction that would apply them again is aborted; ``nothing_new`` tells whether a
-    retry without them has anything left to record.
-    """
-
-    def __init__(self, nothing_new: bool) -> None:
-        super().__init__("task writes already recorded")
-        self.nothing_new = nothing_new
+    """Internal: the task's business writes were applied when it was first recorded;
+    abort this transaction and record the task's writes without them."""
 
 
-def recorded_before(counts: Any, *, overwrite: bool, has_business: bool) -> None:
-    """Raise AlreadyRecorded when a put_writes transaction must not commit as is."""
-    if overwrite or not counts.matched:
-        return
-    if not counts.upserted:
-        raise AlreadyRecorded(nothing_new=True)
-    if has_business:
-        raise AlreadyRecorded(nothing_new=False)
+def check_business_marks(marks: Any) -> None:
+    """Raise AlreadyRecorded when a business mark of this task existed already."""
+    if marks is not None and marks.matched:
+        raise AlreadyRecorded()
 
 
 #: Failures of a task: its business writes are discarded.
@@ -110,6 +110,10 @@ class AccordBase(BaseCheckpointSaver[str]):
         self._client_bulk = client_bulk
         self._msg_cache: OrderedDict[tuple[str, ...], tuple[str, frozenset[str]]] = OrderedDict()
         self._msg_lock = threading.Lock()
+        self._instance_id = uuid.uuid4().hex
+        # (tenant, thread, checkpoint id) -> tasks that staged business writes not yet recorded
+        self._units: dict[tuple[str, str, str], set[str]] = {}
+        self._units_cond = threading.Condition()
 
     # --- scoping and validation ----------------------------------------------------
 
@@ -141,6 +145,60 @@ class AccordBase(BaseCheckpointSaver[str]):
         if scope.tenant_id != self.tenant_id:
             extra["tenant_id"] = scope.tenant_id
         return extra
+
+    def writer_token(self, config: RunnableConfig) -> str:
+        """Identity of the writer (one graph invocation) behind a put/put_writes call.
+
+        A LangGraph ``run_id`` when the caller set one; otherwise the invocation's runtime
+        object, which LangGraph passes to every save of one run; otherwise this saver.
+        """
+        run_id = (config.get("metadata") or {}).get("run_id") or config.get("run_id")
+        if run_id:
+            return f"run:{run_id}"
+        runtime = validation.configurable(config).get("__pregel_runtime")
+        if runtime is not None:
+            return f"{self._instance_id}:{id(runtime)}"
+        return self._instance_id
+
+    # --- staged business writes (see business.py) --------------------------------------
+
+    def note_staged(self, tenant_id: str, thread_id: str, checkpoint_id: str, task_id: str) -> None:
+        """A task of ``checkpoint_id`` staged business writes; the next ``put`` waits for
+        that task's ``put_writes`` so a crash can never keep the next checkpoint while
+        losing the business writes (LangGraph's "async" durability saves both concurrently)."""
+        with self._units_cond:
+            self._units.setdefault((tenant_id, thread_id, checkpoint_id), set()).add(task_id)
+
+    def _unit_done(self, scope: Scope, checkpoint_id: str, task_id: str) -> None:
+        key = (scope.tenant_id, scope.thread_id, checkpoint_id)
+        with self._units_cond:
+            tasks = self._units.get(key)
+            if tasks is not None:
+                tasks.discard(task_id)
+                if not tasks:
+                    del self._units[key]
+            self._units_cond.notify_all()
+
+    def _units_pending(self, scope: Scope, checkpoint_id: str | None) -> bool:
+        if checkpoint_id is None:
+            return False
+        with self._units_cond:
+            return (scope.tenant_id, scope.thread_id, checkpoint_id) in self._units
+
+    def _wait_units(self, scope: Scope, checkpoint_id: str | None, timeout: float) -> None:
+        if checkpoint_id is None:
+            return
+        key = (scope.tenant_id, scope.thread_id, checkpoint_id)
+        with self._units_cond:
+            self._units_cond.wait_for(lambda: key not in self._units, timeout=timeout)
+
+    async def _await_units(self, scope: Scope, checkpoint_id: str | None, timeout: float) -> None:
+        # Staging happens in node threads, so this is a thread-safe registry; poll it.
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while self._units_pending(scope, checkpoint_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
 
     def reserved_collections(self) -> set[str]:
         return set(self.collections.all().values()) if self.business_db == self.db_name else set()
@@ -221,7 +279,13 @@ class AccordBase(BaseCheckpointSaver[str]):
         )
 
     def _put_groups(
-        self, scope: Scope, docs: PutDocs, plan: HeadPlan, checkpoint_id: str, run_id: Any
+        self,
+        scope: Scope,
+        docs: PutDocs,
+        plan: HeadPlan,
+        checkpoint_id: str,
+        run_id: Any,
+        writer: str,
     ) -> list[Group]:
         ts = storage.now()
         run = run_id if isinstance(run_id, str) else None
@@ -232,6 +296,7 @@ class AccordBase(BaseCheckpointSaver[str]):
                     **scope.ns_filter,
                     "checkpoint_id": checkpoint_id,
                     "run_id": run,
+                    "writer": writer,
                     "updated_at": ts,
                 }
             )
@@ -239,7 +304,14 @@ class AccordBase(BaseCheckpointSaver[str]):
             head = Op(
                 "update",
                 {"_id": scope.head_id, "checkpoint_id": plan.expected},
-                {"$set": {"checkpoint_id": checkpoint_id, "run_id": run, "updated_at": ts}},
+                {
+                    "$set": {
+                        "checkpoint_id": checkpoint_id,
+                        "run_id": run,
+                        "writer": writer,
+                        "updated_at": ts,
+                    }
+                },
             )
         assert docs.checkpoint is not None and docs.outbox is not None
         groups = [
@@ -253,6 +325,61 @@ class AccordBase(BaseCheckpointSaver[str]):
         groups.append(self._group("outbox", "outbox", [docs.outbox]))
         return groups
 
+    def _decide_put(
+        self,
+        scope: Scope,
+        head: Mapping[str, Any] | None,
+        conf: Mapping[str, Any],
+        checkpoint_id: str,
+        parent_id: str | None,
+        metadata: Mapping[str, Any],
+    ) -> HeadPlan:
+        return decide_put(
+            head,
+            thread_id=scope.thread_id,
+            checkpoint_ns=scope.checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            parent_id=parent_id,
+            marker=conf.get(BRANCH_MARKER),
+            source=metadata.get("source"),
+            step=metadata.get("step"),
+        )
+
+    @staticmethod
+    def _write_verdict(
+        head: Mapping[str, Any] | None, checkpoint_id: str, marker: Any, writer: str
+    ) -> str:
+        return check_put_writes(head, checkpoint_id=checkpoint_id, marker=marker, writer=writer)
+
+    @staticmethod
+    def _after_existence(
+        scope: Scope, head: Mapping[str, Any] | None, verdict: str, checkpoint_id: str, exists: bool
+    ) -> None:
+        """Second half of the put_writes check, once the checkpoint's existence is known."""
+        if not exists:
+            raise NotSaved()
+        if verdict == "foreign":
+            assert head is not None
+            raise lost_thread(
+                head,
+                thread_id=scope.thread_id,
+                checkpoint_ns=scope.checkpoint_ns,
+                checkpoint_id=checkpoint_id,
+            )
+
+    @staticmethod
+    def _checkpoint_doc_id(scope: Scope, checkpoint_id: str) -> str:
+        return schema.checkpoint_doc_id(
+            scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id
+        )
+
+    @staticmethod
+    def _kept_moving(scope: Scope, checkpoint_id: str) -> ConcurrentRunError:
+        return ConcurrentRunError(
+            f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving while "
+            f"this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
+        )
+
     @staticmethod
     def _head_ok(plan: HeadPlan, counts: Any) -> bool:
         return counts.upserted == 1 if plan.create else counts.matched == 1
@@ -265,11 +392,11 @@ class AccordBase(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str,
         *,
-        with_business: bool,
-    ) -> tuple[list[Group], bool]:
-        """Groups of one put_writes transaction; returns (groups, overwrite)."""
-        business = [v for c, v in writes if c == BUSINESS_CHANNEL] if with_business else []
-        ops, overwrite = storage.build_writes(
+        apply_business: bool,
+    ) -> list[Group]:
+        """Groups of one put_writes transaction (writes, business marks, business, outbox)."""
+        failed = self._task_failed(writes)
+        ops, marks, _ = storage.build_writes(
             scope,
             checkpoint_id,
             writes,
@@ -277,13 +404,14 @@ class AccordBase(BaseCheckpointSaver[str]):
             task_path,
             serde=self.serde,
             chunk_size=self.chunk_size,
-            business_applied=bool(business),
+            failed=failed,
         )
-        groups = [self._group("writes", "writes", ops)]
-        groups.extend(self._business_groups(business))
+        groups = [self._group("writes", "writes", ops), self._group("marks", "writes", marks)]
+        if apply_business and not failed:
+            groups.extend(self._business_groups([v for c, v in writes if c == BUSINESS_CHANNEL]))
         outbox = storage.outbox_doc(scope, checkpoint_id, "writes", storage.now(), task_id=task_id)
         groups.append(self._group("outbox", "outbox", [insert_once(outbox)]))
-        return groups, overwrite
+        return groups
 
     def _business_groups(self, staged: list[Any]) -> list[Group]:
         groups: list[Group] = []

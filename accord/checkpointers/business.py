@@ -43,6 +43,7 @@ from accord.errors import ConfigurationError, InvalidInputError
 _SEND = "__pregel_send"
 _CHECKPOINTER = "__pregel_checkpointer"
 _DURABILITY = "__pregel_durability"
+_RUNTIME = "__pregel_runtime"
 
 __all__ = ["insert_one", "update_one", "replace_one", "delete_one", "BUSINESS_CHANNEL"]
 
@@ -153,4 +154,8 @@ def _stage(kind: str, collection: str, **fields: Any) -> None:
     if "filter" in op:
         op["filter"]["tenant_id"] = tenant
     identifier(tenant, "tenant_id")
+    info = getattr(conf.get(_RUNTIME), "execution_info", None)
+    thread_id = conf.get("thread_id")
+    if info is not None and isinstance(thread_id, str):
+        saver.note_staged(tenant, thread_id, info.checkpoint_id, info.task_id)
     send([(BUSINESS_CHANNEL, op)])

@@ -85,16 +85,39 @@ def client_models(groups: Sequence[Group]) -> tuple[list[Any], list[str]]:
     return models, owners
 
 
+#: Ops per client-level bulkWrite. Verbose results come back in a cursor; keeping each
+#: command within the first batch avoids a getMore on it (the embedded engine does not
+#: support getMore on ``admin.$cmd.bulkWrite`` cursors). A step rarely has this many ops.
+CLIENT_BULK_BATCH = 100
+
+
+def client_batches(models: list[Any], owners: list[str]) -> list[tuple[list[Any], list[str]]]:
+    n = CLIENT_BULK_BATCH
+    return [(models[i : i + n], owners[i : i + n]) for i in range(0, len(models), n)]
+
+
+def merge_counts(into: dict[str, Counts], more: dict[str, Counts]) -> dict[str, Counts]:
+    for name, c in more.items():
+        prev = into.setdefault(name, Counts())
+        prev.inserted += c.inserted
+        prev.matched += c.matched
+        prev.modified += c.modified
+        prev.upserted += c.upserted
+        prev.deleted += c.deleted
+    return into
+
+
 def client_counts(result: ClientBulkWriteResult, owners: list[str]) -> dict[str, Counts]:
     out: dict[str, Counts] = {name: Counts() for name in owners}
     for i in result.insert_results:
         out[owners[i]].inserted += 1
     for i, r in result.update_results.items():
         c = out[owners[i]]
-        c.matched += r.matched_count
         c.modified += r.modified_count or 0
         if r.upserted_id is not None:
-            c.upserted += 1
+            c.upserted += 1  # the bulkWrite reply counts an upsert in "n" too
+        else:
+            c.matched += r.matched_count
     for i, d in result.delete_results.items():
         out[owners[i]].deleted += d.deleted_count
     return out

@@ -93,17 +93,39 @@ def decide_put(
 def check_put_writes(
     head: Mapping[str, Any] | None,
     *,
-    thread_id: str,
-    checkpoint_ns: str,
     checkpoint_id: str,
     marker: Any,
-) -> None:
-    """Refuse task writes against a checkpoint that another writer moved past."""
-    if head is None or head.get("checkpoint_id") == checkpoint_id or marker == checkpoint_id:
-        return
-    raise ConcurrentRunError(
+    writer: str,
+) -> str:
+    """Classify a ``put_writes`` against the thread's head.
+
+    ``"ok"``: the checkpoint is the head, or was addressed on purpose: write.
+    ``"mine"``: the head belongs to this same writer, which moved on (LangGraph's "async"
+    durability saves the next checkpoint concurrently with the previous step's writes), or
+    there is no head yet: write only if the checkpoint is saved.
+    ``"foreign"``: another writer owns the head: refuse if the checkpoint is saved (this
+    worker lost the thread); if it is not saved yet, wait for this process's own put of it.
+    """
+    if head is not None and (head.get("checkpoint_id") == checkpoint_id or marker == checkpoint_id):
+        return "ok"
+    if head is None or head.get("writer") == writer:
+        return "mine"
+    return "foreign"
+
+
+def lost_thread(
+    head: Mapping[str, Any], *, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+) -> ConcurrentRunError:
+    return ConcurrentRunError(
         f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) moved on to checkpoint "
-        f"{head.get('checkpoint_id')!r} (run {head.get('run_id')!r}) while this worker ran a "
-        f"task of checkpoint {checkpoint_id!r}. The task's writes and business writes were "
-        f"not committed. Only one worker may run a thread at a time."
+        f"{head.get('checkpoint_id')!r} (run {head.get('run_id')!r}) written by another worker "
+        f"while this worker ran a task of checkpoint {checkpoint_id!r}. The task's writes and "
+        f"business writes were not committed. Only one worker may run a thread at a time."
+    )
+
+
+def not_saved(thread_id: str, checkpoint_id: str) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"Checkpoint {checkpoint_id!r} of thread {thread_id!r} was never saved (another worker "
+        f"advanced the thread first), so its task's writes and business writes were not committed."
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import builtins
 import threading
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -26,71 +27,95 @@ from accord.checkpointers.base import (
     AccordBase,
     AlreadyRecorded,
     HeadMoved,
+    NotSaved,
     ReadBatch,
+    check_business_marks,
     list_query,
-    recorded_before,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
     Counts,
     Group,
+    client_batches,
     client_counts,
     client_models,
     collection_counts,
+    merge_counts,
     unwrap_client_bulk_error,
 )
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.txn import READ_CONCERN, WRITE_CONCERN
-from accord.errors import AccordError, ConcurrentRunError
+from accord.errors import AccordError
 
 T = TypeVar("T")
 _PAGE = 100
 _MAX_HEAD_ATTEMPTS = 4
 _WAIT_SECONDS = 300.0
+#: how long task writes wait for their checkpoint to be saved by this process
+_SAVE_WAIT_SECONDS = 60.0
+_OUTCOMES = 10_000
+_IDLE_GRACE_SECONDS = 1.0
 
 
 class _Inflight:
     """Orders one process's saves of a thread the way the storage model needs.
 
     LangGraph's default durability ("async") saves in the background, so a task's
-    ``put_writes`` can race the ``put`` of its own checkpoint, and the next ``put`` can
-    race the previous step's ``put_writes``. Writes wait for their checkpoint's put; a put
-    waits for the writes against its parent.
+    ``put_writes`` can run before or during the ``put`` of its own checkpoint. Writes wait
+    for an in-flight put of their checkpoint, and can wait for its outcome when the put
+    has not started yet.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._puts: Counter[tuple[str, ...]] = Counter()
-        self._writes: Counter[tuple[str, ...]] = Counter()
+        self._outcomes: OrderedDict[tuple[str, ...], bool] = OrderedDict()
 
     @contextmanager
-    def put(self, key: tuple[str, ...], parent: tuple[str, ...] | None) -> Iterator[None]:
+    def put(self, key: tuple[str, ...]) -> Iterator[list[bool]]:
+        """Context of one put; the caller appends True to the yielded list on commit."""
+        ok: list[bool] = []
         with self._cond:
             self._puts[key] += 1
-            if parent is not None:
-                self._cond.wait_for(lambda: not self._writes[parent], timeout=_WAIT_SECONDS)
         try:
-            yield
+            yield ok
         finally:
             with self._cond:
                 self._puts[key] -= 1
                 if not self._puts[key]:
                     del self._puts[key]
+                self._outcomes[key] = bool(ok)
+                self._outcomes.move_to_end(key)
+                while len(self._outcomes) > _OUTCOMES:
+                    self._outcomes.popitem(last=False)
                 self._cond.notify_all()
 
-    @contextmanager
-    def writes(self, key: tuple[str, ...]) -> Iterator[None]:
+    def wait_put(self, key: tuple[str, ...]) -> None:
         with self._cond:
             self._cond.wait_for(lambda: not self._puts[key], timeout=_WAIT_SECONDS)
-            self._writes[key] += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writes[key] -= 1
-                if not self._writes[key]:
-                    del self._writes[key]
-                self._cond.notify_all()
+
+    def wait_outcome(self, key: tuple[str, ...]) -> bool | None:
+        """Outcome of this process's put of checkpoint ``key`` (None if unknown).
+
+        Waits while any put of the same thread is in flight here (LangGraph chains a
+        run's puts, so the put of ``key`` may not have started yet), giving up after a
+        short grace period with nothing in flight, or after ``_SAVE_WAIT_SECONDS``.
+        """
+        deadline = time.monotonic() + _SAVE_WAIT_SECONDS
+        idle_since: float | None = None
+        with self._cond:
+            while key not in self._outcomes:
+                now = time.monotonic()
+                if any(k[:3] == key[:3] for k in self._puts):
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since > _IDLE_GRACE_SECONDS:
+                    break
+                if now > deadline:
+                    break
+                self._cond.wait(timeout=0.05)
+            return self._outcomes.get(key)
 
 
 class AccordSaver(AccordBase):
@@ -160,29 +185,23 @@ class AccordSaver(AccordBase):
 
     def _execute(self, session: ClientSession, groups: Sequence[Group]) -> dict[str, Counts]:
         groups = [g for g in groups if g.ops]
+        out: dict[str, Counts] = {}
         if self._client_bulk:
             models, owners = client_models(groups)
-            try:
-                result = self.client.bulk_write(
-                    models, session=session, ordered=True, verbose_results=True
-                )
-            except ClientBulkWriteException as exc:
-                raise unwrap_client_bulk_error(exc) from exc
-            return client_counts(result, owners)
-        out: dict[str, Counts] = {}
+            for batch, batch_owners in client_batches(models, owners):
+                try:
+                    result = self.client.bulk_write(
+                        batch, session=session, ordered=True, verbose_results=True
+                    )
+                except ClientBulkWriteException as exc:
+                    raise unwrap_client_bulk_error(exc) from exc
+                merge_counts(out, client_counts(result, batch_owners))
+            return out
         for g in groups:
             res = self.client[g.db][g.collection].bulk_write(
                 [op.model() for op in g.ops], ordered=True, session=session
             )
-            c = collection_counts(res)
-            prev = out.get(g.name)
-            out[g.name] = (
-                c
-                if prev is None
-                else Counts(
-                    *(a + b for a, b in zip(vars(prev).values(), vars(c).values(), strict=True))
-                )
-            )
+            merge_counts(out, {g.name: collection_counts(res)})
         return out
 
     # --- write path --------------------------------------------------------------------
@@ -205,8 +224,12 @@ class AccordSaver(AccordBase):
         checkpoint_id = validation.identifier(checkpoint.get("id"), "checkpoint['id']")
         metadata = get_serializable_checkpoint_metadata(config, metadata)
         self._ensure_setup()
-        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns)
-        with self._inflight.put((*key, checkpoint_id), (*key, parent_id) if parent_id else None):
+        writer = self.writer_token(config)
+        # Business writes staged by the parent's tasks commit before this checkpoint does.
+        self._wait_units(scope, parent_id, _WAIT_SECONDS)
+        with self._inflight.put(
+            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        ) as ok:
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -214,16 +237,7 @@ class AccordSaver(AccordBase):
             for _ in range(_MAX_HEAD_ATTEMPTS):
                 if plan is None:
                     head = self.db[self.collections.heads].find_one({"_id": scope.head_id})
-                    plan = ownership.decide_put(
-                        head,
-                        thread_id=scope.thread_id,
-                        checkpoint_ns=scope.checkpoint_ns,
-                        checkpoint_id=checkpoint_id,
-                        parent_id=parent_id,
-                        marker=conf.get(ownership.BRANCH_MARKER),
-                        source=metadata.get("source"),
-                        step=metadata.get("step"),
-                    )
+                    plan = self._decide_put(scope, head, conf, checkpoint_id, parent_id, metadata)
                     if plan.expected != parent_id:
                         # Not extending the cached parent: send every message.
                         docs = self._build_put(
@@ -235,7 +249,9 @@ class AccordSaver(AccordBase):
                             parent_id,
                             use_cache=False,
                         )
-                groups = self._put_groups(scope, docs, plan, checkpoint_id, metadata.get("run_id"))
+                groups = self._put_groups(
+                    scope, docs, plan, checkpoint_id, metadata.get("run_id"), writer
+                )
                 current = plan
 
                 def txn(
@@ -247,14 +263,12 @@ class AccordSaver(AccordBase):
 
                 try:
                     self._transaction(txn)
+                    ok.append(True)
                     break
                 except HeadMoved:
                     plan = None
             else:
-                raise ConcurrentRunError(
-                    f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving "
-                    f"while this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
-                )
+                raise self._kept_moving(scope, checkpoint_id)
         self._remember_messages(scope, checkpoint_id, docs.message_refs)
         return {
             "configurable": {
@@ -287,44 +301,44 @@ class AccordSaver(AccordBase):
             return
         self._ensure_setup()
         marker = conf.get(ownership.BRANCH_MARKER)
-        with_business = not self._task_failed(writes)
-        with self._inflight.writes(
-            (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
-        ):
-            for _ in range(2):
-                groups, overwrite = self._writes_groups(
-                    scope, checkpoint_id, writes, task_id, task_path, with_business=with_business
+        writer = self.writer_token(config)
+        key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        apply_business = True
+        try:
+            self._inflight.wait_put(key)
+            for _ in range(_MAX_HEAD_ATTEMPTS):
+                groups = self._writes_groups(
+                    scope, checkpoint_id, writes, task_id, task_path, apply_business=apply_business
                 )
-                has_business = any(g.name.startswith("business:") for g in groups)
 
-                def txn(
-                    session: ClientSession,
-                    groups: list[Group] = groups,
-                    has_business: bool = has_business,
-                    overwrite: bool = overwrite,
-                ) -> None:
+                def txn(session: ClientSession, groups: list[Group] = groups) -> None:
                     head = self.db[self.collections.heads].find_one(
                         {"_id": scope.head_id}, session=session
                     )
-                    ownership.check_put_writes(
-                        head,
-                        thread_id=scope.thread_id,
-                        checkpoint_ns=scope.checkpoint_ns,
-                        checkpoint_id=checkpoint_id,
-                        marker=marker,
-                    )
+                    verdict = self._write_verdict(head, checkpoint_id, marker, writer)
+                    if verdict != "ok":
+                        cid = self._checkpoint_doc_id(scope, checkpoint_id)
+                        exists = self.db[self.collections.checkpoints].find_one(
+                            {"_id": cid}, projection={"_id": 1}, session=session
+                        )
+                        self._after_existence(
+                            scope, head, verdict, checkpoint_id, exists is not None
+                        )
                     counts = self._execute(session, groups)
-                    recorded_before(
-                        counts["writes"], overwrite=overwrite, has_business=has_business
-                    )
+                    check_business_marks(counts.get("marks"))
 
                 try:
                     self._transaction(txn)
                     return
-                except AlreadyRecorded as e:
-                    if e.nothing_new:
-                        return
-                    with_business = False  # record the new writes, never the business ones again
+                except AlreadyRecorded:
+                    # Applied when the task was first recorded: exactly once, never again.
+                    apply_business = False
+                except NotSaved:
+                    if not self._inflight.wait_outcome(key):
+                        raise ownership.not_saved(scope.thread_id, checkpoint_id) from None
+            raise ownership.not_saved(scope.thread_id, checkpoint_id)
+        finally:
+            self._unit_done(scope, checkpoint_id, task_id)
 
     # --- read path ---------------------------------------------------------------------
 

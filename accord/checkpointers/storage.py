@@ -274,25 +274,27 @@ def build_writes(
     *,
     serde: SerializerProtocol,
     chunk_size: int,
-    business_applied: bool,
-) -> tuple[list[Op], bool]:
-    """Documents of one ``put_writes``; returns (ops, overwrite).
+    failed: bool,
+) -> tuple[list[Op], list[Op], bool]:
+    """Documents of one ``put_writes``: (regular ops, business marks, overwrite).
 
-    Regular writes are insert-once, so a repeated ``put_writes`` for a task changes
-    nothing (and the caller can tell the task was already recorded). Writes that are all
-    special channels (error, interrupt, resume, scheduled) overwrite, as in every
-    LangGraph saver.
+    Regular writes are insert-once (a repeated ``put_writes`` changes nothing); writes
+    that are all special channels (error, interrupt, resume, scheduled) overwrite, as in
+    every LangGraph saver. Each staged business write leaves a small *mark* (a pending
+    write on :data:`BUSINESS_CHANNEL`): if a mark exists already, the task's business
+    writes were applied before. A failed task's staged writes are dropped, marks included.
     """
     ts = now()
     overwrite = all(w[0] in WRITES_IDX_MAP for w in writes)
     ops: list[Op] = []
+    marks: list[Op] = []
     for i, (channel, value) in enumerate(writes):
         idx = WRITES_IDX_MAP.get(channel, i)
-        if channel == BUSINESS_CHANNEL:
-            value = {
-                "ops": len(value) if isinstance(value, list) else 1,
-                "applied": business_applied,
-            }
+        is_mark = channel == BUSINESS_CHANNEL
+        if is_mark:
+            if failed:
+                continue
+            value = {"op": value.get("op"), "collection": value.get("collection")}
         type_, data = serde.dumps_typed(value)
         base = {
             **scope.ns_filter,
@@ -304,17 +306,13 @@ def build_writes(
             "created_at": ts,
         }
         if overwrite:
-            ops.append(
-                Op(
-                    "delete_many",
-                    {
-                        **scope.ns_filter,
-                        "checkpoint_id": checkpoint_id,
-                        "task_id": task_id,
-                        "idx": idx,
-                    },
-                )
-            )
+            key = {
+                **scope.ns_filter,
+                "checkpoint_id": checkpoint_id,
+                "task_id": task_id,
+                "idx": idx,
+            }
+            ops.append(Op("delete_many", key))
         for frag in split_payload(type_, data, chunk_size):
             wid = schema.write_doc_id(
                 scope.tenant_id,
@@ -326,8 +324,11 @@ def build_writes(
                 frag["chunk"],
             )
             doc = {**base, **frag, "_id": wid}
-            ops.append(Op("insert", doc=doc) if overwrite else insert_once(doc))
-    return ops, overwrite
+            if is_mark:
+                marks.append(insert_once(doc))
+            else:
+                ops.append(Op("insert", doc=doc) if overwrite else insert_once(doc))
+    return ops, marks, overwrite
 
 
 # --- reading -------------------------------------------------------------------------

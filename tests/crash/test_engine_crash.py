@@ -83,7 +83,9 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_commit(tmp_path: Path) 
         engine = start_engine(dbpath, port)
         try:
             total = check_invariants(uri, read_acks(ack_path))
-            driver = subprocess.Popen([sys.executable, str(DRIVER), uri, str(ack_path), str(next_txn)])
+            driver = subprocess.Popen(
+                [sys.executable, str(DRIVER), uri, str(ack_path), str(next_txn)]
+            )
             time.sleep(rng.uniform(0.05, 0.6))
         finally:
             engine.send_signal(signal.SIGKILL)
@@ -110,9 +112,14 @@ def test_torn_wal_tail_recovers_a_prefix_of_whole_transactions(tmp_path: Path) -
     order = []
     for n in range(150):
         with client.start_session() as session, session.start_transaction():
-            client.crash.a.insert_many([{"_id": f"{n}-0", "txn": n, "pad": "y" * 500}, {"_id": f"{n}-1", "txn": n}], session=session)
+            client.crash.a.insert_many(
+                [{"_id": f"{n}-0", "txn": n, "pad": "y" * 500}, {"_id": f"{n}-1", "txn": n}],
+                session=session,
+            )
             client.crash.b.insert_one({"_id": f"{n}-2", "txn": n}, session=session)
-            client.crash.counter.update_one({"_id": "c"}, {"$inc": {"n": 1}}, upsert=True, session=session)
+            client.crash.counter.update_one(
+                {"_id": "c"}, {"$inc": {"n": 1}}, upsert=True, session=session
+            )
         order.append(n)
     client.close()
     engine.send_signal(signal.SIGKILL)  # leaves the WAL un-checkpointed, as a crash does

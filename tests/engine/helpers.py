@@ -9,42 +9,46 @@ from pymongo import MongoClient, monitoring
 
 
 class CommandRecorder(monitoring.CommandListener):
-    """Records the commands a client sends and the replies it gets (for getMore/killCursors)."""
+    """Records the commands a client sends (to count getMore/killCursors, see txnNumber)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.started: list[monitoring.CommandStartedEvent] = []
-        self.succeeded: list[monitoring.CommandSucceededEvent] = []
-        self.failed: list[monitoring.CommandFailedEvent] = []
+        self.started_events: list[monitoring.CommandStartedEvent] = []
+        self.succeeded_events: list[monitoring.CommandSucceededEvent] = []
+        self.failed_events: list[monitoring.CommandFailedEvent] = []
 
     def started_names(self) -> list[str]:
         with self._lock:
-            return [e.command_name for e in self.started]
+            return [e.command_name for e in self.started_events]
 
     def count(self, name: str) -> int:
         return self.started_names().count(name)
 
     def started_commands(self, name: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [dict(e.command) for e in self.started if e.command_name == name]
+            return [dict(e.command) for e in self.started_events if e.command_name == name]
+
+    def replies(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(e.reply) for e in self.succeeded_events if e.command_name == name]
 
     def clear(self) -> None:
         with self._lock:
-            self.started.clear()
-            self.succeeded.clear()
-            self.failed.clear()
+            self.started_events.clear()
+            self.succeeded_events.clear()
+            self.failed_events.clear()
 
-    def started_event(self, event: monitoring.CommandStartedEvent) -> None:  # noqa: D102
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
         with self._lock:
-            self.started.append(event)
+            self.started_events.append(event)
 
-    def succeeded_event(self, event: monitoring.CommandSucceededEvent) -> None:  # noqa: D102
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         with self._lock:
-            self.succeeded.append(event)
+            self.succeeded_events.append(event)
 
-    def failed_event(self, event: monitoring.CommandFailedEvent) -> None:  # noqa: D102
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
         with self._lock:
-            self.failed.append(event)
+            self.failed_events.append(event)
 
 
 def recording_client(uri: str, **kwargs: Any) -> tuple[MongoClient, CommandRecorder]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from pymongo.errors import OperationFailure
 
@@ -10,11 +12,25 @@ from pymongo.errors import OperationFailure
 def sales(db):
     db.sales.insert_many(
         [
-            {"_id": 1, "item": "apple", "qty": 5, "price": 2.0, "tags": ["fruit", "red"], "store": "A"},
+            {
+                "_id": 1,
+                "item": "apple",
+                "qty": 5,
+                "price": 2.0,
+                "tags": ["fruit", "red"],
+                "store": "A",
+            },
             {"_id": 2, "item": "pear", "qty": 2, "price": 3.0, "tags": ["fruit"], "store": "B"},
             {"_id": 3, "item": "apple", "qty": 7, "price": 2.0, "tags": [], "store": "B"},
             {"_id": 4, "item": "kale", "qty": 1, "price": 4.5, "store": "A"},
-            {"_id": 5, "item": "pear", "qty": 10, "price": 2.5, "tags": ["fruit", "green"], "store": "A"},
+            {
+                "_id": 5,
+                "item": "pear",
+                "qty": 10,
+                "price": 2.5,
+                "tags": ["fruit", "green"],
+                "store": "A",
+            },
         ]
     )
     return db.sales
@@ -140,6 +156,66 @@ def test_group_null_id_and_compound_id(sales) -> None:
     ]
 
 
+def test_group_accumulators_over_mixed_types(db) -> None:
+    db.g.insert_many([{"v": 1}, {"v": "x"}, {"v": 2.5}, {}])
+    (out,) = list(
+        db.g.aggregate(
+            [
+                {
+                    "$group": {
+                        "_id": None,
+                        "sum": {"$sum": "$v"},  # non-numbers are ignored
+                        "avg": {"$avg": "$v"},
+                        "max": {"$max": "$v"},  # BSON order: strings sort after numbers
+                        "min": {"$min": "$v"},  # missing values are ignored
+                    }
+                }
+            ]
+        )
+    )
+    assert out == {"_id": None, "sum": 3.5, "avg": 1.75, "max": "x", "min": 1}
+
+
+DAY = dt.datetime(2024, 1, 1)
+
+
+@pytest.fixture()
+def events(db):
+    db.e.insert_many(
+        [{"_id": 1, "v": "s", "at": DAY}, {"_id": 2, "v": 7, "at": DAY}, {"_id": 3, "at": DAY}]
+    )
+    return db.e
+
+
+def _project(coll, spec: dict) -> list[dict]:
+    return list(coll.aggregate([{"$project": spec}, {"$sort": {"_id": 1}}]))
+
+
+def test_expression_type_if_null_cond(events) -> None:
+    out = _project(
+        events,
+        {
+            "type": {"$type": "$v"},
+            "or_default": {"$ifNull": ["$v", "none"]},
+            "is_str": {"$cond": [{"$eq": [{"$type": "$v"}, "string"]}, True, False]},
+        },
+    )
+    assert [d["type"] for d in out] == ["string", "int", "missing"]
+    assert [d["or_default"] for d in out] == ["s", 7, "none"]
+    assert [d["is_str"] for d in out] == [True, False, False]
+
+
+def test_expression_date_arithmetic(events) -> None:
+    out = _project(events, {"later": {"$add": ["$at", 60_000]}})
+    assert [d["later"] for d in out] == [DAY + dt.timedelta(minutes=1)] * 3
+
+
+def test_expression_now_variable(events) -> None:
+    out = _project(events, {"past": {"$lt": ["$at", "$$NOW"]}})
+    assert [d["past"] for d in out] == [True, True, True]
+    assert events.count_documents({"$expr": {"$lt": ["$at", "$$NOW"]}}) == 3
+
+
 def test_count_stage(sales) -> None:
     assert list(sales.aggregate([{"$match": {"store": "A"}}, {"$count": "n"}])) == [{"n": 3}]
     # $count over no documents produces no document at all.
@@ -195,7 +271,14 @@ def test_lookup_local_foreign(db) -> None:
     out = list(
         db.users.aggregate(
             [
-                {"$lookup": {"from": "orders", "localField": "_id", "foreignField": "user", "as": "orders"}},
+                {
+                    "$lookup": {
+                        "from": "orders",
+                        "localField": "_id",
+                        "foreignField": "user",
+                        "as": "orders",
+                    }
+                },
                 {"$sort": {"_id": 1}},
             ]
         )
@@ -207,7 +290,14 @@ def test_lookup_local_foreign(db) -> None:
     out = list(
         db.orders.aggregate(
             [
-                {"$lookup": {"from": "users", "localField": "user", "foreignField": "_id", "as": "u"}},
+                {
+                    "$lookup": {
+                        "from": "users",
+                        "localField": "user",
+                        "foreignField": "_id",
+                        "as": "u",
+                    }
+                },
                 {"$project": {"names": "$u.name"}},
                 {"$sort": {"_id": 1}},
             ]
@@ -221,7 +311,16 @@ def test_lookup_local_array_matches_any_element(db) -> None:
     db.posts.insert_one({"_id": 1, "tag_ids": ["t1", "t2", "t9"]})
     (post,) = list(
         db.posts.aggregate(
-            [{"$lookup": {"from": "tags", "localField": "tag_ids", "foreignField": "_id", "as": "tags"}}]
+            [
+                {
+                    "$lookup": {
+                        "from": "tags",
+                        "localField": "tag_ids",
+                        "foreignField": "_id",
+                        "as": "tags",
+                    }
+                }
+            ]
         )
     )
     assert sorted(t["label"] for t in post["tags"]) == ["one", "two"]
@@ -282,7 +381,13 @@ def test_lookup_uncorrelated_pipeline(db) -> None:
 
 def test_lookup_local_foreign_with_pipeline(db) -> None:
     db.a.insert_many([{"_id": 1, "k": "x"}, {"_id": 2, "k": "y"}])
-    db.b.insert_many([{"_id": 10, "k": "x", "v": 1}, {"_id": 11, "k": "x", "v": 2}, {"_id": 12, "k": "y", "v": 3}])
+    db.b.insert_many(
+        [
+            {"_id": 10, "k": "x", "v": 1},
+            {"_id": 11, "k": "x", "v": 2},
+            {"_id": 12, "k": "y", "v": 3},
+        ]
+    )
     out = list(
         db.a.aggregate(
             [
@@ -291,7 +396,10 @@ def test_lookup_local_foreign_with_pipeline(db) -> None:
                         "from": "b",
                         "localField": "k",
                         "foreignField": "k",
-                        "pipeline": [{"$match": {"v": {"$gte": 2}}}, {"$project": {"_id": 0, "v": 1}}],
+                        "pipeline": [
+                            {"$match": {"v": {"$gte": 2}}},
+                            {"$project": {"_id": 0, "v": 1}},
+                        ],
                         "as": "bs",
                     }
                 },

@@ -110,7 +110,10 @@ def test_inside_a_transaction(client: MongoClient, db) -> None:
     with client.start_session() as session:
         session.start_transaction()
         client.bulk_write(
-            [InsertOne(namespace=a, document={"_id": 1}), InsertOne(namespace=b, document={"_id": 1})],
+            [
+                InsertOne(namespace=a, document={"_id": 1}),
+                InsertOne(namespace=b, document={"_id": 1}),
+            ],
             session=session,
         )
         session.abort_transaction()
@@ -118,7 +121,10 @@ def test_inside_a_transaction(client: MongoClient, db) -> None:
     with client.start_session() as session:
         session.start_transaction()
         client.bulk_write(
-            [InsertOne(namespace=a, document={"_id": 2}), DeleteOne(namespace=b, filter={"_id": 0})],
+            [
+                InsertOne(namespace=a, document={"_id": 2}),
+                DeleteOne(namespace=b, filter={"_id": 0}),
+            ],
             session=session,
         )
         assert db.b.count_documents({}) == 1  # not visible outside before commit

@@ -89,7 +89,9 @@ def test_end_sessions(client: MongoClient) -> None:
     assert reply["ok"] == 1.0
     session.end_session()
     # Ending an unknown session is not an error either.
-    assert client.admin.command("endSessions", [{"id": Binary.from_uuid(uuid.uuid4())}])["ok"] == 1.0
+    assert (
+        client.admin.command("endSessions", [{"id": Binary.from_uuid(uuid.uuid4())}])["ok"] == 1.0
+    )
 
 
 def test_unknown_command_is_command_not_found(db) -> None:

@@ -26,7 +26,9 @@ def test_bank_transfers_keep_the_total(client: MongoClient, db) -> None:
     failures: list[BaseException] = []
     violations: list[str] = []
     stop = threading.Event()
-    per_thread = [TRANSFERS // THREADS + (1 if t < TRANSFERS % THREADS else 0) for t in range(THREADS)]
+    per_thread = [
+        TRANSFERS // THREADS + (1 if t < TRANSFERS % THREADS else 0) for t in range(THREADS)
+    ]
     assert sum(per_thread) == TRANSFERS
 
     def transfer(session, transfer_id: str, src: int, dst: int, amount: int) -> None:

@@ -40,7 +40,11 @@ def test_create_indexes_command_reply(db) -> None:
 
 def test_create_many_indexes(db) -> None:
     names = db.c.create_indexes(
-        [IndexModel("a"), IndexModel([("b", 1), ("c", 1)], unique=True), IndexModel("d", sparse=True)]
+        [
+            IndexModel("a"),
+            IndexModel([("b", 1), ("c", 1)], unique=True),
+            IndexModel("d", sparse=True),
+        ]
     )
     assert names == ["a_1", "b_1_c_1", "d_1"]
     assert _index(db.c, "b_1_c_1")["unique"] is True
@@ -112,7 +116,13 @@ def test_unique_sparse_index_allows_many_missing(db) -> None:
 
 def test_unique_compound_index(db) -> None:
     db.c.create_index([("tenant", 1), ("name", 1)], unique=True)
-    db.c.insert_many([{"tenant": "t1", "name": "a"}, {"tenant": "t1", "name": "b"}, {"tenant": "t2", "name": "a"}])
+    db.c.insert_many(
+        [
+            {"tenant": "t1", "name": "a"},
+            {"tenant": "t1", "name": "b"},
+            {"tenant": "t2", "name": "a"},
+        ]
+    )
     with pytest.raises(DuplicateKeyError) as info:
         db.c.insert_one({"tenant": "t1", "name": "a"})
     assert info.value.details["keyPattern"] == {"tenant": 1, "name": 1}
@@ -211,7 +221,10 @@ def test_ttl_index_expires_documents(db) -> None:
     db.c.insert_many(
         [
             {"_id": "old", "at": now - dt.timedelta(hours=1)},
-            {"_id": "old_in_array", "at": [now + dt.timedelta(days=1), now - dt.timedelta(hours=1)]},
+            {
+                "_id": "old_in_array",
+                "at": [now + dt.timedelta(days=1), now - dt.timedelta(hours=1)],
+            },
             {"_id": "future", "at": now + dt.timedelta(days=1)},
             {"_id": "not_a_date", "at": "2000-01-01"},
             {"_id": "no_field"},

@@ -45,7 +45,9 @@ def test_read_your_own_writes(client: MongoClient, db) -> None:
         assert sorted(db.c.distinct("v", session=s)) == [3, 10]
         total = list(db.c.aggregate([{"$group": {"_id": None, "t": {"$sum": "$v"}}}], session=s))
         assert total[0]["t"] == 13
-        after = db.c.find_one_and_update({"_id": 3}, {"$inc": {"v": 1}}, session=s, return_document=True)
+        after = db.c.find_one_and_update(
+            {"_id": 3}, {"$inc": {"v": 1}}, session=s, return_document=True
+        )
         assert after["v"] == 4
         s.commit_transaction()
     assert sorted((d["_id"], d["v"]) for d in db.c.find()) == [(1, 10), (3, 4)]
@@ -129,10 +131,9 @@ def test_ending_session_aborts_open_transaction(client: MongoClient, db) -> None
 
 
 def test_context_manager_aborts_on_exception(client: MongoClient, db) -> None:
-    with client.start_session() as s, pytest.raises(RuntimeError):
-        with s.start_transaction():
-            db.c.insert_one({"_id": 1}, session=s)
-            raise RuntimeError("boom")
+    with client.start_session() as s, pytest.raises(RuntimeError), s.start_transaction():
+        db.c.insert_one({"_id": 1}, session=s)
+        raise RuntimeError("boom")
     assert db.c.count_documents({}) == 0
 
 
@@ -149,6 +150,23 @@ def test_collection_created_in_aborted_transaction_does_not_exist(client: MongoC
         s.commit_transaction()
     assert "fresh" in db.list_collection_names()
     assert db.fresh.count_documents({}) == 1
+
+
+def test_explicit_create_in_aborted_transaction_is_rolled_back(client: MongoClient, db) -> None:
+    db.keep.insert_one({"_id": 1})
+    with client.start_session() as s:
+        s.start_transaction()
+        db.command("create", "made", session=s)
+        db.made.create_index("a", session=s)
+        db.made.insert_one({"a": 1}, session=s)
+        s.abort_transaction()
+    assert "made" not in db.list_collection_names()
+    with client.start_session() as s:
+        s.start_transaction()
+        db.command("create", "made", session=s)
+        db.made.create_index("a", session=s)
+        s.commit_transaction()
+    assert [i["name"] for i in db.made.list_indexes()] == ["_id_", "a_1"]
 
 
 def test_unique_violation_aborts_the_whole_transaction(client: MongoClient, db) -> None:
@@ -310,8 +328,8 @@ def test_commands_not_allowed_in_transactions(client: MongoClient, db, command: 
 
 def test_retryable_writes_are_sent_with_txn_number(mongo_uri: str) -> None:
     c, recorder = recording_client(mongo_uri, retryWrites=True)
+    coll = c.get_database(f"t_retry_{id(recorder)}")["c"]
     try:
-        coll = c.get_database("t_retry_" + str(id(recorder)))["c"]
         coll.insert_one({"_id": 1})
         coll.update_one({"_id": 1}, {"$set": {"v": 1}})
         coll.find_one_and_update({"_id": 1}, {"$inc": {"v": 1}})
@@ -325,10 +343,17 @@ def test_retryable_writes_are_sent_with_txn_number(mongo_uri: str) -> None:
         c.close()
 
 
-def test_retried_write_is_applied_once(client: MongoClient, db) -> None:
-    """Re-send the same raw write with the same lsid + txnNumber, as a driver retry does."""
+def test_retried_write_is_applied_once(mongo_uri: str, db) -> None:
+    """Re-send the same raw write with the same lsid + txnNumber, as a driver retry does.
+
+    pymongo gives no way to force a retry, but ``db.command(..., session=s)`` sends the
+    session's lsid and keeps a ``txnNumber`` we put in the command. A client of its own
+    gives a fresh server session, so our txnNumbers do not collide with pymongo's.
+    """
     db.c.insert_one({"_id": 1, "n": 0})
-    with client.start_session() as s:
+    own = MongoClient(mongo_uri)
+    db = own[db.name]
+    with own.start_session() as s:
         cmd = {
             "update": "c",
             "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}],
@@ -354,11 +379,14 @@ def test_retried_write_is_applied_once(client: MongoClient, db) -> None:
         assert info.value.code == 225  # TransactionTooOld
     assert db.c.find_one({"_id": 1})["n"] == 2
     assert db.c.count_documents({}) == 2
+    own.close()
 
 
-def test_retried_find_and_modify_is_applied_once(client: MongoClient, db) -> None:
+def test_retried_find_and_modify_is_applied_once(mongo_uri: str, db) -> None:
     db.c.insert_one({"_id": 1, "n": 0})
-    with client.start_session() as s:
+    own = MongoClient(mongo_uri)
+    db = own[db.name]
+    with own.start_session() as s:
         cmd = {
             "findAndModify": "c",
             "query": {"_id": 1},
@@ -371,3 +399,4 @@ def test_retried_find_and_modify_is_applied_once(client: MongoClient, db) -> Non
         assert first["value"]["n"] == 1
         assert again["value"]["n"] == 1
     assert db.c.find_one({"_id": 1})["n"] == 1
+    own.close()

@@ -52,7 +52,9 @@ def test_engine_outlives_a_sigkilled_client_and_keeps_its_commits(data_dir: Path
         sys.stdin.read()  # wait to be killed
         """
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == b"inserted"
     child.send_signal(signal.SIGKILL)
@@ -67,18 +69,24 @@ def test_engine_outlives_a_sigkilled_client_and_keeps_its_commits(data_dir: Path
 
 def test_concurrent_starters_share_one_engine(data_dir: Path) -> None:
     script = f"from accord.platform import ensure_engine; print(ensure_engine({str(data_dir)!r}))"
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE) for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE) for _ in range(4)
+    ]
     uris = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(uris) == 1, f"every starter must get the same engine, got {uris}"
 
 
-def test_mongodb_uri_wins_over_the_embedded_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mongodb_uri_wins_over_the_embedded_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with EmbeddedServer(tmp_path / "other", port=0, sync=False) as server:
         monkeypatch.setenv("MONGODB_URI", server.uri)
         client = connect(data_dir=tmp_path / "unused")
         client.accord.c.insert_one({"_id": 1})
-        assert not (tmp_path / "unused").exists(), "no embedded engine may start when MONGODB_URI is set"
+        assert not (tmp_path / "unused").exists(), (
+            "no embedded engine may start when MONGODB_URI is set"
+        )
         assert MongoClient(server.uri).accord.c.count_documents({}) == 1
         client.close()
 
@@ -126,7 +134,9 @@ def test_restart_recovers_data_indexes_and_validators(tmp_path: Path) -> None:
     with EmbeddedServer(tmp_path, port=0) as server:
         c = MongoClient(server.uri)
         assert c.d.v.count_documents({}) == 99
-        assert [d["x"] for d in c.d.v.find({}, {"_id": 0}).limit(3)] == [0, 1, 2], "natural order kept"
+        assert [d["x"] for d in c.d.v.find({}, {"_id": 0}).limit(3)] == [0, 1, 2], (
+            "natural order kept"
+        )
         assert "x_1" in c.d.v.index_information()
         with pytest.raises(Exception, match="duplicate key"):
             c.d.v.insert_one({"x": 1})
@@ -135,7 +145,9 @@ def test_restart_recovers_data_indexes_and_validators(tmp_path: Path) -> None:
         c.close()
 
 
-def test_ensure_engine_reports_a_clear_error_when_the_engine_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ensure_engine_reports_a_clear_error_when_the_engine_cannot_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.delenv("MONGODB_URI", raising=False)

@@ -174,7 +174,7 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
         docs = docs[:limit]
     if projection is not None and not isinstance(projection, dict):
         raise type_mismatch("projection must be an object")
-    docs = [query.project(copy.deepcopy(d), projection) for d in docs]
+    docs = [query.project(copy.deepcopy(d), projection, filt) for d in docs]
     if limit and (batch_size is None or batch_size > limit):
         batch_size = limit
     return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
@@ -517,7 +517,7 @@ def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
             last_error["upserted"] = up_id
         value = after if new_flag else before
     if value is not None and fields:
-        value = query.project(copy.deepcopy(value), fields)
+        value = query.project(copy.deepcopy(value), fields, filt)
     return {"lastErrorObject": last_error, "value": value, "ok": 1.0}
 
 
@@ -623,6 +623,8 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
     if ctx.engine.get_collection(ns) is not None:
         raise EngineError(48, f"Collection {ns} already exists.")
     ctx.engine.create_collection(ns, options)
+    if ctx.in_transaction:
+        ctx.txn.created.append(ns)  # rolled back if the transaction aborts, as in mongod
     return {"ok": 1.0}
 
 
@@ -734,10 +736,8 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
     specs = opt_list(cmd, "indexes")
     if not specs:
         raise bad_value("Must specify at least one index to create")
-    coll = ctx.engine.get_collection(ns)
-    created_coll = coll is None
-    if coll is None:
-        coll = ctx.engine.create_collection(ns)
+    created_coll = ctx.engine.get_collection(ns) is None
+    coll = _write_coll(ctx, ns)
     before = len(coll.indexes)
     new_specs = []
     for raw in specs:

@@ -334,7 +334,7 @@ class Engine:
         txn.writes.clear()
         for ns in txn.created:
             coll = self.collections.get(ns)
-            if coll is not None and not coll.versions and len(coll.indexes) == 1:
+            if coll is not None and not coll.versions:
                 self.drop_collection(ns)
         txn.created.clear()
         if txn.session is not None and txn.session.txn is txn:

@@ -8,58 +8,24 @@ extraction).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import math
 import re
 from collections.abc import Iterable
 from typing import Any
 
 import bson
 import mongomock.aggregate  # noqa: F401  (registers $expr support in the filterer)
-from bson.binary import Binary
 from bson.int64 import Int64
 from bson.regex import Regex
-from bson.timestamp import Timestamp
 from mongomock import OperationFailure, filtering
 from mongomock import collection as _mm_collection
 
+from accord.platform.embedded import mongomock_fixes
 from accord.platform.embedded.errors import EngineError, bad_value
+from accord.platform.embedded.update import _positional_index, compare_values
 
-
-def _mod(doc_val: Any, spec: Any) -> bool:
-    if not isinstance(spec, list) or len(spec) != 2:
-        raise bad_value("malformed mod, needs to be an array of [divisor, remainder]")
-    divisor, remainder = spec
-    if isinstance(doc_val, bool) or not isinstance(doc_val, int | float):
-        return False
-    if int(divisor) == 0:
-        raise bad_value("divisor cannot be 0")
-    return int(math.fmod(int(doc_val), int(divisor))) == int(remainder)
-
-
-def _patch_mongomock() -> None:
-    """Fill gaps in mongomock's matcher that the platform's filters reach."""
-    ops = filtering._filterer_inst._operator_map
-    ops["$mod"] = filtering._not_nothing_and(filtering._list_expand(_mod))
-    types = filtering.TYPE_MAP
-    types["null"] = lambda v: v is None
-    types["regex"] = lambda v: isinstance(v, re.Pattern | Regex)
-    types["timestamp"] = lambda v: isinstance(v, Timestamp)
-    types["int"] = lambda v: (
-        isinstance(v, int) and not isinstance(v, bool | Int64) and -(2**31) <= v < 2**31
-    )
-    types["long"] = lambda v: (
-        isinstance(v, Int64)
-        or (isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31)
-    )
-    types["binData"] = lambda v: isinstance(v, bytes | Binary)
-    for code, name in {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData",
-                       7: "objectId", 8: "bool", 9: "date", 10: "null", 11: "regex",
-                       16: "int", 17: "timestamp", 18: "long", 19: "decimal"}.items():  # fmt: skip
-        types[code] = types[name]  # type: ignore[index]
-
-
-_patch_mongomock()
+mongomock_fixes.apply()
 
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
@@ -102,6 +68,34 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
         raise bad_value(f"cannot evaluate filter: {exc}") from exc
 
 
+def _sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
+    """The value mongod sorts ``doc`` by: an array sorts by its smallest element
+    ascending and its largest descending; a missing field sorts as null."""
+    values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not _MISSING]
+    raw = filtering.resolve_key(key, doc)
+    if isinstance(raw, list) and not raw:
+        return _EMPTY_ARRAY
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    key_fn = functools.cmp_to_key(compare_values)
+    return min(values, key=key_fn) if direction > 0 else max(values, key=key_fn)
+
+
+class _EmptyArray:
+    """An empty array sorts before null in mongod."""
+
+
+_EMPTY_ARRAY = _EmptyArray()
+
+
+def _compare_sort_values(a: Any, b: Any) -> int:
+    if a is _EMPTY_ARRAY or b is _EMPTY_ARRAY:
+        return (b is _EMPTY_ARRAY) - (a is _EMPTY_ARRAY) if a is not b else 0
+    return compare_values(a, b)
+
+
 def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Stable multi-key sort in BSON order; the last key is applied first."""
     for key, direction in reversed(list(spec.items())):
@@ -113,21 +107,39 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
             if direction < 0:
                 docs = list(reversed(docs))
             continue
-        docs = sorted(
-            docs,
-            key=lambda d, k=key: filtering.resolve_sort_key(k, d),  # type: ignore[misc]
-            reverse=direction < 0,
-        )
+        keyed = [(_sort_value(d, key, direction), d) for d in docs]
+        cmp = functools.cmp_to_key(_compare_sort_values)
+        keyed.sort(key=lambda pair: cmp(pair[0]), reverse=direction < 0)
+        docs = [d for _, d in keyed]
     return docs
 
 
 _PROJECTOR = object.__new__(_mm_collection.Collection)
 
 
-def project(doc: dict[str, Any], projection: dict[str, Any] | None) -> dict[str, Any]:
-    """Apply a find projection (inclusion/exclusion, ``$slice``, ``$elemMatch``)."""
+def project(
+    doc: dict[str, Any], projection: dict[str, Any] | None, filt: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Apply a find projection (inclusion/exclusion, positional ``a.$``, ``$slice``,
+    ``$elemMatch``, computed fields); ``filt`` is the query, for the positional form."""
     if not projection:
         return doc
+    positional = [k for k in projection if k.endswith(".$")]
+    if positional:
+        if len(positional) > 1:
+            raise bad_value("Cannot specify more than one positional projection per query.")
+        path = positional[0][:-2]
+        index = _positional_index(doc, tuple(path.split(".")), filt)
+        rest = {k: v for k, v in projection.items() if k != positional[0]}
+        out = project(doc, {**rest, path: 1})
+        holder: Any = out
+        parts = path.split(".")
+        for part in parts[:-1]:
+            holder = holder.get(part, {}) if isinstance(holder, dict) else {}
+        if isinstance(holder, dict) and isinstance(holder.get(parts[-1]), list):
+            array = holder[parts[-1]]
+            holder[parts[-1]] = array[index : index + 1]
+        return out
     if any(_is_expression(v) for v in projection.values()):
         # MongoDB 4.4+ find projections may compute fields: evaluate as a $project stage.
         from mongomock import aggregate as mm_aggregate

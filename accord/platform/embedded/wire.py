@@ -158,6 +158,8 @@ def _parse_op_query(request_id: int, body: bytes) -> Request:
         raise ProtocolError("legacy OP_QUERY is only supported for commands on DB.$cmd")
     if "$query" in query:  # the legacy wrapped form {$query: cmd, $readPreference: ...}
         query = query["$query"]
+        if not isinstance(query, dict):
+            raise ProtocolError("$query must be an object")
     command = dict(query)
     command.setdefault("$db", namespace[: -len(".$cmd")])
     return Request(

@@ -1,0 +1,158 @@
+"""Where mongomock's evaluators are wrong or missing for what the platform sends, mend them.
+
+mongomock's filter matcher and aggregation expression parser are reused by the engine
+(DESIGN: "use mongomock's evaluators where they are right"). This module is the one place
+that patches its gaps, each checked by an engine test through pymongo:
+
+- BSON comparison order across numeric types (incl. Decimal128), used by ``$lt``/``$gt``,
+  sorting and ``$min``/``$max``;
+- ``$mod``, ``$size`` on non-arrays, ``$type`` aliases ("null", "regex", "timestamp", the
+  numeric codes, int vs long by value);
+- expressions: ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
+  ``$min``/``$max`` accumulators over mixed types.
+
+Imported once by ``query``; patching is idempotent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+import numbers
+import re
+from typing import Any
+
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+from mongomock import OperationFailure, filtering
+from mongomock import aggregate as mm_aggregate
+
+from accord.platform.embedded.update import bson_type_name, compare_values
+
+_PATCHED = False
+
+
+def _mod(doc_val: Any, spec: Any) -> bool:
+    if not isinstance(spec, list) or len(spec) != 2:
+        raise OperationFailure("malformed mod, needs to be an array of [divisor, remainder]")
+    divisor, remainder = spec
+    if isinstance(doc_val, bool) or not isinstance(doc_val, int | float):
+        return False
+    if int(divisor) == 0:
+        raise OperationFailure("divisor cannot be 0")
+    return int(math.fmod(int(doc_val), int(divisor))) == int(remainder)
+
+
+def _size(doc_val: Any, search_val: Any) -> bool:
+    return isinstance(doc_val, list) and len(doc_val) == search_val
+
+
+def _bson_compare(op: Any, a: Any, b: Any, can_compare_types: bool = True) -> bool:
+    if not can_compare_types and _rank(a) != _rank(b):
+        return False  # $lt/$gt only compare values of the same canonical type
+    return bool(op(compare_values(a, b), 0))
+
+
+def _rank(value: Any) -> int:
+    # Numbers of every type share one rank; everything else is ranked by type name.
+    if (
+        isinstance(value, numbers.Number)
+        and not isinstance(value, bool)
+        or type(value).__name__ == "Decimal128"
+    ):
+        return 10
+    if value is None:
+        return 5
+    return hash(type(value).__name__)
+
+
+def _extreme(values: Any, sign: int) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    key = functools.cmp_to_key(compare_values)
+    return max(present, key=key) if sign > 0 else min(present, key=key)
+
+
+def _now() -> dt.datetime:
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def apply() -> None:
+    """Install the fixes into mongomock (idempotent)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    _PATCHED = True
+    filtering.bson_compare = _bson_compare
+    ops = filtering._filterer_inst._operator_map
+    ops["$mod"] = filtering._not_nothing_and(filtering._list_expand(_mod))
+    ops["$size"] = _size
+    for name, fn in filtering.SORTING_OPERATOR_MAP.items():
+        ops[name] = filtering._not_nothing_and(
+            filtering._list_expand(filtering._compare_objects(fn))
+        )
+
+    types = filtering.TYPE_MAP
+    types["null"] = lambda v: v is None
+    types["regex"] = lambda v: isinstance(v, re.Pattern | Regex)
+    types["timestamp"] = lambda v: isinstance(v, Timestamp)
+    types["int"] = lambda v: (
+        isinstance(v, int) and not isinstance(v, bool | Int64) and -(2**31) <= v < 2**31
+    )
+    types["long"] = lambda v: (
+        isinstance(v, Int64)
+        or (isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31)
+    )
+    types["binData"] = lambda v: isinstance(v, bytes | Binary)
+    codes = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 7: "objectId", 8: "bool",
+             9: "date", 10: "null", 11: "regex", 16: "int", 17: "timestamp", 18: "long", 19: "decimal"}  # fmt: skip
+    for code, name in codes.items():
+        types[code] = types[name]  # type: ignore[index]
+
+    grouping = mm_aggregate._GROUPING_OPERATOR_MAP
+    grouping["$min"] = lambda values: _extreme(values, -1)
+    grouping["$max"] = lambda values: _extreme(values, 1)
+
+    mm_aggregate.type_operators.append("$type")
+    parser = mm_aggregate._Parser
+    original_type = parser._handle_type_operator
+    original_arith = parser._handle_arithmetic_operator
+    original_basic = parser._parse_basic_expression
+
+    def handle_type(self: Any, operator: str, values: Any) -> Any:
+        if operator == "$type":
+            arg = values[0] if isinstance(values, list) and len(values) == 1 else values
+            try:
+                return bson_type_name(self.parse(arg))
+            except KeyError:
+                return "missing"
+        return original_type(self, operator, values)
+
+    def handle_arith(self: Any, operator: str, values: Any) -> Any:
+        if operator == "$add" and isinstance(values, list):
+            parsed = list(self.parse_many(values))
+            dates = [v for v in parsed if isinstance(v, dt.datetime)]
+            if dates:
+                if len(dates) > 1:
+                    raise OperationFailure("only one date allowed in an $add expression")
+                if any(v is None for v in parsed):
+                    return None
+                millis = sum(v for v in parsed if not isinstance(v, dt.datetime))
+                return dates[0] + dt.timedelta(milliseconds=millis)
+            if any(not isinstance(v, numbers.Number) and v is not None for v in parsed):
+                raise OperationFailure("$add only supports numeric or date types")
+        return original_arith(self, operator, values)
+
+    def basic(self: Any, expression: Any) -> Any:
+        if expression in ("$$NOW", "$$CLUSTER_TIME"):
+            return _now() if expression == "$$NOW" else Timestamp(int(_now().timestamp()), 1)
+        return original_basic(self, expression)
+
+    parser._handle_type_operator = handle_type  # type: ignore[method-assign]
+    parser._handle_arithmetic_operator = handle_arith  # type: ignore[method-assign]
+    parser._parse_basic_expression = basic  # type: ignore[method-assign]
