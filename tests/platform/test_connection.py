@@ -155,3 +155,20 @@ def test_ensure_engine_reports_a_clear_error_when_the_engine_cannot_start(
     with pytest.raises(EngineStartError, match="cannot use .* as the engine's data directory"):
         ensure_engine(blocker / "data", timeout=20)
     assert time.monotonic() - start < 20
+
+
+def test_transaction_older_than_its_lifetime_is_aborted_and_discarded(tmp_path: Path) -> None:
+    from pymongo.errors import OperationFailure
+
+    with EmbeddedServer(tmp_path, port=0, sync=False, transaction_lifetime=1.0) as server:
+        client: MongoClient = MongoClient(server.uri)
+        with client.start_session() as s:
+            s.start_transaction()
+            client.d.c.insert_one({"_id": "stale"}, session=s)
+            time.sleep(2.5)  # the housekeeping pass aborts it meanwhile
+            with pytest.raises(OperationFailure) as info:
+                s.commit_transaction()
+            assert info.value.code == 251  # NoSuchTransaction
+        assert client.d.c.find_one({"_id": "stale"}) is None
+        client.d.c.insert_one({"_id": "stale"})  # its lock was released too
+        client.close()

@@ -24,11 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ttl-interval", type=float, default=60.0, help="seconds between TTL passes"
     )
+    parser.add_argument(
+        "--transaction-lifetime",
+        type=float,
+        default=60.0,
+        help="seconds after which an open transaction is aborted (mongod: 60)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
-    if args.ttl_interval <= 0:
-        parser.error("--ttl-interval must be positive")
+    if args.ttl_interval <= 0 or args.transaction_lifetime <= 0:
+        parser.error("--ttl-interval and --transaction-lifetime must be positive")
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -38,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         sync=not args.no_sync,
         ttl_interval=args.ttl_interval,
+        transaction_lifetime=args.transaction_lifetime,
     )
 
     def _stop(signum: int, frame: object) -> None:

@@ -20,7 +20,13 @@ import bson
 from accord.platform.embedded import commands
 from accord.platform.embedded.commands import COMMANDS, TXN_COMMANDS, WRITE_COMMANDS, Context
 from accord.platform.embedded.cursors import CursorManager
-from accord.platform.embedded.engine import TXN_LIFETIME_LIMIT_S, Engine, Session, Txn
+from accord.platform.embedded.engine import (
+    SESSION_TIMEOUT_MINUTES,
+    TXN_LIFETIME_LIMIT_S,
+    Engine,
+    Session,
+    Txn,
+)
 from accord.platform.embedded.errors import TRANSIENT, EngineError
 
 log = logging.getLogger("accord.engine")
@@ -44,8 +50,16 @@ def no_such_transaction(number: int) -> EngineError:
 class Dispatcher:
     """Executes one command document against the engine."""
 
-    def __init__(self, engine: Engine, hello: Callable[[Doc], Doc]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        hello: Callable[[Doc], Doc],
+        *,
+        txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
+    ) -> None:
         self.engine = engine
+        # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
+        self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
         self.hello = hello
 
@@ -201,7 +215,7 @@ class Dispatcher:
         txn = session.txn
         if txn.aborted_reason is not None:
             raise no_such_transaction(number)
-        if time.monotonic() - txn.started > TXN_LIFETIME_LIMIT_S:
+        if time.monotonic() - txn.started > self.txn_lifetime:
             engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
             raise no_such_transaction(number)
         if name not in TXN_COMMANDS:
@@ -231,7 +245,11 @@ class Dispatcher:
         now = time.monotonic()
         with self.engine.lock:
             for txn in list(self.engine.active.values()):
-                if txn.explicit and now - txn.started > TXN_LIFETIME_LIMIT_S:
+                if txn.explicit and now - txn.started > self.txn_lifetime:
                     self.engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
+            idle = now - SESSION_TIMEOUT_MINUTES * 60
+            for key, session in list(self.engine.sessions.items()):
+                if session.last_used < idle and session.txn_state != "in_progress":
+                    del self.engine.sessions[key]  # its retry records stay on disk
             self.cursors.reap()
             self.engine.vacuum()

@@ -116,12 +116,14 @@ class EmbeddedServer:
         port: int = 27017,
         sync: bool = True,
         ttl_interval: float = 60.0,
+        transaction_lifetime: float = 60.0,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.host = host
         self.requested_port = port
         self.sync = sync
         self.ttl_interval = ttl_interval
+        self.transaction_lifetime = transaction_lifetime
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
@@ -164,7 +166,9 @@ class EmbeddedServer:
                 "stop it first or pick another --dbpath"
             ) from None
         self.engine = Engine(self.dbpath, sync=self.sync)
-        self.dispatcher = Dispatcher(self.engine, self.hello)
+        self.dispatcher = Dispatcher(
+            self.engine, self.hello, txn_lifetime=self.transaction_lifetime
+        )
         try:
             self._tcp = _TCPServer(
                 (self.host, self.requested_port), _Handler, bind_and_activate=True
@@ -272,7 +276,7 @@ class EmbeddedServer:
 
     def _housekeeping(self) -> None:
         last_ttl = time.monotonic()
-        while not self.stopping.wait(min(1.0, self.ttl_interval)):
+        while not self.stopping.wait(min(1.0, self.ttl_interval, self.transaction_lifetime / 2)):
             assert self.engine is not None and self.dispatcher is not None
             try:
                 self.dispatcher.reap()
