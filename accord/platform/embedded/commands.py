@@ -347,18 +347,40 @@ def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = _write_coll(ctx, ns)
-    n, errors = 0, []
-    for i, doc in enumerate(docs):
+    n = 0
+
+    def apply(i: int, doc: Any) -> None:
+        nonlocal n
+        insert_one(ctx, coll, doc, bypass)
+        n += 1
+
+    errors = each_statement(ctx, docs, ordered, apply)
+    return with_write_errors({"n": n, "ok": 1.0}, errors)
+
+
+def each_statement(
+    ctx: Context, statements: list[Any], ordered: bool, apply: Callable[[int, Any], None]
+) -> list[Doc]:
+    """Run the statements of a write command in order.
+
+    Outside a transaction a failed statement becomes a ``writeErrors`` entry (and ends an
+    ordered batch) while the others stay applied, as in mongod. Inside a transaction, and
+    for a write conflict (which the caller retries whole), the error propagates.
+    """
+    errors: list[Doc] = []
+    for i, statement in enumerate(statements):
         try:
-            insert_one(ctx, coll, doc, bypass)
-            n += 1
+            apply(i, statement)
         except EngineError as exc:
             if ctx.in_transaction or exc.code == 112:
                 raise
             errors.append(exc.to_write_error(i))
             if ordered:
                 break
-    reply: Doc = {"n": n, "ok": 1.0}
+    return errors
+
+
+def with_write_errors(reply: Doc, errors: list[Doc]) -> Doc:
     if errors:
         reply["writeErrors"] = errors
     return reply
@@ -417,34 +439,28 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     coll = _write_coll(ctx, ns)
     n = modified = 0
     upserted: list[Doc] = []
-    errors: list[Doc] = []
-    for i, st in enumerate(statements):
-        try:
-            if not isinstance(st, dict) or "q" not in st or "u" not in st:
-                raise failed_to_parse("each update statement needs 'q' and 'u'")
-            filt = st["q"]
-            if not isinstance(filt, dict):
-                raise type_mismatch("update 'q' must be an object")
-            sn, sm, up_id, _, _ = update_docs(
-                ctx, coll, filt, st["u"], multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
-                array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
-            )  # fmt: skip
-            n += sn
-            modified += sm
-            if up_id is not None:
-                upserted.append({"index": i, "_id": up_id})
-        except EngineError as exc:
-            if ctx.in_transaction or exc.code == 112:
-                raise
-            errors.append(exc.to_write_error(i))
-            if ordered:
-                break
+
+    def apply(i: int, st: Any) -> None:
+        nonlocal n, modified
+        if not isinstance(st, dict) or "q" not in st or "u" not in st:
+            raise failed_to_parse("each update statement needs 'q' and 'u'")
+        filt = st["q"]
+        if not isinstance(filt, dict):
+            raise type_mismatch("update 'q' must be an object")
+        sn, sm, up_id, _, _ = update_docs(
+            ctx, coll, filt, st["u"], multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
+            array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
+        )  # fmt: skip
+        n += sn
+        modified += sm
+        if up_id is not None:
+            upserted.append({"index": i, "_id": up_id})
+
+    errors = each_statement(ctx, statements, ordered, apply)
     reply: Doc = {"n": n, "nModified": modified, "ok": 1.0}
     if upserted:
         reply["upserted"] = upserted
-    if errors:
-        reply["writeErrors"] = errors
-    return reply
+    return with_write_errors(reply, errors)
 
 
 @command("delete")
@@ -453,33 +469,27 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
     coll = ctx.engine.get_collection(ns)
-    n, errors = 0, []
-    for i, st in enumerate(statements):
-        try:
-            if not isinstance(st, dict) or "q" not in st or "limit" not in st:
-                raise failed_to_parse("each delete statement needs 'q' and 'limit'")
-            filt = st["q"]
-            if not isinstance(filt, dict):
-                raise type_mismatch("delete 'q' must be an object")
-            limit = opt_int(st, "limit")
-            if limit not in (0, 1):
-                raise failed_to_parse("The limit field in delete objects must be 0 or 1")
-            if coll is None:
-                query.check_filter(filt)
-                continue
-            for key, _ in _pick(ctx, ns, filt, limit == 0, None):
-                ctx.engine.write(ctx.txn, coll, key, None)
-                n += 1
-        except EngineError as exc:
-            if ctx.in_transaction or exc.code == 112:
-                raise
-            errors.append(exc.to_write_error(i))
-            if ordered:
-                break
-    reply: Doc = {"n": n, "ok": 1.0}
-    if errors:
-        reply["writeErrors"] = errors
-    return reply
+    n = 0
+
+    def apply(i: int, st: Any) -> None:
+        nonlocal n
+        if not isinstance(st, dict) or "q" not in st or "limit" not in st:
+            raise failed_to_parse("each delete statement needs 'q' and 'limit'")
+        filt = st["q"]
+        if not isinstance(filt, dict):
+            raise type_mismatch("delete 'q' must be an object")
+        limit = opt_int(st, "limit")
+        if limit not in (0, 1):
+            raise failed_to_parse("The limit field in delete objects must be 0 or 1")
+        if coll is None:
+            query.check_filter(filt)
+            return
+        for key, _ in _pick(ctx, ns, filt, limit == 0, None):
+            ctx.engine.write(ctx.txn, coll, key, None)
+            n += 1
+
+    errors = each_statement(ctx, statements, ordered, apply)
+    return with_write_errors({"n": n, "ok": 1.0}, errors)
 
 
 @command("findAndModify", "findandmodify")
