@@ -131,14 +131,19 @@ def opt_list(cmd: Doc, key: str) -> list[Any]:
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
     filt = filt or {}
     query.check_filter(filt)
-    # Fast path: an equality on _id is a point lookup, as an _id index makes it in mongod.
-    id_value = filt.get("_id") if len(filt) == 1 else None
-    if id_value is not None and not (
-        isinstance(id_value, dict) and any(k.startswith("$") for k in id_value)
-    ):
-        key = query.id_key(id_value)
-        doc = ctx.engine.get(ctx.txn, ns, key)
-        return [(key, doc)] if doc is not None and query.matches(filt, doc) else []
+    # Fast path: _id equality or $in is a point lookup, as the _id index makes it in mongod.
+    id_value = filt.get("_id")
+    if query.is_plain_equality(id_value) or query.is_plain_in(id_value):
+        ids = id_value["$in"] if isinstance(id_value, dict) else [id_value]
+        out = []
+        for key in dict.fromkeys(query.id_key(v) for v in ids):
+            doc = ctx.engine.get(ctx.txn, ns, key)
+            if doc is not None and query.matches(filt, doc):
+                out.append((key, doc))
+        coll = ctx.engine.get_collection(ns)
+        if coll is not None and len(out) > 1:
+            out.sort(key=lambda kd: coll.order.get(kd[0], len(coll.order)))
+        return out
     found = ctx.engine.lookup(ctx.txn, ns, filt) if filt else None
     if found is None:
         found = ctx.engine.scan(ctx.txn, ns)

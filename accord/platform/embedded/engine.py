@@ -120,9 +120,14 @@ class Collection:
         best: set[bytes] | None = None
         for field_name, value in filt.items():
             values = self.field_maps.get(field_name)
-            if values is None or not query.is_plain_equality(value):
+            if values is None:
                 continue
-            found = values.get(query.value_key(value), set())
+            if query.is_plain_equality(value):
+                found = values.get(query.value_key(value), set())
+            elif query.is_plain_in(value):
+                found = set().union(*(values.get(query.value_key(v), set()) for v in value["$in"]))
+            else:
+                continue
             if best is None or len(found) < len(best):
                 best = found
         if best is None:

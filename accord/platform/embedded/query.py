@@ -209,6 +209,16 @@ def is_plain_equality(value: Any) -> bool:
     return True
 
 
+def is_plain_in(value: Any) -> bool:
+    """True for ``{"$in": [plain values]}``, which a lookup map answers by union."""
+    return (
+        isinstance(value, dict)
+        and len(value) == 1
+        and isinstance(value.get("$in"), list)
+        and all(is_plain_equality(v) for v in value["$in"])
+    )
+
+
 def id_key(value: Any) -> bytes:
     """The storage key of a document's ``_id``."""
     return bson.encode({"": canonical(value)})
