@@ -7,10 +7,10 @@ import platform
 import sys
 from pathlib import Path
 
-from benchmarks import engine_commits
+from benchmarks import checkpointer, engine_commits
 
 COMMAND = "make bench  (= .venv/bin/python -m benchmarks)"
-SUITES = [engine_commits.report]
+SUITES = [engine_commits.report, checkpointer.report]
 
 
 def main() -> None:

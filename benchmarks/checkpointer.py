@@ -1,0 +1,456 @@
+"""LangGraph checkpointers side by side: accord vs MongoDBSaver vs InMemorySaver.
+
+One embedded engine process (``--no-sync``), one database and one ``MongoClient`` per
+Mongo-backed saver, the same chat-like graph compiled once per saver. The turns are
+interleaved (turn i runs on every saver before turn i+1), so machine noise hits all the
+savers alike. Measured:
+
+* round trips: MongoDB commands started per ``invoke`` (pymongo command monitoring on each
+  saver's own client), split by command name;
+* latency: median wall time of one ``invoke``, as ratios to InMemorySaver and MongoDBSaver;
+* storage: BSON bytes of every document in the saver's collections after 50, 100 and 200
+  turns of one thread (InMemorySaver: bytes of the serialized payloads it keeps in memory).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.mongodb import MongoDBSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from pymongo import MongoClient, monitoring
+
+from accord.checkpointers import AccordSaver
+from accord.platform.connection import read_lock
+
+TURNS = 200
+SNAPSHOTS = (50, 100, 200)
+WARMUP = 5  # first turns left out of the latency median (imports, caches, index warm-up)
+THREAD = {"configurable": {"thread_id": "bench-thread"}}
+REPLY_CHARS = 200
+
+
+# --- the graph ----------------------------------------------------------------------------
+
+
+class ChatState(TypedDict):
+    messages: Annotated[list, add_messages]
+    turns: int  # small extra channel, overwritten every turn
+
+
+def fake_model(state: ChatState) -> dict[str, Any]:
+    """Deterministic stand-in for a chat model: one ~200-char AIMessage per turn."""
+    n = state.get("turns", 0) + 1
+    text = (f"Fake reply {n} to '{state['messages'][-1].content}'. " + "lorem ipsum " * 20)[
+        :REPLY_CHARS
+    ]
+    return {"messages": [AIMessage(text, id=f"ai-{n}")], "turns": n}
+
+
+def build_graph() -> StateGraph:
+    g = StateGraph(ChatState)
+    g.add_node("fake_model", fake_model)
+    g.add_edge(START, "fake_model")
+    g.add_edge("fake_model", END)
+    return g
+
+
+def human(n: int) -> dict[str, Any]:
+    return {"messages": [HumanMessage(f"question number {n}: what next?", id=f"human-{n}")]}
+
+
+# --- measurement helpers -------------------------------------------------------------------
+
+
+SAVER_METHODS = ("get_tuple", "put", "put_writes", "list")
+_current = threading.local()
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Counts commands started on one client while enabled: by command name, and by the
+    saver method (outermost ``get_tuple``/``put``/``put_writes``/``list`` call on the
+    sending thread) they were sent for."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.by_method: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.enabled = False
+        self._lock = threading.Lock()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.enabled:
+            with self._lock:
+                self.counts[event.command_name] += 1
+                self.by_method[getattr(_current, "method", None) or "other"] += 1
+
+    def instrument(self, saver: BaseCheckpointSaver) -> None:
+        """Wrap the saver's public sync methods (on the instance) to label commands."""
+        for name in SAVER_METHODS:
+            setattr(saver, name, self._wrap(name, getattr(saver, name)))
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        counter = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            outer = getattr(_current, "method", None)
+            if outer is None:
+                _current.method = name
+                if counter.enabled:
+                    with counter._lock:
+                        counter.calls[name] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if outer is None:
+                    _current.method = None
+
+        return wrapped
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def mongo_bytes(client: MongoClient, db_name: str) -> dict[str, int]:
+    """BSON bytes of every document, per collection of ``db_name``."""
+    db = client.get_database(db_name, codec_options=CodecOptions(document_class=RawBSONDocument))
+    sizes = {}
+    for name in sorted(db.list_collection_names()):
+        sizes[name] = sum(len(doc.raw) for doc in db[name].find({}, batch_size=10_000))
+    return sizes
+
+
+def memory_bytes(saver: InMemorySaver) -> dict[str, int]:
+    """Bytes of the serialized payloads InMemorySaver keeps (checkpoints, blobs, writes)."""
+    checkpoints = sum(
+        len(ckpt) + len(meta)
+        for namespaces in saver.storage.values()
+        for stored in namespaces.values()
+        for (_, ckpt), (_, meta), _parent in stored.values()
+    )
+    blobs = sum(len(blob) for _type, blob in saver.blobs.values())
+    writes = sum(
+        len(value)
+        for task_writes in saver.writes.values()
+        for _task, _channel, (_, value), _path in task_writes.values()
+    )
+    return {"checkpoints": checkpoints, "blobs": blobs, "writes": writes}
+
+
+@dataclass
+class Run:
+    name: str
+    saver: BaseCheckpointSaver | None
+    measure_bytes: Callable[[], dict[str, int]]
+    counter: CommandCounter | None = None
+    graph: Any = None
+    latencies: list[float] = field(default_factory=list)
+    bytes_at: dict[int, dict[str, int]] = field(default_factory=dict)
+    checkpoints: int = 0
+    error: str | None = None
+    failed_turn: int | None = None
+
+
+def start_engine(tmp: str) -> tuple[subprocess.Popen[bytes], int]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "accord.platform.embedded",
+        "--dbpath",
+        tmp,
+        "--port",
+        "0",
+        "--no-sync",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    found = read_lock(Path(tmp))
+    assert found, "engine did not start"
+    return proc, found[1]
+
+
+def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_engine(tmp)
+        uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
+        clients: list[MongoClient] = []
+
+        def client_with(counter: CommandCounter | None) -> MongoClient:
+            c: MongoClient = MongoClient(uri, event_listeners=[counter] if counter else [])
+            clients.append(c)
+            return c
+
+        try:
+            plain = client_with(None)  # for byte scans, not counted
+            runs: list[Run] = []
+
+            memory = InMemorySaver()
+            runs.append(Run("InMemorySaver", memory, lambda: memory_bytes(memory)))
+
+            mongo_counter = CommandCounter()
+            mongo = MongoDBSaver(client_with(mongo_counter), db_name="bench_mongodbsaver")
+            runs.append(
+                Run(
+                    "MongoDBSaver",
+                    mongo,
+                    lambda: mongo_bytes(plain, "bench_mongodbsaver"),
+                    mongo_counter,
+                )
+            )
+
+            accord_counter = CommandCounter()
+            accord_run = Run(
+                "AccordSaver",
+                None,
+                lambda: mongo_bytes(plain, "bench_accord"),
+                accord_counter,
+            )
+            try:
+                accord_run.saver = AccordSaver(client_with(accord_counter), db_name="bench_accord")
+                accord_run.saver.setup()
+            except Exception:
+                accord_run.error = traceback.format_exc(limit=-8)
+                accord_run.failed_turn = 0
+            runs.append(accord_run)
+
+            for run in runs:
+                if run.error or run.saver is None:
+                    continue
+                if run.counter:
+                    run.counter.instrument(run.saver)
+                run.graph = build_graph().compile(checkpointer=run.saver)
+                if run.counter:
+                    run.counter.enabled = True  # setup/index creation is not counted
+
+            started = time.perf_counter()
+            for n in range(1, turns + 1):
+                expected: list[tuple[str, str]] | None = None  # InMemorySaver's messages
+                for run in runs:
+                    if run.error:
+                        continue
+                    t0 = time.perf_counter()
+                    try:
+                        out = run.graph.invoke(human(n), THREAD)
+                        took = time.perf_counter() - t0
+                        got = [(m.id, m.content) for m in out["messages"]]
+                        assert len(got) == 2 * n, f"{len(got)} messages after turn {n}"
+                        assert out["turns"] == n, f"turns={out['turns']} after turn {n}"
+                        if expected is None:
+                            expected = got
+                        assert got == expected, f"messages differ from InMemorySaver at turn {n}"
+                    except Exception:
+                        run.error = traceback.format_exc(limit=-8)
+                        run.failed_turn = n
+                        continue
+                    run.latencies.append(took)
+                if n in SNAPSHOTS:
+                    for run in runs:
+                        if not run.error:
+                            run.bytes_at[n] = run.measure_bytes()
+            elapsed = time.perf_counter() - started
+            for run in runs:
+                if run.counter:
+                    run.counter.enabled = False
+                if not run.error:
+                    try:
+                        run.checkpoints = sum(1 for _ in run.saver.list(THREAD))
+                    except Exception:
+                        run.error = traceback.format_exc(limit=-8)
+                        run.failed_turn = turns
+            hello = plain.admin.command("hello")
+            info = {"elapsed": elapsed, "maxWireVersion": hello.get("maxWireVersion")}
+            return runs, info
+        finally:
+            for c in clients:
+                c.close()
+            proc.terminate()
+            proc.wait()
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def _kib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024:,.0f}"
+
+
+def report(turns: int = TURNS) -> str:
+    runs, info = run_all(turns)
+    by = {r.name: r for r in runs}
+    ok = [r for r in runs if not r.error]
+    ref_steps = by["InMemorySaver"].checkpoints / turns if not by["InMemorySaver"].error else 0
+
+    lines = [
+        "### LangGraph checkpointers: accord vs MongoDBSaver vs InMemorySaver",
+        "",
+        "Run with `make bench` (= `.venv/bin/python -m benchmarks`); this section alone: "
+        "`.venv/bin/python -m benchmarks.checkpointer`.",
+        "",
+        f"One embedded engine process (`--no-sync`), one database and one `MongoClient` per "
+        f"saver. Graph: `START -> fake_model -> END` over a `messages` channel (`add_messages`) "
+        f"and an int `turns` channel; each turn is one `graph.invoke` with one `HumanMessage`, "
+        f"and the deterministic `fake_model` node appends one {REPLY_CHARS}-char `AIMessage`. "
+        f"{turns} turns on one thread, interleaved across the savers, LangGraph's default "
+        f"durability (`async`). Each invoke writes {ref_steps:.0f} checkpoints "
+        f"(super-steps: input, `__start__`, `fake_model`). Wall time of the measured turns: "
+        f"{info['elapsed']:.0f} s. Engine maxWireVersion {info['maxWireVersion']}.",
+        "",
+        "**Round trips** (MongoDB commands started per `invoke`, mean over all turns; "
+        "InMemorySaver makes none):",
+        "",
+    ]
+    names = sorted(
+        {c for r in ok if r.counter for c in r.counter.counts},
+        key=lambda c: -max(r.counter.counts[c] for r in ok if r.counter),
+    )
+    lines.append("| saver | total / invoke | per super-step | " + " | ".join(names) + " |")
+    lines.append("| --- | ---: | ---: |" + " ---: |" * len(names))
+    for r in runs:
+        if r.error:
+            lines.append(f"| {r.name} | error | | " + " | ".join("" for _ in names) + " |")
+            continue
+        if r.counter is None:
+            lines.append(f"| {r.name} | 0 | 0 | " + " | ".join("0" for _ in names) + " |")
+            continue
+        total = sum(r.counter.counts.values()) / turns
+        per_step = total / ref_steps if ref_steps else float("nan")
+        cells = " | ".join(f"{r.counter.counts[c] / turns:.2f}" for c in names)
+        lines.append(f"| {r.name} | {total:.2f} | {per_step:.2f} | {cells} |")
+
+    methods = [
+        m
+        for m in (*SAVER_METHODS, "other")
+        if any(r.counter and r.counter.by_method[m] for r in ok)
+    ]
+    lines += [
+        "",
+        "Same commands by the saver method they were sent for: saver calls per `invoke`, "
+        "and commands per call (`other`: sent outside any saver call).",
+        "",
+        "| saver | "
+        + " | ".join(
+            f"`{m}` calls | cmds / `{m}`" if m != "other" else "other cmds / invoke"
+            for m in methods
+        )
+        + " |",
+        "| --- |" + " ---: |" * sum(2 if m != "other" else 1 for m in methods),
+    ]
+    for r in ok:
+        if r.counter is None:
+            continue
+        cells = []
+        for m in methods:
+            if m == "other":
+                cells.append(f"{r.counter.by_method[m] / turns:.2f}")
+                continue
+            calls = r.counter.calls[m]
+            cells.append(f"{calls / turns:.2f}")
+            cells.append(f"{r.counter.by_method[m] / calls:.2f}" if calls else "-")
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+
+    lines += [
+        "",
+        f"**Step latency** (wall time of one `invoke`; first {WARMUP} turns left out; "
+        f"the last column is the median of the last 50 turns, where history is longest):",
+        "",
+        "| saver | median ms | p90 ms | vs InMemorySaver | vs MongoDBSaver | median ms, last 50 turns |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def median(r: Run) -> float:
+        return statistics.median(r.latencies[WARMUP:])
+
+    mem_med = median(by["InMemorySaver"]) if not by["InMemorySaver"].error else None
+    mdb_med = median(by["MongoDBSaver"]) if not by["MongoDBSaver"].error else None
+    for r in runs:
+        if r.error or len(r.latencies) <= WARMUP:
+            lines.append(f"| {r.name} | error | | | | |")
+            continue
+        med = median(r)
+        lat = sorted(r.latencies[WARMUP:])
+        p90 = lat[int(len(lat) * 0.9) - 1]
+        vs_mem = f"{med / mem_med:.1f}x" if mem_med else "-"
+        vs_mdb = f"{med / mdb_med:.2f}x" if mdb_med else "-"
+        tail = statistics.median(r.latencies[-50:])
+        lines.append(
+            f"| {r.name} | {med * 1000:.2f} | {p90 * 1000:.2f} | {vs_mem} | {vs_mdb} | "
+            f"{tail * 1000:.2f} |"
+        )
+
+    s0, s1, s2 = SNAPSHOTS
+    lines += [
+        "",
+        "**Bytes stored** on one thread (Mongo savers: sum of the BSON sizes of every "
+        "document in the saver's collections, indexes excluded; InMemorySaver: bytes of the "
+        "serialized checkpoints, blobs and writes it keeps). O(n) storage doubles when the "
+        f"turns double; O(n^2) quadruples. Checkpoints after {turns} turns in the last column.",
+        "",
+        f"| saver | KiB @ {s0} | KiB @ {s1} | KiB @ {s2} | x {s0}->{s1} | x {s1}->{s2} | "
+        f"bytes / turn ({s1}->{s2}) | checkpoints |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        b = {n: sum(sizes.values()) for n, sizes in r.bytes_at.items()}
+        g1 = f"{b[s1] / b[s0]:.2f}" if s0 in b and s1 in b else "-"
+        g2 = f"{b[s2] / b[s1]:.2f}" if s1 in b and s2 in b else "-"
+        marginal = f"{(b[s2] - b[s1]) / (s2 - s1):,.0f}" if s1 in b and s2 in b else "-"
+        lines.append(
+            f"| {r.name} | {_kib(b.get(s0))} | {_kib(b.get(s1))} | {_kib(b.get(s2))} | "
+            f"{g1} | {g2} | {marginal} | {r.checkpoints if not r.error else '-'} |"
+        )
+
+    lines += [
+        "",
+        "By collection (InMemorySaver: by structure):",
+        "",
+        f"| saver | collection | KiB @ {s0} | KiB @ {s1} | KiB @ {s2} | x {s1}->{s2} |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        colls = sorted({c for sizes in r.bytes_at.values() for c in sizes})
+        for c in colls:
+            at = {n: sizes.get(c, 0) for n, sizes in r.bytes_at.items()}
+            g2 = f"{at[s2] / at[s1]:.2f}" if at.get(s1) and s2 in at else "-"
+            lines.append(
+                f"| {r.name} | `{c}` | {_kib(at.get(s0))} | {_kib(at.get(s1))} | "
+                f"{_kib(at.get(s2))} | {g2} |"
+            )
+
+    for r in runs:
+        if r.error:
+            lines += [
+                "",
+                f"**{r.name} failed "
+                f"{'in setup' if r.failed_turn == 0 else f'at turn {r.failed_turn}'}** "
+                "(repro: `.venv/bin/python -m benchmarks.checkpointer`):",
+                "",
+                "```",
+                r.error.rstrip(),
+                "```",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(report(int(sys.argv[1]) if len(sys.argv) > 1 else TURNS))
