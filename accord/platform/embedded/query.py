@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -96,6 +97,14 @@ def _compare_sort_values(a: Any, b: Any) -> int:
     return compare_values(a, b)
 
 
+def _native_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return None if isinstance(value, float) and math.isnan(value) else "number"
+    return None
+
+
 def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Stable multi-key sort in BSON order; the last key is applied first."""
     for key, direction in reversed(list(spec.items())):
@@ -108,8 +117,13 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
                 docs = list(reversed(docs))
             continue
         keyed = [(_sort_value(d, key, direction), d) for d in docs]
-        cmp = functools.cmp_to_key(_compare_sort_values)
-        keyed.sort(key=lambda pair: cmp(pair[0]), reverse=direction < 0)
+        kinds = {_native_kind(v) for v, _ in keyed}
+        if len(kinds) == 1 and None not in kinds:
+            # One native type (all strings, or all non-bool numbers): Python's order is BSON's.
+            keyed.sort(key=lambda pair: pair[0], reverse=direction < 0)
+        else:
+            cmp = functools.cmp_to_key(_compare_sort_values)
+            keyed.sort(key=lambda pair: cmp(pair[0]), reverse=direction < 0)
         docs = [d for _, d in keyed]
     return docs
 
