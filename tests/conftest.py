@@ -21,7 +21,9 @@ REAL_URI = os.environ.get("MONGODB_URI")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not REAL_URI:
         return
-    skip = pytest.mark.skip(reason="needs the embedded engine's own files/process; MONGODB_URI is set")
+    skip = pytest.mark.skip(
+        reason="needs the embedded engine's own files/process; MONGODB_URI is set"
+    )
     for item in items:
         if "embedded_only" in item.keywords:
             item.add_marker(skip)

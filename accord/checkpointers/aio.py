@@ -34,6 +34,7 @@ from accord.checkpointers.base import (
     ReadBatch,
     check_business_marks,
     list_query,
+    mark_ids,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
@@ -47,6 +48,8 @@ from accord.checkpointers.ops import (
     unwrap_client_bulk_error,
 )
 from accord.checkpointers.saver import (
+    _BATCH,
+    _EXPECT_SECONDS,
     _IDLE_GRACE_SECONDS,
     _MAX_HEAD_ATTEMPTS,
     _OUTCOMES,
@@ -69,6 +72,11 @@ class _AsyncInflight:
         self._cond: asyncio.Condition | None = None
         self._puts: Counter[tuple[str, ...]] = Counter()
         self._outcomes: OrderedDict[tuple[str, ...], bool] = OrderedDict()
+        #: outcome of the latest put per (tenant, thread, ns): after a failed put LangGraph
+        #: saves nothing more in that run, so writes waiting for a checkpoint give up
+        self._last: OrderedDict[tuple[str, ...], bool] = OrderedDict()
+        #: newest checkpoint id this process saved per (tenant, thread, ns)
+        self._saved: OrderedDict[tuple[str, ...], str] = OrderedDict()
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -88,16 +96,43 @@ class _AsyncInflight:
                 self._puts[key] -= 1
                 if not self._puts[key]:
                     del self._puts[key]
-                self._outcomes[key] = bool(ok)
-                self._outcomes.move_to_end(key)
-                while len(self._outcomes) > _OUTCOMES:
-                    self._outcomes.popitem(last=False)
+                for table, k in ((self._outcomes, key), (self._last, key[:3])):
+                    table[k] = bool(ok)
+                    table.move_to_end(k)
+                    while len(table) > _OUTCOMES:
+                        table.popitem(last=False)
+                if ok and key[3] > self._saved.get(key[:3], ""):
+                    self._saved[key[:3]] = key[3]
+                    self._saved.move_to_end(key[:3])
+                    while len(self._saved) > _OUTCOMES:
+                        self._saved.popitem(last=False)
                 cond.notify_all()
 
+    def _saving_before(self, key: tuple[str, ...]) -> bool:
+        """Whether this process is saving ``key`` or an older checkpoint of its thread
+        (checkpoint ids are time-ordered). Newer ones are ignored: they may be waiting
+        for the very task writes that are waiting here."""
+        return any(k[:3] == key[:3] and k[3] <= key[3] for k in self._puts)
+
+    def _expected(self, key: tuple[str, ...]) -> bool:
+        """Whether this process is running the thread and ``key`` is newer than anything
+        it saved: its put is about to start (LangGraph submits it before the tasks)."""
+        saved = self._saved.get(key[:3])
+        return saved is not None and key[3] > saved and self._last.get(key[:3]) is True
+
     async def wait_put(self, key: tuple[str, ...]) -> None:
+        """See ``saver._Inflight.wait_put``."""
         cond = self._condition()
+        started = time.monotonic()
         async with cond:
-            await _wait_for(cond, lambda: not self._puts[key], _WAIT_SECONDS)
+            while key not in self._outcomes:
+                waited = time.monotonic() - started
+                if self._saving_before(key) and waited < _WAIT_SECONDS:
+                    pass
+                elif not (self._expected(key) and waited < _EXPECT_SECONDS):
+                    return
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(cond.wait(), timeout=0.05)
 
     async def wait_outcome(self, key: tuple[str, ...]) -> bool | None:
         """See ``saver._Inflight.wait_outcome``."""
@@ -107,8 +142,10 @@ class _AsyncInflight:
         async with cond:
             while key not in self._outcomes:
                 now = time.monotonic()
-                if any(k[:3] == key[:3] for k in self._puts):
+                if self._saving_before(key):
                     idle_since = None
+                elif self._last.get(key[:3]) is False:
+                    break  # the run's last save failed: no save of this checkpoint will come
                 elif idle_since is None:
                     idle_since = now
                 elif now - idle_since > _IDLE_GRACE_SECONDS:
@@ -230,11 +267,12 @@ class AsyncAccordSaver(AccordBase):
         metadata = get_serializable_checkpoint_metadata(config, metadata)
         await self._ensure_setup()
         writer = self.writer_token(config)
-        # Business writes staged by the parent's tasks commit before this checkpoint does.
-        await self._await_units(scope, parent_id, _WAIT_SECONDS)
         async with self._inflight.put(
             (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
         ) as ok:
+            # Business writes staged by the parent's tasks commit before this checkpoint
+            # does (registered first, so this checkpoint's own task writes wait for it).
+            await self._await_units(scope, parent_id, _WAIT_SECONDS)
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -275,7 +313,7 @@ class AsyncAccordSaver(AccordBase):
                     plan = None
             else:
                 raise self._kept_moving(scope, checkpoint_id)
-        self._remember_messages(scope, checkpoint_id, docs.message_refs)
+        self._remember_messages(scope, checkpoint_id, docs.message_refs, parent_id)
         return {
             "configurable": {
                 "thread_id": scope.thread_id,
@@ -330,8 +368,17 @@ class AsyncAccordSaver(AccordBase):
                         self._after_existence(
                             scope, head, verdict, checkpoint_id, exists is not None
                         )
+                    marks = mark_ids(groups)
+                    if marks and await self.db[self.collections.writes].find_one(
+                        {"_id": {"$in": marks}}, projection={"_id": 1}, session=session
+                    ):
+                        # The task was recorded before (another attempt or worker ran it):
+                        # its business writes were applied then. Check first, so they are
+                        # not even attempted (a unique key would fail the transaction).
+                        raise AlreadyRecorded()
                     counts = await self._execute(session, groups)
-                    check_business_marks(counts.get("marks"))
+                    if marks:
+                        check_business_marks(counts.get("marks"))
 
                 try:
                     await self._transaction(txn)
@@ -383,12 +430,15 @@ class AsyncAccordSaver(AccordBase):
     async def _find(self, collection: str, filter: dict[str, Any] | None) -> list[Any]:
         if filter is None:
             return []
-        return await self.db[collection].find(filter).to_list(None)
+        return await self.db[collection].find(filter, batch_size=_BATCH).to_list(None)
 
     async def _fetch(self, batch: ReadBatch) -> tuple[list[Any], list[Any], list[Any]]:
         blob_docs, write_docs = await asyncio.gather(
             self._find(self.collections.blobs, batch.blobs_filter()),
             self._find(self.collections.writes, batch.writes_filter()),
+        )
+        blob_docs += await self._find(
+            self.collections.blobs, batch.bases_filter(batch.tenant_id, blob_docs)
         )
         message_docs = await self._find(self.collections.messages, batch.messages_filter(blob_docs))
         return blob_docs, write_docs, message_docs
@@ -531,6 +581,11 @@ class AsyncAccordSaver(AccordBase):
         referenced: set[str] = set()
         async for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
             referenced.update(d.get("blobs") or ())
+        async for b in self.db[self.collections.blobs].find(
+            {**scope.ns_filter, "key": {"$in": sorted(referenced)}, "base": {"$exists": True}},
+            projection={"base": 1},
+        ):
+            referenced.add(b["base"])
         await self.db[self.collections.blobs].delete_many(
             {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
         )

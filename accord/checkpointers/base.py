@@ -25,7 +25,8 @@ from accord.checkpointers.ownership import (
     decide_put,
     lost_thread,
 )
-from accord.checkpointers.storage import BUSINESS_CHANNEL, PutDocs, Scope
+from accord.checkpointers.serde import RevisionCache
+from accord.checkpointers.storage import BUSINESS_CHANNEL, PutDocs, RefState, Scope
 from accord.errors import AccordError, ConcurrentRunError, ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,13 @@ class NotSaved(AccordError):
 class AlreadyRecorded(AccordError):
     """Internal: the task's business writes were applied when it was first recorded;
     abort this transaction and record the task's writes without them."""
+
+
+def mark_ids(groups: Sequence[Group]) -> list[str]:
+    """``_id``s of the business marks in a put_writes plan, if it applies business writes."""
+    if not any(g.name.startswith("business:") for g in groups):
+        return []
+    return [op.filter["_id"] for g in groups if g.name == "marks" for op in g.ops if op.filter]
 
 
 def check_business_marks(marks: Any) -> None:
@@ -108,9 +116,10 @@ class AccordBase(BaseCheckpointSaver[str]):
         self.chunk_size = chunk_size
         self.business_db = business_db or db_name
         self._client_bulk = client_bulk
-        self._msg_cache: OrderedDict[tuple[str, ...], tuple[str, frozenset[str]]] = OrderedDict()
+        self._msg_cache: OrderedDict[tuple[str, ...], tuple[str, RefState]] = OrderedDict()
         self._msg_lock = threading.Lock()
         self._instance_id = uuid.uuid4().hex
+        self._revisions = RevisionCache()
         # (tenant, thread, checkpoint id) -> tasks that staged business writes not yet recorded
         self._units: dict[tuple[str, str, str], set[str]] = {}
         self._units_cond = threading.Condition()
@@ -216,7 +225,7 @@ class AccordBase(BaseCheckpointSaver[str]):
 
     # --- short-term-memory cache -----------------------------------------------------
 
-    def _known_messages(self, scope: Scope, parent_id: str | None) -> dict[str, frozenset[str]]:
+    def _known_messages(self, scope: Scope, parent_id: str | None) -> dict[str, RefState]:
         """Message keys already stored for the parent checkpoint's message channels.
 
         Valid because the put's head compare-and-set proves the parent is still the head,
@@ -224,7 +233,7 @@ class AccordBase(BaseCheckpointSaver[str]):
         """
         if parent_id is None:
             return {}
-        out: dict[str, frozenset[str]] = {}
+        out: dict[str, RefState] = {}
         with self._msg_lock:
             for channel in self.message_channels:
                 hit = self._msg_cache.get(
@@ -235,12 +244,27 @@ class AccordBase(BaseCheckpointSaver[str]):
         return out
 
     def _remember_messages(
-        self, scope: Scope, checkpoint_id: str, refs: Mapping[str, frozenset[str]]
+        self,
+        scope: Scope,
+        checkpoint_id: str,
+        refs: Mapping[str, RefState],
+        parent_id: str | None = None,
     ) -> None:
+        """Record the message channels' state at ``checkpoint_id``; channels this
+        checkpoint did not change carry over from ``parent_id``."""
         with self._msg_lock:
-            for channel, keys in refs.items():
+            for channel in self.message_channels:
                 k = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, channel)
-                self._msg_cache[k] = (checkpoint_id, keys)
+                if channel in refs:
+                    self._msg_cache[k] = (checkpoint_id, refs[channel])
+                elif (
+                    parent_id is not None
+                    and (hit := self._msg_cache.get(k))
+                    and hit[0] == parent_id
+                ):
+                    self._msg_cache[k] = (checkpoint_id, hit[1])
+                else:
+                    continue
                 self._msg_cache.move_to_end(k)
             while len(self._msg_cache) > _MESSAGE_CACHE_SIZE:
                 self._msg_cache.popitem(last=False)
@@ -276,6 +300,7 @@ class AccordBase(BaseCheckpointSaver[str]):
             chunk_size=self.chunk_size,
             message_channels=self.message_channels,
             known_messages=self._known_messages(scope, parent_id) if use_cache else {},
+            revisions=self._revisions,
         )
 
     def _put_groups(
@@ -466,6 +491,7 @@ class ReadBatch:
         for d, body in zip(self.docs, self.bodies, strict=True):
             ks = keys.setdefault((d["thread_id"], d["checkpoint_ns"]), set())
             ks.update(schema.blob_key(c, v) for c, v in body.get("channel_versions", {}).items())
+            ks.update(d.get("blobs") or ())
         clauses = [
             {"thread_id": t, "checkpoint_ns": ns, "key": {"$in": sorted(ks)}}
             for (t, ns), ks in keys.items()
@@ -486,6 +512,16 @@ class ReadBatch:
             for (t, ns), c in ids.items()
         ]
         return {"tenant_id": self.tenant_id, **_or(clauses)} if clauses else None
+
+    @staticmethod
+    def bases_filter(tenant_id: str, blob_docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """Base snapshots of message-ref deltas not fetched yet (one more query, if any)."""
+        missing = storage.missing_bases(blob_docs)
+        clauses = [
+            {"thread_id": t, "checkpoint_ns": ns, "key": {"$in": sorted(ks)}}
+            for (t, ns), ks in missing.items()
+        ]
+        return {"tenant_id": tenant_id, **_or(clauses)} if clauses else None
 
     def messages_filter(self, blob_docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
         keys: dict[str, set[str]] = {}
@@ -521,15 +557,19 @@ class ReadBatch:
 
     def message_refs(
         self, blob_docs: list[Mapping[str, Any]], doc: Mapping[str, Any]
-    ) -> dict[str, frozenset[str]]:
-        """Message keys per message channel of checkpoint ``doc`` (to seed the cache)."""
+    ) -> dict[str, RefState]:
+        """State of each message channel of checkpoint ``doc`` (to seed the cache)."""
         body = self.bodies[self.docs.index(doc)]
-        by_key = {b["key"]: b for b in blob_docs if b.get("type") == schema.MSGREFS_TYPE}
-        out: dict[str, frozenset[str]] = {}
+        blobs = storage.group_fragments(blob_docs, "thread_id", "checkpoint_ns", "key")
+        out: dict[str, RefState] = {}
         for channel, version in body.get("channel_versions", {}).items():
-            b = by_key.get(schema.blob_key(channel, version))
-            if b is not None:
-                out[channel] = frozenset(b.get("refs") or ())
+            key = schema.blob_key(channel, version)
+            frags = blobs.get((doc["thread_id"], doc["checkpoint_ns"], key))
+            if not frags or frags[0].get("type") != schema.MSGREFS_TYPE:
+                continue
+            b = frags[0]
+            refs = tuple(storage.full_refs(b, blobs))
+            out[channel] = RefState(refs, b.get("base", key), b.get("base_len", len(refs)))
         return out
 
 
@@ -543,7 +583,7 @@ def list_query(
     tenant = saver.tenant_of(config)
     query: dict[str, Any] = {"tenant_id": tenant}
     conf = validation.configurable(config)
-    if conf.get("thread_id") is not None:
+    if "thread_id" in conf:  # absent: every thread of the tenant; present: a string
         query["thread_id"] = validation.identifier(conf["thread_id"], "thread_id")
     if "checkpoint_ns" in conf and conf["checkpoint_ns"] is not None:
         query["checkpoint_ns"] = validation.identifier(

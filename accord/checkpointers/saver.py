@@ -31,6 +31,7 @@ from accord.checkpointers.base import (
     ReadBatch,
     check_business_marks,
     list_query,
+    mark_ids,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
@@ -49,12 +50,17 @@ from accord.errors import AccordError
 
 T = TypeVar("T")
 _PAGE = 100
+#: cursor batch size of hydration reads: one round trip per query up to 16 MB of results
+_BATCH = 10_000
 _MAX_HEAD_ATTEMPTS = 4
 _WAIT_SECONDS = 300.0
 #: how long task writes wait for their checkpoint to be saved by this process
 _SAVE_WAIT_SECONDS = 60.0
 _OUTCOMES = 10_000
-_IDLE_GRACE_SECONDS = 1.0
+#: how long task writes wait for their checkpoint while this process saves nothing
+_IDLE_GRACE_SECONDS = 5.0
+#: how long task writes wait for a checkpoint this process is about to save
+_EXPECT_SECONDS = 2.0
 
 
 class _Inflight:
@@ -70,6 +76,11 @@ class _Inflight:
         self._cond = threading.Condition()
         self._puts: Counter[tuple[str, ...]] = Counter()
         self._outcomes: OrderedDict[tuple[str, ...], bool] = OrderedDict()
+        #: outcome of the latest put per (tenant, thread, ns): after a failed put LangGraph
+        #: saves nothing more in that run, so writes waiting for a checkpoint give up
+        self._last: OrderedDict[tuple[str, ...], bool] = OrderedDict()
+        #: newest checkpoint id this process saved per (tenant, thread, ns)
+        self._saved: OrderedDict[tuple[str, ...], str] = OrderedDict()
 
     @contextmanager
     def put(self, key: tuple[str, ...]) -> Iterator[list[bool]]:
@@ -84,15 +95,43 @@ class _Inflight:
                 self._puts[key] -= 1
                 if not self._puts[key]:
                     del self._puts[key]
-                self._outcomes[key] = bool(ok)
-                self._outcomes.move_to_end(key)
-                while len(self._outcomes) > _OUTCOMES:
-                    self._outcomes.popitem(last=False)
+                for table, k in ((self._outcomes, key), (self._last, key[:3])):
+                    table[k] = bool(ok)
+                    table.move_to_end(k)
+                    while len(table) > _OUTCOMES:
+                        table.popitem(last=False)
+                if ok and key[3] > self._saved.get(key[:3], ""):
+                    self._saved[key[:3]] = key[3]
+                    self._saved.move_to_end(key[:3])
+                    while len(self._saved) > _OUTCOMES:
+                        self._saved.popitem(last=False)
                 self._cond.notify_all()
 
+    def _saving_before(self, key: tuple[str, ...]) -> bool:
+        """Whether this process is saving ``key`` or an older checkpoint of its thread
+        (checkpoint ids are time-ordered). Newer ones are ignored: they may be waiting
+        for the very task writes that are waiting here."""
+        return any(k[:3] == key[:3] and k[3] <= key[3] for k in self._puts)
+
+    def _expected(self, key: tuple[str, ...]) -> bool:
+        """Whether this process is running the thread and ``key`` is newer than anything
+        it saved: its put is about to start (LangGraph submits it before the tasks)."""
+        saved = self._saved.get(key[:3])
+        return saved is not None and key[3] > saved and self._last.get(key[:3]) is True
+
     def wait_put(self, key: tuple[str, ...]) -> None:
+        """Before task writes: wait while this process is saving the thread and has not
+        saved their checkpoint yet (under "async" durability LangGraph saves a checkpoint
+        in the background, behind the previous one, while its tasks already run)."""
+        started = time.monotonic()
         with self._cond:
-            self._cond.wait_for(lambda: not self._puts[key], timeout=_WAIT_SECONDS)
+            while key not in self._outcomes:
+                waited = time.monotonic() - started
+                if self._saving_before(key) and waited < _WAIT_SECONDS:
+                    pass
+                elif not (self._expected(key) and waited < _EXPECT_SECONDS):
+                    return
+                self._cond.wait(timeout=0.05)
 
     def wait_outcome(self, key: tuple[str, ...]) -> bool | None:
         """Outcome of this process's put of checkpoint ``key`` (None if unknown).
@@ -106,8 +145,10 @@ class _Inflight:
         with self._cond:
             while key not in self._outcomes:
                 now = time.monotonic()
-                if any(k[:3] == key[:3] for k in self._puts):
+                if self._saving_before(key):
                     idle_since = None
+                elif self._last.get(key[:3]) is False:
+                    break  # the run's last save failed: no save of this checkpoint will come
                 elif idle_since is None:
                     idle_since = now
                 elif now - idle_since > _IDLE_GRACE_SECONDS:
@@ -225,11 +266,12 @@ class AccordSaver(AccordBase):
         metadata = get_serializable_checkpoint_metadata(config, metadata)
         self._ensure_setup()
         writer = self.writer_token(config)
-        # Business writes staged by the parent's tasks commit before this checkpoint does.
-        self._wait_units(scope, parent_id, _WAIT_SECONDS)
         with self._inflight.put(
             (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
         ) as ok:
+            # Business writes staged by the parent's tasks commit before this checkpoint
+            # does (registered first, so this checkpoint's own task writes wait for it).
+            self._wait_units(scope, parent_id, _WAIT_SECONDS)
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -269,7 +311,7 @@ class AccordSaver(AccordBase):
                     plan = None
             else:
                 raise self._kept_moving(scope, checkpoint_id)
-        self._remember_messages(scope, checkpoint_id, docs.message_refs)
+        self._remember_messages(scope, checkpoint_id, docs.message_refs, parent_id)
         return {
             "configurable": {
                 "thread_id": scope.thread_id,
@@ -324,8 +366,17 @@ class AccordSaver(AccordBase):
                         self._after_existence(
                             scope, head, verdict, checkpoint_id, exists is not None
                         )
+                    marks = mark_ids(groups)
+                    if marks and self.db[self.collections.writes].find_one(
+                        {"_id": {"$in": marks}}, projection={"_id": 1}, session=session
+                    ):
+                        # The task was recorded before (another attempt or worker ran it):
+                        # its business writes were applied then. Check first, so they are
+                        # not even attempted (a unique key would fail the transaction).
+                        raise AlreadyRecorded()
                     counts = self._execute(session, groups)
-                    check_business_marks(counts.get("marks"))
+                    if marks:
+                        check_business_marks(counts.get("marks"))
 
                 try:
                     self._transaction(txn)
@@ -376,11 +427,18 @@ class AccordSaver(AccordBase):
 
     def _fetch(self, batch: ReadBatch) -> tuple[list[Any], list[Any], list[Any]]:
         bf = batch.blobs_filter()
-        blob_docs = list(self.db[self.collections.blobs].find(bf)) if bf else []
+        blob_docs = list(self.db[self.collections.blobs].find(bf, batch_size=_BATCH)) if bf else []
         wf = batch.writes_filter()
-        write_docs = list(self.db[self.collections.writes].find(wf)) if wf else []
+        write_docs = (
+            list(self.db[self.collections.writes].find(wf, batch_size=_BATCH)) if wf else []
+        )
+        basef = batch.bases_filter(batch.tenant_id, blob_docs)
+        if basef:
+            blob_docs += list(self.db[self.collections.blobs].find(basef, batch_size=_BATCH))
         mf = batch.messages_filter(blob_docs)
-        message_docs = list(self.db[self.collections.messages].find(mf)) if mf else []
+        message_docs = (
+            list(self.db[self.collections.messages].find(mf, batch_size=_BATCH)) if mf else []
+        )
         return blob_docs, write_docs, message_docs
 
     def list(
@@ -525,6 +583,11 @@ class AccordSaver(AccordBase):
         referenced: set[str] = set()
         for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
             referenced.update(d.get("blobs") or ())
+        for b in self.db[self.collections.blobs].find(
+            {**scope.ns_filter, "key": {"$in": sorted(referenced)}, "base": {"$exists": True}},
+            projection={"base": 1},
+        ):
+            referenced.add(b["base"])
         self.db[self.collections.blobs].delete_many(
             {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
         )

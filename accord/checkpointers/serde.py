@@ -8,6 +8,9 @@ resulting ``(type, bytes)`` is laid out in documents.
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -66,7 +69,42 @@ def message_revision(message: BaseMessage) -> str:
     message deduplicates under ``EncryptedSerializer`` too.
     """
     _, data = _PLAIN.dumps_typed(message)
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class RevisionCache:
+    """Message object -> revision, so a long conversation is not re-hashed every step.
+
+    LangGraph's ``add_messages`` keeps the same message objects from step to step; only
+    new or replaced objects are hashed. Entries are keyed by object identity, guarded by
+    a weak reference and by the identity of ``id``/``content`` (state must not be mutated
+    in place, as LangGraph requires).
+    """
+
+    def __init__(self, size: int = 200_000) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[int, tuple[weakref.ref[BaseMessage], Any, Any, str]] = (
+            OrderedDict()
+        )
+
+    def revision(self, message: BaseMessage) -> str:
+        k = id(message)
+        with self._lock:
+            hit = self._entries.get(k)
+        if (
+            hit is not None
+            and hit[0]() is message
+            and hit[1] is message.id
+            and hit[2] is message.content
+        ):
+            return hit[3]
+        rev = message_revision(message)
+        with self._lock:
+            self._entries[k] = (weakref.ref(message), message.id, message.content, rev)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return rev
 
 
 def message_summary(message: BaseMessage, serde: SerializerProtocol) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +36,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from accord.checkpointers import schema
 from accord.checkpointers.ops import Op, insert_once
 from accord.checkpointers.serde import (
+    CorruptStateError,
+    RevisionCache,
     is_message_list,
     join_payload,
     message_revision,
@@ -100,7 +103,23 @@ class PutDocs:
         self.messages: list[Op] = []
         self.outbox: Op | None = None
         self.message_keys: list[str] = []  # new messages, for the outbox event
-        self.message_refs: dict[str, frozenset[str]] = {}  # channel -> refs at this checkpoint
+        self.message_refs: dict[str, RefState] = {}  # channel -> refs at this checkpoint
+
+
+#: A message channel's blob stores only the refs appended since its base snapshot, up to
+#: this many; then it stores a new full snapshot. Bytes per step stay O(new messages)
+#: (plus a full snapshot every DELTA_MAX steps) instead of O(conversation length).
+DELTA_MAX = 64
+
+
+@dataclass(frozen=True)
+class RefState:
+    """A message channel at one checkpoint: its ordered message keys, and the full
+    snapshot blob (key, length) its stored blob builds on (its own key when full)."""
+
+    refs: tuple[str, ...]
+    base: str
+    base_len: int
 
 
 def build_put(
@@ -113,13 +132,14 @@ def build_put(
     serde: SerializerProtocol,
     chunk_size: int,
     message_channels: frozenset[str],
-    known_messages: Mapping[str, frozenset[str]],
+    known_messages: Mapping[str, RefState],
+    revisions: RevisionCache | None = None,
 ) -> PutDocs:
     """Build the documents of one ``put``.
 
     Only channels in ``new_versions`` get blobs. ``known_messages`` maps a message
-    channel to the message keys already stored (those of the parent checkpoint), so
-    only new message revisions are sent.
+    channel to its state at the parent checkpoint (whose messages are stored), so only
+    new message revisions are sent and the refs can be stored as a delta.
     """
     ts = now()
     out = PutDocs()
@@ -137,20 +157,36 @@ def build_put(
             "created_at": ts,
         }
         if channel in message_channels and is_message_list(value):
+            prev = known_messages.get(channel)
             refs, docs = _message_docs(
-                scope, checkpoint["id"], value, serde, chunk_size, ts, known_messages.get(channel)
+                scope,
+                checkpoint["id"],
+                value,
+                serde,
+                chunk_size,
+                ts,
+                set(prev.refs) if prev else None,
+                revisions,
             )
             out.messages.extend(insert_once(d) for d in docs)
             out.message_keys.extend(d["key"] for d in docs if d["chunk"] == 0)
-            out.message_refs[channel] = frozenset(refs)
             doc = {
                 **base,
                 "_id": _blob_id(scope, key, 0),
                 "chunk": 0,
                 "chunks": 1,
                 "type": schema.MSGREFS_TYPE,
-                "refs": refs,
             }
+            if (
+                prev is not None
+                and tuple(refs[: len(prev.refs)]) == prev.refs
+                and len(refs) - prev.base_len <= DELTA_MAX
+            ):
+                doc.update(base=prev.base, base_len=prev.base_len, refs=refs[prev.base_len :])
+                out.message_refs[channel] = RefState(tuple(refs), prev.base, prev.base_len)
+            else:
+                doc["refs"] = refs
+                out.message_refs[channel] = RefState(tuple(refs), key, len(refs))
             out.blobs.append(insert_once(doc))
             continue
         type_, data = serde.dumps_typed(value)
@@ -177,7 +213,16 @@ def build_put(
         "checkpoint": {"type": ctype, "data": cdata},
         "metadata": {"type": mtype, "data": mdata},
         "meta": plain_metadata(metadata),
-        "blobs": sorted({schema.blob_key(c, v) for c, v in checkpoint["channel_versions"].items()}),
+        # the blobs this checkpoint reads, message-ref snapshots included, so one query
+        # fetches them all (bases of unchanged channels when the saver knows them)
+        "blobs": sorted(
+            {schema.blob_key(c, v) for c, v in checkpoint["channel_versions"].items()}
+            | {
+                st.base
+                for ch, st in {**known_messages, **out.message_refs}.items()
+                if ch in checkpoint["channel_versions"]
+            }
+        ),
         "created_at": ts,
     }
     out.checkpoint = Op("replace", {"_id": doc["_id"]}, doc, upsert=True)
@@ -192,7 +237,8 @@ def _blob_id(scope: Scope, key: str, chunk: int) -> str:
 
 
 def message_key(message_id: str, revision: str) -> str:
-    return schema.doc_id("m", message_id, revision)
+    # The revision hashes the whole serialized message, id included: it is the key.
+    return revision
 
 
 def _message_docs(
@@ -202,14 +248,15 @@ def _message_docs(
     serde: SerializerProtocol,
     chunk_size: int,
     ts: datetime,
-    known: frozenset[str] | None,
+    known: set[str] | None,
+    revisions: RevisionCache | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     refs: list[str] = []
     docs: list[dict[str, Any]] = []
     seen: set[str] = set(known or ())
     for message in messages:
         assert message.id is not None
-        rev = message_revision(message)
+        rev = revisions.revision(message) if revisions is not None else message_revision(message)
         key = message_key(message.id, rev)
         refs.append(key)
         if key in seen:
@@ -344,12 +391,29 @@ def group_fragments(
     return out
 
 
-def message_keys_of(blob_docs: Iterable[Mapping[str, Any]]) -> set[str]:
-    keys: set[str] = set()
+def full_refs(
+    doc: Mapping[str, Any], blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]]
+) -> list[str]:
+    """The ordered message keys of a message-channel blob (resolving a delta's base)."""
+    refs = list(doc.get("refs") or ())
+    base_key = doc.get("base")
+    if base_key is None:
+        return refs
+    base = blobs.get((doc["thread_id"], doc["checkpoint_ns"], base_key))
+    if not base:
+        raise CorruptStateError(f"message refs {doc['key']}: base snapshot {base_key} is missing")
+    return list(base[0].get("refs") or ())[: doc["base_len"]] + refs
+
+
+def missing_bases(blob_docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """Base snapshots referenced by delta blobs but not among ``blob_docs``."""
+    have = {(d["thread_id"], d["checkpoint_ns"], d["key"]) for d in blob_docs}
+    out: dict[tuple[str, str], set[str]] = {}
     for d in blob_docs:
-        if d.get("type") == schema.MSGREFS_TYPE:
-            keys.update(d.get("refs") or ())
-    return keys
+        b = d.get("base")
+        if b is not None and (d["thread_id"], d["checkpoint_ns"], b) not in have:
+            out.setdefault((d["thread_id"], d["checkpoint_ns"]), set()).add(b)
+    return out
 
 
 def load_checkpoint_body(doc: Mapping[str, Any], serde: SerializerProtocol) -> dict[str, Any]:
@@ -383,7 +447,7 @@ def build_tuple(
             continue
         if frags[0].get("type") == schema.MSGREFS_TYPE:
             out: list[Any] = []
-            for ref in frags[0].get("refs") or ():
+            for ref in full_refs(frags[0], blobs):
                 if ref not in loaded_messages:
                     loaded_messages[ref] = serde.loads_typed(
                         join_payload(messages.get(ref, ()), f"message {ref}")

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.conformance.report import CapabilityReport
@@ -49,18 +50,23 @@ def _assert_full(report: CapabilityReport) -> None:
     report.print_report()
     failures = {name: r.failures for name, r in report.results.items() if r.failures}
     assert not failures, failures
-    assert {c.value for c in ALL_CAPABILITIES} <= {n for n, r in report.results.items() if r.detected}
+    assert {c.value for c in ALL_CAPABILITIES} <= {
+        n for n, r in report.results.items() if r.detected
+    }
     assert report.conformance_level() == "FULL"
 
 
-def test_sync_saver_conformance_full(client: MongoClient) -> None:
+@pytest.mark.parametrize("client_bulk", [None, False], ids=["detect", "per-collection"])
+def test_sync_saver_conformance_full(client: MongoClient, client_bulk: bool | None) -> None:
+    """``detect`` uses MongoDB 8.0's client-level bulkWrite when the server has it;
+    ``per-collection`` forces the fallback for older servers."""
     dbs: list[str] = []
 
     @checkpointer_test(name="AccordSaver")
     async def factory() -> AsyncIterator[AccordSaver]:
         name = unique_db()
         dbs.append(name)
-        saver = SyncDriven(client, db_name=name)
+        saver = SyncDriven(client, db_name=name, client_bulk=client_bulk)
         saver.setup()
         yield saver
 

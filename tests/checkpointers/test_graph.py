@@ -8,6 +8,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -26,7 +27,7 @@ class State(TypedDict):
 def build(*, approve: bool = True) -> StateGraph:
     def agent(state: State) -> dict[str, Any]:
         n = len(state["messages"])
-        business.insert_one("orders", {"_id": f"order-{n}", "n": n})
+        business.insert_one("orders", {"order": f"order-{n}", "n": n})
         return {"messages": [AIMessage(f"reply {n}", id=f"ai-{n}")], "log": ["agent"]}
 
     def audit_a(state: State) -> dict[str, Any]:
@@ -56,14 +57,13 @@ def build(*, approve: bool = True) -> StateGraph:
 
 
 def _sync_build() -> StateGraph:
-    # Sync graphs can't run async nodes; swap audit_b for a sync twin.
+    """``build()`` with a sync twin of the async node (sync graphs can't run async nodes)."""
     g = build()
 
     def audit_b(state: State) -> dict[str, Any]:
         business.update_one("counters", {"_id": "b"}, {"$inc": {"v": 1}}, upsert=True)
         return {"log": ["b"]}
 
-    g.nodes["audit_b"] = g.nodes["audit_b"].__class__(**{**g.nodes["audit_b"].__dict__, "runnable": None}) if False else g.nodes["audit_b"]
     g2 = StateGraph(State)
     for name in ("agent", "audit_a", "review"):
         g2.add_node(name, g.nodes[name].runnable)
@@ -76,8 +76,14 @@ def _sync_build() -> StateGraph:
     return g2
 
 
-@pytest.mark.parametrize("durability", ["sync", "async"])
-def test_sync_graph_business_writes_and_resume(client: MongoClient, saver: AccordSaver, durability: str) -> None:
+@pytest.mark.parametrize(
+    ("durability", "client_bulk"), [("sync", None), ("async", None), ("async", False)]
+)
+def test_sync_graph_business_writes_and_resume(
+    client: MongoClient, db_name: str, durability: str, client_bulk: bool | None
+) -> None:
+    saver = AccordSaver(client, db_name=db_name, client_bulk=client_bulk)
+    saver.setup()
     graph = _sync_build().compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": "t1"}}
     db = client[saver.db_name]
@@ -107,7 +113,10 @@ def test_sync_graph_business_writes_and_resume(client: MongoClient, saver: Accor
     # every message stored once, however many checkpoints contain it
     assert db.short_term_memory.count_documents({"thread_id": "t1"}) == 4
     # outbox events were appended in the step transactions
-    assert db.outbox.count_documents({"thread_id": "t1", "kind": "checkpoint", "status": "pending"}) >= 4
+    assert (
+        db.outbox.count_documents({"thread_id": "t1", "kind": "checkpoint", "status": "pending"})
+        >= 4
+    )
     assert db.outbox.count_documents({"thread_id": "t1", "kind": "writes"}) >= 4
 
 
@@ -128,8 +137,13 @@ def test_message_edits_and_removals_round_trip(saver: AccordSaver) -> None:
     expected_history = []
     for i, text in enumerate(["hello", "edit", "remove", "bye"]):
         graph.invoke({"messages": [HumanMessage(text, id=f"h-{i}")]}, cfg)
-        expected_history.append([(m.id, m.content) for m in graph.get_state(cfg).values["messages"]])
-    assert expected_history[1][0] == ("ai-0", "edited first") or expected_history[1][1] == ("ai-0", "edited first")
+        expected_history.append(
+            [(m.id, m.content) for m in graph.get_state(cfg).values["messages"]]
+        )
+    assert expected_history[1][0] == ("ai-0", "edited first") or expected_history[1][1] == (
+        "ai-0",
+        "edited first",
+    )
     assert all(mid != "ai-0" for mid, _ in expected_history[2])
     # every historic checkpoint reassembles exactly its own version of the channel
     fresh = AccordSaver(saver.client, db_name=saver.db_name)
@@ -167,7 +181,9 @@ def test_business_writes_need_accord_saver_and_durability() -> None:
     g.add_node("node", node)
     g.add_edge(START, "node")
     with pytest.raises(ConfigurationError, match="AccordSaver"):
-        g.compile(checkpointer=InMemorySaver()).invoke({"messages": []}, {"configurable": {"thread_id": "x"}})
+        g.compile(checkpointer=InMemorySaver()).invoke(
+            {"messages": []}, {"configurable": {"thread_id": "x"}}
+        )
     with pytest.raises(ConfigurationError, match="inside a running LangGraph node"):
         business.insert_one("orders", {"x": 1})
 
@@ -175,7 +191,11 @@ def test_business_writes_need_accord_saver_and_durability() -> None:
 def test_exit_durability_refuses_business_writes(saver: AccordSaver) -> None:
     graph = _sync_build().compile(checkpointer=saver)
     with pytest.raises(ConfigurationError, match="durability"):
-        graph.invoke({"messages": [HumanMessage("hi", id="h")]}, {"configurable": {"thread_id": "e"}}, durability="exit")
+        graph.invoke(
+            {"messages": [HumanMessage("hi", id="h")]},
+            {"configurable": {"thread_id": "e"}},
+            durability="exit",
+        )
 
 
 def test_failed_task_commits_no_business_writes(client: MongoClient, saver: AccordSaver) -> None:
@@ -227,3 +247,43 @@ def test_async_graph(mongo_uri: str) -> None:
             await aclient.close()
 
     asyncio.run(main())
+
+
+def _concat(state: list[str], writes: Any) -> list[str]:
+    out = list(state or [])
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class D(TypedDict):
+    items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
+
+
+def test_delta_channel_graph_matches_in_memory_saver(saver: AccordSaver) -> None:
+    """LangGraph's DeltaChannel (beta) rebuilds state from ancestor writes through
+    get_delta_channel_history: the result must match InMemorySaver's, and prune must not
+    cut the history it depends on."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    def add(state: D) -> dict[str, Any]:
+        return {"items": [f"i{len(state['items'])}"]}
+
+    g = StateGraph(D)
+    g.add_node("add", add)
+    g.add_edge(START, "add")
+    results = []
+    for checkpointer in (InMemorySaver(), saver):
+        graph = g.compile(checkpointer=checkpointer)
+        cfg = {"configurable": {"thread_id": "delta"}}
+        for i in range(7):
+            graph.invoke({"items": [f"in{i}"]}, cfg)
+        results.append(graph.get_state(cfg).values["items"])
+    assert results[0] == results[1] and len(results[0]) == 14
+    saver.prune(["delta"])  # skipped: the thread's state needs its ancestors
+    assert (
+        g.compile(checkpointer=saver)
+        .get_state({"configurable": {"thread_id": "delta"}})
+        .values["items"]
+        == results[0]
+    )
