@@ -58,6 +58,34 @@ def run_one(sync: bool, txns: int = TXNS) -> dict[str, float]:
     }
 
 
+def bulk_insert(n: int = 5000) -> dict[str, float]:
+    """Seconds to insert_many ``n`` documents without and with a unique compound index."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", tmp, "--port", "0"]
+        proc = subprocess.Popen(
+            cmd + ["--no-sync"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            found = read_lock(Path(tmp))
+            assert found, "engine did not start"
+            client: MongoClient = MongoClient(f"mongodb://127.0.0.1:{found[1]}/?replicaSet=accord")
+            out = {}
+            for name, unique in (("no secondary index", False), ("unique compound index", True)):
+                coll = client.bench[name.replace(" ", "_")]
+                if unique:
+                    coll.create_index([("t", 1), ("i", 1)], unique=True)
+                start = time.perf_counter()
+                coll.insert_many([{"t": "x", "i": i, "pad": "p" * 50} for i in range(n)])
+                out[name] = time.perf_counter() - start
+            client.close()
+        finally:
+            proc.terminate()
+            proc.wait()
+    return out
+
+
 def report() -> str:
     on = run_one(sync=True)
     off = run_one(sync=False)
@@ -74,6 +102,17 @@ def report() -> str:
         lines.append(
             f"| {name} | {row['commits_per_s']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {ratio:.2f}x |"
         )
+    bulk = bulk_insert()
+    base = bulk["no secondary index"]
+    lines += [
+        "",
+        "### Embedded engine: insert_many of 5,000 documents",
+        "",
+        "| collection | seconds | relative |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, secs in bulk.items():
+        lines.append(f"| {name} | {secs:.2f} | {secs / base:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

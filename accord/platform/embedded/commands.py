@@ -190,8 +190,11 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     cursor_id = cmd.get("getMore")
     if not isinstance(cursor_id, int) or isinstance(cursor_id, bool):
         raise type_mismatch("getMore must be a 64-bit integer cursor id")
-    ns = ns_of(ctx, cmd, "collection")
-    return ctx.cursors.get_more(int(cursor_id), ns, opt_int(cmd, "batchSize"))
+    name = cmd.get("collection")
+    if not isinstance(name, str) or not name:
+        raise type_mismatch("getMore needs the 'collection' the cursor belongs to, as a string")
+    # Command cursors (listCollections, client bulkWrite, ...) live on "$cmd.*" namespaces.
+    return ctx.cursors.get_more(int(cursor_id), f"{ctx.db}.{name}", opt_int(cmd, "batchSize"))
 
 
 @command("killCursors")
@@ -368,19 +371,21 @@ def each_statement(
 ) -> list[Doc]:
     """Run the statements of a write command in order.
 
-    Outside a transaction a failed statement becomes a ``writeErrors`` entry (and ends an
-    ordered batch) while the others stay applied, as in mongod. Inside a transaction, and
-    for a write conflict (which the caller retries whole), the error propagates.
+    A failed statement becomes a ``writeErrors`` entry while the statements before it stay
+    applied, as in mongod; an ordered batch (and any batch in a transaction, which the
+    dispatcher then aborts) stops there. A write conflict propagates: outside a
+    transaction the caller retries the whole command, inside one it is a transient
+    top-level error.
     """
     errors: list[Doc] = []
     for i, statement in enumerate(statements):
         try:
             apply(i, statement)
         except EngineError as exc:
-            if ctx.in_transaction or exc.code == 112:
+            if exc.code == 112:
                 raise
             errors.append(exc.to_write_error(i))
-            if ordered:
+            if ordered or ctx.in_transaction:
                 break
     return errors
 
@@ -601,12 +606,12 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
             if not errors_only:
                 results.append(res)
         except EngineError as exc:
-            if ctx.in_transaction or exc.code == 112:
+            if exc.code == 112:
                 raise
             counts["nErrors"] += 1
             err = {"ok": 0.0, "idx": idx, "code": exc.code, "errmsg": exc.errmsg, **exc.extra}
             results.append(err)
-            if ordered:
+            if ordered or ctx.in_transaction:
                 break
     reply = ctx.cursors.first_batch("admin.$cmd.bulkWrite", results, None, ctx.session_key)
     reply.update(counts)

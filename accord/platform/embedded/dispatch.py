@@ -221,11 +221,14 @@ class Dispatcher:
         if name not in TXN_COMMANDS:
             raise EngineError(263, f"Cannot run '{name}' in a multi-document transaction.")
         try:
-            return handler(self._ctx(db, txn, True, session), cmd)
+            reply = handler(self._ctx(db, txn, True, session), cmd)
         except EngineError:
             # As in mongod, an error inside a transaction aborts it.
             engine.abort(txn, "an operation in the transaction failed")
             raise
+        if reply.get("writeErrors") or reply.get("nErrors"):
+            engine.abort(txn, "a write in the transaction failed")
+        return reply
 
     def _commit(self, session: Session, number: int) -> Doc:
         if session.txn_state == "committed":

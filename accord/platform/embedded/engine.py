@@ -229,7 +229,8 @@ class Engine:
         self._txn_ids = itertools.count(1)
         self.active: dict[int, Txn] = {}
         self.locks: dict[tuple[str, bytes], Txn] = {}
-        self.claims: dict[tuple[str, str, bytes], Txn] = {}
+        # (ns, unique index, key) -> (transaction, id key of its document with that key)
+        self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
         self._recover()
 
@@ -328,7 +329,8 @@ class Engine:
                 if self.locks.get((ns, key)) is txn:
                     del self.locks[(ns, key)]
         for claim in txn.claims:
-            if self.claims.get(claim) is txn:
+            held = self.claims.get(claim)
+            if held is not None and held[0] is txn:
                 del self.claims[claim]
         txn.claims.clear()
         self.changed.notify_all()
@@ -484,14 +486,25 @@ class Engine:
         txn.writes.setdefault(ns, {})[key] = doc
 
     def _check_unique(self, txn: Txn, coll: Collection, key: bytes, doc: Doc) -> None:
-        own = txn.writes.get(coll.ns, {})
+        """Enforce unique secondary indexes for a staged put of ``doc`` (id ``key``).
+
+        A key claimed by another open transaction is a write conflict (as mongod's
+        index-level conflict); one claimed by another document of this transaction that
+        still has it, or owned by a committed document this transaction did not change
+        away from it, is a duplicate key.
+        """
+        wanted: list[tuple[tuple[str, str, bytes], Index]] = []
         for name, owners in coll.unique_maps.items():
             index = coll.indexes[name]
             for k in index.keys_of(doc):
                 claim = (coll.ns, name, k)
                 holder = self.claims.get(claim)
-                if holder is not None and holder is not txn:
+                if holder is not None and holder[0] is not txn:
                     raise write_conflict()
+                if holder is not None and holder[1] != key:
+                    _, other = txn.own(coll.ns, holder[1])
+                    if other is not None and k in index.keys_of(other):
+                        raise duplicate_key(coll, index, doc)
                 owner = owners.get(k)
                 if owner is not None and owner != key:
                     shadowed, mine = txn.own(coll.ns, owner)
@@ -499,15 +512,11 @@ class Engine:
                         if coll.latest(owner)[0] > txn.snapshot:
                             raise write_conflict()
                         raise duplicate_key(coll, index, doc)
-                for other_key, other in own.items():
-                    if other_key != key and other is not None and k in index.keys_of(other):
-                        raise duplicate_key(coll, index, doc)
-        # The _id index: an insert of an existing _id is checked by the caller (it knows
-        # whether the write is an insert); claims are taken only after every check passed.
-        for name in coll.unique_maps:
-            for k in coll.indexes[name].keys_of(doc):
-                self.claims[(coll.ns, name, k)] = txn
-                txn.claims.add((coll.ns, name, k))
+                wanted.append((claim, index))
+        # Claims are taken only after every check passed (the _id index is the caller's).
+        for claim, _ in wanted:
+            self.claims[claim] = (txn, key)
+            txn.claims.add(claim)
 
 
 def duplicate_key(coll: Collection, index: Index, doc: Doc) -> EngineError:
