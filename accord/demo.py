@@ -1,9 +1,13 @@
-"""``make demo``: start the embedded engine and show a transactional round trip.
+"""``make demo``: accord on the embedded engine, end to end.
 
-This is the foundation demo: it starts (or reuses) the embedded engine for
-``./.accord/demo`` through ``accord.platform.connect()``, commits one multi-document
-transaction, shows that an aborted one leaves nothing behind, and that a second session
-cannot see uncommitted writes.
+It starts (or reuses) the embedded engine for ``./.accord/demo`` through
+``accord.platform.connect()`` (or uses ``MONGODB_URI``), then shows:
+
+1. the engine: a multi-document transaction commits, an aborted one leaves nothing behind,
+   a second session cannot see uncommitted writes, two writers conflict;
+2. the checkpointer (:mod:`accord.demo_agent`): a LangGraph agent whose worker is
+   SIGKILLed mid-run resumes in a new process at the last committed step, with every
+   business write and message exactly once.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 from rich.console import Console
 
-from accord.platform import connect
+from accord import demo_agent
+from accord.platform import connect, connection
 
 console = Console()
 
@@ -83,11 +88,15 @@ def run(data_dir: Path) -> None:
     s2.end_session()
     s1.end_session()
     total = sum(d["balance"] for d in db.accounts.find())
-    console.print(
-        f"total balance is still {total}. The engine keeps running for other processes; stop it with "
-        f"`.venv/bin/accord engine stop --dbpath {data_dir}`."
-    )
+    console.print(f"total balance is still {total}.")
+    uri = os.environ.get("MONGODB_URI") or connection.resolve_uri(data_dir=data_dir)
     client.close()
+    demo_agent.main(uri, console)
+    if not os.environ.get("MONGODB_URI"):
+        console.print(
+            "\nThe engine keeps running for other processes; stop it with "
+            f"`.venv/bin/accord engine stop --dbpath {data_dir}`."
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""The agent half of ``make demo``: a LangGraph run SIGKILLed mid-way and resumed.
+
+The graph is a five-step order-processing agent. Each step asks a model (here
+``FakeOrderModel``, a deterministic stand-in named as the fake it is; no network) what to
+do, appends its answer to the thread's messages, and stages one business write (an order
+line) with :mod:`accord.checkpointers.business`. accord commits the step's state, its
+message and its business write in one transaction. A worker process runs the thread and
+is killed with SIGKILL after step 3; a new process resumes the thread from the last
+committed step, and every order line exists exactly once.
+"""
+
+from __future__ import annotations
+
+import operator
+import subprocess
+import sys
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from pymongo import MongoClient
+
+from accord.checkpointers import AccordSaver, business
+
+STEPS = 5
+DB = "accord_demo_agent"
+ITEMS = ["coffee beans", "filters", "grinder", "kettle", "mugs"]
+
+
+class OrderState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    step: int
+    total_cents: Annotated[int, operator.add]
+
+
+class FakeOrderModel:
+    """A deterministic fake chat model: answers from the step number, never the network."""
+
+    def reply(self, step: int) -> tuple[str, int]:
+        item = ITEMS[step - 1]
+        price = 450 + 125 * step
+        return f"Step {step}: ordering {item} for ${price / 100:.2f}.", price
+
+
+def build_graph(saver: AccordSaver, thread: str) -> Any:
+    model = FakeOrderModel()
+
+    def work(state: OrderState) -> dict[str, Any]:
+        step = state.get("step", 0) + 1
+        print(f"worker: running step {step}", flush=True)
+        text, price = model.reply(step)
+        business.insert_one(
+            "order_lines", {"_id": f"{thread}-{step}", "item": ITEMS[step - 1], "cents": price}
+        )
+        return {"messages": [AIMessage(text, id=f"ai-{step}")], "step": step, "total_cents": price}
+
+    def route(state: OrderState) -> str:
+        return "work" if state["step"] < STEPS else END
+
+    builder = StateGraph(OrderState)
+    builder.add_node("work", work)
+    builder.add_edge(START, "work")
+    builder.add_conditional_edges("work", route)
+    return builder.compile(checkpointer=saver)
+
+
+def run_worker(uri: str, thread: str) -> None:
+    """Child process: run (or resume) the thread until the graph ends."""
+    client: MongoClient = MongoClient(uri)
+    saver = AccordSaver(client, db_name=DB)
+    graph = build_graph(saver, thread)
+    config: RunnableConfig = {"configurable": {"thread_id": thread}}
+    started = saver.get_tuple(config) is not None
+    inputs = (
+        None
+        if started
+        else {"messages": [HumanMessage("Order my kitchen kit.", id="human-1")], "step": 0}
+    )
+    graph.invoke(inputs, config, durability="sync")
+    print("worker: finished", flush=True)
+    client.close()
+
+
+def main(uri: str, console: Any) -> None:
+    client: MongoClient = MongoClient(uri)
+    client.drop_database(DB)
+    thread = "order-42"
+    console.print(
+        "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "accord.demo_agent", uri, thread], stdout=subprocess.PIPE, text=True
+    )
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        console.print(f"  {line.rstrip()}")
+        if "running step 4" in line:
+            worker.kill()  # SIGKILL: no cleanup, no flush, like an OOM kill or a lost node
+            worker.wait()
+            console.print("  [red]SIGKILL[/red] the worker while step 4 runs")
+            break
+    committed = sorted(d["_id"] for d in client[DB].order_lines.find())
+    console.print(f"  after the kill, committed order lines: {committed}")
+    console.print("  resuming the thread in a new process ...")
+    resumed = subprocess.run(
+        [sys.executable, "-m", "accord.demo_agent", uri, thread],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    for line in resumed.stdout.splitlines():
+        console.print(f"  {line}")
+    if resumed.returncode != 0:
+        raise SystemExit(f"resume failed:\n{resumed.stderr}")
+    saver = AccordSaver(client, db_name=DB)
+    state = build_graph(saver, thread).get_state({"configurable": {"thread_id": thread}})
+    ids = sorted(d["_id"] for d in client[DB].order_lines.find())
+    console.print(
+        f"  order lines: {len(ids)} (each exactly once: {ids == [f'{thread}-{i}' for i in range(1, STEPS + 1)]})"
+    )
+    console.print(f"  messages in order: {[m.id for m in state.values['messages']]}")
+    console.print(
+        f"  total: ${state.values['total_cents'] / 100:.2f}; the resumed run continued after "
+        f"the last committed step ({len(committed)}) instead of starting over"
+    )
+    client.close()
+
+
+if __name__ == "__main__":
+    run_worker(sys.argv[1], sys.argv[2])

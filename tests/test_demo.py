@@ -1,0 +1,34 @@
+"""`make demo` runs end to end and shows what it claims."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accord.platform import stop_engine
+
+
+@pytest.mark.slow
+def test_demo_runs_and_resumes_the_killed_agent_exactly_once(tmp_path: Path) -> None:
+    env = dict(os.environ, ACCORD_DATA_DIR=str(tmp_path / "demo"), COLUMNS="200")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "accord.demo"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+    finally:
+        if not os.environ.get("MONGODB_URI"):
+            stop_engine(tmp_path / "demo")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "WriteConflict" in out and "total balance is still 150" in out
+    assert "SIGKILL the worker" in out
+    assert "order lines: 5 (each exactly once: True)" in out
+    assert "messages in order: ['human-1', 'ai-1', 'ai-2', 'ai-3', 'ai-4', 'ai-5']" in out
