@@ -1,0 +1,34 @@
+"""Command handlers: what each MongoDB command does to the engine.
+
+A handler receives a ``Context`` (engine, database, the transaction it reads and writes
+through) and the command document, and returns the reply. Session and transaction
+bookkeeping happens before and after, in ``dispatch``. Importing this package registers
+every handler in ``COMMANDS``.
+"""
+
+from accord.platform.embedded.commands import admin, catalog, read, write
+from accord.platform.embedded.commands.base import (
+    COMMANDS,
+    MAX_WIRE_VERSION,
+    SERVER_VERSION,
+    TXN_COMMANDS,
+    WRITE_COMMANDS,
+    Context,
+    Handler,
+    check_db_name,
+)
+
+__all__ = [
+    "COMMANDS",
+    "MAX_WIRE_VERSION",
+    "SERVER_VERSION",
+    "TXN_COMMANDS",
+    "WRITE_COMMANDS",
+    "Context",
+    "Handler",
+    "admin",
+    "catalog",
+    "check_db_name",
+    "read",
+    "write",
+]

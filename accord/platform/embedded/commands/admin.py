@@ -1,0 +1,84 @@
+"""Administrative and handshake commands."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import bson
+
+from accord.platform.embedded.commands.base import (
+    SERVER_VERSION,
+    Context,
+    Doc,
+    command,
+)
+from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.wire import MAX_BSON_SIZE
+
+
+@command("ping")
+def cmd_ping(ctx: Context, cmd: Doc) -> Doc:
+    return {"ok": 1.0}
+
+
+@command("hello", "isMaster", "ismaster")
+def cmd_hello(ctx: Context, cmd: Doc) -> Doc:
+    return ctx.hello(cmd)
+
+
+@command("buildInfo", "buildinfo")
+def cmd_build_info(ctx: Context, cmd: Doc) -> Doc:
+    return {
+        "version": SERVER_VERSION, "versionArray": [8, 0, 4, 0], "gitVersion": "accord-embedded",
+        "bits": 64, "maxBsonObjectSize": MAX_BSON_SIZE, "storageEngines": ["accord-sqlite"],
+        "modules": [], "ok": 1.0,
+    }  # fmt: skip
+
+
+@command("endSessions", "killSessions")
+def cmd_end_sessions(ctx: Context, cmd: Doc) -> Doc:
+    name = "endSessions" if "endSessions" in cmd else "killSessions"
+    for lsid in cmd.get(name) or []:
+        if isinstance(lsid, dict) and "id" in lsid:
+            key = bson.encode({"id": lsid["id"]})
+            ctx.engine.end_session(key)
+            ctx.cursors.kill_session(key)
+    return {"ok": 1.0}
+
+
+@command("whatsmyuri")
+def cmd_whatsmyuri(ctx: Context, cmd: Doc) -> Doc:
+    return {"you": "127.0.0.1:0", "ok": 1.0}
+
+
+@command("getParameter")
+def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
+    return {"featureCompatibilityVersion": {"version": "8.0"}, "ok": 1.0}
+
+
+@command("serverStatus")
+def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
+    return {
+        "host": "localhost", "version": SERVER_VERSION, "process": "accord-engine",
+        "localTime": dt.datetime.now(dt.UTC).replace(tzinfo=None),
+        "transactions": {"currentOpen": sum(1 for t in ctx.engine.active.values() if t.explicit)},
+        "ok": 1.0,
+    }  # fmt: skip
+
+
+@command("dbStats")
+def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
+    colls = ctx.engine.collections_in(ctx.db)
+    objects = sum(len(c.versions) for c in colls)
+    return {"db": ctx.db, "collections": len(colls), "objects": objects, "ok": 1.0}
+
+
+@command("connectionStatus")
+def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
+    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}, "ok": 1.0}
+
+
+@command("commitTransaction", "abortTransaction")
+def cmd_end_transaction(ctx: Context, cmd: Doc) -> Doc:
+    # The dispatcher completes these itself; reaching here means no transaction was open.
+    raise EngineError(50768, f"{next(iter(cmd))} must be run within a transaction")

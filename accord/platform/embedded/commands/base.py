@@ -1,0 +1,112 @@
+"""Command plumbing: the handler registry, the per-command context, argument parsing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accord.platform.embedded.cursors import CursorManager
+from accord.platform.embedded.engine import Engine, Txn
+from accord.platform.embedded.errors import EngineError, type_mismatch
+
+Doc = dict[str, Any]
+SERVER_VERSION = "8.0.4"
+MAX_WIRE_VERSION = 25
+
+
+@dataclass
+class Context:
+    engine: Engine
+    cursors: CursorManager
+    db: str
+    txn: Txn
+    in_transaction: bool
+    session_key: bytes | None
+    hello: Callable[[Doc], Doc]
+
+
+Handler = Callable[[Context, Doc], Doc]
+COMMANDS: dict[str, Handler] = {}
+# Commands that write: outside a transaction they run in their own autocommitted txn.
+WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
+# Commands allowed inside a multi-document transaction (as in mongod).
+TXN_COMMANDS = {
+    "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
+    "aggregate", "distinct", "bulkWrite", "commitTransaction", "abortTransaction",
+    "create", "createIndexes", "ping", "hello", "isMaster", "buildInfo", "connectionStatus",
+}  # fmt: skip
+
+
+def command(*names: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for n in names:
+            COMMANDS[n] = fn
+        return fn
+
+    return register
+
+
+# -- argument helpers -----------------------------------------------------------------------
+
+_DB_BAD = re.compile(r'[/\\. "$\x00]')
+
+
+def check_db_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name) >= 64 or _DB_BAD.search(name):
+        raise EngineError(73, f"Invalid database name: '{name}'")
+    return name
+
+
+def coll_name(cmd: Doc, field_name: str) -> str:
+    name = cmd.get(field_name)
+    if not isinstance(name, str):
+        raise EngineError(
+            73, f"collection name has invalid type {type(name).__name__}; expected a string"
+        )
+    if not name or "\x00" in name or name.startswith(".") or "$" in name:
+        raise EngineError(73, f"Invalid collection name: '{name}'")
+    return name
+
+
+def ns_of(ctx: Context, cmd: Doc, field_name: str) -> str:
+    return f"{ctx.db}.{coll_name(cmd, field_name)}"
+
+
+def opt_doc(cmd: Doc, key: str, default: Doc | None = None) -> Doc:
+    value = cmd.get(key, default)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'object'"
+        )
+    return value
+
+
+def opt_int(cmd: Doc, key: str, default: int | None = None) -> int | None:
+    value = cmd.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected a number"
+        )
+    return int(value)
+
+
+def opt_bool(cmd: Doc, key: str, default: bool = False) -> bool:
+    value = cmd.get(key, default)
+    if not isinstance(value, bool | int | float):
+        raise type_mismatch(
+            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'bool'"
+        )
+    return bool(value)
+
+
+def opt_list(cmd: Doc, key: str) -> list[Any]:
+    value = cmd.get(key)
+    if not isinstance(value, list):
+        raise type_mismatch(f"BSON field '{key}' is missing or not an array")
+    return value

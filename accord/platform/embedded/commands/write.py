@@ -1,0 +1,385 @@
+"""Write commands: insert, update, delete, findAndModify, and MongoDB 8.0's client bulkWrite."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import bson
+from bson import ObjectId
+
+from accord.platform.embedded import query, update, validation
+from accord.platform.embedded.commands.base import (
+    Context,
+    Doc,
+    check_db_name,
+    coll_name,
+    command,
+    ns_of,
+    opt_bool,
+    opt_doc,
+    opt_int,
+    opt_list,
+)
+from accord.platform.embedded.commands.read import visible_docs
+from accord.platform.embedded.engine import Collection, duplicate_key
+from accord.platform.embedded.errors import EngineError, bad_value, failed_to_parse, type_mismatch
+from accord.platform.embedded.wire import MAX_BSON_SIZE
+
+
+def _check_field_names(doc: Doc, top: bool = True) -> None:
+    for key, value in doc.items():
+        if not isinstance(key, str):
+            raise bad_value("field names must be strings")
+        if top and key.startswith("$"):
+            raise EngineError(52, f"Document can't have $ prefixed field names: {key}")
+        if isinstance(value, dict):
+            _check_field_names(value, top=False)
+
+
+def prepare_new_doc(doc: Any) -> Doc:
+    """Give a document to be inserted its ``_id`` (first, as mongod stores it)."""
+    if not isinstance(doc, dict):
+        raise type_mismatch("documents to insert must be objects")
+    _check_field_names(doc)
+    if "_id" not in doc:
+        doc = {"_id": ObjectId(), **doc}
+    elif next(iter(doc)) != "_id":
+        doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+    if isinstance(doc["_id"], list):
+        raise EngineError(2, "can't use an array for _id")
+    if isinstance(doc["_id"], re.Pattern | bson.Regex):
+        raise EngineError(2, "can't use a regex for _id")
+    return doc
+
+
+def _check_size(doc: Doc) -> None:
+    size = len(bson.encode(doc))
+    if size > MAX_BSON_SIZE:
+        raise EngineError(
+            10334, f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)"
+        )
+
+
+def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None:
+    validator = coll.options.get("validator")
+    if not validator or bypass:
+        return
+    level = coll.options.get("validationLevel", "strict")
+    if level == "off":
+        return
+    if level == "moderate" and old is not None:
+        try:
+            validation.validate_document(old, validator)
+        except EngineError:
+            return  # moderate: updates to already-invalid documents are not checked
+    try:
+        validation.validate_document(doc, validator)
+    except EngineError:
+        if coll.options.get("validationAction", "error") == "warn":
+            return
+        raise
+
+
+def insert_one(ctx: Context, coll: Collection, doc: Doc, bypass: bool = False) -> Doc:
+    doc = prepare_new_doc(doc)
+    _check_size(doc)
+    key = query.id_key(doc["_id"])
+    if ctx.engine.get(ctx.txn, coll.ns, key) is not None:
+        raise duplicate_key(coll, coll.indexes["_id_"], doc)
+    _validate(coll, doc, None, bypass)
+    ctx.engine.write(ctx.txn, coll, key, doc)
+    return doc
+
+
+def replace_one(
+    ctx: Context, coll: Collection, key: bytes, old: Doc, new: Doc, bypass: bool
+) -> None:
+    if query.canonical(new.get("_id")) != query.canonical(old.get("_id")):
+        raise EngineError(
+            66, "Performing an update on the path '_id' would modify the immutable field '_id'"
+        )
+    _check_size(new)
+    _validate(coll, new, old, bypass)
+    ctx.engine.write(ctx.txn, coll, key, new)
+
+
+def _write_coll(ctx: Context, ns: str) -> Collection:
+    coll = ctx.engine.get_collection(ns)
+    if coll is None:
+        coll = ctx.engine.create_collection(ns)
+        if ctx.in_transaction:
+            ctx.txn.created.append(ns)  # dropped again if the transaction aborts
+    return coll
+
+
+@command("insert")
+def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
+    ns = ns_of(ctx, cmd, "insert")
+    docs = opt_list(cmd, "documents")
+    ordered = opt_bool(cmd, "ordered", True)
+    bypass = opt_bool(cmd, "bypassDocumentValidation")
+    coll = _write_coll(ctx, ns)
+    n = 0
+
+    def apply(i: int, doc: Any) -> None:
+        nonlocal n
+        insert_one(ctx, coll, doc, bypass)
+        n += 1
+
+    errors = each_statement(ctx, docs, ordered, apply)
+    return with_write_errors({"n": n, "ok": 1.0}, errors)
+
+
+def each_statement(
+    ctx: Context, statements: list[Any], ordered: bool, apply: Callable[[int, Any], None]
+) -> list[Doc]:
+    """Run the statements of a write command in order.
+
+    A failed statement becomes a ``writeErrors`` entry while the statements before it stay
+    applied, as in mongod; an ordered batch (and any batch in a transaction, which the
+    dispatcher then aborts) stops there. A write conflict propagates: outside a
+    transaction the caller retries the whole command, inside one it is a transient
+    top-level error.
+    """
+    errors: list[Doc] = []
+    for i, statement in enumerate(statements):
+        try:
+            apply(i, statement)
+        except EngineError as exc:
+            if exc.code == 112:
+                raise
+            errors.append(exc.to_write_error(i))
+            if ordered or ctx.in_transaction:
+                break
+    return errors
+
+
+def with_write_errors(reply: Doc, errors: list[Doc]) -> Doc:
+    if errors:
+        reply["writeErrors"] = errors
+    return reply
+
+
+def _pick(
+    ctx: Context, ns: str, filt: Doc, multi: bool, sort: Doc | None
+) -> list[tuple[bytes, Doc]]:
+    found = visible_docs(ctx, ns, filt)
+    if sort:
+        order = query.sort_docs([d for _, d in found], sort)
+        by_id = {id(d): (k, d) for k, d in found}
+        found = [by_id[id(d)] for d in order]
+    return found if multi else found[:1]
+
+
+def update_docs(
+    ctx: Context, coll: Collection, filt: Doc, upd: Any, *, multi: bool, upsert: bool,
+    array_filters: list[Doc] | None, sort: Doc | None, bypass: bool, replacement_only: bool = False,
+) -> tuple[int, int, Any, Doc | None, Doc | None]:  # fmt: skip
+    """Apply one update statement. Returns (n, nModified, upserted_id, before, after)."""
+    if not isinstance(upd, dict | list):
+        raise failed_to_parse("Update argument must be either an object or an array")
+    if multi and isinstance(upd, dict) and upd and not next(iter(upd)).startswith("$"):
+        raise failed_to_parse("multi update is not supported for replacement-style update")
+    if array_filters is not None and not isinstance(array_filters, list):
+        raise type_mismatch("arrayFilters must be an array")
+    n = modified = 0
+    before = after = None
+    for key, doc in _pick(ctx, coll.ns, filt, multi, sort):
+        new = update.apply_update(doc, upd, array_filters=array_filters, query=filt)
+        n += 1
+        before, after = doc, new
+        if new != doc or list(new) != list(doc):
+            replace_one(ctx, coll, key, doc, new, bypass)
+            modified += 1
+    if n or not upsert:
+        return n, modified, None, before, after
+    if isinstance(upd, dict) and upd and not next(iter(upd)).startswith("$"):
+        seed = {"_id": filt["_id"]} if "_id" in filt and not isinstance(filt["_id"], dict) else {}
+        new = update.apply_update(seed, upd, is_insert=True)
+    else:
+        new = update.apply_update(
+            update.upsert_seed(filt), upd, array_filters=array_filters, query=filt, is_insert=True
+        )
+    new = insert_one(ctx, coll, new, bypass)
+    return 1, 0, new["_id"], None, new
+
+
+@command("update")
+def cmd_update(ctx: Context, cmd: Doc) -> Doc:
+    ns = ns_of(ctx, cmd, "update")
+    statements = opt_list(cmd, "updates")
+    ordered = opt_bool(cmd, "ordered", True)
+    bypass = opt_bool(cmd, "bypassDocumentValidation")
+    coll = _write_coll(ctx, ns)
+    n = modified = 0
+    upserted: list[Doc] = []
+
+    def apply(i: int, st: Any) -> None:
+        nonlocal n, modified
+        if not isinstance(st, dict) or "q" not in st or "u" not in st:
+            raise failed_to_parse("each update statement needs 'q' and 'u'")
+        filt = st["q"]
+        if not isinstance(filt, dict):
+            raise type_mismatch("update 'q' must be an object")
+        sn, sm, up_id, _, _ = update_docs(
+            ctx, coll, filt, st["u"], multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
+            array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
+        )  # fmt: skip
+        n += sn
+        modified += sm
+        if up_id is not None:
+            upserted.append({"index": i, "_id": up_id})
+
+    errors = each_statement(ctx, statements, ordered, apply)
+    reply: Doc = {"n": n, "nModified": modified, "ok": 1.0}
+    if upserted:
+        reply["upserted"] = upserted
+    return with_write_errors(reply, errors)
+
+
+@command("delete")
+def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
+    ns = ns_of(ctx, cmd, "delete")
+    statements = opt_list(cmd, "deletes")
+    ordered = opt_bool(cmd, "ordered", True)
+    coll = ctx.engine.get_collection(ns)
+    n = 0
+
+    def apply(i: int, st: Any) -> None:
+        nonlocal n
+        if not isinstance(st, dict) or "q" not in st or "limit" not in st:
+            raise failed_to_parse("each delete statement needs 'q' and 'limit'")
+        filt = st["q"]
+        if not isinstance(filt, dict):
+            raise type_mismatch("delete 'q' must be an object")
+        limit = opt_int(st, "limit")
+        if limit not in (0, 1):
+            raise failed_to_parse("The limit field in delete objects must be 0 or 1")
+        if coll is None:
+            query.check_filter(filt)
+            return
+        for key, _ in _pick(ctx, ns, filt, limit == 0, None):
+            ctx.engine.write(ctx.txn, coll, key, None)
+            n += 1
+
+    errors = each_statement(ctx, statements, ordered, apply)
+    return with_write_errors({"n": n, "ok": 1.0}, errors)
+
+
+@command("findAndModify", "findandmodify")
+def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
+    name_field = "findAndModify" if "findAndModify" in cmd else "findandmodify"
+    ns = ns_of(ctx, cmd, name_field)
+    filt = opt_doc(cmd, "query")
+    sort = opt_doc(cmd, "sort") or None
+    remove = opt_bool(cmd, "remove")
+    upd = cmd.get("update")
+    new_flag = opt_bool(cmd, "new")
+    upsert = opt_bool(cmd, "upsert")
+    fields = cmd.get("fields")
+    if remove == (upd is not None):
+        raise failed_to_parse("Either an update or remove=true must be specified")
+    if remove and (new_flag or upsert):
+        raise failed_to_parse("Cannot specify both remove=true and new=true or upsert=true")
+    coll = _write_coll(ctx, ns)
+    last_error: Doc = {"n": 0}
+    value: Doc | None = None
+    if remove:
+        picked = _pick(ctx, ns, filt, False, sort)
+        if picked:
+            key, doc = picked[0]
+            ctx.engine.write(ctx.txn, coll, key, None)
+            last_error = {"n": 1}
+            value = doc
+    else:
+        n, _, up_id, before, after = update_docs(
+            ctx, coll, filt, upd, multi=False, upsert=upsert, array_filters=cmd.get("arrayFilters"),
+            sort=sort, bypass=opt_bool(cmd, "bypassDocumentValidation"),
+        )  # fmt: skip
+        last_error = {"n": n, "updatedExisting": up_id is None and n > 0}
+        if up_id is not None:
+            last_error["upserted"] = up_id
+        value = after if new_flag else before
+    if value is not None and fields:
+        value = query.project(copy.deepcopy(value), fields, filt)
+    return {"lastErrorObject": last_error, "value": value, "ok": 1.0}
+
+
+@command("bulkWrite")
+def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
+    if ctx.db != "admin":
+        raise EngineError(13, "bulkWrite may only be run against the admin database")
+    ops = opt_list(cmd, "ops")
+    ns_info = opt_list(cmd, "nsInfo")
+    ordered = opt_bool(cmd, "ordered", True)
+    errors_only = opt_bool(cmd, "errorsOnly")
+    bypass = opt_bool(cmd, "bypassDocumentValidation")
+    namespaces: list[str] = []
+    for entry in ns_info:
+        ns = entry.get("ns") if isinstance(entry, dict) else None
+        if not isinstance(ns, str) or "." not in ns:
+            raise bad_value(f"invalid nsInfo entry: {entry!r}")
+        db_part, coll_part = ns.split(".", 1)
+        check_db_name(db_part)
+        coll_name({"c": coll_part}, "c")
+        namespaces.append(ns)
+    counts = dict.fromkeys(
+        ("nInserted", "nMatched", "nModified", "nUpserted", "nDeleted", "nErrors"), 0
+    )
+    results: list[Doc] = []
+    for idx, op in enumerate(ops):
+        try:
+            if not isinstance(op, dict) or not op:
+                raise failed_to_parse("bulkWrite ops must be objects")
+            kind = next(iter(op))
+            ns_index = op[kind]
+            if (
+                kind not in ("insert", "update", "delete")
+                or not isinstance(ns_index, int)
+                or not 0 <= ns_index < len(namespaces)
+            ):
+                raise failed_to_parse(f"invalid bulkWrite operation: {kind!r}")
+            ns = namespaces[ns_index]
+            if kind == "insert":
+                insert_one(ctx, _write_coll(ctx, ns), op.get("document"), bypass)  # type: ignore[arg-type]
+                counts["nInserted"] += 1
+                res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
+            elif kind == "update":
+                filt = opt_doc(op, "filter")
+                n, m, up_id, _, _ = update_docs(
+                    ctx, _write_coll(ctx, ns), filt, op.get("updateMods"), multi=opt_bool(op, "multi"),
+                    upsert=opt_bool(op, "upsert"), array_filters=op.get("arrayFilters"),
+                    sort=opt_doc(op, "sort") or None, bypass=bypass,
+                )  # fmt: skip
+                counts["nMatched"] += n if up_id is None else 0
+                counts["nModified"] += m
+                res = {"ok": 1.0, "idx": idx, "n": n, "nModified": m}
+                if up_id is not None:
+                    counts["nUpserted"] += 1
+                    res["upserted"] = {"_id": up_id}
+            else:
+                filt = opt_doc(op, "filter")
+                coll = ctx.engine.get_collection(ns)
+                n = 0
+                if coll is not None:
+                    for key, _ in _pick(ctx, ns, filt, opt_bool(op, "multi"), None):
+                        ctx.engine.write(ctx.txn, coll, key, None)
+                        n += 1
+                counts["nDeleted"] += n
+                res = {"ok": 1.0, "idx": idx, "n": n}
+            if not errors_only:
+                results.append(res)
+        except EngineError as exc:
+            if exc.code == 112:
+                raise
+            counts["nErrors"] += 1
+            err = {"ok": 0.0, "idx": idx, "code": exc.code, "errmsg": exc.errmsg, **exc.extra}
+            results.append(err)
+            if ordered or ctx.in_transaction:
+                break
+    reply = ctx.cursors.first_batch("admin.$cmd.bulkWrite", results, None, ctx.session_key)
+    reply.update(counts)
+    return reply
