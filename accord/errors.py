@@ -36,3 +36,74 @@ class PermissionDenied(AccordError):
 
 class BundleMismatch(AccordError):
     """A run was started on a different code/prompt/model bundle than the one resuming it."""
+
+
+class TaskWriteError(AccordError):
+    """A task's writes could not be committed, so nothing of the task is recorded.
+
+    The run stops at the last checkpoint saved before the task: no later checkpoint is
+    saved on top of it, so resuming the thread (``graph.invoke(None, config)``) re-runs
+    the task.
+    """
+
+
+class BusinessWriteError(TaskWriteError):
+    """A business write staged by a task was refused by the database (e.g. a duplicate
+    key). Nothing of the task was committed: neither its business writes nor its record.
+
+    Attributes name what failed, for programmatic handling: ``thread_id``,
+    ``checkpoint_id`` (the checkpoint the task ran from, where the thread stays),
+    ``task_id``, ``node``, ``collection``, ``operation`` (``insert_one``, ...), ``code``
+    (the server's error code), ``reason`` (the server's message) and ``key_value`` (the
+    duplicate key, when that is the reason).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+        task_id: str | None = None,
+        node: str | None = None,
+        collection: str | None = None,
+        operation: str | None = None,
+        code: int | None = None,
+        reason: str | None = None,
+        key_value: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.checkpoint_id = checkpoint_id
+        self.task_id = task_id
+        self.node = node
+        self.collection = collection
+        self.operation = operation
+        self.code = code
+        self.reason = reason
+        self.key_value = key_value
+
+    def details(self) -> dict[str, object]:
+        """The keyword arguments this error was built with."""
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "task_id": self.task_id,
+            "node": self.node,
+            "collection": self.collection,
+            "operation": self.operation,
+            "code": self.code,
+            "reason": self.reason,
+            "key_value": self.key_value,
+        }
+
+    def copy(self) -> BusinessWriteError:
+        """A new error with the same message and details (to raise from another call)."""
+        return BusinessWriteError(str(self), **self.details())  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_business_error, (str(self), self.details()))
+
+
+def _rebuild_business_error(message: str, details: dict[str, object]) -> BusinessWriteError:
+    return BusinessWriteError(message, **details)  # type: ignore[arg-type]

@@ -23,9 +23,14 @@ from langgraph.checkpoint.base import (
 )
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
-from pymongo.errors import ClientBulkWriteException, CollectionInvalid
+from pymongo.errors import (
+    BulkWriteError,
+    ClientBulkWriteException,
+    CollectionInvalid,
+    OperationFailure,
+)
 
-from accord.checkpointers import maintenance, ownership, schema, validation
+from accord.checkpointers import maintenance, ownership, schema, storage, validation
 from accord.checkpointers.base import (
     AccordBase,
     AlreadyRecorded,
@@ -35,9 +40,12 @@ from accord.checkpointers.base import (
     check_business_marks,
     list_query,
     mark_ids,
+    merge_docs,
+    unsaved_checkpoint_error,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
+    BusinessOpFailed,
     Counts,
     Group,
     client_batches,
@@ -45,7 +53,7 @@ from accord.checkpointers.ops import (
     client_models,
     collection_counts,
     merge_counts,
-    unwrap_client_bulk_error,
+    translate_write_error,
 )
 from accord.checkpointers.saver import (
     _BATCH,
@@ -56,6 +64,7 @@ from accord.checkpointers.saver import (
     _PAGE,
     _SAVE_WAIT_SECONDS,
     _WAIT_SECONDS,
+    _reraise,
     _validate_writes,
 )
 from accord.checkpointers.storage import Scope
@@ -77,6 +86,8 @@ class _AsyncInflight:
         self._last: OrderedDict[tuple[str, ...], bool] = OrderedDict()
         #: newest checkpoint id this process saved per (tenant, thread, ns)
         self._saved: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        #: why a put failed (accord errors only), for the writes of its tasks
+        self._errors: OrderedDict[tuple[str, ...], BaseException] = OrderedDict()
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -91,6 +102,12 @@ class _AsyncInflight:
             self._puts[key] += 1
         try:
             yield ok
+        except AccordError as exc:
+            self._errors[key] = exc
+            self._errors.move_to_end(key)
+            while len(self._errors) > _OUTCOMES:
+                self._errors.popitem(last=False)
+            raise
         finally:
             async with cond:
                 self._puts[key] -= 1
@@ -107,6 +124,10 @@ class _AsyncInflight:
                     while len(self._saved) > _OUTCOMES:
                         self._saved.popitem(last=False)
                 cond.notify_all()
+
+    def error(self, key: tuple[str, ...]) -> BaseException | None:
+        """The accord error that made this process's put of ``key`` fail, if any."""
+        return self._errors.get(key)
 
     def _saving_before(self, key: tuple[str, ...]) -> bool:
         """Whether this process is saving ``key`` or an older checkpoint of its thread
@@ -230,19 +251,24 @@ class AsyncAccordSaver(AccordBase):
         out: dict[str, Counts] = {}
         if self._client_bulk:
             models, owners = client_models(groups)
+            offset = 0
             for batch, batch_owners in client_batches(models, owners):
                 try:
                     result = await self.client.bulk_write(
                         batch, session=session, ordered=True, verbose_results=True
                     )
                 except ClientBulkWriteException as exc:
-                    raise unwrap_client_bulk_error(exc) from exc
+                    _reraise(exc, translate_write_error(exc, groups, offset))
+                offset += len(batch)
                 merge_counts(out, client_counts(result, batch_owners))
             return out
         for g in groups:
-            res = await self.client[g.db][g.collection].bulk_write(
-                [op.model() for op in g.ops], ordered=True, session=session
-            )
+            try:
+                res = await self.client[g.db][g.collection].bulk_write(
+                    [op.model() for op in g.ops], ordered=True, session=session
+                )
+            except (BulkWriteError, OperationFailure) as exc:
+                _reraise(exc, translate_write_error(exc, [g]))
             merge_counts(out, {g.name: collection_counts(res)})
         return out
 
@@ -273,6 +299,8 @@ class AsyncAccordSaver(AccordBase):
             # Business writes staged by the parent's tasks commit before this checkpoint
             # does (registered first, so this checkpoint's own task writes wait for it).
             await self._await_units(scope, parent_id, _WAIT_SECONDS)
+            # ... and if one of them failed, this checkpoint must not be saved at all.
+            self._refuse_put(scope, config, parent_id, checkpoint_id)
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -348,6 +376,7 @@ class AsyncAccordSaver(AccordBase):
         writer = self.writer_token(config)
         key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
         apply_business = True
+        error: BaseException | None = None
         try:
             await self._inflight.wait_put(key)
             for _ in range(_MAX_HEAD_ATTEMPTS):
@@ -386,12 +415,23 @@ class AsyncAccordSaver(AccordBase):
                 except AlreadyRecorded:
                     # Applied when the task was first recorded: exactly once, never again.
                     apply_business = False
+                except BusinessOpFailed as failed:
+                    raise self._business_error(scope, checkpoint_id, task_id, failed) from (
+                        failed.cause
+                    )
                 except NotSaved:
                     if not await self._inflight.wait_outcome(key):
-                        raise ownership.not_saved(scope.thread_id, checkpoint_id) from None
-            raise ownership.not_saved(scope.thread_id, checkpoint_id)
+                        raise unsaved_checkpoint_error(
+                            scope, checkpoint_id, task_id, self._inflight.error(key)
+                        ) from None
+            raise unsaved_checkpoint_error(scope, checkpoint_id, task_id, self._inflight.error(key))
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            self._unit_done(scope, checkpoint_id, task_id)
+            self._unit_done(
+                scope, checkpoint_id, task_id, config=config, writes=writes, error=error
+            )
 
     # --- read path ---------------------------------------------------------------------
 
@@ -433,13 +473,14 @@ class AsyncAccordSaver(AccordBase):
         return await self.db[collection].find(filter, batch_size=_BATCH).to_list(None)
 
     async def _fetch(self, batch: ReadBatch) -> tuple[list[Any], list[Any], list[Any]]:
-        blob_docs, write_docs = await asyncio.gather(
+        blob_docs, chain_docs, write_docs = await asyncio.gather(
             self._find(self.collections.blobs, batch.blobs_filter()),
+            self._find(self.collections.blobs, batch.chains_filter()),
             self._find(self.collections.writes, batch.writes_filter()),
         )
-        blob_docs += await self._find(
-            self.collections.blobs, batch.bases_filter(batch.tenant_id, blob_docs)
-        )
+        blob_docs = merge_docs(blob_docs, chain_docs)
+        more = await self._find(self.collections.blobs, batch.bases_filter(blob_docs))
+        blob_docs = merge_docs(blob_docs, more)
         message_docs = await self._find(self.collections.messages, batch.messages_filter(blob_docs))
         return blob_docs, write_docs, message_docs
 
@@ -581,11 +622,13 @@ class AsyncAccordSaver(AccordBase):
         referenced: set[str] = set()
         async for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
             referenced.update(d.get("blobs") or ())
+        links: dict[str, Any] = {}
         async for b in self.db[self.collections.blobs].find(
-            {**scope.ns_filter, "key": {"$in": sorted(referenced)}, "base": {"$exists": True}},
-            projection={"base": 1},
+            {**scope.ns_filter, "type": schema.MSGREFS_TYPE, "chunk": 0},
+            projection={"key": 1, "prev": 1, "base": 1},
         ):
-            referenced.add(b["base"])
+            links[b["key"]] = b.get("prev") or b.get("base")
+        referenced = storage.chain_closure(referenced, links)
         await self.db[self.collections.blobs].delete_many(
             {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
         )

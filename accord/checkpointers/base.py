@@ -8,7 +8,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -16,8 +17,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from accord.checkpointers import schema, storage, validation
-from accord.checkpointers.ops import Group, Op, insert_once
+from accord.checkpointers import ownership, schema, storage, validation
+from accord.checkpointers.ops import BUSINESS_PREFIX, BusinessOpFailed, Group, Op, insert_once
 from accord.checkpointers.ownership import (
     BRANCH_MARKER,
     HeadPlan,
@@ -27,7 +28,13 @@ from accord.checkpointers.ownership import (
 )
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, PutDocs, RefState, Scope
-from accord.errors import AccordError, ConcurrentRunError, ConfigurationError
+from accord.errors import (
+    AccordError,
+    BusinessWriteError,
+    ConcurrentRunError,
+    ConfigurationError,
+    TaskWriteError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +130,9 @@ class AccordBase(BaseCheckpointSaver[str]):
         # (tenant, thread, checkpoint id) -> tasks that staged business writes not yet recorded
         self._units: dict[tuple[str, str, str], set[str]] = {}
         self._units_cond = threading.Condition()
+        # (tenant, thread, ns, checkpoint id) -> task id -> failed put_writes of that task;
+        # the writer's next put on top of that checkpoint is refused (see _refuse_put)
+        self._failed: OrderedDict[tuple[str, ...], dict[str, FailedTask]] = OrderedDict()
 
     # --- scoping and validation ----------------------------------------------------
 
@@ -178,15 +188,69 @@ class AccordBase(BaseCheckpointSaver[str]):
         with self._units_cond:
             self._units.setdefault((tenant_id, thread_id, checkpoint_id), set()).add(task_id)
 
-    def _unit_done(self, scope: Scope, checkpoint_id: str, task_id: str) -> None:
+    def _unit_done(
+        self,
+        scope: Scope,
+        checkpoint_id: str,
+        task_id: str,
+        *,
+        config: RunnableConfig | None = None,
+        writes: Sequence[tuple[str, Any]] = (),
+        error: BaseException | None = None,
+    ) -> None:
+        """A ``put_writes`` ended. A failure is remembered *before* the waiting ``put`` of
+        the next checkpoint wakes up, so that put is refused (see :meth:`_refuse_put`);
+        a later success of the same task (a resume re-ran it) clears it."""
         key = (scope.tenant_id, scope.thread_id, checkpoint_id)
+        fkey = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
         with self._units_cond:
+            if error is not None:
+                token, runtime = self._writer_identity(config)
+                self._failed.setdefault(fkey, {})[task_id] = FailedTask(
+                    task_id, _node_of(writes), error, token, runtime
+                )
+                self._failed.move_to_end(fkey)
+                while len(self._failed) > _FAILED_SIZE:
+                    self._failed.popitem(last=False)
+            elif (failed := self._failed.get(fkey)) is not None:
+                failed.pop(task_id, None)
+                if not failed:
+                    del self._failed[fkey]
             tasks = self._units.get(key)
             if tasks is not None:
                 tasks.discard(task_id)
                 if not tasks:
                     del self._units[key]
             self._units_cond.notify_all()
+
+    def _writer_identity(self, config: RunnableConfig | None) -> tuple[str, Any]:
+        """(writer token, the invocation's runtime object or None)."""
+        if config is None:
+            return self._instance_id, None
+        return self.writer_token(config), validation.configurable(config).get("__pregel_runtime")
+
+    def _refuse_put(
+        self, scope: Scope, config: RunnableConfig, parent_id: str | None, checkpoint_id: str
+    ) -> None:
+        """Refuse a ``put`` on top of a checkpoint one of whose tasks this writer failed to
+        record: the new checkpoint would say the task ran while its writes (and its
+        business writes) were never committed, so a resume would not redo it.
+
+        Only the same writer (same invocation) is refused; another run, e.g. a resume
+        after the data was fixed, re-runs the task and may save on top of the checkpoint.
+        """
+        if parent_id is None:
+            return
+        token, runtime = self._writer_identity(config)
+        fkey = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, parent_id)
+        with self._units_cond:
+            failed = [
+                f
+                for f in (self._failed.get(fkey) or {}).values()
+                if f.writer == token and (f.runtime is None or f.runtime is runtime)
+            ]
+        if failed:
+            raise step_not_saved(scope, checkpoint_id, parent_id, failed[0])
 
     def _units_pending(self, scope: Scope, checkpoint_id: str | None) -> bool:
         if checkpoint_id is None:
@@ -400,10 +464,7 @@ class AccordBase(BaseCheckpointSaver[str]):
 
     @staticmethod
     def _kept_moving(scope: Scope, checkpoint_id: str) -> ConcurrentRunError:
-        return ConcurrentRunError(
-            f"Thread {scope.thread_id!r} (namespace {scope.checkpoint_ns!r}) kept moving while "
-            f"this worker tried to save checkpoint {checkpoint_id!r}; nothing was written."
-        )
+        return ownership.kept_moving(scope.thread_id, scope.checkpoint_ns, checkpoint_id)
 
     @staticmethod
     def _head_ok(plan: HeadPlan, counts: Any) -> bool:
@@ -445,9 +506,25 @@ class AccordBase(BaseCheckpointSaver[str]):
             name = spec["collection"]
             if groups and groups[-1].collection == name:
                 groups[-1].ops.append(op)
+                assert groups[-1].sources is not None
+                groups[-1].sources.append(spec)
             else:
-                groups.append(Group(f"business:{len(groups)}", self.business_db, name, [op]))
+                groups.append(
+                    Group(
+                        f"{BUSINESS_PREFIX}{len(groups)}",
+                        self.business_db,
+                        name,
+                        [op],
+                        sources=[spec],
+                    )
+                )
         return groups
+
+    @staticmethod
+    def _business_error(
+        scope: Scope, checkpoint_id: str, task_id: str, failed: BusinessOpFailed
+    ) -> BusinessWriteError:
+        return business_error(scope, checkpoint_id, task_id, failed)
 
     @staticmethod
     def _task_failed(writes: Sequence[tuple[str, Any]]) -> bool:
@@ -467,11 +544,167 @@ def _business_op(spec: Mapping[str, Any]) -> Op:
     raise ConfigurationError(f"unknown staged business operation {kind!r}")
 
 
+# --- failed task writes ------------------------------------------------------------------
+
+#: failed put_writes remembered per saver (checkpoints); a failure only matters until the
+#: writer's next put, which follows within the same run
+_FAILED_SIZE = 1_000
+
+
+@dataclass(frozen=True)
+class FailedTask:
+    """A ``put_writes`` that raised: its task is not recorded."""
+
+    task_id: str
+    node: str | None
+    error: BaseException
+    writer: str
+    #: the invocation's runtime object, held so its ``id()`` (part of ``writer``) cannot be
+    #: reused by a later run while this record exists
+    runtime: Any
+
+
+def _node_of(writes: Sequence[tuple[str, Any]]) -> str | None:
+    for channel, value in writes:
+        if channel == BUSINESS_CHANNEL and isinstance(value, Mapping):
+            node = value.get("node")
+            if isinstance(node, str):
+                return node
+    return None
+
+
+def _task_name(node: str | None, task_id: str) -> str:
+    return f"node {node!r} (task {task_id!r})" if node else f"task {task_id!r}"
+
+
+def _describe_key(info: Mapping[str, Any]) -> str:
+    key = info.get("keyValue")
+    if isinstance(key, Mapping) and key:
+        return "duplicate key " + ", ".join(f"{k}={v!r}" for k, v in key.items())
+    return "duplicate key"
+
+
+def business_error(
+    scope: Scope, checkpoint_id: str, task_id: str, failed: BusinessOpFailed
+) -> BusinessWriteError:
+    """The user-facing error of a staged business write the database refused."""
+    spec = failed.source or {}
+    info = failed.info
+    code = info.get("code")
+    reason_text = str(info.get("errmsg") or failed.cause)
+    node = spec.get("node") if isinstance(spec.get("node"), str) else None
+    operation = spec.get("op") if isinstance(spec.get("op"), str) else None
+    what = f"{operation} on" if operation else "a staged write to"
+    if code in (11000, 11001, 12582):
+        reason = f"{_describe_key(info)} ({reason_text})"
+    else:
+        reason = f"{reason_text} (code {code})" if code is not None else reason_text
+    count = len(failed.group.ops)
+    which = "" if failed.source is not None or count == 1 else f" (one of {count} staged there)"
+    message = (
+        f"Business write failed in {_task_name(node, task_id)} of thread "
+        f"{scope.thread_id!r}: {what} collection {failed.group.collection!r}{which} was "
+        f"refused: {reason}. Nothing of the task was committed (neither its business writes "
+        f"nor its task record) and no later checkpoint of this run is saved on top of it: the "
+        f"thread stays at checkpoint {checkpoint_id!r}. Fix the data or the node, then resume "
+        f"the thread (graph.invoke(None, config)) to re-run the task."
+    )
+    key_value = info.get("keyValue")
+    return BusinessWriteError(
+        message,
+        thread_id=scope.thread_id,
+        checkpoint_id=checkpoint_id,
+        task_id=task_id,
+        node=node,
+        collection=failed.group.collection,
+        operation=operation,
+        code=code if isinstance(code, int) else None,
+        reason=reason_text,
+        key_value=dict(key_value) if isinstance(key_value, Mapping) else None,
+    )
+
+
+def step_not_saved(
+    scope: Scope, checkpoint_id: str, parent_id: str, failed: FailedTask
+) -> AccordError:
+    """Why ``put`` of ``checkpoint_id`` is refused: a task of its parent was not recorded.
+
+    Same class as the task's error when it is an accord error (so a BusinessWriteError
+    stays one, with the same details), else :class:`TaskWriteError`.
+    """
+    prefix = (
+        f"Checkpoint {checkpoint_id!r} of thread {scope.thread_id!r} was not saved: "
+        f"{_task_name(failed.node, failed.task_id)} of its parent checkpoint {parent_id!r} "
+        f"could not be recorded. "
+    )
+    err = failed.error
+    out: AccordError
+    if isinstance(err, BusinessWriteError):
+        # Its message already says that nothing later is saved: repeat it as is, so the
+        # user reads the same error whichever durability mode surfaced it.
+        out = err.copy()
+    elif isinstance(err, ConcurrentRunError):
+        out = ConcurrentRunError(prefix + str(err))
+    else:
+        out = TaskWriteError(
+            prefix + f"Its writes failed with {type(err).__name__}: {err}. Nothing of the task "
+            f"was committed and the thread stays at checkpoint {parent_id!r}; resume the thread "
+            f"(graph.invoke(None, config)) to re-run the task."
+        )
+    out.__cause__ = err
+    return out
+
+
+def unsaved_checkpoint_error(
+    scope: Scope, checkpoint_id: str, task_id: str, put_error: BaseException | None
+) -> AccordError:
+    """Why a task's writes are refused: the checkpoint it ran from was never saved."""
+    if isinstance(put_error, TaskWriteError | ConcurrentRunError):
+        prefix = (
+            f"The writes of task {task_id!r} of thread {scope.thread_id!r} were not committed: "
+            f"the checkpoint it ran from, {checkpoint_id!r}, was not saved. "
+        )
+        out: AccordError
+        if isinstance(put_error, BusinessWriteError):
+            out = put_error.copy()
+        else:
+            out = type(put_error)(prefix + str(put_error))
+        out.__cause__ = put_error
+        return out
+    return ownership.not_saved(scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+
+
 # --- read plans (shared by the sync and async savers) ---------------------------------
 
 
 def _or(clauses: list[dict[str, Any]]) -> dict[str, Any]:
     return clauses[0] if len(clauses) == 1 else {"$or": clauses}
+
+
+def merge_docs(docs: list[Any], more: Iterable[Any]) -> list[Any]:
+    """``docs`` plus the documents of ``more`` it does not hold yet (by ``_id``)."""
+    seen = {d["_id"] for d in docs}
+    return docs + [d for d in more if d["_id"] not in seen]
+
+
+def _blob_clauses(
+    tenant_id: str,
+    keys: Mapping[tuple[str, str], set[str]],
+    chains: Mapping[tuple[str, str], Mapping[str, set[int]]],
+) -> dict[str, Any] | None:
+    """Filter of blobs by key, or of message-ref chain documents (never both in one
+    clause: each is one indexed predicate), per (thread, ns)."""
+    clauses = []
+    for scope in sorted(set(keys) | set(chains)):
+        thread_id, ns = scope
+        inner: list[dict[str, Any]] = []
+        if keys.get(scope):
+            inner.append({"key": {"$in": sorted(keys[scope])}})
+        if (chain := storage.chain_clause(chains.get(scope) or {})) is not None:
+            inner.append(chain)
+        if inner:
+            clauses.append({"thread_id": thread_id, "checkpoint_ns": ns, **_or(inner)})
+    return {"tenant_id": tenant_id, **_or(clauses)} if clauses else None
 
 
 class ReadBatch:
@@ -486,18 +719,34 @@ class ReadBatch:
         self.bodies = [storage.load_checkpoint_body(d, serde) for d in docs]
         self.serde = serde
 
+    def roots(self) -> set[tuple[str, str, str]]:
+        """(thread, ns, key) of the channel values the checkpoints read."""
+        return {
+            (d["thread_id"], d["checkpoint_ns"], schema.blob_key(c, v))
+            for d, body in zip(self.docs, self.bodies, strict=True)
+            for c, v in body.get("channel_versions", {}).items()
+        }
+
     def blobs_filter(self) -> dict[str, Any] | None:
+        """Every channel value of the checkpoints, by key: one query."""
         keys: dict[tuple[str, str], set[str]] = {}
-        for d, body in zip(self.docs, self.bodies, strict=True):
-            ks = keys.setdefault((d["thread_id"], d["checkpoint_ns"]), set())
-            ks.update(schema.blob_key(c, v) for c, v in body.get("channel_versions", {}).items())
-            ks.update(d.get("blobs") or ())
-        clauses = [
-            {"thread_id": t, "checkpoint_ns": ns, "key": {"$in": sorted(ks)}}
-            for (t, ns), ks in keys.items()
-            if ks
-        ]
-        return {"tenant_id": self.tenant_id, **_or(clauses)} if clauses else None
+        for t, ns, key in self.roots():
+            keys.setdefault((t, ns), set()).add(key)
+        for d in self.docs:  # earlier layout: base snapshots of message-ref deltas
+            keys.setdefault((d["thread_id"], d["checkpoint_ns"]), set()).update(
+                d.get("blobs") or ()
+            )
+        return _blob_clauses(self.tenant_id, keys, {})
+
+    def chains_filter(self) -> dict[str, Any] | None:
+        """The message-ref chains the checkpoints end (known at save time): one query,
+        none when every message channel is at a snapshot."""
+        chains: dict[tuple[str, str], dict[str, set[int]]] = {}
+        for d in self.docs:
+            cs = chains.setdefault((d["thread_id"], d["checkpoint_ns"]), {})
+            for chain, seq in d.get("chains") or ():
+                cs.setdefault(chain, set()).add(int(seq))
+        return _blob_clauses(self.tenant_id, {}, chains)
 
     def writes_filter(self) -> dict[str, Any] | None:
         ids: dict[tuple[str, str], set[str]] = {}
@@ -513,21 +762,18 @@ class ReadBatch:
         ]
         return {"tenant_id": self.tenant_id, **_or(clauses)} if clauses else None
 
-    @staticmethod
-    def bases_filter(tenant_id: str, blob_docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-        """Base snapshots of message-ref deltas not fetched yet (one more query, if any)."""
-        missing = storage.missing_bases(blob_docs)
-        clauses = [
-            {"thread_id": t, "checkpoint_ns": ns, "key": {"$in": sorted(ks)}}
-            for (t, ns), ks in missing.items()
-        ]
-        return {"tenant_id": tenant_id, **_or(clauses)} if clauses else None
+    def bases_filter(self, blob_docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """Message-ref chains (and base snapshots of the earlier layout) still missing:
+        one more query, only when the saver did not know them at save time."""
+        missing = storage.missing_links(blob_docs, self.roots())
+        return _blob_clauses(
+            self.tenant_id,
+            {scope: ks for scope, (ks, _) in missing.items()},
+            {scope: cs for scope, (_, cs) in missing.items()},
+        )
 
     def messages_filter(self, blob_docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-        keys: dict[str, set[str]] = {}
-        for b in blob_docs:
-            if b.get("type") == schema.MSGREFS_TYPE:
-                keys.setdefault(b["thread_id"], set()).update(b.get("refs") or ())
+        keys = storage.message_keys(blob_docs, self.roots())
         clauses = [{"thread_id": t, "key": {"$in": sorted(ks)}} for t, ks in keys.items() if ks]
         return {"tenant_id": self.tenant_id, **_or(clauses)} if clauses else None
 
@@ -567,9 +813,7 @@ class ReadBatch:
             frags = blobs.get((doc["thread_id"], doc["checkpoint_ns"], key))
             if not frags or frags[0].get("type") != schema.MSGREFS_TYPE:
                 continue
-            b = frags[0]
-            refs = tuple(storage.full_refs(b, blobs))
-            out[channel] = RefState(refs, b.get("base", key), b.get("base_len", len(refs)))
+            out[channel] = storage.ref_state(frags[0], blobs)
         return out
 
 

@@ -145,6 +145,9 @@ def _stage(kind: str, collection: str, **fields: Any) -> None:
     name = collection_name(collection, saver.reserved_collections())
     tenant = saver.tenant_of(config)
     op: dict[str, Any] = {"op": kind, "collection": name, **fields}
+    node = (config.get("metadata") or {}).get("langgraph_node")
+    if isinstance(node, str):
+        op["node"] = node  # named in the error if the database refuses this write
     if "document" in op:
         doc = op["document"]
         if doc.setdefault("tenant_id", tenant) != tenant:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, UpdateMany, UpdateOne
-from pymongo.errors import ClientBulkWriteException, PyMongoError
+from pymongo.errors import BulkWriteError, ClientBulkWriteException, OperationFailure, PyMongoError
 from pymongo.results import ClientBulkWriteResult
 
 #: maxWireVersion of MongoDB 8.0, the first with the client-level bulkWrite command.
@@ -69,6 +69,8 @@ class Group:
     db: str
     collection: str
     ops: list[Op] = field(default_factory=list)
+    #: what each op came from (business groups: the staged operation), for error messages
+    sources: list[Any] | None = None
 
     @property
     def namespace(self) -> str:
@@ -133,18 +135,153 @@ def collection_counts(result: Any) -> Counts:
     )
 
 
-def unwrap_client_bulk_error(exc: ClientBulkWriteException) -> BaseException:
-    """The error ``with_transaction`` must see for a failed client-level bulkWrite.
+# --- failed writes ---------------------------------------------------------------------
 
-    pymongo wraps a top-level server error (e.g. WriteConflict, code 112) in a
-    ClientBulkWriteException that does not carry the error's labels, so
-    ``with_transaction`` would not recognise a ``TransientTransactionError`` and would not
-    retry. Re-raising the top-level error restores the labels.
+#: Prefix of the names of groups that hold a task's staged business writes.
+BUSINESS_PREFIX = "business:"
+
+#: Server error codes that mean "retry the whole transaction" even when they arrive as a
+#: write error without the TransientTransactionError label: WriteConflict, LockTimeout,
+#: NoSuchTransaction.
+_TRANSIENT_CODES = frozenset({112, 24, 251})
+
+
+class BusinessOpFailed(Exception):
+    """Internal: the database refused a staged business write. The saver turns it into
+    :class:`~accord.errors.BusinessWriteError` with the task's context."""
+
+    def __init__(
+        self, group: Group, index: int | None, info: Mapping[str, Any], cause: BaseException
+    ) -> None:
+        super().__init__(str(info.get("errmsg") or cause))
+        self.group = group
+        self.index = index
+        self.info = info
+        self.cause = cause
+
+    @property
+    def source(self) -> Mapping[str, Any] | None:
+        """The staged operation that failed (None when the server did not say which)."""
+        if self.group.sources is None:
+            return None
+        if self.index is None:
+            return self.group.sources[0] if len(self.group.sources) == 1 else None
+        return self.group.sources[self.index]
+
+
+def _transient(code: Any, message: str, cause: BaseException) -> OperationFailure:
+    """A write error that means "retry", relabelled so ``with_transaction`` retries."""
+    err = OperationFailure(
+        message,
+        code,
+        {"errmsg": message, "code": code, "errorLabels": ["TransientTransactionError"]},
+    )
+    err.__cause__ = cause
+    return err
+
+
+def _namespace_of(message: str) -> str | None:
+    """``db.coll`` named by a server error message ("... collection: db.coll index: ...")."""
+    marker = "collection: "
+    at = message.find(marker)
+    if at < 0:
+        return None
+    return message[at + len(marker) :].split(" ", 1)[0] or None
+
+
+def _locate(groups: Sequence[Group], position: int) -> tuple[Group, int] | None:
+    """(group, index in group) of op number ``position`` of the flattened plan."""
+    for g in groups:
+        if position < len(g.ops):
+            return g, position
+        position -= len(g.ops)
+    return None
+
+
+def _by_namespace(groups: Sequence[Group], message: str) -> tuple[Group, int | None] | None:
+    """The business group a top-level error names (or the only one), when it says nothing
+    about which op failed."""
+    business = [g for g in groups if g.name.startswith(BUSINESS_PREFIX)]
+    ns = _namespace_of(message)
+    if ns is not None:
+        named = [g for g in groups if g.namespace == ns]
+        if named:
+            g = named[0]
+            if not g.name.startswith(BUSINESS_PREFIX):
+                return None  # one of the checkpointer's own collections
+            return g, (0 if len(named) == 1 and len(g.ops) == 1 else None)
+    if len(business) == 1:
+        return business[0], (0 if len(business[0].ops) == 1 else None)
+    if business:
+        return business[0], None
+    return None
+
+
+def translate_write_error(
+    exc: BaseException, groups: Sequence[Group], offset: int = 0
+) -> BaseException:
+    """The error to raise for a failed bulk write of ``groups`` (ops from ``offset``).
+
+    * a retryable error (labelled TransientTransactionError/UnknownTransactionCommitResult,
+      or a WriteConflict reported as a write error) becomes an ``OperationFailure`` that
+      carries the label, so ``with_transaction`` retries;
+    * an error of a staged business write becomes :class:`BusinessOpFailed`, whether the
+      server reports it as a write error (``ClientBulkWriteException.write_errors``,
+      ``BulkWriteError``) or as a top-level error of the command (then the collection
+      comes from the message);
+    * anything else is returned unchanged (or unwrapped from ClientBulkWriteException).
     """
-    inner = exc.error
-    if isinstance(inner, PyMongoError) and (
-        inner.has_error_label("TransientTransactionError")
-        or inner.has_error_label("UnknownTransactionCommitResult")
-    ):
-        return inner
-    return exc
+    info: Mapping[str, Any]
+    where: tuple[Group, int | None] | None
+    top: BaseException | None = None
+    if isinstance(exc, ClientBulkWriteException):
+        inner = exc.error
+        if isinstance(inner, PyMongoError) and (
+            inner.has_error_label("TransientTransactionError")
+            or inner.has_error_label("UnknownTransactionCommitResult")
+        ):
+            return inner
+        if exc.write_errors:
+            info = dict(exc.details.get("writeErrors", [{}])[0])
+            loc = _locate(groups, offset + int(info.get("idx", 0)))
+            where = None if loc is None else (loc[0], loc[1])
+        elif isinstance(inner, OperationFailure):
+            top = inner
+            info = _failure_info(inner)
+            where = _by_namespace(groups, str(info.get("errmsg", "")))
+        else:
+            return exc
+    elif isinstance(exc, BulkWriteError):  # per-collection bulk_write: one group
+        errors = (exc.details or {}).get("writeErrors") or []
+        if not errors or len(groups) != 1:
+            return exc
+        info = errors[0]
+        where = (groups[0], offset + int(info.get("index", 0)))
+    elif isinstance(exc, OperationFailure):
+        if exc.has_error_label("TransientTransactionError") or exc.has_error_label(
+            "UnknownTransactionCommitResult"
+        ):
+            return exc
+        top = exc
+        info = _failure_info(exc)
+        where = (
+            (groups[0], offset if len(groups[0].ops) == 1 else None)
+            if len(groups) == 1
+            else _by_namespace(groups, str(info.get("errmsg", "")))
+        )
+    else:
+        return exc
+    code = info.get("code")
+    message = str(info.get("errmsg") or exc)
+    if code in _TRANSIENT_CODES:
+        return _transient(code, message, exc)
+    if where is not None and where[0].name.startswith(BUSINESS_PREFIX):
+        return BusinessOpFailed(where[0], where[1], info, exc)
+    return top if top is not None else exc
+
+
+def _failure_info(exc: OperationFailure) -> dict[str, Any]:
+    details = dict(exc.details or {})
+    details.setdefault("code", exc.code)
+    details.setdefault("errmsg", str(exc))
+    return details

@@ -32,6 +32,13 @@ from accord.errors import ConcurrentRunError
 #: configurable key set on configs returned by addressed reads; see the module docstring.
 BRANCH_MARKER = "__accord_branch_from"
 
+#: What to do about a ConcurrentRunError; every message ends with it.
+WHAT_TO_DO = (
+    "Only one worker may advance a thread at a time: reload the thread's latest state "
+    "(graph.get_state(config) or saver.get_tuple(config) without a checkpoint_id) and "
+    "retry from there, and make sure a single worker runs this thread."
+)
+
 EXPLICIT_BRANCH_SOURCES = frozenset({"fork", "update"})
 
 
@@ -74,19 +81,19 @@ def decide_put(
         if source == "input" and step == -1:
             raise ConcurrentRunError(
                 f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) already has checkpoint "
-                f"{current!r}, but this worker started it as a new thread: another worker "
-                f"started the same thread at the same time. Nothing of this step was written; "
-                f"reload the thread and retry."
+                f"{current!r} (run {head.get('run_id')!r}), but this worker started it as a new "
+                f"thread with checkpoint {checkpoint_id!r}: another worker started the same "
+                f"thread at the same time. Nothing of this step was written. {WHAT_TO_DO}"
             )
         return HeadPlan(expected=current, create=False)
     if source in EXPLICIT_BRANCH_SOURCES or (marker is not None and marker == parent_id):
         return HeadPlan(expected=current, create=False)
     raise ConcurrentRunError(
         f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) was advanced by another writer: "
-        f"its head is {current!r} (run {head.get('run_id')!r}), but this step extends "
-        f"{parent_id!r}. Nothing of this step was written. Only one worker may run a thread "
-        f"at a time; reload the thread to continue from its head, or fork explicitly by "
-        f"passing a checkpoint_id."
+        f"its head is {current!r} (run {head.get('run_id')!r}), but this step (checkpoint "
+        f"{checkpoint_id!r}) extends {parent_id!r}. Nothing of this step was written. "
+        f"{WHAT_TO_DO} To branch from an older checkpoint on purpose, pass its checkpoint_id "
+        f"(time travel) instead."
     )
 
 
@@ -120,12 +127,21 @@ def lost_thread(
         f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) moved on to checkpoint "
         f"{head.get('checkpoint_id')!r} (run {head.get('run_id')!r}) written by another worker "
         f"while this worker ran a task of checkpoint {checkpoint_id!r}. The task's writes and "
-        f"business writes were not committed. Only one worker may run a thread at a time."
+        f"business writes were not committed. {WHAT_TO_DO}"
     )
 
 
-def not_saved(thread_id: str, checkpoint_id: str) -> ConcurrentRunError:
+def not_saved(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> ConcurrentRunError:
     return ConcurrentRunError(
-        f"Checkpoint {checkpoint_id!r} of thread {thread_id!r} was never saved (another worker "
-        f"advanced the thread first), so its task's writes and business writes were not committed."
+        f"Checkpoint {checkpoint_id!r} of thread {thread_id!r} (namespace {checkpoint_ns!r}) "
+        f"was never saved (another worker advanced the thread first), so the writes and "
+        f"business writes of this task of it were not committed. {WHAT_TO_DO}"
+    )
+
+
+def kept_moving(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) kept moving while this worker "
+        f"tried to save checkpoint {checkpoint_id!r}: its head changed at every attempt, so "
+        f"another worker is advancing it. Nothing of this step was written. {WHAT_TO_DO}"
     )

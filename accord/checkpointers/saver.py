@@ -8,7 +8,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -20,9 +20,14 @@ from langgraph.checkpoint.base import (
 )
 from pymongo import MongoClient
 from pymongo.client_session import ClientSession
-from pymongo.errors import ClientBulkWriteException, CollectionInvalid
+from pymongo.errors import (
+    BulkWriteError,
+    ClientBulkWriteException,
+    CollectionInvalid,
+    OperationFailure,
+)
 
-from accord.checkpointers import maintenance, ownership, schema, validation
+from accord.checkpointers import maintenance, ownership, schema, storage, validation
 from accord.checkpointers.base import (
     AccordBase,
     AlreadyRecorded,
@@ -32,9 +37,12 @@ from accord.checkpointers.base import (
     check_business_marks,
     list_query,
     mark_ids,
+    merge_docs,
+    unsaved_checkpoint_error,
 )
 from accord.checkpointers.ops import (
     CLIENT_BULK_WIRE_VERSION,
+    BusinessOpFailed,
     Counts,
     Group,
     client_batches,
@@ -42,7 +50,7 @@ from accord.checkpointers.ops import (
     client_models,
     collection_counts,
     merge_counts,
-    unwrap_client_bulk_error,
+    translate_write_error,
 )
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.txn import READ_CONCERN, WRITE_CONCERN
@@ -81,6 +89,8 @@ class _Inflight:
         self._last: OrderedDict[tuple[str, ...], bool] = OrderedDict()
         #: newest checkpoint id this process saved per (tenant, thread, ns)
         self._saved: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        #: why a put failed (accord errors only), for the writes of its tasks
+        self._errors: OrderedDict[tuple[str, ...], BaseException] = OrderedDict()
 
     @contextmanager
     def put(self, key: tuple[str, ...]) -> Iterator[list[bool]]:
@@ -90,6 +100,12 @@ class _Inflight:
             self._puts[key] += 1
         try:
             yield ok
+        except AccordError as exc:
+            self._errors[key] = exc
+            self._errors.move_to_end(key)
+            while len(self._errors) > _OUTCOMES:
+                self._errors.popitem(last=False)
+            raise
         finally:
             with self._cond:
                 self._puts[key] -= 1
@@ -106,6 +122,10 @@ class _Inflight:
                     while len(self._saved) > _OUTCOMES:
                         self._saved.popitem(last=False)
                 self._cond.notify_all()
+
+    def error(self, key: tuple[str, ...]) -> BaseException | None:
+        """The accord error that made this process's put of ``key`` fail, if any."""
+        return self._errors.get(key)
 
     def _saving_before(self, key: tuple[str, ...]) -> bool:
         """Whether this process is saving ``key`` or an older checkpoint of its thread
@@ -229,19 +249,24 @@ class AccordSaver(AccordBase):
         out: dict[str, Counts] = {}
         if self._client_bulk:
             models, owners = client_models(groups)
+            offset = 0
             for batch, batch_owners in client_batches(models, owners):
                 try:
                     result = self.client.bulk_write(
                         batch, session=session, ordered=True, verbose_results=True
                     )
                 except ClientBulkWriteException as exc:
-                    raise unwrap_client_bulk_error(exc) from exc
+                    _reraise(exc, translate_write_error(exc, groups, offset))
+                offset += len(batch)
                 merge_counts(out, client_counts(result, batch_owners))
             return out
         for g in groups:
-            res = self.client[g.db][g.collection].bulk_write(
-                [op.model() for op in g.ops], ordered=True, session=session
-            )
+            try:
+                res = self.client[g.db][g.collection].bulk_write(
+                    [op.model() for op in g.ops], ordered=True, session=session
+                )
+            except (BulkWriteError, OperationFailure) as exc:
+                _reraise(exc, translate_write_error(exc, [g]))
             merge_counts(out, {g.name: collection_counts(res)})
         return out
 
@@ -272,6 +297,8 @@ class AccordSaver(AccordBase):
             # Business writes staged by the parent's tasks commit before this checkpoint
             # does (registered first, so this checkpoint's own task writes wait for it).
             self._wait_units(scope, parent_id, _WAIT_SECONDS)
+            # ... and if one of them failed, this checkpoint must not be saved at all.
+            self._refuse_put(scope, config, parent_id, checkpoint_id)
             plan = ownership.fast_plan(parent_id)
             docs = self._build_put(
                 scope, config, checkpoint, metadata, new_versions, parent_id, use_cache=True
@@ -346,6 +373,7 @@ class AccordSaver(AccordBase):
         writer = self.writer_token(config)
         key = (scope.tenant_id, scope.thread_id, scope.checkpoint_ns, checkpoint_id)
         apply_business = True
+        error: BaseException | None = None
         try:
             self._inflight.wait_put(key)
             for _ in range(_MAX_HEAD_ATTEMPTS):
@@ -384,12 +412,23 @@ class AccordSaver(AccordBase):
                 except AlreadyRecorded:
                     # Applied when the task was first recorded: exactly once, never again.
                     apply_business = False
+                except BusinessOpFailed as failed:
+                    raise self._business_error(scope, checkpoint_id, task_id, failed) from (
+                        failed.cause
+                    )
                 except NotSaved:
                     if not self._inflight.wait_outcome(key):
-                        raise ownership.not_saved(scope.thread_id, checkpoint_id) from None
-            raise ownership.not_saved(scope.thread_id, checkpoint_id)
+                        raise unsaved_checkpoint_error(
+                            scope, checkpoint_id, task_id, self._inflight.error(key)
+                        ) from None
+            raise unsaved_checkpoint_error(scope, checkpoint_id, task_id, self._inflight.error(key))
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            self._unit_done(scope, checkpoint_id, task_id)
+            self._unit_done(
+                scope, checkpoint_id, task_id, config=config, writes=writes, error=error
+            )
 
     # --- read path ---------------------------------------------------------------------
 
@@ -432,9 +471,16 @@ class AccordSaver(AccordBase):
         write_docs = (
             list(self.db[self.collections.writes].find(wf, batch_size=_BATCH)) if wf else []
         )
-        basef = batch.bases_filter(batch.tenant_id, blob_docs)
+        cf = batch.chains_filter()
+        if cf:
+            blob_docs = merge_docs(
+                blob_docs, self.db[self.collections.blobs].find(cf, batch_size=_BATCH)
+            )
+        basef = batch.bases_filter(blob_docs)
         if basef:
-            blob_docs += list(self.db[self.collections.blobs].find(basef, batch_size=_BATCH))
+            blob_docs = merge_docs(
+                blob_docs, self.db[self.collections.blobs].find(basef, batch_size=_BATCH)
+            )
         mf = batch.messages_filter(blob_docs)
         message_docs = (
             list(self.db[self.collections.messages].find(mf, batch_size=_BATCH)) if mf else []
@@ -583,11 +629,13 @@ class AccordSaver(AccordBase):
         referenced: set[str] = set()
         for d in cps.find(scope.ns_filter, projection={"blobs": 1}):
             referenced.update(d.get("blobs") or ())
+        links: dict[str, Any] = {}
         for b in self.db[self.collections.blobs].find(
-            {**scope.ns_filter, "key": {"$in": sorted(referenced)}, "base": {"$exists": True}},
-            projection={"base": 1},
+            {**scope.ns_filter, "type": schema.MSGREFS_TYPE, "chunk": 0},
+            projection={"key": 1, "prev": 1, "base": 1},
         ):
-            referenced.add(b["base"])
+            links[b["key"]] = b.get("prev") or b.get("base")
+        referenced = storage.chain_closure(referenced, links)
         self.db[self.collections.blobs].delete_many(
             {**scope.ns_filter, "key": {"$nin": sorted(referenced)}, "created_at": {"$lt": started}}
         )
@@ -628,6 +676,13 @@ class AccordSaver(AccordBase):
 
     async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
         raise _use_async()
+
+
+def _reraise(exc: BaseException, translated: BaseException) -> NoReturn:
+    """Raise the translation of a failed write (chained to the original, unless it is it)."""
+    if translated is exc:
+        raise exc
+    raise translated from exc
 
 
 def _use_async() -> AccordError:

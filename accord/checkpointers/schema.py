@@ -105,6 +105,16 @@ def index_models(names: CollectionNames) -> dict[str, list[IndexModel]]:
                 name="thread_ns_key_chunk",
                 unique=True,
             ),
+            IndexModel(
+                [
+                    t,
+                    ("thread_id", ASCENDING),
+                    ("checkpoint_ns", ASCENDING),
+                    ("slot", ASCENDING),
+                    ("seq", ASCENDING),
+                ],
+                name="thread_ns_slot_seq",
+            ),
         ],
         "writes": [
             IndexModel(

@@ -106,20 +106,86 @@ class PutDocs:
         self.message_refs: dict[str, RefState] = {}  # channel -> refs at this checkpoint
 
 
-#: A message channel's blob stores only the refs appended since its base snapshot, up to
-#: this many; then it stores a new full snapshot. Bytes per step stay O(new messages)
-#: (plus a full snapshot every DELTA_MAX steps) instead of O(conversation length).
-DELTA_MAX = 64
+#: A message channel's blob is a *segment* of a chain: the message keys appended since
+#: the channel's previous version, with a pointer (``prev``) to that version's blob. Every
+#: PAGE-th segment is a *page* instead: the keys appended since the previous page, pointing
+#: to it. The chain starts with a full *snapshot* (``seq`` 0). A new snapshot (a new chain)
+#: is written when there is no previous state, when the change is not an append (an edit or
+#: a removal), or when the chain holds more than max(CHAIN_MIN, snapshot length) segments or
+#: appended keys. So a step stores O(new messages) (plus a page every PAGE steps and a
+#: snapshot of n keys after at least ~n/2 steps or appended keys: O(1) amortized), and a
+#: reader at ``seq`` s needs the snapshot, the pages and the segments of its own page
+#: window (at most PAGE - 1): ``slot`` (``<chain>/p`` for the snapshot and the pages,
+#: ``<chain>/<seq // PAGE>`` for a segment) in those two values and ``seq <= s``, one
+#: indexed lookup.
+CHAIN_MIN = 64
+PAGE = 32
+
+
+def pages_slot(chain: str) -> str:
+    return f"{chain}/p"
+
+
+def window_slot(chain: str, seq: int) -> str:
+    return f"{chain}/{seq // PAGE}"
 
 
 @dataclass(frozen=True)
 class RefState:
-    """A message channel at one checkpoint: its ordered message keys, and the full
-    snapshot blob (key, length) its stored blob builds on (its own key when full)."""
+    """A message channel at one checkpoint: its ordered message keys, the key of its
+    blob, and its place in a chain: ``chain`` (key of the chain's snapshot; None for a
+    state read from the earlier layout, so the next change starts a chain), ``seq``,
+    ``base_len`` (keys in the snapshot), and the last page (or the snapshot) at or before
+    it: ``page_key``, ``page_len`` (keys up to it)."""
 
     refs: tuple[str, ...]
-    base: str
+    key: str
+    chain: str | None
+    seq: int
     base_len: int
+    page_key: str
+    page_len: int
+
+    def extended_by(self, refs: Sequence[str]) -> bool:
+        """Whether ``refs`` can be stored as the next segment of this state's chain."""
+        limit = max(CHAIN_MIN, self.base_len)
+        n = len(self.refs)
+        return (
+            self.chain is not None
+            and self.seq + 1 <= limit
+            and len(refs) - self.base_len <= limit
+            and tuple(refs[:n]) == self.refs
+        )
+
+
+def _segment(state: RefState | None, key: str, refs: list[str]) -> tuple[dict[str, Any], RefState]:
+    """(chain fields of the blob of ``refs`` at ``key``, the channel's new state)."""
+    if state is None or not state.extended_by(refs):
+        full = RefState(tuple(refs), key, key, 0, len(refs), key, len(refs))
+        return {"chain": key, "seq": 0, "slot": pages_slot(key), "page": True, "refs": refs}, full
+    assert state.chain is not None
+    seq = state.seq + 1
+    if seq % PAGE == 0:
+        fields = {
+            "chain": state.chain,
+            "seq": seq,
+            "slot": pages_slot(state.chain),
+            "page": True,
+            "prev": state.page_key,
+            "refs": refs[state.page_len :],
+        }
+        return fields, RefState(tuple(refs), key, state.chain, seq, state.base_len, key, len(refs))
+    fields = {
+        "chain": state.chain,
+        "seq": seq,
+        "slot": window_slot(state.chain, seq),
+        "prev": state.key,
+        "refs": refs[len(state.refs) :],
+    }
+    new = RefState(
+        tuple(refs), key, state.chain, seq, state.base_len, state.page_key, state.page_len
+    )
+    return fields, new
 
 
 def build_put(
@@ -177,16 +243,9 @@ def build_put(
                 "chunks": 1,
                 "type": schema.MSGREFS_TYPE,
             }
-            if (
-                prev is not None
-                and tuple(refs[: len(prev.refs)]) == prev.refs
-                and len(refs) - prev.base_len <= DELTA_MAX
-            ):
-                doc.update(base=prev.base, base_len=prev.base_len, refs=refs[prev.base_len :])
-                out.message_refs[channel] = RefState(tuple(refs), prev.base, prev.base_len)
-            else:
-                doc["refs"] = refs
-                out.message_refs[channel] = RefState(tuple(refs), key, len(refs))
+            fields, state = _segment(prev, key, refs)
+            doc.update(fields)
+            out.message_refs[channel] = state
             out.blobs.append(insert_once(doc))
             continue
         type_, data = serde.dumps_typed(value)
@@ -213,15 +272,14 @@ def build_put(
         "checkpoint": {"type": ctype, "data": cdata},
         "metadata": {"type": mtype, "data": mdata},
         "meta": plain_metadata(metadata),
-        # the blobs this checkpoint reads, message-ref snapshots included, so one query
-        # fetches them all (bases of unchanged channels when the saver knows them)
-        "blobs": sorted(
-            {schema.blob_key(c, v) for c, v in checkpoint["channel_versions"].items()}
-            | {
-                st.base
-                for ch, st in {**known_messages, **out.message_refs}.items()
-                if ch in checkpoint["channel_versions"]
-            }
+        # the blobs this checkpoint reads (for garbage collection), and the message-ref
+        # chains they end (so the reader can fetch the chains right away; unchanged
+        # channels' chains when the saver knows them)
+        "blobs": sorted({schema.blob_key(c, v) for c, v in checkpoint["channel_versions"].items()}),
+        "chains": sorted(
+            [st.chain, st.seq]
+            for ch, st in {**known_messages, **out.message_refs}.items()
+            if ch in checkpoint["channel_versions"] and st.chain is not None and st.seq > 0
         ),
         "created_at": ts,
     }
@@ -391,28 +449,149 @@ def group_fragments(
     return out
 
 
+def _walk(
+    doc: Mapping[str, Any], blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]]
+) -> list[Mapping[str, Any]] | str:
+    """The blobs of a message channel's chain, from ``doc`` down to its snapshot (following
+    ``prev``; documents of an abandoned branch of the chain are never on that path), or
+    the key of the first one missing from ``blobs``."""
+    thread_id, ns = doc["thread_id"], doc["checkpoint_ns"]
+    path = [doc]
+    current = doc
+    while True:
+        if "chain" in current:
+            link = current.get("prev") if current.get("seq") else None
+        else:  # earlier layout: a snapshot, or a delta on a base snapshot
+            link = current.get("base")
+        if link is None:
+            return path
+        nxt = blobs.get((thread_id, ns, link))
+        if not nxt:
+            return str(link)
+        current = nxt[0]
+        path.append(current)
+
+
+def _refs_of(path: list[Mapping[str, Any]]) -> list[str]:
+    top = path[0]
+    if "chain" not in top and "base" in top:  # earlier layout: a prefix of the base
+        return list(path[1].get("refs") or ())[: top["base_len"]] + list(top.get("refs") or ())
+    return [r for d in reversed(path) for r in d.get("refs") or ()]
+
+
+def _checked_walk(
+    doc: Mapping[str, Any], blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]]
+) -> list[Mapping[str, Any]]:
+    path = _walk(doc, blobs)
+    if isinstance(path, str):
+        raise CorruptStateError(f"message refs {doc['key']}: blob {path} of its chain is missing")
+    return path
+
+
 def full_refs(
     doc: Mapping[str, Any], blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]]
 ) -> list[str]:
-    """The ordered message keys of a message-channel blob (resolving a delta's base)."""
-    refs = list(doc.get("refs") or ())
-    base_key = doc.get("base")
-    if base_key is None:
-        return refs
-    base = blobs.get((doc["thread_id"], doc["checkpoint_ns"], base_key))
-    if not base:
-        raise CorruptStateError(f"message refs {doc['key']}: base snapshot {base_key} is missing")
-    return list(base[0].get("refs") or ())[: doc["base_len"]] + refs
+    """The ordered message keys of a message-channel blob (following its chain)."""
+    return _refs_of(_checked_walk(doc, blobs))
 
 
-def missing_bases(blob_docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    """Base snapshots referenced by delta blobs but not among ``blob_docs``."""
-    have = {(d["thread_id"], d["checkpoint_ns"], d["key"]) for d in blob_docs}
-    out: dict[tuple[str, str], set[str]] = {}
-    for d in blob_docs:
-        b = d.get("base")
-        if b is not None and (d["thread_id"], d["checkpoint_ns"], b) not in have:
-            out.setdefault((d["thread_id"], d["checkpoint_ns"]), set()).add(b)
+def ref_state(
+    doc: Mapping[str, Any], blobs: Mapping[tuple[Any, ...], list[Mapping[str, Any]]]
+) -> RefState:
+    """The :class:`RefState` of a message-channel blob (to seed the saver's cache)."""
+    path = _checked_walk(doc, blobs)
+    refs = tuple(_refs_of(path))
+    if "chain" not in doc:
+        return RefState(refs, doc["key"], None, 0, len(refs), doc["key"], len(refs))
+    # the last page (or the snapshot) on the path, and the keys up to it
+    after = 0
+    page = path[-1]
+    for d in path:
+        if d.get("page") or not d.get("seq"):
+            page = d
+            break
+        after += len(d.get("refs") or ())
+    return RefState(
+        refs,
+        doc["key"],
+        doc["chain"],
+        int(doc.get("seq") or 0),
+        len(path[-1].get("refs") or ()),
+        page["key"],
+        len(refs) - after,
+    )
+
+
+def missing_links(
+    blob_docs: Iterable[Mapping[str, Any]], roots: Iterable[tuple[str, str, str]]
+) -> dict[tuple[str, str], tuple[set[str], dict[str, set[int]]]]:
+    """What the message-ref blobs ``roots`` ((thread, ns, key) of the channel versions
+    being read) still need beyond ``blob_docs``, per (thread, ns): (keys of base snapshots
+    of the earlier layout, chain -> ``seq``s of its readers)."""
+    blobs = group_fragments(blob_docs, "thread_id", "checkpoint_ns", "key")
+    out: dict[tuple[str, str], tuple[set[str], dict[str, set[int]]]] = {}
+    for root in roots:
+        frags = blobs.get(root)
+        if not frags or frags[0].get("type") != schema.MSGREFS_TYPE:
+            continue
+        d = frags[0]
+        missing = _walk(d, blobs)
+        if not isinstance(missing, str):
+            continue
+        keys, chains = out.setdefault((d["thread_id"], d["checkpoint_ns"]), (set(), {}))
+        if "chain" in d:
+            chains.setdefault(d["chain"], set()).add(int(d["seq"]))
+        else:
+            keys.add(missing)
+    return out
+
+
+def message_keys(
+    blob_docs: Iterable[Mapping[str, Any]], roots: Iterable[tuple[str, str, str]]
+) -> dict[str, set[str]]:
+    """Message keys (per thread) of the message-ref blobs ``roots``, along their chains."""
+    blobs = group_fragments(blob_docs, "thread_id", "checkpoint_ns", "key")
+    out: dict[str, set[str]] = {}
+    for root in roots:
+        frags = blobs.get(root)
+        if not frags or frags[0].get("type") != schema.MSGREFS_TYPE:
+            continue
+        path = _walk(frags[0], blobs)
+        if isinstance(path, str):
+            continue  # reported when the tuple is built
+        keys = out.setdefault(root[0], set())
+        for d in path:
+            keys.update(d.get("refs") or ())
+    return out
+
+
+def chain_clause(chains: Mapping[str, Iterable[int]]) -> dict[str, Any] | None:
+    """Filter (within one thread and namespace) of the chain documents that readers at
+    the given ``seq``s of the given chains need: one indexed lookup (documents beyond what
+    one reader needs are harmless: the walk from its own blob ignores them)."""
+    slots: set[str] = set()
+    top = 0
+    for chain, seqs in chains.items():
+        wanted = [s for s in seqs if s > 0]
+        if wanted:
+            slots.add(pages_slot(chain))
+            slots.update(window_slot(chain, s) for s in wanted)
+            top = max(top, *wanted)
+    if not slots:
+        return None
+    return {"slot": {"$in": sorted(slots)}, "seq": {"$lte": top}}
+
+
+def chain_closure(referenced: set[str], links: Mapping[str, str | None]) -> set[str]:
+    """``referenced`` plus every blob key their message-ref chains point to (``links``:
+    key -> ``prev``/``base`` of each message-ref blob)."""
+    out = set(referenced)
+    stack = [k for k in referenced if links.get(k)]
+    while stack:
+        nxt = links.get(stack.pop())
+        if nxt and nxt not in out:
+            out.add(nxt)
+            stack.append(nxt)
     return out
 
 

@@ -127,3 +127,71 @@ def test_two_graph_runs_on_one_thread(client: MongoClient, saver: AccordSaver) -
             newer.parent_config["configurable"]["checkpoint_id"]
             == older.config["configurable"]["checkpoint_id"]
         )
+
+
+# --- every ConcurrentRunError says what happened and what to do -----------------------------
+
+
+def _says_what_and_what_to_do(exc: BaseException, thread: str, *checkpoints: str) -> None:
+    message = str(exc)
+    assert repr(thread) in message, message
+    for cid in checkpoints:
+        assert repr(cid) in message, (cid, message)
+    assert "reload the thread's latest state" in message and "retry" in message, message
+    assert "Only one worker may advance a thread at a time" in message, message
+
+
+def test_every_concurrent_run_error_says_what_happened_and_what_to_do(
+    client: MongoClient, saver: AccordSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = AccordSaver(client, db_name=saver.db_name)
+    c0 = _put(saver, "m", None, "0", source="input", step=-1)["configurable"]["checkpoint_id"]
+    c1 = _put(other, "m", c0, "1", step=0)["configurable"]["checkpoint_id"]
+    before = _counts(client, saver.db_name)
+
+    # 1. a stale parent: the thread was advanced by another writer (put)
+    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "1"})
+    with pytest.raises(ConcurrentRunError) as info:
+        saver.put(config("m", c0), cp, generate_metadata(step=0), {"v": "1"})
+    _says_what_and_what_to_do(info.value, "m", c1, c0, cp["id"])
+
+    # 2. two workers start the same new thread
+    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "1"})
+    with pytest.raises(ConcurrentRunError) as info:
+        saver.put(config("m"), cp, generate_metadata(source="input", step=-1), {"v": "1"})
+    _says_what_and_what_to_do(info.value, "m", c1, cp["id"])
+
+    # 3. task writes of a checkpoint the thread moved past (another worker's head)
+    with pytest.raises(ConcurrentRunError) as info:
+        saver.put_writes(config("m", c0), [("v", "late")], "task-1")
+    _says_what_and_what_to_do(info.value, "m", c0, c1)
+
+    # 4. task writes of a checkpoint that was never saved
+    monkeypatch.setattr("accord.checkpointers.saver._IDLE_GRACE_SECONDS", 0.05)
+    with pytest.raises(ConcurrentRunError) as info:
+        saver.put_writes(config("m", "never-saved"), [("v", "late")], "task-2")
+    _says_what_and_what_to_do(info.value, "m", "never-saved")
+
+    # 5. the head keeps moving at every attempt
+    monkeypatch.setattr(AccordSaver, "_head_ok", staticmethod(lambda plan, counts: False))
+    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "2"})
+    with pytest.raises(ConcurrentRunError) as info:
+        other.put(config("m", c1), cp, generate_metadata(step=1), {"v": "2"})
+    _says_what_and_what_to_do(info.value, "m", cp["id"])
+    assert "kept moving" in str(info.value)
+
+    assert _counts(client, saver.db_name) == before  # none of them wrote anything
+
+
+def test_concurrent_run_errors_are_built_in_one_place() -> None:
+    """Every ConcurrentRunError of the checkpointer comes from ownership.py's builders (whose
+    messages the test above checks) or repeats one of their messages."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "accord" / "checkpointers"
+    sites = {
+        p.name: p.read_text().count("ConcurrentRunError(")
+        for p in root.glob("*.py")
+        if "ConcurrentRunError(" in p.read_text()
+    }
+    assert sites == {"ownership.py": 5, "base.py": 1}, sites

@@ -12,6 +12,8 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver
+from accord.checkpointers.base import ReadBatch
+from accord.checkpointers.storage import PAGE
 from tests.checkpointers.conftest import config
 
 MB = 1024 * 1024
@@ -186,3 +188,135 @@ def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: Accord
     # the copy is writable: its head is its latest checkpoint
     cp = generate_checkpoint(channel_values={"v": 1}, channel_versions={"v": "1"})
     saver.put(config("dst", ids[-1]), cp, generate_metadata(step=1), {"v": "1"})
+
+
+def _messages_at(saver: AccordSaver, thread: str, cid: str | None = None) -> list[Any]:
+    tup = saver.get_tuple(config(thread, cid))
+    assert tup is not None
+    return [(m.id, m.content) for m in tup.checkpoint["channel_values"]["messages"]]
+
+
+def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
+    client: MongoClient, saver: AccordSaver
+) -> None:
+    """A message channel is stored as segments (the keys appended since the previous
+    version) chained down to a snapshot: every checkpoint reassembles exactly, through
+    edits and removals (new snapshots), a fork (a new chain), a cold cache, and pruning."""
+    blobs = client[saver.db_name].checkpoint_blobs
+    msgs: list[Any] = []
+    steps = []
+    for i in range(300):
+        if i == 100:
+            msgs = [AIMessage("edited", id="h3") if m.id == "h3" else m for m in msgs]
+        if i == 200:
+            msgs = [m for m in msgs if m.id != "h7"]
+        msgs = [*msgs, HumanMessage(f"m{i}", id=f"h{i}")]
+        steps.append({"messages": msgs})
+    ids = _chain(saver, "chains", steps)
+    expected = [[(m.id, m.content) for m in s["messages"]] for s in steps]
+    for i in [*range(0, 300, 7), 299]:
+        assert _messages_at(saver, "chains", ids[i]) == expected[i], i
+
+    # each step stored about one key (a segment), plus a page every PAGE steps and a
+    # snapshot every ~doubling
+    refs = [d for d in blobs.find({"thread_id": "chains", "channel": "messages"})]
+    snapshots = [d for d in refs if d["seq"] == 0]
+    assert len(snapshots) <= 8, [len(d["refs"]) for d in snapshots]
+    assert sum(len(d["refs"]) for d in refs) <= 4 * 300
+    assert max(d["seq"] for d in refs) <= 130
+    # a reader fetches the snapshot, the pages and its own page window, not the whole chain
+    latest = client[saver.db_name].checkpoints.find_one(
+        {"thread_id": "chains", "checkpoint_id": ids[-1]}
+    )
+    batch = ReadBatch(saver.tenant_id, [latest], saver.serde)
+    chain_filter = batch.chains_filter()
+    assert chain_filter is not None and chain_filter["thread_id"] == "chains"
+    ((chain, seq),) = latest["chains"]
+    fetched = list(blobs.find(chain_filter))
+    assert len(fetched) <= 1 + seq // PAGE + PAGE
+    assert len(fetched) < len([d for d in refs if d["chain"] == chain])
+
+    # a fork from step 150 starts its own chain; both branches read back exactly
+    old = saver.get_tuple(config("chains", ids[150]))
+    assert old is not None
+    forked = [*old.checkpoint["channel_values"]["messages"], AIMessage("fork", id="f")]
+    cp = generate_checkpoint(
+        channel_values={"messages": forked},
+        channel_versions={
+            "messages": saver.get_next_version(old.checkpoint["channel_versions"]["messages"], None)
+        },
+    )
+    fork_cfg = saver.put(
+        old.config, cp, generate_metadata(step=151, source="fork"), cp["channel_versions"]
+    )
+    assert _messages_at(saver, "chains", fork_cfg["configurable"]["checkpoint_id"]) == [
+        *expected[150],
+        ("f", "fork"),
+    ]
+    assert _messages_at(saver, "chains", ids[299]) == expected[299]
+    fork_blob = blobs.find_one(
+        {"thread_id": "chains", "version": cp["channel_versions"]["messages"]}
+    )
+    assert fork_blob is not None and fork_blob["seq"] == 0  # a new chain
+
+    # a saver with a cold cache continues the chain of the head it reads
+    fresh = AccordSaver(client, db_name=saver.db_name)
+    head = fresh.get_tuple(config("chains"))
+    assert head is not None
+    more = [*head.checkpoint["channel_values"]["messages"], HumanMessage("cold", id="c")]
+    version = fresh.get_next_version(head.checkpoint["channel_versions"]["messages"], None)
+    cp = generate_checkpoint(
+        channel_values={"messages": more}, channel_versions={"messages": version}
+    )
+    cold = fresh.put(head.config, cp, generate_metadata(step=152), {"messages": version})
+    new_blob = blobs.find_one({"thread_id": "chains", "version": version})
+    assert (
+        new_blob is not None and new_blob["seq"] > 0 and new_blob["refs"] == [new_blob["refs"][0]]
+    )
+    latest = _messages_at(saver, "chains", cold["configurable"]["checkpoint_id"])
+    assert (
+        latest[-1] == ("c", "cold")
+        and len(latest) == len(head.checkpoint["channel_values"]["messages"]) + 1
+    )
+
+    # pruning keeps exactly the chain the remaining checkpoint needs
+    saver.prune(["chains"])
+    assert _messages_at(fresh, "chains") == latest
+    assert _messages_at(AccordSaver(client, db_name=saver.db_name), "chains") == latest
+    kept = list(blobs.find({"thread_id": "chains", "channel": "messages"}))
+    assert len(kept) == new_blob["seq"] + 1
+
+
+def test_message_refs_of_the_earlier_layout_still_read(
+    client: MongoClient, saver: AccordSaver
+) -> None:
+    """Blobs written before chains (a snapshot, then deltas on it) read back, and the
+    next change starts a chain."""
+    m = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(3)]
+    ids = _chain(saver, "old", [{"messages": m[:2]}, {"messages": m}])
+    blobs = client[saver.db_name].checkpoint_blobs
+    first, second = sorted(
+        blobs.find({"thread_id": "old", "channel": "messages"}), key=lambda d: d["version"]
+    )
+    blobs.update_one({"_id": first["_id"]}, {"$unset": {"chain": "", "seq": ""}})
+    blobs.update_one(
+        {"_id": second["_id"]},
+        {
+            "$unset": {"chain": "", "seq": "", "prev": ""},
+            "$set": {"base": first["key"], "base_len": 2},
+        },
+    )
+    client[saver.db_name].checkpoints.update_many({"thread_id": "old"}, {"$unset": {"chains": ""}})
+    fresh = AccordSaver(client, db_name=saver.db_name)
+    assert [mid for mid, _ in _messages_at(fresh, "old", ids[0])] == ["m0", "m1"]
+    head = fresh.get_tuple(config("old"))
+    assert head is not None and [x.id for x in head.checkpoint["channel_values"]["messages"]] == [
+        "m0",
+        "m1",
+        "m2",
+    ]
+    more = [*m, HumanMessage("m3", id="m3")]
+    cp = generate_checkpoint(channel_values={"messages": more}, channel_versions={"messages": "9"})
+    fresh.put(head.config, cp, generate_metadata(step=2), {"messages": "9"})
+    assert [mid for mid, _ in _messages_at(fresh, "old")] == ["m0", "m1", "m2", "m3"]
+    assert blobs.find_one({"thread_id": "old", "version": "9"})["seq"] == 0
