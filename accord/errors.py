@@ -107,3 +107,7 @@ class BusinessWriteError(TaskWriteError):
 
 def _rebuild_business_error(message: str, details: dict[str, object]) -> BusinessWriteError:
     return BusinessWriteError(message, **details)  # type: ignore[arg-type]
+
+
+class EmbeddingDimensionError(ConfigurationError):
+    """An embedder's vectors do not have the dimensions the vector index was built with."""

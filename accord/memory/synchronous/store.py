@@ -1,0 +1,250 @@
+# TEMPORARY hand-made sync twin of accord/memory/asynchronous/store.py, replaced by tools/synchro.py output when it lands.
+"""LangGraph ``BaseStore`` on accord's memory service (sync twin of the async source).
+
+``AccordStore`` is native async on pymongo's ``MongoClient``; ``AccordStore``
+(:mod:`accord.memory.synchronous.store`) is its sync twin. Use either as
+``graph.compile(store=...)`` and from ``get_store()`` in nodes::
+
+    async with AccordStore.from_conn_string(uri, index={"dims": 1024,
+                                                   "embed": "voyage:voyage-3.5"}) as store:
+        graph = builder.compile(store=store)
+
+Semantics follow BaseStore as InMemoryStore and PostgresStore implement it (LangGraph's own
+store tests run against this class): reads in a batch see the state before the batch's
+puts; the last put of a key in a batch wins; search with a query ranks by vector similarity
+(scores normalised to [0, 1] as Atlas does), then fills with items that have no embedding;
+TTL in minutes with ``refresh_on_read``. One vector per item: the texts of the indexed
+fields are embedded together (Atlas indexes one vector per document and path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    validate_op_namespace,
+)
+from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
+from pymongo import MongoClient
+
+from accord.errors import InvalidInputError
+from accord.memory import model
+from accord.memory.embedders import LangChainEmbedder
+from accord.memory.model import Memory, PutRequest
+from accord.memory.synchronous.service import MemoryService
+
+log = logging.getLogger("accord.memory.store")
+_IS_SYNC = True
+
+
+def _embedder_for(index: IndexConfig | None) -> Any:
+    if not index:
+        return None
+    if "dims" not in index or not isinstance(index["dims"], int):
+        raise InvalidInputError("IndexConfig needs 'dims' (an integer)")
+    embed = index.get("embed")
+    if embed is None:
+        return None
+    if isinstance(embed, str) and (embed.startswith("voyage:") or embed == "hashing"):
+        return embed
+    return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
+
+
+class AccordStore(BaseStore):
+    """A LangGraph store whose items are accord long-term memories of one tenant."""
+
+    supports_ttl = True
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        tenant_id: str = "default",
+        db_name: str = "accord",
+        service: MemoryService | None = None,
+        conn_string: str | None = None,
+    ) -> None:
+        self.client = client
+        self.conn_string = conn_string
+        self.index_config = index
+        self.ttl_config = ttl
+        dims = index["dims"] if index else None
+        self.service = service or MemoryService(
+            client, tenant_id=tenant_id, db_name=db_name, embedder=_embedder_for(index),
+            dims=dims,
+        )  # fmt: skip
+        fields = (index or {}).get("fields") or ["$"]
+        self._fields = [(f, tokenize_path(f) if f != "$" else f) for f in fields]
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls, conn_string: str, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None,
+        tenant_id: str = "default", db_name: str = "accord",
+    ) -> Iterator[AccordStore]:  # fmt: skip
+        """A store on a new client for ``conn_string``, set up, closed on exit."""
+        client: MongoClient[Any] = MongoClient(conn_string)
+        try:
+            store = cls(
+                client,
+                index=index,
+                ttl=ttl,
+                tenant_id=tenant_id,
+                db_name=db_name,
+                conn_string=conn_string,
+            )
+            store.setup()
+            yield store
+            store.stop_ttl_sweeper()
+        finally:
+            client.close()
+
+    def setup(self) -> None:
+        """Create collections, indexes and the vector index (idempotent)."""
+        self.service.setup()
+
+    # -- BaseStore ---------------------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        for op in ops:
+            validate_op_namespace(op)
+        results: list[Result] = [None] * len(ops)
+        for i, op in enumerate(ops):
+            if isinstance(op, GetOp):
+                results[i] = self._get(op)
+            elif isinstance(op, SearchOp):
+                results[i] = self._search(op)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list(op)
+            elif not isinstance(op, PutOp):
+                raise InvalidInputError(f"unknown store operation {type(op).__name__}")
+        puts = [op for op in ops if isinstance(op, PutOp)]
+        if puts:
+            reqs = [self._request(op) for op in puts]
+            self.service.apply([r for r, _ in reqs], [e for _, e in reqs],
+                                     operation="store.put")  # fmt: skip
+        return results
+
+    # -- the other calling convention (differs between the twins) ----------------------------
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Async calls on the sync store run the sync batch in a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.batch, list(ops))
+
+    # -- end of the twin-specific part ---------------------------------------------------------
+
+    # -- ops ---------------------------------------------------------------------------------------
+
+    def _refresh(self, requested: bool | None) -> bool:
+        if requested is not None:
+            return requested
+        return bool((self.ttl_config or {}).get("refresh_on_read", True))
+
+    def _get(self, op: GetOp) -> Item | None:
+        found = self.service.get(op.namespace, op.key, refresh_ttl=self._refresh(op.refresh_ttl))
+        return _item(found) if found is not None else None
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        hits = self.service.search(
+            op.namespace_prefix, query=op.query, filter=op.filter, limit=op.limit,
+            offset=op.offset, refresh_ttl=self._refresh(op.refresh_ttl),
+        )  # fmt: skip
+        return [_search_item(h) for h in hits]
+
+    def _list(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        prefix = suffix = None
+        for cond in op.match_conditions or ():
+            if cond.match_type == "prefix":
+                prefix = tuple(cond.path)
+            elif cond.match_type == "suffix":
+                suffix = tuple(cond.path)
+        return self.service.list_namespaces(
+            prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit,
+            offset=op.offset,
+        )  # fmt: skip
+
+    def _request(self, op: PutOp) -> tuple[PutRequest, bool]:
+        ns = model.check_namespace(op.namespace)
+        if op.value is None:
+            return PutRequest(ns, op.key, None), False
+        ttl = op.ttl if op.ttl is not None else (self.ttl_config or {}).get("default_ttl")
+        embed = op.index is not False
+        text = None
+        if embed:
+            paths = (
+                self._fields
+                if not isinstance(op.index, list)
+                else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
+            )
+            texts = [t for _, tokens in paths for t in get_text_at_path(op.value, tokens)]
+            text = "\n".join(texts) if texts else None
+            embed = text is not None
+        req = PutRequest(ns, op.key, dict(op.value), text=text,
+                         provenance=model.Provenance(tenant_id=self.service.tenant_id),
+                         ttl_minutes=float(ttl) if ttl else None)  # fmt: skip
+        return req, embed
+
+    # -- TTL sweeper -----------------------------------------------------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Delete expired items now; returns how many."""
+        return self.service.sweep_expired()
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        """Sweep expired items periodically in a daemon thread (default every 5 minutes)."""
+        interval = (
+            sweep_interval_minutes or (self.ttl_config or {}).get("sweep_interval_minutes") or 5
+        )
+        if self._sweeper is not None and self._sweeper.is_alive():
+            return
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    removed = self.sweep_ttl()
+                    if removed:
+                        log.info("TTL sweep removed %d expired memories", removed)
+                except Exception:  # keep sweeping; the next round retries
+                    log.exception("TTL sweep failed")
+                self._stop.wait(float(interval) * 60)
+
+        self._sweeper = threading.Thread(target=loop, name="accord-ttl-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> None:
+        if self._sweeper is not None:
+            self._stop.set()
+            self._sweeper.join(timeout)
+            self._sweeper = None
+
+
+def _item(m: Memory) -> Item:
+    return Item(value=m.value, key=m.key, namespace=m.namespace, created_at=m.created_at,
+                updated_at=m.updated_at)  # fmt: skip
+
+
+def _search_item(m: Memory) -> SearchItem:
+    return SearchItem(namespace=m.namespace, key=m.key, value=m.value, created_at=m.created_at,
+                      updated_at=m.updated_at, score=m.score)  # fmt: skip
