@@ -160,3 +160,8 @@ class WriteRefused(AccordError):
 class LeaseLost(AccordError):
     """A worker's lease (on an outbox event, a run) expired and another worker took over
     before this one committed; nothing of this worker's commit was written."""
+
+
+class MemoryConflictError(AccordError):
+    """Other writers kept changing the same memories while they were being written; nothing
+    of this write was committed. Retry it."""

@@ -64,6 +64,9 @@ REPLACEMENTS: dict[str, str] = {
     "asearch": "search",
     "adelete": "delete",
     "alist_namespaces": "list_namespaces",
+    # accord's embedders (accord.memory.embedders)
+    "aembed_documents": "embed_documents",
+    "aembed_query": "embed_query",
 }
 
 _SOURCE_NOTE = re.compile(r"This module is the async source;.*?``tools/synchro\.py``\.", re.DOTALL)

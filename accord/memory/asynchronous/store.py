@@ -1,4 +1,4 @@
-"""LangGraph ``BaseStore`` on accord's memory service (async source).
+"""LangGraph ``BaseStore`` on accord's memory service.
 
 ``AsyncAccordStore`` is native async on pymongo's ``AsyncMongoClient``; ``AccordStore``
 (:mod:`accord.memory.synchronous.store`) is its sync twin. Use either as
@@ -14,14 +14,16 @@ puts; the last put of a key in a batch wins; search with a query ranks by vector
 (scores normalised to [0, 1] as Atlas does), then fills with items that have no embedding;
 TTL in minutes with ``refresh_on_read``. One vector per item: the texts of the indexed
 fields are embedded together (Atlas indexes one vector per document and path).
+
+This module is the async source; :mod:`accord.memory.synchronous.store` is generated from
+it by ``tools/synchro.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any
 
 from langgraph.store.base import (
@@ -44,6 +46,7 @@ from pymongo import AsyncMongoClient
 from accord.errors import InvalidInputError
 from accord.memory import model
 from accord.memory.asynchronous.service import AsyncMemoryService
+from accord.memory.conventions import ServesAsyncCalls, ServesSyncCalls
 from accord.memory.embedders import LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
 
@@ -64,7 +67,12 @@ def _embedder_for(index: IndexConfig | None) -> Any:
     return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
 
 
-class AsyncAccordStore(BaseStore):
+# What differs between the twins (serving the other calling convention, the TTL sweeper's
+# thread or task) lives in accord.memory.conventions, which the generator does not touch.
+_Conventions = ServesAsyncCalls if _IS_SYNC else ServesSyncCalls
+
+
+class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
     """A LangGraph store whose items are accord long-term memories of one tenant."""
 
     supports_ttl = True
@@ -91,7 +99,7 @@ class AsyncAccordStore(BaseStore):
         )  # fmt: skip
         fields = (index or {}).get("fields") or ["$"]
         self._fields = [(f, tokenize_path(f) if f != "$" else f) for f in fields]
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper: Any = None
 
     @classmethod
     @asynccontextmanager
@@ -112,7 +120,7 @@ class AsyncAccordStore(BaseStore):
             )
             await store.setup()
             yield store
-            await store.stop_ttl_sweeper()
+            store.stop_ttl_sweeper()
         finally:
             await client.close()
 
@@ -142,36 +150,6 @@ class AsyncAccordStore(BaseStore):
             await self.service.apply([r for r, _ in reqs], [e for _, e in reqs],
                                      operation="store.put")  # fmt: skip
         return results
-
-    # -- the other calling convention (differs between the twins) ----------------------------
-
-    def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Sync calls on the async store are served by a sync twin on the same server."""
-        return self._sync_twin().batch(ops)
-
-    def _sync_twin(self) -> Any:
-        twin = getattr(self, "_twin", None)
-        if twin is None:
-            from pymongo import MongoClient
-
-            from accord.memory.synchronous.service import MemoryService
-            from accord.memory.synchronous.store import AccordStore
-
-            if self.conn_string is None:
-                raise InvalidInputError(
-                    "this AsyncAccordStore cannot serve sync calls: create it with "
-                    "from_conn_string() or pass conn_string=, or use the async methods"
-                )
-            sync_client: MongoClient[Any] = MongoClient(self.conn_string)
-            service = MemoryService(sync_client, tenant_id=self.service.tenant_id,
-                                    db_name=self.service.db_name, embedder=self.service.embedder,
-                                    dims=self.service.dims)  # fmt: skip
-            twin = AccordStore(sync_client, index=self.index_config, ttl=self.ttl_config,
-                               service=service)  # fmt: skip
-            self._twin = twin
-        return twin
-
-    # -- end of the twin-specific part ---------------------------------------------------------
 
     # -- ops ---------------------------------------------------------------------------------------
 
@@ -226,38 +204,11 @@ class AsyncAccordStore(BaseStore):
                          ttl_minutes=float(ttl) if ttl else None)  # fmt: skip
         return req, embed
 
-    # -- TTL sweeper -----------------------------------------------------------------------------
+    # -- TTL ---------------------------------------------------------------------------------------
 
     async def sweep_ttl(self) -> int:
         """Delete expired items now; returns how many."""
         return await self.service.sweep_expired()
-
-    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
-        """Sweep expired items periodically (``ttl.sweep_interval_minutes``, default 5)."""
-        interval = (
-            sweep_interval_minutes or (self.ttl_config or {}).get("sweep_interval_minutes") or 5
-        )
-        if self._sweeper is not None and not self._sweeper.done():
-            return
-
-        async def loop() -> None:
-            while True:
-                try:
-                    removed = await self.sweep_ttl()
-                    if removed:
-                        log.info("TTL sweep removed %d expired memories", removed)
-                except Exception:  # keep sweeping; the next round retries
-                    log.exception("TTL sweep failed")
-                await asyncio.sleep(float(interval) * 60)
-
-        self._sweeper = asyncio.ensure_future(loop())
-
-    async def stop_ttl_sweeper(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await self._sweeper
-            self._sweeper = None
 
 
 def _item(m: Memory) -> Item:

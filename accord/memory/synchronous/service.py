@@ -1,5 +1,5 @@
-# TEMPORARY hand-made sync twin of the async source, replaced by tools/synchro.py output when it lands.
-"""The memory service (sync; GENERATED from :mod:`accord.memory.synchronous.service`).
+# Generated from accord/memory/asynchronous/service.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+"""The memory service.
 
 One service behind every door (BaseStore, and part B's HTTP API and MCP server): put, get,
 delete, search, list namespaces, history, TTL sweep, for ONE tenant. Every read is scoped by
@@ -9,6 +9,8 @@ validated (no ``$`` field names, only BaseStore's operators) and are applied aft
 search, in Python, with BaseStore's semantics. Every write is a plan executed by the
 platform's unit of work (one transaction: the memory, its previous version in
 ``memory_history``), with compare-and-set on ``version`` so two writers never lose an update.
+
+Generated from ``accord/memory/asynchronous/service.py`` by ``tools/synchro.py``: edit that file, not this one.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient
-from pymongo.errors import CollectionInvalid, OperationFailure
 from pymongo.operations import SearchIndexModel
 
-from accord.errors import AccordError, InvalidInputError
+from accord.errors import InvalidInputError, MemoryConflictError, WriteRefused
 from accord.memory import model
 from accord.memory.embedders import Embedder, check_dimensions, resolve_embedder
 from accord.memory.model import Doc, Memory, PutRequest
 from accord.memory.writepath import (
+    COMPONENT,
     LONG_TERM_MEMORY,
     MEMORY_HISTORY,
+    Catalog,
     Expect,
     Group,
     Op,
@@ -36,6 +39,7 @@ from accord.memory.writepath import (
     PlanContext,
     UnitOfWork,
 )
+from accord.platform.codes import DUPLICATE_KEY_CODES
 
 log = logging.getLogger("accord.memory")
 _IS_SYNC = True
@@ -43,12 +47,8 @@ WRITE_ATTEMPTS = 8
 MAX_CANDIDATES = 10_000
 
 
-class WriteConflictError(AccordError):
-    """Another writer changed the same memories between our read and our write."""
-
-
 def _conflict(_: Any) -> BaseException:
-    return WriteConflictError("a memory changed while it was being written")
+    return MemoryConflictError("a memory changed while it was being written; retry")
 
 
 class MemoryService:
@@ -110,25 +110,23 @@ class MemoryService:
 
         Raises EmbeddingDimensionError when the existing vector index has other dimensions.
         """
-        db = self.client[self.db_name]
-        for name in (self.memory_collection, self.history_collection):
-            try:
-                db.create_collection(name)
-            except (CollectionInvalid, OperationFailure) as exc:
-                if "already exists" not in str(exc) and getattr(exc, "code", None) != 48:
-                    raise
-        self.memories.create_indexes(
-            [
-                IndexModel([("tenant_id", ASCENDING), ("ns_prefixes", ASCENDING)],
-                           name="tenant_ns_prefixes"),
-                IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING)],
-                           name="tenant_updated"),
-                IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
-            ]
-        )  # fmt: skip
-        self.history_coll.create_indexes(
-            [IndexModel([("memory_id", ASCENDING), ("version", ASCENDING)], name="memory_version"),
-             IndexModel([("tenant_id", ASCENDING)], name="tenant")]
+        Catalog(self.uow, self.db_name).setup(
+            COMPONENT,
+            {self.memory_collection: LONG_TERM_MEMORY, self.history_collection: MEMORY_HISTORY},
+            {
+                self.memory_collection: [
+                    IndexModel([("tenant_id", ASCENDING), ("ns_prefixes", ASCENDING)],
+                               name="tenant_ns_prefixes"),
+                    IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING)],
+                               name="tenant_updated"),
+                    IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
+                ],
+                self.history_collection: [
+                    IndexModel([("memory_id", ASCENDING), ("version", ASCENDING)],
+                               name="memory_version"),
+                    IndexModel([("tenant_id", ASCENDING)], name="tenant"),
+                ],
+            },
         )  # fmt: skip
         existing = [i for i in self.memories.list_search_indexes(model.VECTOR_INDEX)]
         if existing:
@@ -205,14 +203,14 @@ class MemoryService:
             try:
                 self.uow.execute(plan)
                 return
-            except WriteConflictError:
+            except MemoryConflictError:
                 if attempt == WRITE_ATTEMPTS - 1:
                     raise
-            except AccordError as exc:
-                if "E11000" not in str(exc) and "code 11000" not in str(exc):
+            except WriteRefused as exc:
+                if exc.code not in DUPLICATE_KEY_CODES:  # not a concurrent insert of a key
                     raise
                 if attempt == WRITE_ATTEMPTS - 1:
-                    raise WriteConflictError(
+                    raise MemoryConflictError(
                         "memories kept changing while being written; retry later"
                     ) from exc
 

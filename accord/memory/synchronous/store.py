@@ -1,11 +1,11 @@
-# TEMPORARY hand-made sync twin of accord/memory/asynchronous/store.py, replaced by tools/synchro.py output when it lands.
-"""LangGraph ``BaseStore`` on accord's memory service (sync twin of the async source).
+# Generated from accord/memory/asynchronous/store.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+"""LangGraph ``BaseStore`` on accord's memory service.
 
-``AccordStore`` is native async on pymongo's ``MongoClient``; ``AccordStore``
+``AsyncAccordStore`` is native async on pymongo's ``AsyncMongoClient``; ``AccordStore``
 (:mod:`accord.memory.synchronous.store`) is its sync twin. Use either as
 ``graph.compile(store=...)`` and from ``get_store()`` in nodes::
 
-    async with AccordStore.from_conn_string(uri, index={"dims": 1024,
+    async with AsyncAccordStore.from_conn_string(uri, index={"dims": 1024,
                                                    "embed": "voyage:voyage-3.5"}) as store:
         graph = builder.compile(store=store)
 
@@ -15,13 +15,13 @@ puts; the last put of a key in a batch wins; search with a query ranks by vector
 (scores normalised to [0, 1] as Atlas does), then fills with items that have no embedding;
 TTL in minutes with ``refresh_on_read``. One vector per item: the texts of the indexed
 fields are embedded together (Atlas indexes one vector per document and path).
+
+Generated from ``accord/memory/asynchronous/store.py`` by ``tools/synchro.py``: edit that file, not this one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +45,7 @@ from pymongo import MongoClient
 
 from accord.errors import InvalidInputError
 from accord.memory import model
+from accord.memory.conventions import ServesAsyncCalls, ServesSyncCalls
 from accord.memory.embedders import LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
 from accord.memory.synchronous.service import MemoryService
@@ -66,7 +67,12 @@ def _embedder_for(index: IndexConfig | None) -> Any:
     return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
 
 
-class AccordStore(BaseStore):
+# What differs between the twins (serving the other calling convention, the TTL sweeper's
+# thread or task) lives in accord.memory.conventions, which the generator does not touch.
+_Conventions = ServesAsyncCalls if _IS_SYNC else ServesSyncCalls
+
+
+class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
     """A LangGraph store whose items are accord long-term memories of one tenant."""
 
     supports_ttl = True
@@ -93,8 +99,7 @@ class AccordStore(BaseStore):
         )  # fmt: skip
         fields = (index or {}).get("fields") or ["$"]
         self._fields = [(f, tokenize_path(f) if f != "$" else f) for f in fields]
-        self._sweeper: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._sweeper: Any = None
 
     @classmethod
     @contextmanager
@@ -145,14 +150,6 @@ class AccordStore(BaseStore):
             self.service.apply([r for r, _ in reqs], [e for _, e in reqs],
                                      operation="store.put")  # fmt: skip
         return results
-
-    # -- the other calling convention (differs between the twins) ----------------------------
-
-    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        """Async calls on the sync store run the sync batch in a worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(None, self.batch, list(ops))
-
-    # -- end of the twin-specific part ---------------------------------------------------------
 
     # -- ops ---------------------------------------------------------------------------------------
 
@@ -205,39 +202,11 @@ class AccordStore(BaseStore):
                          ttl_minutes=float(ttl) if ttl else None)  # fmt: skip
         return req, embed
 
-    # -- TTL sweeper -----------------------------------------------------------------------------
+    # -- TTL ---------------------------------------------------------------------------------------
 
     def sweep_ttl(self) -> int:
         """Delete expired items now; returns how many."""
         return self.service.sweep_expired()
-
-    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
-        """Sweep expired items periodically in a daemon thread (default every 5 minutes)."""
-        interval = (
-            sweep_interval_minutes or (self.ttl_config or {}).get("sweep_interval_minutes") or 5
-        )
-        if self._sweeper is not None and self._sweeper.is_alive():
-            return
-        self._stop = threading.Event()
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    removed = self.sweep_ttl()
-                    if removed:
-                        log.info("TTL sweep removed %d expired memories", removed)
-                except Exception:  # keep sweeping; the next round retries
-                    log.exception("TTL sweep failed")
-                self._stop.wait(float(interval) * 60)
-
-        self._sweeper = threading.Thread(target=loop, name="accord-ttl-sweeper", daemon=True)
-        self._sweeper.start()
-
-    def stop_ttl_sweeper(self, timeout: float | None = None) -> None:
-        if self._sweeper is not None:
-            self._stop.set()
-            self._sweeper.join(timeout)
-            self._sweeper = None
 
 
 def _item(m: Memory) -> Item:
