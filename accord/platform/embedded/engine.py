@@ -233,6 +233,11 @@ class Engine:
         # (ns, unique index, key) -> (transaction, id key of its document with that key)
         self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
+        # --- commit observers (minimal hook for vector search; engine-core replaces it) ----
+        # Objects with on_commit(ts, [(ns, key, old, new)]), on_drop(ns), on_rename(old, new),
+        # called under the engine lock, after a commit is installed, in commit order.
+        self.commit_observers: list[Any] = []
+        # --- end commit observers ---------------------------------------------------------
         self._recover()
 
     # -- recovery ---------------------------------------------------------------------------
@@ -298,6 +303,8 @@ class Engine:
             if ns in txn.writes:
                 self.abort(txn, f"collection {ns} was dropped")
         self.storage.drop_collection(ns)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_drop(ns)
         return True
 
     def rename_collection(self, old: str, new: str) -> None:
@@ -308,6 +315,8 @@ class Engine:
         coll.ns = new
         self.collections[new] = coll
         self.storage.rename_collection(old, new)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_rename(old, new)
 
     def database_names(self) -> list[str]:
         return sorted({ns.split(".", 1)[0] for ns in self.collections})
@@ -372,11 +381,16 @@ class Engine:
             batch.txn_records.append(record)
         # Disk first: if it fails, memory is untouched and the client sees the error.
         self.storage.commit(batch)
+        changes = []  # commit observers hook: (ns, key, old, new) in commit order
         for coll, key, doc in live:
+            if self.commit_observers:
+                changes.append((coll.ns, key, coll.latest(key)[1], doc))
             self._install(coll, key, doc, ts)
         if live:
             self.clock = ts
         self._release(txn)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_commit(ts, changes)
 
     def _install(self, coll: Collection, key: bytes, doc: Doc | None, ts: int) -> None:
         chain = coll.versions.get(key)
