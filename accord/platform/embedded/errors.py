@@ -22,6 +22,7 @@ class Code(IntEnum):
     NoSuchKey = 4
     HostUnreachable = 6
     HostNotFound = 7
+    UnknownError = 8
     FailedToParse = 9
     UserNotFound = 11
     Unauthorized = 13
@@ -44,6 +45,7 @@ class Code(IntEnum):
     WriteConcernFailed = 64
     ImmutableField = 66
     CannotCreateIndex = 67
+    IndexAlreadyExists = 68
     InvalidOptions = 72
     InvalidNamespace = 73
     IndexOptionsConflict = 85
