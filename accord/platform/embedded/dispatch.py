@@ -13,12 +13,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import bson
 
 from accord.platform.embedded import commands
-from accord.platform.embedded.commands import COMMANDS, TXN_COMMANDS, WRITE_COMMANDS, Context
+from accord.platform.embedded.commands import (
+    COMMANDS,
+    TEST_COMMANDS,
+    TXN_COMMANDS,
+    WRITE_COMMANDS,
+    Context,
+)
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import (
     SESSION_TIMEOUT_MINUTES,
@@ -27,7 +34,14 @@ from accord.platform.embedded.engine import (
     Session,
     Txn,
 )
-from accord.platform.embedded.errors import TRANSIENT, Code, EngineError
+from accord.platform.embedded.errors import (
+    STATE_CHANGE_CODES,
+    TRANSIENT,
+    Code,
+    EngineError,
+    server_error_labels,
+)
+from accord.platform.embedded.failpoints import CloseConnection, FailPoints
 
 log = logging.getLogger("accord.engine")
 
@@ -41,12 +55,46 @@ GENERIC_ARGS = {
 }  # fmt: skip
 
 
+def _labelled(
+    reply: Doc, cmd: Doc, override: tuple[str, ...] | None, topology_version: Doc | None = None
+) -> Doc:
+    """Add the error labels mongod would add (or, from a fail point, exactly ``override``),
+    and for a state-change error the server's ``topologyVersion`` as mongod does."""
+    code = None if reply.get("ok") else reply.get("code")
+    wce = reply.get("writeConcernError")
+    wc_code = wce.get("code") if isinstance(wce, dict) else None
+    if topology_version is not None and (code or wc_code) in STATE_CHANGE_CODES:
+        reply["topologyVersion"] = topology_version
+    if override is not None:
+        labels = list(override)
+    else:
+        labels = list(reply.get("errorLabels", []))
+        labels += [x for x in server_error_labels(cmd, code, wc_code) if x not in labels]
+    if labels:
+        reply["errorLabels"] = labels
+    else:
+        reply.pop("errorLabels", None)
+    return reply
+
+
 def no_such_transaction(number: int) -> EngineError:
     return EngineError(
         Code.NoSuchTransaction,
         f"Transaction with {{ txnNumber: {number} }} has been aborted.",
         labels=(TRANSIENT,),
     )
+
+
+@dataclass
+class Connection:
+    """One client connection, as the dispatcher needs to know it."""
+
+    id: int = 0
+    # The handshake's client.application.name (failCommand's appName matches it).
+    app_name: str | None = None
+
+
+HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
 
 
 class Dispatcher:
@@ -58,18 +106,56 @@ class Dispatcher:
         hello: Callable[[Doc], Doc],
         *,
         txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
+        test_commands: bool = False,
+        topology_version: Doc | None = None,
     ) -> None:
         self.engine = engine
         # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
         self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
         self.hello = hello
+        # mongod's enableTestCommands: configureFailPoint and the other TEST_COMMANDS.
+        self.test_commands = test_commands
+        self.failpoints = FailPoints()
+        # What hello reports; state-change errors carry it too (see _labelled).
+        self.topology_version = topology_version
 
-    def execute(self, cmd: Doc) -> Doc:
+    def execute(self, cmd: Doc, conn: Connection | None = None) -> Doc:
+        """The reply to ``cmd``; raises ``CloseConnection`` when a fail point says so."""
+        conn = conn or Connection()
+        name = next(iter(cmd), "")
+        action = self.failpoints.on_command(name, conn.app_name)
+        if action is not None:
+            if action.block_ms:
+                time.sleep(action.block_ms / 1000)
+            if action.close_connection:
+                raise CloseConnection(f"failCommand closed the connection on {name}")
+            if action.error_code is not None:
+                reply = action.error_reply()
+                return _labelled(reply, cmd, action.error_labels, self.topology_version)
+        if name in HELLO_COMMANDS:
+            app = (
+                cmd.get("client", {}).get("application")
+                if isinstance(cmd.get("client"), dict)
+                else None
+            )
+            if isinstance(app, dict) and isinstance(app.get("name"), str):
+                conn.app_name = app["name"]  # the handshake names the application
+            return self.hello(cmd)
+        reply = self._reply(cmd, conn)
+        if action is not None and action.write_concern_error is not None and reply.get("ok"):
+            # A copy: the reply may be the one stored for a retried write, which has no error.
+            reply = {**reply, "writeConcernError": action.write_concern_error}
+            return _labelled(reply, cmd, action.error_labels, self.topology_version)
+        return reply
+
+    def _reply(self, cmd: Doc, conn: Connection) -> Doc:
         try:
-            return self._execute(cmd)
+            return self._execute(cmd, conn)
+        except CloseConnection:
+            raise
         except EngineError as exc:
-            return exc.to_reply()
+            return _labelled(exc.to_reply(), cmd, None, self.topology_version)
         except RecursionError:
             return EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
@@ -78,12 +164,12 @@ class Dispatcher:
                 Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
             ).to_reply()
 
-    def _execute(self, cmd: Doc) -> Doc:
+    def _execute(self, cmd: Doc, conn: Connection) -> Doc:
         if not cmd:
             raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
         handler = COMMANDS.get(name)
-        if handler is None:
+        if handler is None or (name in TEST_COMMANDS and not self.test_commands):
             raise EngineError(Code.CommandNotFound, f"no such command: '{name}'")
         db = cmd.get("$db")
         if db is None:
@@ -109,11 +195,13 @@ class Dispatcher:
         if autocommit is not None:
             return self._in_transaction(name, handler, db, cmd, session, txn_number, autocommit)
         if name in ("commitTransaction", "abortTransaction"):
-            raise EngineError(Code.Location50768, f"{name} must be run within a transaction")
+            raise EngineError(
+                Code.NotARetryableWriteCommand, f"{name} must be run within a transaction"
+            )
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
-                    Code.Location50768,
+                    Code.NotARetryableWriteCommand,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number)
@@ -129,15 +217,19 @@ class Dispatcher:
         return Context(
             engine=self.engine, cursors=self.cursors, db=db, txn=txn, in_transaction=in_txn,
             session_key=session.key if session else None, hello=self.hello,
+            failpoints=self.failpoints, test_commands=self.test_commands,
         )  # fmt: skip
 
     # -- autocommit writes ------------------------------------------------------------------
 
     def _autocommit(
         self, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        record: tuple[bytes, int] | None,
+        record: tuple[bytes, int] | None, fail_before_commit: int | None = None,
     ) -> Doc:  # fmt: skip
-        """Run a write command in its own transaction, waiting out conflicting transactions."""
+        """Run a write command in its own transaction, waiting out conflicting transactions.
+
+        ``fail_before_commit`` (a fail point's error code) aborts the write after it ran.
+        """
         deadline = time.monotonic() + WRITE_WAIT_S
         while True:
             txn = self.engine.begin(explicit=False)
@@ -158,6 +250,12 @@ class Dispatcher:
             except BaseException:
                 self.engine.abort(txn, "write failed")
                 raise
+            if fail_before_commit is not None:
+                self.engine.abort(txn, "failed by the onPrimaryTransactionalWrite fail point")
+                raise EngineError(
+                    fail_before_commit,
+                    "Failing write due to failpoint. The write must not be reflected.",
+                )
             stored = None
             if record is not None:
                 stored = (record[0], record[1], {"kind": "retry", "reply": reply})
@@ -174,8 +272,18 @@ class Dispatcher:
             )
         if number == session.retry_number and session.retry_reply is not None:
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
-        reply = self._autocommit(handler, db, cmd, session, (session.key, number))
+        action = self.failpoints.on_transactional_write()
+        fail_code = action.fail_before_commit_code if action else None
+        try:
+            reply = self._autocommit(handler, db, cmd, session, (session.key, number), fail_code)
+        except EngineError:
+            if action is not None and action.close_connection:
+                raise CloseConnection("onPrimaryTransactionalWrite failed the write") from None
+            raise
         session.retry_number, session.retry_reply = number, reply
+        if action is not None and action.close_connection:
+            # The write committed, its reply is lost: the client must retry to learn it.
+            raise CloseConnection("onPrimaryTransactionalWrite closed the connection")
         return reply
 
     # -- multi-document transactions -------------------------------------------------------
@@ -187,7 +295,9 @@ class Dispatcher:
         if autocommit is not False:
             raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
         if session is None or number is None:
-            raise EngineError(Code.Location50768, "a transaction requires both lsid and txnNumber")
+            raise EngineError(
+                Code.NotARetryableWriteCommand, "a transaction requires both lsid and txnNumber"
+            )
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:

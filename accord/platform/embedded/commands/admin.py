@@ -12,6 +12,7 @@ from accord.platform.embedded.commands.base import (
     Doc,
     command,
 )
+from accord.platform.embedded.engine import TXN_LIFETIME_LIMIT_S
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
@@ -38,11 +39,38 @@ def cmd_build_info(ctx: Context, cmd: Doc) -> Doc:
 @command("endSessions", "killSessions")
 def cmd_end_sessions(ctx: Context, cmd: Doc) -> Doc:
     name = "endSessions" if "endSessions" in cmd else "killSessions"
-    for lsid in cmd.get(name) or []:
-        if isinstance(lsid, dict) and "id" in lsid:
-            key = bson.encode({"id": lsid["id"]})
-            ctx.engine.end_session(key)
-            ctx.cursors.kill_session(key)
+    lsids = cmd.get(name)
+    if not isinstance(lsids, list):
+        raise EngineError(
+            Code.TypeMismatch,
+            f"BSON field '{name}.{name}' is the wrong type '{type(lsids).__name__}', "
+            "expected type 'array'",
+        )
+    for lsid in lsids:
+        if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
+            raise EngineError(Code.TypeMismatch, f"each entry of '{name}' must be {{id: UUID}}")
+    for lsid in lsids:
+        key = bson.encode({"id": lsid["id"]})
+        ctx.engine.end_session(key)
+        ctx.cursors.kill_session(key)
+    return {"ok": 1.0}
+
+
+@command("killAllSessions")
+def cmd_kill_all_sessions(ctx: Context, cmd: Doc) -> Doc:
+    """Abort every session's open transaction and close its cursors (no users: all of them)."""
+    users = cmd.get("killAllSessions")
+    if not isinstance(users, list):
+        raise EngineError(
+            Code.TypeMismatch,
+            "BSON field 'killAllSessions.killAllSessions' is the wrong type, expected type 'array'",
+        )
+    for key, session in list(ctx.engine.sessions.items()):
+        if key == ctx.session_key:
+            continue  # the session running this command
+        if session.txn is not None and session.txn_state == "in_progress":
+            ctx.engine.abort(session.txn, "killed by killAllSessions")
+        ctx.cursors.kill_session(key)
     return {"ok": 1.0}
 
 
@@ -53,7 +81,38 @@ def cmd_whatsmyuri(ctx: Context, cmd: Doc) -> Doc:
 
 @command("getParameter")
 def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
-    return {"featureCompatibilityVersion": {"version": "8.0"}, "ok": 1.0}
+    """``getParameter: "*"`` answers every parameter; otherwise the ones named with a value."""
+    known: Doc = {
+        "featureCompatibilityVersion": {"version": "8.0"},
+        "enableTestCommands": ctx.test_commands,
+        "transactionLifetimeLimitSeconds": int(TXN_LIFETIME_LIMIT_S),
+    }
+    if cmd.get("getParameter") == "*":
+        return {**known, "ok": 1.0}
+    wanted = [k for k in cmd if k != "getParameter" and not k.startswith("$") and k not in GENERIC]
+    if not wanted:
+        return {**known, "ok": 1.0}
+    unknown = [k for k in wanted if k not in known]
+    if unknown:
+        raise EngineError(Code.InvalidOptions, f"no option found to get: {unknown[0]}")
+    return {**{k: known[k] for k in wanted}, "ok": 1.0}
+
+
+GENERIC = {"lsid", "comment", "$db", "$clusterTime", "$readPreference", "apiVersion"}
+
+
+@command("getCmdLineOpts")
+def cmd_get_cmd_line_opts(ctx: Context, cmd: Doc) -> Doc:
+    if ctx.db != "admin":
+        raise EngineError(
+            Code.Unauthorized, "getCmdLineOpts may only be run against the admin database."
+        )
+    parsed: Doc = {}
+    argv = ["accord-engine"]
+    if ctx.test_commands:
+        parsed["setParameter"] = {"enableTestCommands": "1"}
+        argv.append("--enable-test-commands")
+    return {"argv": argv, "parsed": parsed, "ok": 1.0}
 
 
 @command("serverStatus")
@@ -81,4 +140,6 @@ def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
 @command("commitTransaction", "abortTransaction")
 def cmd_end_transaction(ctx: Context, cmd: Doc) -> Doc:
     # The dispatcher completes these itself; reaching here means no transaction was open.
-    raise EngineError(Code.Location50768, f"{next(iter(cmd))} must be run within a transaction")
+    raise EngineError(
+        Code.NotARetryableWriteCommand, f"{next(iter(cmd))} must be run within a transaction"
+    )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import Engine, Txn
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
+from accord.platform.embedded.failpoints import FailPoints
 
 Doc = dict[str, Any]
 SERVER_VERSION = "8.0.4"
@@ -25,12 +26,17 @@ class Context:
     in_transaction: bool
     session_key: bytes | None
     hello: Callable[[Doc], Doc]
+    failpoints: FailPoints = field(default_factory=FailPoints)
+    # Whether the engine serves TEST_COMMANDS (--enable-test-commands).
+    test_commands: bool = False
 
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
+# Test commands: served only when the engine runs with --enable-test-commands.
+TEST_COMMANDS = {"configureFailPoint"}
 # Commands allowed inside a multi-document transaction (as in mongod).
 TXN_COMMANDS = {
     "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
