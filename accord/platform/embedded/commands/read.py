@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import hashlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +32,12 @@ from accord.platform.embedded.errors import (
     type_mismatch,
 )
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.variables import (
+    bind_expression,
+    bind_filter,
+    bind_pipeline,
+    evaluate_let,
+)
 
 
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
@@ -60,9 +69,10 @@ def reader(ctx: Context) -> Callable[[str], list[Doc]]:
 @command("find")
 def cmd_find(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "find")
-    filt = opt_doc(cmd, "filter")
+    let = evaluate_let(cmd.get("let"))
+    filt = bind_filter(opt_doc(cmd, "filter"), let)
     sort = opt_doc(cmd, "sort")
-    projection = cmd.get("projection")
+    projection = bind_expression(cmd.get("projection"), let)
     skip = opt_int(cmd, "skip", 0) or 0
     limit = opt_int(cmd, "limit", 0) or 0
     batch_size = opt_int(cmd, "batchSize")
@@ -134,10 +144,25 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
     return {"values": [d["v"] for d in values], "ok": 1.0}
 
 
+def _local_sessions(ctx: Context, spec: Any) -> list[Doc]:
+    """``$listLocalSessions``: the sessions this engine knows, as mongod's session cache lists them."""
+    if not isinstance(spec, dict):
+        raise type_mismatch("$listLocalSessions needs an object")
+    now, mono = dt.datetime.now(dt.UTC).replace(tzinfo=None), time.monotonic()
+    anonymous = bson.Binary(hashlib.sha256(b"").digest())
+    out = []
+    for key, session in ctx.engine.sessions.items():
+        last_use = now - dt.timedelta(seconds=mono - session.last_used)
+        last_use = last_use.replace(microsecond=last_use.microsecond // 1000 * 1000)
+        lsid = bson.decode(key)
+        out.append({"_id": {"id": lsid["id"], "uid": anonymous}, "lastUse": last_use})
+    return out
+
+
 @command("aggregate")
 def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
     target = cmd.get("aggregate")
-    pipeline = opt_list(cmd, "pipeline")
+    pipeline = bind_pipeline(opt_list(cmd, "pipeline"), evaluate_let(cmd.get("let")))
     cursor_opts = cmd.get("cursor")
     if not isinstance(cursor_opts, dict) and not cmd.get("explain"):
         raise failed_to_parse(
@@ -151,6 +176,8 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
     if target == 1:
         name, docs = None, []
         ns = f"{ctx.db}.$cmd.aggregate"
+        if pipeline and isinstance(pipeline[0], dict) and "$listLocalSessions" in pipeline[0]:
+            docs, pipeline = _local_sessions(ctx, pipeline[0]["$listLocalSessions"]), pipeline[1:]
     else:
         name = coll_name(cmd, "aggregate")
         ns = f"{ctx.db}.{name}"

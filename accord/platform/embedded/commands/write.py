@@ -32,19 +32,30 @@ from accord.platform.embedded.errors import (
     failed_to_parse,
     type_mismatch,
 )
+from accord.platform.embedded.variables import bind_filter, bind_pipeline, evaluate_let
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
-def _check_field_names(doc: Doc, top: bool = True) -> None:
-    for key, value in doc.items():
+def _check_field_names(doc: Doc) -> None:
+    """MongoDB 5.0+ storage rules: ``$``-prefixed and dotted field names are allowed, except
+    inside ``_id``."""
+    for key in doc:
         if not isinstance(key, str):
             raise bad_value("field names must be strings")
-        if top and key.startswith("$"):
+    id_value = doc.get("_id")
+    if isinstance(id_value, dict):
+        _check_id_field_names(id_value)
+
+
+def _check_id_field_names(value: Doc) -> None:
+    for key, sub in value.items():
+        if key.startswith("$"):
             raise EngineError(
-                Code.DollarPrefixedFieldName, f"Document can't have $ prefixed field names: {key}"
+                Code.DollarPrefixedFieldName,
+                f"_id fields may not contain '$'-prefixed fields: {key} is not valid for storage.",
             )
-        if isinstance(value, dict):
-            _check_field_names(value, top=False)
+        if isinstance(sub, dict):
+            _check_id_field_names(sub)
 
 
 def prepare_new_doc(doc: Any) -> Doc:
@@ -218,6 +229,11 @@ def update_docs(
     return 1, 0, new["_id"], None, new
 
 
+def bind_update(upd: Any, let: Doc) -> Any:
+    """An update with ``let`` variables bound (only a pipeline update has expressions)."""
+    return bind_pipeline(upd, let) if isinstance(upd, list) else upd
+
+
 @command("update")
 def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "update")
@@ -225,6 +241,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
+    let = evaluate_let(cmd.get("let"))
     n = modified = 0
     upserted: list[Doc] = []
 
@@ -235,8 +252,9 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
         filt = st["q"]
         if not isinstance(filt, dict):
             raise type_mismatch("update 'q' must be an object")
+        filt = bind_filter(filt, let)
         sn, sm, up_id, _, _ = update_docs(
-            ctx, coll, filt, st["u"], multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
+            ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
             array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
         )  # fmt: skip
         n += sn
@@ -257,6 +275,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
     coll = ctx.engine.get_collection(ns)
+    let = evaluate_let(cmd.get("let"))
     n = 0
 
     def apply(i: int, st: Any) -> None:
@@ -266,6 +285,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
         filt = st["q"]
         if not isinstance(filt, dict):
             raise type_mismatch("delete 'q' must be an object")
+        filt = bind_filter(filt, let)
         limit = opt_int(st, "limit")
         if limit not in (0, 1):
             raise failed_to_parse("The limit field in delete objects must be 0 or 1")
@@ -284,10 +304,11 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
 def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
     name_field = "findAndModify" if "findAndModify" in cmd else "findandmodify"
     ns = ns_of(ctx, cmd, name_field)
-    filt = opt_doc(cmd, "query")
+    let = evaluate_let(cmd.get("let"))
+    filt = bind_filter(opt_doc(cmd, "query"), let)
     sort = opt_doc(cmd, "sort") or None
     remove = opt_bool(cmd, "remove")
-    upd = cmd.get("update")
+    upd = bind_update(cmd.get("update"), let)
     new_flag = opt_bool(cmd, "new")
     upsert = opt_bool(cmd, "upsert")
     fields = cmd.get("fields")
@@ -328,6 +349,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
     ordered = opt_bool(cmd, "ordered", True)
     errors_only = opt_bool(cmd, "errorsOnly")
     bypass = opt_bool(cmd, "bypassDocumentValidation")
+    let = evaluate_let(cmd.get("let"))
     namespaces: list[str] = []
     for entry in ns_info:
         ns = entry.get("ns") if isinstance(entry, dict) else None
@@ -359,9 +381,9 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 counts["nInserted"] += 1
                 res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
             elif kind == "update":
-                filt = opt_doc(op, "filter")
+                filt = bind_filter(opt_doc(op, "filter"), let)
                 n, m, up_id, _, _ = update_docs(
-                    ctx, write_collection(ctx, ns), filt, op.get("updateMods"), multi=opt_bool(op, "multi"),
+                    ctx, write_collection(ctx, ns), filt, bind_update(op.get("updateMods"), let), multi=opt_bool(op, "multi"),
                     upsert=opt_bool(op, "upsert"), array_filters=op.get("arrayFilters"),
                     sort=opt_doc(op, "sort") or None, bypass=bypass,
                 )  # fmt: skip
@@ -372,7 +394,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                     counts["nUpserted"] += 1
                     res["upserted"] = {"_id": up_id}
             else:
-                filt = opt_doc(op, "filter")
+                filt = bind_filter(opt_doc(op, "filter"), let)
                 coll = ctx.engine.get_collection(ns)
                 n = 0
                 if coll is not None:
