@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from accord.platform.embedded import query
-from accord.platform.embedded.errors import EngineError, write_conflict
+from accord.platform.embedded.errors import Code, EngineError, write_conflict
+from accord.platform.embedded.paths import MISSING
 from accord.platform.embedded.storage import CommitBatch, Storage
 
 log = logging.getLogger("accord.engine")
@@ -112,7 +113,7 @@ class Collection:
     def map_fields(self, key: bytes, doc: Doc) -> None:
         for field_name, values in self.field_maps.items():
             for v in query.path_values(doc, field_name):
-                if v is not query._MISSING:
+                if v is not MISSING:
                     values.setdefault(query.value_key(v), set()).add(key)
 
     def candidates(self, filt: Doc) -> list[bytes] | None:
@@ -153,7 +154,7 @@ class Collection:
                 for k in index.keys_of(doc):
                     if k in owners:
                         raise EngineError(
-                            11000,
+                            Code.DuplicateKey,
                             f"Index build failed: E11000 duplicate key error collection: "
                             f"{self.ns} index: {index.name} dup key: "
                             f"{query.key_value(doc, index.fields)}",
@@ -360,7 +361,7 @@ class Engine:
         """Make ``txn``'s writes durable and visible, atomically."""
         if txn.aborted_reason is not None:
             raise EngineError(
-                251, f"Transaction has been aborted: {txn.aborted_reason}",
+                Code.NoSuchTransaction, f"Transaction has been aborted: {txn.aborted_reason}",
                 labels=("TransientTransactionError",),
             )  # fmt: skip
         ts = self.clock + 1
@@ -537,7 +538,7 @@ def duplicate_key(coll: Collection, index: Index, doc: Doc) -> EngineError:
     kv = query.key_value(doc, index.fields)
     shown = ", ".join(f"{k}: {v!r}" for k, v in kv.items())
     return EngineError(
-        11000,
+        Code.DuplicateKey,
         f"E11000 duplicate key error collection: {coll.ns} index: {index.name} dup key: {{ {shown} }}",
         extra={"keyPattern": dict(index.key), "keyValue": kv},
     )

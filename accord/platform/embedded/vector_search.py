@@ -45,7 +45,8 @@ import bson
 import numpy as np
 
 from accord.platform.embedded import query
-from accord.platform.embedded.errors import CODE_NAMES, EngineError
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.paths import MISSING
 
 log = logging.getLogger("accord.engine.vector_search")
 
@@ -57,9 +58,6 @@ SIMILARITIES = ("cosine", "dotProduct", "euclidean")
 FILTER_LEAF_OPS = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not"}
 FILTER_LOGICAL_OPS = {"$and", "$or", "$nor"}
 SCORE_FIELD = "__accord_vector_search_score"
-# Codes this module reports that the engine's table may not name yet.
-CODE_NAMES.setdefault(8, "UnknownError")
-CODE_NAMES.setdefault(68, "IndexAlreadyExists")
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -67,11 +65,13 @@ CODE_NAMES.setdefault(68, "IndexAlreadyExists")
 
 def plan_error(message: str) -> EngineError:
     """A mongot query error as mongod reports it (code 8, UnknownError)."""
-    return EngineError(8, f"PlanExecutor error during aggregation :: caused by :: {message}")
+    return EngineError(
+        Code.UnknownError, f"PlanExecutor error during aggregation :: caused by :: {message}"
+    )
 
 
 def definition_error(message: str) -> EngineError:
-    return EngineError(2, f"Invalid index definition: {message}")
+    return EngineError(Code.BadValue, f"Invalid index definition: {message}")
 
 
 # -- definitions ------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class VectorMatrix:
         self.row_of[key] = row
         self.key_of[row] = key
         for p in self.filter_paths:
-            values = [v for v in query.path_values(doc, p) if v is not query._MISSING]
+            values = [v for v in query.path_values(doc, p) if v is not MISSING]
             if not values:
                 continue
             self.values[p][row] = doc_at(p, query_value_of(doc, p))
@@ -324,7 +324,7 @@ class VectorMatrix:
             if projected is None:
                 continue
             for v in query.path_values(projected, p):
-                if v is not query._MISSING:
+                if v is not MISSING:
                     rows = self.eq[p].get(query.value_key(v))
                     if rows is not None:
                         rows.discard(row)
@@ -603,7 +603,7 @@ class SearchIndexes:
             return list(json.loads(self.path.read_text())["indexes"])
         except (OSError, ValueError, KeyError) as exc:
             raise EngineError(
-                1, f"cannot read the search index catalog {self.path}: {exc}"
+                Code.InternalError, f"cannot read the search index catalog {self.path}: {exc}"
             ) from exc
 
     def _save(self) -> None:
@@ -637,7 +637,9 @@ class SearchIndexes:
 
     def create(self, ns: str, name: str, index_type: str, definition: Doc) -> SearchIndex:
         if self.find(ns, name=name) is not None:
-            raise EngineError(68, f"Index {name} already exists for collection {ns}")
+            raise EngineError(
+                Code.IndexAlreadyExists, f"Index {name} already exists for collection {ns}"
+            )
         index = SearchIndex(ns=ns, id=secrets.token_hex(12), name=name, type=index_type,
                             definition=validate_definition(index_type, definition),
                             created_at=datetime.now(UTC))  # fmt: skip
@@ -745,7 +747,12 @@ class SearchIndexes:
         rows = np.flatnonzero(mask)
         scored: list[tuple[float, int, bytes]] = []
         if rows.size:
-            scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
+            # Score the whole matrix unless few rows pass the filter (gathering the rows
+            # would copy them), only the selected rows otherwise.
+            if rows.size * 8 > matrix.capacity:
+                scores = _scores(matrix.matrix, qv, matrix.vfield.similarity)[rows]
+            else:
+                scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
             take = min(q.limit, rows.size)
             top = (
                 np.argpartition(-scores, take - 1)[:take]
