@@ -92,7 +92,9 @@ def test_ttl_expiry_refresh_and_sweep(svc):
     time.sleep(1.5)
     assert svc.get(("n",), "short") is None  # expired: omitted before any sweep
     assert [h.key for h in svc.search(("n",))] == ["keep"]
-    assert svc.sweep_expired() == 1
+    # The sweeper or the TTL index (the engine's monitor runs every second) removes it.
+    assert svc.sweep_expired() in (0, 1)
+    assert svc.memories.count_documents({"key": "short"}) == 0
     svc.put(("n",), "refresh", {"v": 3}, ttl_minutes=1)
     before = svc.memories.find_one({"key": "refresh"})["expires_at"]
     time.sleep(0.05)
@@ -108,7 +110,8 @@ def test_store_ttl_contract(client):
     assert store.get(("n",), "k") is not None
     time.sleep(1.5)
     assert store.get(("n",), "k") is None
-    assert store.sweep_ttl() == 1
+    assert store.sweep_ttl() in (0, 1)  # or the TTL index got there first
+    assert store.service.memories.count_documents({}) == 0
     client.drop_database(db)
 
 
