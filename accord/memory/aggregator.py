@@ -481,12 +481,12 @@ class Aggregator:
         k: int,
         now: datetime,
     ) -> list[dict[str, Any]]:
-        pipeline = [
-            model.vector_stage(tenant, namespace, vector, k, [kind]),
-            {"$match": {"ns_path": model.ns_path(namespace)}},
-        ]
-        coll = self._db[self.service.memory_collection]
-        return [d for d in coll.aggregate(pipeline) if model.live(d, now)]
+        path = model.ns_path(namespace)
+        found = self.service.for_tenant(tenant).nearest(
+            namespace, vector, limit=k, kinds=[kind], projection=None,
+            keep=lambda d: d.get("ns_path") == path and model.live(d, now),
+        )  # fmt: skip
+        return [d for d, _ in found]
 
     def _embed(self, event: outbox.ClaimedEvent, texts: Sequence[str]) -> list[list[float]]:
         self._stage("embed", event)
