@@ -154,7 +154,9 @@ def claim_plan(
     at = at or now()
     filt: dict[str, Any] = {
         "$or": [
-            {"status": PENDING, "available_at": {"$lte": at}},
+            # An event without available_at (a producer that writes its own documents,
+            # e.g. the checkpointer's documented event shape) is available at once.
+            {"status": PENDING, "available_at": {"$not": {"$gt": at}}},
             {"status": CLAIMED, "lease_until": {"$lt": at}},
         ]
     }

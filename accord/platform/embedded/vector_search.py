@@ -747,7 +747,12 @@ class SearchIndexes:
         rows = np.flatnonzero(mask)
         scored: list[tuple[float, int, bytes]] = []
         if rows.size:
-            scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
+            # Score the whole matrix unless few rows pass the filter (gathering the rows
+            # would copy them), only the selected rows otherwise.
+            if rows.size * 8 > matrix.capacity:
+                scores = _scores(matrix.matrix, qv, matrix.vfield.similarity)[rows]
+            else:
+                scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
             take = min(q.limit, rows.size)
             top = (
                 np.argpartition(-scores, take - 1)[:take]
