@@ -18,7 +18,7 @@ from typing import Any
 
 import bson
 
-from accord.platform.embedded import commands
+from accord.platform.embedded import collation, commands
 from accord.platform.embedded.commands import (
     COMMANDS,
     TEST_COMMANDS,
@@ -175,8 +175,17 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.lock:
+        with self.engine.lock, collation.active(self._collation(db, name, cmd)):
             return self._run(name, handler, db, cmd)
+
+    def _collation(self, db: str, name: str, cmd: Doc) -> collation.Collation | None:
+        """The command's ``collation``, else its collection's default (None: binary)."""
+        spec = cmd.get("collation")
+        target = cmd.get(name)
+        if spec is None and isinstance(target, str):
+            coll = self.engine.get_collection(f"{db}.{target}")
+            spec = coll.options.get("collation") if coll is not None else None
+        return collation.parse(spec)
 
     def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc) -> Doc:
         engine = self.engine
@@ -205,7 +214,7 @@ class Dispatcher:
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number)
-        if name in WRITE_COMMANDS:
+        if name in WRITE_COMMANDS or commands.writes_output(name, cmd):
             return self._autocommit(handler, db, cmd, session, None)
         view = engine.begin(explicit=False)
         try:

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from accord.platform.embedded import query
+from accord.platform.embedded.collation import Collation, key_values
+from accord.platform.embedded.collation import active as collation_active
+from accord.platform.embedded.collation import parse as parse_collation
 from accord.platform.embedded.errors import Code, EngineError, write_conflict
 from accord.platform.embedded.paths import MISSING
 from accord.platform.embedded.storage import CommitBatch, Storage
@@ -43,14 +46,19 @@ class Index:
     partial: Doc | None = None
     expire_after: float | None = None
     spec: Doc = field(default_factory=dict)
+    collation: Collation | None = None
 
     @property
     def fields(self) -> list[str]:
         return [f for f, _ in self.key]
 
     def keys_of(self, doc: Doc) -> list[bytes]:
-        if self.partial is not None and not query.matches(self.partial, doc):
-            return []
+        if self.partial is not None:
+            with collation_active(self.collation):
+                if not query.matches(self.partial, doc):
+                    return []
+        if self.collation is not None:  # strings equal under the collation share a key
+            doc = key_values(doc, self.collation)
         return query.index_keys(doc, self.fields, sparse=self.sparse)
 
     @classmethod
@@ -63,6 +71,7 @@ class Index:
             partial=spec.get("partialFilterExpression"),
             expire_after=spec.get("expireAfterSeconds"),
             spec=spec,
+            collation=parse_collation(spec.get("collation")),
         )
 
 

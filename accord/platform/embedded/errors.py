@@ -20,6 +20,7 @@ class Code(IntEnum):
     InternalError = 1
     BadValue = 2
     NoSuchKey = 4
+    GraphContainsCycle = 5
     HostUnreachable = 6
     HostNotFound = 7
     UnknownError = 8
@@ -119,8 +120,11 @@ class Code(IntEnum):
     Location40352 = 40352  # FieldPath cannot be constructed with empty string
     Location40353 = 40353  # FieldPath must not end with a '.'
     Location40571 = 40571  # OP_MSG requests require a $db argument
+    Location40601 = 40601  # stage only valid as the last stage of a pipeline
     Location40602 = 40602  # stage only valid as the first stage of a pipeline
     Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51183 = 51183  # $merge 'on' fields need a unique index
+    Location51185 = 51185  # $merge 'on' field missing, repeated or an array
     Location51091 = 51091  # invalid regular expression
 
 

@@ -155,6 +155,7 @@ def _set_field(parser: Any, spec: Any, *, remove: bool = False) -> Any:
     return out
 
 
+_SYSTEM_VARIABLES = {"ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "DESCEND", "PRUNE", "KEEP"}
 _COMPARE: dict[str, Callable[[int, int], bool]] = {
     "$eq": operator.eq, "$ne": operator.ne, "$gt": operator.gt,
     "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le,
@@ -250,6 +251,12 @@ def _apply() -> None:
     def basic(self: Any, expression: Any) -> Any:
         if expression in ("$$NOW", "$$CLUSTER_TIME"):
             return _now() if expression == "$$NOW" else Timestamp(int(_now().timestamp()), 1)
+        if isinstance(expression, str) and expression.startswith("$$"):
+            name = expression[2:].split(".", 1)[0]
+            if name not in _SYSTEM_VARIABLES and name not in self._user_vars:
+                raise OperationFailure(
+                    f"Use of undefined variable: {name}", code=Code.Location17276
+                )
         return original_basic(self, expression)
 
     original_parse = parser.parse

@@ -6,7 +6,7 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, read, search, testing, write
+from accord.platform.embedded.commands import admin, catalog, output, read, search, testing, write
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -17,6 +17,7 @@ from accord.platform.embedded.commands.base import (
     Context,
     Handler,
     check_db_name,
+    writes_output,
 )
 
 __all__ = [
@@ -31,8 +32,10 @@ __all__ = [
     "admin",
     "catalog",
     "check_db_name",
+    "output",
     "read",
     "search",
     "testing",
     "write",
+    "writes_output",
 ]

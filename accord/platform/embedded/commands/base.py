@@ -33,6 +33,20 @@ class Context:
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}
+# Aggregation stages that write their input to a collection ($out, $merge; commands/output).
+OutputStage = Callable[[Context, list[Doc], Any], None]
+PIPELINE_OUTPUTS: dict[str, OutputStage] = {}
+
+
+def writes_output(name: str, cmd: Doc) -> bool:
+    """True for an aggregate whose last stage writes ($out, $merge): it runs as a write."""
+    if name != "aggregate":
+        return False
+    pipeline = cmd.get("pipeline")
+    last = pipeline[-1] if isinstance(pipeline, list) and pipeline else None
+    return isinstance(last, dict) and len(last) == 1 and next(iter(last)) in PIPELINE_OUTPUTS
+
+
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
 # Test commands: served only when the engine runs with --enable-test-commands.

@@ -11,9 +11,11 @@ from typing import Any
 
 import bson
 
-from accord.platform.embedded import query
+from accord.platform.embedded import collation, query
 from accord.platform.embedded.aggregate import Pipeline
+from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
+    PIPELINE_OUTPUTS,
     Context,
     Doc,
     coll_name,
@@ -43,9 +45,18 @@ from accord.platform.embedded.variables import (
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
     filt = filt or {}
     query.check_filter(filt)
+    coll = ctx.engine.get_collection(ns)
+    if views.is_view(coll):  # its pipeline over its source; view documents have no key
+        assert coll is not None
+        source, pipeline = views.resolve(ctx, coll)
+        docs = [d for _, d in visible_docs(ctx, source)]
+        docs = Pipeline(reader(ctx), source.split(".", 1)[1]).run(docs, pipeline)
+        return [(b"", d) for d in docs if query.matches(filt, d)]
+    # With a collation, strings equal under it may differ in bytes: no key lookups, scan.
+    collated = collation.current() is not None
     # Fast path: _id equality or $in is a point lookup, as the _id index makes it in mongod.
     id_value = filt.get("_id")
-    if query.is_plain_equality(id_value) or query.is_plain_in(id_value):
+    if not collated and (query.is_plain_equality(id_value) or query.is_plain_in(id_value)):
         ids = id_value["$in"] if isinstance(id_value, dict) else [id_value]
         out = []
         for key in dict.fromkeys(query.id_key(v) for v in ids):
@@ -56,14 +67,15 @@ def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[b
         if coll is not None and len(out) > 1:
             out.sort(key=lambda kd: coll.order.get(kd[0], len(coll.order)))
         return out
-    found = ctx.engine.lookup(ctx.txn, ns, filt) if filt else None
+    found = ctx.engine.lookup(ctx.txn, ns, filt) if filt and not collated else None
     if found is None:
         found = ctx.engine.scan(ctx.txn, ns)
     return [(k, d) for k, d in found if query.matches(filt, d)]
 
 
 def reader(ctx: Context) -> Callable[[str], list[Doc]]:
-    return lambda name: [d for _, d in ctx.engine.scan(ctx.txn, f"{ctx.db}.{name}")]
+    """Documents of another collection (or view) of the database, for $lookup."""
+    return lambda name: [d for _, d in visible_docs(ctx, f"{ctx.db}.{name}")]
 
 
 @command("find")
@@ -139,7 +151,8 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
         for value in query.path_values(doc, key, empty_array_as_null=False):
             if value is MISSING:
                 continue
-            seen.setdefault(bson.encode({"": query.canonical(value)}), value)
+            dedupe = bson.encode({"": query.canonical(collation.key_values(value))})
+            seen.setdefault(dedupe, value)
     values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
     return {"values": [d["v"] for d in values], "ok": 1.0}
 
@@ -168,11 +181,24 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         raise failed_to_parse(
             "The 'cursor' option is required, except for aggregate with the explain argument"
         )
-    for stage in pipeline:
-        if isinstance(stage, dict) and ("$out" in stage or "$merge" in stage):
-            raise EngineError(
-                Code.Location40324, "$out and $merge are not supported by the embedded engine"
-            )
+    output = None
+    for position, stage in enumerate(pipeline):
+        name = next(iter(stage), None) if isinstance(stage, dict) and len(stage) == 1 else None
+        if name in PIPELINE_OUTPUTS:
+            if position != len(pipeline) - 1:
+                raise EngineError(
+                    Code.Location40601, f"{name} can only be the final stage in the pipeline"
+                )
+            if ctx.in_transaction:
+                raise EngineError(
+                    Code.OperationNotSupportedInTransaction,
+                    f"{name} cannot be used in a transaction",
+                )
+            if opt_doc(cmd, "readConcern").get("level") == "linearizable":
+                raise EngineError(
+                    Code.InvalidOptions, f"{name} cannot be used with a 'linearizable' read concern"
+                )
+            output, pipeline = (name, stage[name]), pipeline[:-1]
     if target == 1:
         name, docs = None, []
         ns = f"{ctx.db}.$cmd.aggregate"
@@ -187,5 +213,8 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         if prefilter is not None:
             pipeline = pipeline[1:]
     result = Pipeline(reader(ctx), name).run(docs, pipeline)
+    if output is not None:
+        PIPELINE_OUTPUTS[output[0]](ctx, result, output[1])
+        result = []  # an aggregate that writes returns an empty cursor
     batch_size = opt_int(cursor_opts or {}, "batchSize")
     return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import bson
 from bson import ObjectId
 
-from accord.platform.embedded import query, update, validation
+from accord.platform.embedded import collation, query, update, validation
+from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
@@ -128,8 +130,9 @@ def replace_one(
 
 
 def write_collection(ctx: Context, ns: str) -> Collection:
-    """The collection a write goes to, created implicitly as mongod does."""
+    """The collection a write goes to, created implicitly as mongod does (never a view)."""
     coll = ctx.engine.get_collection(ns)
+    views.refuse_write(coll)
     if coll is None:
         coll = ctx.engine.create_collection(ns)
         if ctx.in_transaction:
@@ -229,6 +232,13 @@ def update_docs(
     return 1, 0, new["_id"], None, new
 
 
+def statement_collation(statement: Doc) -> AbstractContextManager[None]:
+    """The collation of one update/delete statement: its own ``collation``, else the
+    command's or the collection's (already active)."""
+    spec = statement.get("collation")
+    return collation.active(collation.parse(spec)) if spec is not None else nullcontext()
+
+
 def bind_update(upd: Any, let: Doc) -> Any:
     """An update with ``let`` variables bound (only a pipeline update has expressions)."""
     return bind_pipeline(upd, let) if isinstance(upd, list) else upd
@@ -253,10 +263,12 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
         if not isinstance(filt, dict):
             raise type_mismatch("update 'q' must be an object")
         filt = bind_filter(filt, let)
-        sn, sm, up_id, _, _ = update_docs(
-            ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
-            array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
-        )  # fmt: skip
+        with statement_collation(st):
+            sn, sm, up_id, _, _ = update_docs(
+                ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi"),
+                upsert=opt_bool(st, "upsert"), array_filters=st.get("arrayFilters"),
+                sort=opt_doc(st, "sort") or None, bypass=bypass,
+            )  # fmt: skip
         n += sn
         modified += sm
         if up_id is not None:
@@ -275,6 +287,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
     coll = ctx.engine.get_collection(ns)
+    views.refuse_write(coll)
     let = evaluate_let(cmd.get("let"))
     n = 0
 
@@ -292,7 +305,9 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
         if coll is None:
             query.check_filter(filt)
             return
-        for key, _ in _pick(ctx, ns, filt, limit == 0, None):
+        with statement_collation(st):
+            picked = _pick(ctx, ns, filt, limit == 0, None)
+        for key, _ in picked:
             ctx.engine.write(ctx.txn, coll, key, None)
             n += 1
 
@@ -382,11 +397,13 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
             elif kind == "update":
                 filt = bind_filter(opt_doc(op, "filter"), let)
-                n, m, up_id, _, _ = update_docs(
-                    ctx, write_collection(ctx, ns), filt, bind_update(op.get("updateMods"), let), multi=opt_bool(op, "multi"),
-                    upsert=opt_bool(op, "upsert"), array_filters=op.get("arrayFilters"),
-                    sort=opt_doc(op, "sort") or None, bypass=bypass,
-                )  # fmt: skip
+                with statement_collation(op):
+                    n, m, up_id, _, _ = update_docs(
+                        ctx, write_collection(ctx, ns), filt, bind_update(op.get("updateMods"), let),
+                        multi=opt_bool(op, "multi"), upsert=opt_bool(op, "upsert"),
+                        array_filters=op.get("arrayFilters"), sort=opt_doc(op, "sort") or None,
+                        bypass=bypass,
+                    )  # fmt: skip
                 counts["nMatched"] += n if up_id is None else 0
                 counts["nModified"] += m
                 res = {"ok": 1.0, "idx": idx, "n": n, "nModified": m}
@@ -396,9 +413,12 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
             else:
                 filt = bind_filter(opt_doc(op, "filter"), let)
                 coll = ctx.engine.get_collection(ns)
+                views.refuse_write(coll)
                 n = 0
                 if coll is not None:
-                    for key, _ in _pick(ctx, ns, filt, opt_bool(op, "multi"), None):
+                    with statement_collation(op):
+                        picked = _pick(ctx, ns, filt, opt_bool(op, "multi"), None)
+                    for key, _ in picked:
                         ctx.engine.write(ctx.txn, coll, key, None)
                         n += 1
                 counts["nDeleted"] += n
