@@ -30,11 +30,26 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="seconds after which an open transaction is aborted (mongod: 60)",
     )
+    parser.add_argument(
+        "--snapshot-history-window",
+        type=float,
+        default=300.0,
+        help="seconds of history kept for snapshot reads at a past cluster time "
+        "(mongod's minSnapshotHistoryWindowInSeconds, default 300)",
+    )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="start even if the data files show that acknowledged commits were lost "
+        "(an emptied database file, a missing or truncated journal after a crash)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
     if args.ttl_interval <= 0 or args.transaction_lifetime <= 0:
         parser.error("--ttl-interval and --transaction-lifetime must be positive")
+    if args.snapshot_history_window < 0:
+        parser.error("--snapshot-history-window must not be negative")
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -45,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         sync=not args.no_sync,
         ttl_interval=args.ttl_interval,
         transaction_lifetime=args.transaction_lifetime,
+        snapshot_history=args.snapshot_history_window,
+        repair=args.repair,
     )
 
     def _stop(signum: int, frame: object) -> None:

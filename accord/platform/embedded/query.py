@@ -23,10 +23,92 @@ from mongomock import OperationFailure, filtering
 from mongomock import collection as _mm_collection
 
 from accord.platform.embedded import mongomock_fixes
+from accord.platform.embedded.bsonkey import InSet, sort_key
 from accord.platform.embedded.errors import EngineError, bad_value
 from accord.platform.embedded.update import _positional_index, compare_values
 
 mongomock_fixes.apply()
+
+# $in lists compiled to sets, keyed by the list object (filters are evaluated under the
+# engine lock, one query at a time; the entry holds the list so its id stays unique).
+_IN_SETS: dict[int, tuple[Any, InSet]] = {}
+
+
+def _fast_in(doc_val: Any, search_val: Any) -> bool:
+    """mongomock's ``$in``/``$nin`` test with one hash probe per value instead of a scan
+    of the whole list (which made large ``$in`` filters quadratic)."""
+    if not isinstance(search_val, list | tuple):
+        raise OperationFailure("$in needs an array")
+    cached = _IN_SETS.get(id(search_val))
+    if cached is None or cached[0] is not search_val:
+        if len(_IN_SETS) > 256:
+            _IN_SETS.clear()
+        cached = (search_val, InSet(list(search_val)))
+        _IN_SETS[id(search_val)] = cached
+    return cached[1].contains(doc_val, missing=doc_val is filtering.NOTHING)
+
+
+def _bson_eq(doc_val: Any, search_val: Any) -> bool:
+    """BSON equality for ``$eq``/``$ne``: ``1 == 1.0 == Decimal128("1")``, but ``1 != true``
+    and ``{a, b} != {b, a}`` (mongomock used Python's ``==``, which says otherwise)."""
+    if doc_val is filtering.NOTHING:
+        return search_val is None
+    wanted = sort_key(search_val)
+    if sort_key(doc_val) == wanted:
+        return True
+    return (
+        isinstance(doc_val, list)
+        and isinstance(search_val, list)
+        and any(sort_key(v) == wanted for v in doc_val)
+    )
+
+
+filtering._in_op = _fast_in
+_ops = filtering._filterer_inst._operator_map
+_ops["$in"] = _fast_in
+_ops["$eq"] = filtering._list_expand(_bson_eq)
+_ops["$ne"] = filtering._list_expand(lambda dv, sv: not _bson_eq(dv, sv), negative=True)
+
+_NORMALISED: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _normalise(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with plain equality on scalars and documents as ``$eq`` (so it gets BSON
+    equality); arrays and regexes keep their own matching rules."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [_normalise(v) if isinstance(v, dict) else v for v in value]
+        elif key.startswith("$"):
+            out[key] = value
+        elif isinstance(value, dict) and value and all(k.startswith("$") for k in value):
+            out[key] = {
+                op: _normalise(arg)
+                if op == "$elemMatch"
+                and isinstance(arg, dict)
+                and arg
+                and not next(iter(arg)).startswith("$")
+                else arg
+                for op, arg in value.items()
+            }
+        elif isinstance(value, list | re.Pattern | Regex) or (
+            isinstance(value, dict) and any(k.startswith("$") for k in value)
+        ):
+            out[key] = value
+        else:
+            out[key] = {"$eq": value}
+    return out
+
+
+def _normalised(spec: dict[str, Any]) -> dict[str, Any]:
+    cached = _NORMALISED.get(id(spec))
+    if cached is None or cached[0] is not spec:
+        if len(_NORMALISED) > 256:
+            _NORMALISED.clear()
+        cached = (spec, _normalise(spec))
+        _NORMALISED[id(spec)] = cached
+    return cached[1]
+
 
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
@@ -62,7 +144,7 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
     try:
-        return bool(filtering.filter_applies(spec, doc))
+        return bool(filtering.filter_applies(_normalised(spec), doc))
     except EngineError:
         raise
     except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
