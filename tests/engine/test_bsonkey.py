@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accord.platform.embedded.bsonkey import HIGH, LOW, Desc, InSet, sort_key
-from accord.platform.embedded.update import compare_values
+from accord.platform.embedded.values import compare_values
 
 pytestmark = pytest.mark.embedded_only
 

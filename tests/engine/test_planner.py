@@ -287,7 +287,7 @@ def _compare(db, filt: dict, sort, limit: int, session=None) -> None:  # type: i
 def _sort_value(doc: dict, sort: list[tuple[str, int]]) -> list:
     from accord.platform.embedded import query
 
-    return [repr(query._sort_value(doc, f, d)) for f, d in sort]
+    return [repr(query.sort_value(doc, f, d)) for f, d in sort]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

@@ -30,7 +30,7 @@ from accord.platform.embedded.engine import (
     timestamp_to_ts,
     ts_to_timestamp,
 )
-from accord.platform.embedded.errors import TRANSIENT, EngineError, type_mismatch
+from accord.platform.embedded.errors import TRANSIENT, Code, EngineError, type_mismatch
 from accord.platform.embedded.group_commit import PendingCommit
 
 log = logging.getLogger("accord.engine")
@@ -64,7 +64,9 @@ class _Call:
 
 def no_such_transaction(number: int) -> EngineError:
     return EngineError(
-        251, f"Transaction with {{ txnNumber: {number} }} has been aborted.", labels=(TRANSIENT,)
+        Code.NoSuchTransaction,
+        f"Transaction with {{ txnNumber: {number} }} has been aborted.",
+        labels=(TRANSIENT,),
     )
 
 
@@ -91,10 +93,12 @@ class Dispatcher:
         except EngineError as exc:
             reply = exc.to_reply()
         except RecursionError:
-            reply = EngineError(2, "document nested too deeply").to_reply()
+            reply = EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
             log.exception("internal error executing %r", next(iter(cmd), None))
-            reply = EngineError(1, f"internal error: {type(exc).__name__}: {exc}").to_reply()
+            reply = EngineError(
+                Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
+            ).to_reply()
         return self._stamp(reply, call)
 
     def _stamp(self, reply: Doc, call: _Call) -> Doc:
@@ -109,14 +113,14 @@ class Dispatcher:
 
     def _execute(self, cmd: Doc, call: _Call) -> Doc:
         if not cmd:
-            raise EngineError(59, "no such command: ''")
+            raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
         handler = COMMANDS.get(name)
         if handler is None:
-            raise EngineError(59, f"no such command: '{name}'")
+            raise EngineError(Code.CommandNotFound, f"no such command: '{name}'")
         db = cmd.get("$db")
         if db is None:
-            raise EngineError(40571, "OP_MSG requests require a $db argument")
+            raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
         with self.engine.locked(name):
             reply = self._run(name, handler, db, cmd, call)
@@ -132,13 +136,13 @@ class Dispatcher:
         session: Session | None = None
         if lsid is not None:
             if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
-                raise EngineError(2, "lsid must be an object with a UUID 'id'")
+                raise EngineError(Code.BadValue, "lsid must be an object with a UUID 'id'")
             session = engine.session(bson.encode({"id": lsid["id"]}))
         txn_number = cmd.get("txnNumber")
         if txn_number is not None and (
             not isinstance(txn_number, int) or isinstance(txn_number, bool)
         ):
-            raise EngineError(14, "txnNumber must be a 64-bit integer")
+            raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
         read_concern = _read_concern(cmd)
         if autocommit is not None:
@@ -146,12 +150,12 @@ class Dispatcher:
                 name, handler, db, cmd, session, txn_number, autocommit, read_concern, call
             )
         if name in ("commitTransaction", "abortTransaction"):
-            raise EngineError(50768, f"{name} must be run within a transaction")
+            raise EngineError(Code.Location50768, f"{name} must be run within a transaction")
         snapshot_at = self._read_point(name, read_concern)
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
-                    50768,
+                    Code.Location50768,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number, call)
@@ -181,12 +185,13 @@ class Dispatcher:
         if read_concern.get("level") != "snapshot":
             if "atClusterTime" in read_concern:
                 raise EngineError(
-                    72, "atClusterTime is only allowed with readConcern level snapshot"
+                    Code.InvalidOptions,
+                    "atClusterTime is only allowed with readConcern level snapshot",
                 )
             return None
         if name not in SNAPSHOT_READS:
             raise EngineError(
-                72,
+                Code.InvalidOptions,
                 f"readConcern level 'snapshot' is not supported for '{name}' outside a "
                 "multi-document transaction: only find, aggregate and distinct read at a snapshot",
             )
@@ -196,7 +201,7 @@ class Dispatcher:
         ts = timestamp_to_ts(at)
         if ts < engine.history_start():
             raise EngineError(
-                239,
+                Code.SnapshotTooOld,
                 f"Read timestamp {at} is older than the oldest available timestamp: the engine "
                 f"keeps {engine.history_window:g} s of history (minSnapshotHistoryWindowInSeconds)",
             )
@@ -223,12 +228,12 @@ class Dispatcher:
                 reply = handler(self._ctx(db, txn, False, session), cmd)
             except EngineError as exc:
                 self.engine.abort(txn, "write failed")
-                if exc.code != 112:
+                if exc.code != Code.WriteConflict:
                     raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineError(
-                        50,
+                        Code.MaxTimeMSExpired,
                         "operation exceeded time limit waiting for a transaction that holds the documents",
                     ) from exc
                 self.engine.wait_changed(min(remaining, 0.5))
@@ -249,7 +254,7 @@ class Dispatcher:
     ) -> Doc:  # fmt: skip
         if number < session.retry_number or number < session.txn_number:
             raise EngineError(
-                225,
+                Code.TransactionTooOld,
                 f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.",
             )
         if number == session.retry_number and session.retry_reply is not None:
@@ -278,19 +283,19 @@ class Dispatcher:
         number: int | None, autocommit: Any, read_concern: Doc, call: _Call,
     ) -> Doc:  # fmt: skip
         if autocommit is not False:
-            raise EngineError(72, "autocommit must be false when specified")
+            raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
         if session is None or number is None:
-            raise EngineError(50768, "a transaction requires both lsid and txnNumber")
+            raise EngineError(Code.Location50768, "a transaction requires both lsid and txnNumber")
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:
                 raise EngineError(
-                    225,
+                    Code.TransactionTooOld,
                     f"Cannot start transaction {number} on session because a newer transaction {session.txn_number} has already started.",
                 )
             if number == session.txn_number:
                 raise EngineError(
-                    251 if session.txn_state != "in_progress" else 50911,
+                    Code.NoSuchTransaction if session.txn_state != "in_progress" else 50911,
                     f"Cannot start a transaction with txnNumber {number}: it was already started on this session.",
                 )
             if session.txn is not None and session.txn_state == "in_progress":
@@ -307,7 +312,8 @@ class Dispatcher:
             raise no_such_transaction(number)
         elif read_concern:
             raise EngineError(
-                72, "Only the first command in a transaction may specify a readConcern"
+                Code.InvalidOptions,
+                "Only the first command in a transaction may specify a readConcern",
             )
         if name == "commitTransaction":
             return self._commit(session, number, call)
@@ -325,7 +331,10 @@ class Dispatcher:
             engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
             raise no_such_transaction(number)
         if name not in TXN_COMMANDS:
-            raise EngineError(263, f"Cannot run '{name}' in a multi-document transaction.")
+            raise EngineError(
+                Code.OperationNotSupportedInTransaction,
+                f"Cannot run '{name}' in a multi-document transaction.",
+            )
         call.op_ts = txn.snapshot
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
@@ -397,7 +406,7 @@ def _read_concern(cmd: Doc) -> Doc:
         "snapshot",
     ):
         raise EngineError(
-            9,
+            Code.FailedToParse,
             f"readConcern level {level!r} is not one of local, majority, linearizable, available, snapshot",
         )
     for name in ("afterClusterTime", "atClusterTime"):

@@ -24,17 +24,19 @@ transaction, or snapshot read within ``history_window`` seconds, mongod's
 Timestamps are MongoDB cluster times as integers (``seconds << 32 | increment``), so
 ``operationTime``, ``$clusterTime`` and ``atClusterTime`` are the engine's own clock.
 
-Commit observers (for derived indexes, e.g. vector search) -- the public interface::
+Commit observers (derived indexes such as vector search stay in step through them; the
+interface is ``CommitObserver`` below)::
 
-    engine.add_commit_observer(ns, on_commit, on_drop=None)
-    engine.remove_commit_observer(ns, on_commit)
-    engine.own_writes(txn, ns)  # [(id key, doc or None)]: a transaction's uncommitted writes
+    engine.commit_observers.append(observer)
+    engine.own_writes(txn, ns)    # [(id key, doc or None)]: a transaction's uncommitted writes
+    engine.oldest_snapshot()      # no reader will ask for a snapshot before this
 
-``on_commit(ns, ts, changes)`` is called under the engine lock once per commit that
-touches ``ns``, in commit order, when the commit becomes durable and just before it
-becomes visible; ``changes`` is a list of ``Change(key, old, new)`` (``old``/``new`` are
-fresh dicts, ``None`` for an insert/delete). Aborted and failed commits are never
-reported. ``on_drop(ns)`` is called when the collection is dropped or renamed away.
+``observer.on_commit(ts, changes)`` is called under the engine lock once per commit, in
+commit order, when the commit is durable and just before it becomes visible; ``changes``
+is ``[(ns, id key, old doc, new doc)]`` for the collections ``observer.observes(ns)``
+accepts (``old``/``new`` are fresh dicts, ``None`` for an insert/delete). Aborted and
+failed commits are never reported. ``on_drop(ns)`` and ``on_rename(old, new)`` follow the
+catalog.
 """
 
 from __future__ import annotations
@@ -44,17 +46,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import bson
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded import planner, query
-from accord.platform.embedded.errors import EngineError, write_conflict
+from accord.platform.embedded.errors import Code, EngineError, write_conflict
 from accord.platform.embedded.group_commit import CommitFailed, GroupCommitter, PendingCommit
 from accord.platform.embedded.indexes import Index
 from accord.platform.embedded.lockstats import LockStats
@@ -72,7 +74,7 @@ HISTORY_WINDOW_S = 300.0
 GC_PASS_S = 0.002
 
 __all__ = [
-    "Change", "CommitFailed", "Collection", "Engine", "Index", "Session", "Txn", "duplicate_key",
+    "CommitObserver", "CommitFailed", "Collection", "Engine", "Index", "Session", "Txn", "duplicate_key",
     "ts_to_timestamp", "timestamp_to_ts",
 ]  # fmt: skip
 
@@ -91,19 +93,18 @@ def _wall_ts(seconds: float) -> int:
     return int(seconds) << 32
 
 
-@dataclass(frozen=True)
-class Change:
-    """One document changed by a commit, as commit observers see it."""
+class CommitObserver(Protocol):
+    """What ``Engine.commit_observers`` members implement (see the module docstring)."""
 
-    key: bytes
-    old: Doc | None
-    new: Doc | None
+    def observes(self, ns: str) -> bool: ...
 
+    def on_commit(
+        self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]
+    ) -> None: ...
 
-@dataclass
-class _Observer:
-    on_commit: Callable[[str, int, list[Change]], None]
-    on_drop: Callable[[str], None] | None
+    def on_drop(self, ns: str) -> None: ...
+
+    def on_rename(self, old: str, new: str) -> None: ...
 
 
 class Collection:
@@ -175,7 +176,7 @@ class Collection:
             for k in unique_keys(index, doc):
                 if k in owners:
                     raise EngineError(
-                        11000,
+                        Code.DuplicateKey,
                         f"Index build failed: E11000 duplicate key error collection: "
                         f"{self.ns} index: {index.name} dup key: "
                         f"{query.key_value(doc, index.fields)}",
@@ -280,7 +281,7 @@ class Engine:
         # (ns, unique index, key) -> (transaction, id key of its document with that key)
         self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
-        self._observers: dict[str, list[_Observer]] = {}
+        self.commit_observers: list[CommitObserver] = []
         # Records that got a new version, in commit order: (commit ts, collection, record).
         self._gc_queue: deque[tuple[int, Collection, Record]] = deque()
         self.gc_stats = {"passes": 0, "versionsPruned": 0, "recordsRemoved": 0}
@@ -448,7 +449,7 @@ class Engine:
                 self.abort(txn, f"collection {old} was renamed")
         coll.ns = new
         self.collections[new] = coll
-        self._notify_drop(old)
+        self._notify_rename(old, new)
 
     def database_names(self) -> list[str]:
         return sorted({c.db for c in self.collections.values() if c.pending_owner is None})
@@ -463,34 +464,42 @@ class Engine:
 
     # -- commit observers ------------------------------------------------------------------
 
-    def add_commit_observer(
-        self, ns: str, on_commit: Callable[[str, int, list[Change]], None],
-        on_drop: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
-        """Call ``on_commit(ns, ts, changes)`` for every durable commit touching ``ns``
-        (see the module docstring). Lock held."""
-        self._observers.setdefault(ns, []).append(_Observer(on_commit, on_drop))
-
-    def remove_commit_observer(
-        self, ns: str, on_commit: Callable[[str, int, list[Change]], None]
-    ) -> None:
-        kept = [o for o in self._observers.get(ns, []) if o.on_commit is not on_commit]
-        if kept:
-            self._observers[ns] = kept
-        else:
-            self._observers.pop(ns, None)
-
     def own_writes(self, txn: Txn, ns: str) -> list[tuple[bytes, Doc | None]]:
         """``txn``'s uncommitted writes to ``ns`` (id key, new doc or None for a delete)."""
         return list((txn.writes.get(ns) or {}).items())
 
+    def latest_documents(self, ns: str) -> Iterator[tuple[bytes, Doc | None, int, bool]]:
+        """For building a derived index: ``(id key, doc or None if deleted, commit ts,
+        whether other versions are retained)`` of every document as the newest snapshot
+        sees it (lock held)."""
+        coll = self.collections.get(ns)
+        if coll is None:
+            return
+        visible = self.visible
+        for record in list(coll.records.values()):
+            version = record.at(visible)
+            if version is None:
+                continue
+            ts, data = version
+            history = record.older is not None or record.ts > visible
+            yield record.key, decode(data) if data is not None else None, ts, history
+
+    def _observed(self, ns: str) -> bool:
+        return any(o.observes(ns) for o in self.commit_observers)
+
     def _notify_drop(self, ns: str) -> None:
-        for obs in self._observers.get(ns, []):
-            if obs.on_drop is not None:
-                try:
-                    obs.on_drop(ns)
-                except Exception:
-                    log.exception("commit observer failed on drop of %s", ns)
+        for observer in self.commit_observers:
+            try:
+                observer.on_drop(ns)
+            except Exception:
+                log.exception("commit observer failed on drop of %s", ns)
+
+    def _notify_rename(self, old: str, new: str) -> None:
+        for observer in self.commit_observers:
+            try:
+                observer.on_rename(old, new)
+            except Exception:
+                log.exception("commit observer failed on rename of %s", old)
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -549,7 +558,7 @@ class Engine:
         """
         if txn.aborted_reason is not None:
             raise EngineError(
-                251, f"Transaction has been aborted: {txn.aborted_reason}",
+                Code.NoSuchTransaction, f"Transaction has been aborted: {txn.aborted_reason}",
                 labels=("TransientTransactionError",),
             )  # fmt: skip
         if not txn.writes and not txn.created and record is None:
@@ -572,7 +581,7 @@ class Engine:
             coll = self.collections.get(ns)
             if coll is None:
                 continue
-            observed = ns in self._observers
+            observed = self._observed(ns)
             for key, doc in writes.items():
                 data = None if doc is None else encode(doc)
                 old = self._install(coll, key, doc, data, ts, item)
@@ -656,21 +665,20 @@ class Engine:
 
     def finalize(self, item: PendingCommit) -> None:
         """A durable commit becomes visible (lock held, in commit order)."""
-        by_ns: dict[str, list[Change]] = {}
-        for coll, key, old, new in item.changes:
-            by_ns.setdefault(coll.ns, []).append(
-                Change(
-                    key,
-                    decode(old) if old is not None else None,
-                    decode(new) if new is not None else None,
-                )
-            )
-        for ns, changes in by_ns.items():
-            for obs in self._observers.get(ns, []):
+        if item.changes:
+            changes = [
+                (coll.ns, key, decode(old) if old is not None else None,
+                 decode(new) if new is not None else None)
+                for coll, key, old, new in item.changes
+            ]  # fmt: skip
+            for observer in self.commit_observers:
+                mine = [c for c in changes if observer.observes(c[0])]
+                if not mine:
+                    continue
                 try:
-                    obs.on_commit(ns, item.ts, changes)
+                    observer.on_commit(item.ts, mine)
                 except Exception:
-                    log.exception("commit observer failed for %s", ns)
+                    log.exception("commit observer failed at commit %d", item.ts)
         if item.ts > self.visible:
             self.visible = item.ts
         self.changed.notify_all()
@@ -691,7 +699,8 @@ class Engine:
         while self.visible < ts:
             if time.monotonic() > deadline:
                 raise EngineError(
-                    50, "timed out waiting for the requested cluster time to be readable"
+                    Code.MaxTimeMSExpired,
+                    "timed out waiting for the requested cluster time to be readable",
                 )
             if not self.committer.pending():
                 self.visible = max(self.visible, min(ts, self.clock))
@@ -703,6 +712,10 @@ class Engine:
         return max(self.boot_ts, _wall_ts(time.time() - self.history_window))
 
     # -- garbage collection ------------------------------------------------------------------
+
+    def oldest_snapshot(self) -> int:
+        """No reader will ask for a snapshot before this (lock held)."""
+        return self.horizon()
 
     def horizon(self) -> int:
         """No reader will ask for a snapshot before this."""
@@ -849,7 +862,7 @@ def duplicate_key(coll: Collection, index: Index, doc: Doc) -> EngineError:
     kv = query.key_value(doc, index.fields)
     shown = ", ".join(f"{k}: {v!r}" for k, v in kv.items())
     return EngineError(
-        11000,
+        Code.DuplicateKey,
         f"E11000 duplicate key error collection: {coll.ns} index: {index.name} dup key: {{ {shown} }}",
         extra={"keyPattern": dict(index.key), "keyValue": kv},
     )

@@ -28,14 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.storage import CommitBatch
 
 if TYPE_CHECKING:
     from accord.platform.embedded.engine import Collection, Engine
     from accord.platform.embedded.versions import Record
-
-OUT_OF_DISK_SPACE = 14031
 
 
 class CommitFailed(EngineError):
@@ -43,13 +41,13 @@ class CommitFailed(EngineError):
 
     def __init__(self, cause: BaseException) -> None:
         if _disk_full(cause):
-            code = OUT_OF_DISK_SPACE
+            code = Code.OutOfDiskSpace
             msg = (
                 f"the commit could not be made durable because the disk is full ({cause}); "
                 "nothing was applied: free space on the data directory's disk and retry"
             )
         else:
-            code = 1
+            code = Code.InternalError
             msg = (
                 f"the commit could not be made durable ({type(cause).__name__}: {cause}); "
                 "nothing was applied: check the data directory's disk and retry"

@@ -36,7 +36,7 @@ from bson.regex import Regex
 
 from accord.platform.embedded import query
 from accord.platform.embedded.bsonkey import HIGH, Desc, bracket, sort_key
-from accord.platform.embedded.errors import EngineError, bad_value
+from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.indexes import Index, Range, ScanStats
 from accord.platform.embedded.versions import decode
 
@@ -660,6 +660,6 @@ def check_sort(sort: Doc) -> None:
             raise bad_value(f"unsupported sort specification for {key!r}: {direction}")
         if direction not in (1, -1):
             raise EngineError(
-                15975,
+                Code.Location15975,
                 f"$sort key ordering must be 1 (for ascending) or -1 (for descending): {key!r}",
             )

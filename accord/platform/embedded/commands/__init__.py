@@ -6,7 +6,7 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, explain, read, write
+from accord.platform.embedded.commands import admin, catalog, explain, read, search, write
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -31,5 +31,6 @@ __all__ = [
     "check_db_name",
     "explain",
     "read",
+    "search",
     "write",
 ]

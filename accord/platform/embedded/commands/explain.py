@@ -7,7 +7,7 @@ from __future__ import annotations
 from accord.platform.embedded import planner
 from accord.platform.embedded.commands.base import Context, Doc, command, ns_of, opt_doc
 from accord.platform.embedded.commands.read import parse_find, pipeline_query
-from accord.platform.embedded.errors import EngineError, bad_value, failed_to_parse
+from accord.platform.embedded.errors import Code, EngineError, bad_value, failed_to_parse
 
 VERBOSITIES = ("queryPlanner", "executionStats", "allPlansExecution")
 
@@ -48,7 +48,7 @@ def _query_of(ctx: Context, name: str, inner: Doc) -> tuple[planner.Query, str]:
     if name == "aggregate":
         pipeline = inner.get("pipeline")
         if not isinstance(pipeline, list):
-            raise EngineError(14, "'pipeline' option must be specified as an array")
+            raise EngineError(Code.TypeMismatch, "'pipeline' option must be specified as an array")
         q, _ = pipeline_query(pipeline)
         q.hint = inner.get("hint")
         return q, ns_of(ctx, inner, "aggregate")
@@ -75,5 +75,6 @@ def _query_of(ctx: Context, name: str, inner: Doc) -> tuple[planner.Query, str]:
             ctx, inner, name
         )
     raise EngineError(
-        59, f"Explain is not supported for the '{name}' command by the embedded engine"
+        Code.CommandNotFound,
+        f"Explain is not supported for the '{name}' command by the embedded engine",
     )
