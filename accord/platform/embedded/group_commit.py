@@ -84,6 +84,11 @@ class PendingCommit:
     state: str = "queued"  # queued | written | done | failed
     error: CommitFailed | None = None
 
+    def forget(self) -> None:
+        """Drop what only an undo needed (and the callbacks' reference cycles)."""
+        self.undo, self.changes, self.created, self.on_failure = [], [], [], []
+        self.batch = CommitBatch(ts=self.batch.ts)
+
 
 class GroupCommitter:
     def __init__(self, engine: Engine) -> None:
@@ -199,6 +204,8 @@ class GroupCommitter:
             for item in failed:
                 item.state = "failed"
                 item.error = item.error or cause
+            for item in durable + failed:
+                item.forget()
             if failed:
                 self._broken = False
             self._cv.notify_all()

@@ -195,10 +195,7 @@ class Index:
         id_level = self.is_id
         seen: set[int] | None = set() if (self.multikey or len(ranges) > 1) else None
         for lo, hi in reversed(ranges) if reverse else ranges:
-            start, stop = entries.bisect_left(lo), entries.bisect_left(hi)
-            if stop <= start:
-                continue
-            for entry in entries.islice(start, stop, reverse=reverse):
+            for entry in entries.irange(lo, hi, inclusive=(True, False), reverse=reverse):
                 stats.keys_examined += 1
                 record: Record = entry[-1]
                 if skip and record.key in skip:

@@ -52,24 +52,35 @@ SORT_COST = 0.3
 INDEX_COST = 1.05
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A value-space interval of one field, in sort-key space."""
+_OPEN = object()  # an interval end at the edge of its type bracket
 
-    lo: Key
-    lo_incl: bool
-    hi: Key
-    hi_incl: bool
-    shown: str
+
+class Interval:
+    """A value-space interval of one field, in sort-key space (with the values it came
+    from, for ``explain``)."""
+
+    __slots__ = ("lo", "lo_incl", "hi", "hi_incl", "lo_value", "hi_value")
+
+    def __init__(
+        self, lo: Key, lo_incl: bool, hi: Key, hi_incl: bool, lo_value: Any, hi_value: Any
+    ) -> None:
+        self.lo, self.lo_incl, self.hi, self.hi_incl = lo, lo_incl, hi, hi_incl
+        self.lo_value, self.hi_value = lo_value, hi_value
 
     @property
     def is_point(self) -> bool:
         return self.lo_incl and self.hi_incl and self.lo == self.hi
 
+    @property
+    def shown(self) -> str:
+        lo = "-inf" if self.lo_value is _OPEN else _show(self.lo_value)
+        hi = "+inf" if self.hi_value is _OPEN else _show(self.hi_value)
+        return f"{'[' if self.lo_incl else '('}{lo}, {hi}{']' if self.hi_incl else ')'}"
+
 
 def _point(value: Any) -> Interval:
     k = sort_key(value)
-    return Interval(k, True, k, True, f"[{_show(value)}, {_show(value)}]")
+    return Interval(k, True, k, True, value, value)
 
 
 def _show(value: Any) -> str:
@@ -99,38 +110,29 @@ def _cond_intervals(cond: Any, multikey: bool) -> list[Interval] | None:
     points: list[Interval] | None = None
     ranges: list[Interval] = []
     for op, arg in cond.items():
-        if op == "$eq":
-            if not _unusable(arg):
-                points = [_point(arg)]
-        elif op == "$in":
-            if isinstance(arg, list) and not any(_unusable(v) for v in arg):
-                unique = {sort_key(v): v for v in arg}
-                points = [_point(v) for _, v in sorted(unique.items())]
-        elif op in ("$gt", "$gte", "$lt", "$lte"):
+        if op in ("$gt", "$gte", "$lt", "$lte"):
             if _unusable(arg) or arg is None:
                 continue
             k = sort_key(arg)
             below, above = bracket(k)
             if op in ("$gt", "$gte"):
-                ranges.append(
-                    Interval(
-                        k,
-                        op == "$gte",
-                        above,
-                        False,
-                        f"{'[' if op == '$gte' else '('}{_show(arg)}, +inf]",
-                    )
-                )
+                ranges.append(Interval(k, op == "$gte", above, False, arg, _OPEN))
             else:
-                ranges.append(
-                    Interval(
-                        below,
-                        False,
-                        k,
-                        op == "$lte",
-                        f"[-inf, {_show(arg)}{']' if op == '$lte' else ')'}",
-                    )
-                )
+                ranges.append(Interval(below, False, k, op == "$lte", _OPEN, arg))
+            continue
+        found: list[Interval] | None = None
+        if op == "$eq" and not _unusable(arg):
+            found = [_point(arg)]
+        elif op == "$in" and isinstance(arg, list) and not any(_unusable(v) for v in arg):
+            unique = {sort_key(v): v for v in arg}
+            found = [_point(v) for _, v in sorted(unique.items())]
+        if found is None:
+            continue
+        if points is None:
+            points = found
+        else:  # $eq and $in together: the values both allow
+            allowed = {iv.lo for iv in found}
+            points = [iv for iv in points if iv.lo in allowed]
     if points is not None:
         return points
     if not ranges:
@@ -159,7 +161,9 @@ def _intersect(a: Interval, b: Interval) -> Interval | None:
         hi, hi_incl = b.hi, b.hi_incl
     if lo > hi or (lo == hi and not (lo_incl and hi_incl)):
         return None
-    return Interval(lo, lo_incl, hi, hi_incl, f"{a.shown} ∩ {b.shown}")
+    lo_value = a.lo_value if lo is a.lo else b.lo_value
+    hi_value = a.hi_value if hi is a.hi else b.hi_value
+    return Interval(lo, lo_incl, hi, hi_incl, lo_value, hi_value)
 
 
 def _field_intervals(conds: list[Any], multikey: bool) -> list[Interval] | None:
@@ -190,6 +194,8 @@ class Conjunction:
 
     conds: dict[str, list[Any]] = field(default_factory=dict)
     ors: list[list[Doc]] = field(default_factory=list)
+    # Top-level operators the planner does not bound with ($expr, $nor, $where, ...).
+    other: bool = False
 
     @classmethod
     def of(cls, filt: Doc) -> Conjunction:
@@ -207,11 +213,32 @@ class Conjunction:
                 self.ors.append([c for c in value if isinstance(c, dict)])
             elif not key.startswith("$"):
                 self.conds.setdefault(key, []).append(value)
+            elif key != "$comment":
+                self.other = True
 
     def with_clause(self, clause: Doc) -> Conjunction:
-        out = Conjunction({k: list(v) for k, v in self.conds.items()}, [])
+        out = Conjunction({k: list(v) for k, v in self.conds.items()}, [], self.other)
         out._add(clause)
         return out
+
+    def only_points_on(self, fields: set[str]) -> bool:
+        """Whether the filter is nothing but equality / ``$in`` on ``fields`` (so an
+        index bounding exactly those fields to those points answers it exactly)."""
+        if self.other or self.ors or set(self.conds) - fields:
+            return False
+        return all(_is_point_cond(c) for conds in self.conds.values() for c in conds)
+
+
+def _is_point_cond(cond: Any) -> bool:
+    if not _is_operator_doc(cond):
+        return not _unusable(cond)
+    for op, arg in cond.items():
+        if op == "$eq" and not _unusable(arg):
+            continue
+        if op == "$in" and isinstance(arg, list) and not any(_unusable(v) for v in arg):
+            continue
+        return False
+    return True
 
 
 @dataclass
@@ -224,10 +251,25 @@ class Plan:
     ranges: list[Range] = field(default_factory=list)
     reverse: bool = False
     provides_sort: bool = False
-    keys: int = 0
-    bounds: dict[str, list[str]] = field(default_factory=dict)
+    # Index entries inside the ranges (None: not counted, there was nothing to compare).
+    keys: int | None = 0
+    # Per index field: its intervals (None: unbounded), for explain.
+    bounds: dict[str, list[Interval] | None] = field(default_factory=dict)
     ids: list[bytes] = field(default_factory=list)
     children: list[Plan] = field(default_factory=list)
+    # The index answers the filter exactly: committed hits need no re-check.
+    exact: bool = False
+
+    @property
+    def full(self) -> bool:
+        """An index scan with no bounds at all (it can only provide an order)."""
+        return self.kind == "IXSCAN" and all(b is None for b in self.bounds.values())
+
+    def shown_bounds(self) -> dict[str, list[str]]:
+        return {
+            f: ["[MinKey, MaxKey]"] if ivs is None else [iv.shown for iv in ivs]
+            for f, ivs in self.bounds.items()
+        }
 
     def describe(self) -> Doc:
         if self.kind == "IDHACK":
@@ -243,7 +285,8 @@ class Plan:
             "stage": "IXSCAN", "keyPattern": dict(self.index.key), "indexName": self.index.name,
             "isMultiKey": self.index.multikey, "isUnique": self.index.unique,
             "isSparse": self.index.sparse, "isPartial": self.index.partial is not None,
-            "direction": "backward" if self.reverse else "forward", "indexBounds": self.bounds,
+            "direction": "backward" if self.reverse else "forward",
+            "indexBounds": self.shown_bounds(),
         }}  # fmt: skip
 
 
@@ -293,11 +336,20 @@ def _implies(conj: Conjunction, partial: Doc) -> bool:
     return True
 
 
-def index_ranges(
-    index: Index, conj: Conjunction
-) -> tuple[list[Range], set[str], dict[str, list[str]], bool]:
-    """Entry ranges for ``conj`` on ``index``: (ranges in entry order, fields bound to
-    one value, explain bounds, whether any field is bounded).
+@dataclass
+class Bounds:
+    """What one index can bound of a conjunction."""
+
+    ranges: list[Range]
+    # Fields bound to exactly one value (constant among the results), and to points.
+    const: set[str]
+    pointed: set[str]
+    intervals: dict[str, list[Interval] | None]
+    bounded: bool
+
+
+def index_ranges(index: Index, conj: Conjunction) -> Bounds:
+    """Entry ranges for ``conj`` on ``index``, in entry order.
 
     Leading fields bound to points ($eq, $in) multiply into prefixes; the first field
     bound by a range (or one more point set than ``MAX_POINTS`` allows) ends the prefix;
@@ -306,7 +358,8 @@ def index_ranges(
     fields, dirs = index.fields, index.directions
     prefixes: list[tuple[Any, ...]] = [()]
     const: set[str] = set()
-    shown: dict[str, list[str]] = {}
+    pointed: set[str] = set()
+    intervals: dict[str, list[Interval] | None] = dict.fromkeys(fields)
     bounded = False
     last: list[Interval] | None = None
     last_pos = -1
@@ -316,22 +369,23 @@ def index_ranges(
             break
         bounded = True
         if not ivs:
-            return [], const, {f: [] for f in fields}, True  # contradictory: nothing matches
+            intervals[name] = []
+            return Bounds([], const, pointed, intervals, True)  # contradictory: nothing
         fits = len(prefixes) * len(ivs) <= MAX_POINTS
         if not all(iv.is_point for iv in ivs) or not fits:
             if fits:
                 last, last_pos = ivs, i
-                shown[name] = [iv.shown for iv in ivs]
+                intervals[name] = ivs
             break
         if len(ivs) == 1 and not index.multikey:
             const.add(name)
+        pointed.add(name)
         points = sorted((iv.lo for iv in ivs), reverse=dirs[i] < 0)
         wrapped = points if dirs[i] > 0 else [Desc(p) for p in points]
         prefixes = [(*p, w) for p in prefixes for w in wrapped]
-        shown[name] = [iv.shown for iv in (ivs if dirs[i] > 0 else ivs[::-1])]
-    bounds = {f: shown.get(f, ["[MinKey, MaxKey]"]) for f in fields}
+        intervals[name] = ivs if dirs[i] > 0 else ivs[::-1]
     if last is None:
-        return [(p, (*p, HIGH)) for p in prefixes], const, bounds, bounded
+        return Bounds([(p, (*p, HIGH)) for p in prefixes], const, pointed, intervals, bounded)
     d = dirs[last_pos]
     ordered = sorted(last, key=lambda iv: iv.lo, reverse=d < 0)
     ranges: list[Range] = []
@@ -344,7 +398,7 @@ def index_ranges(
                 lo = (*p, Desc(iv.hi)) if iv.hi_incl else (*p, Desc(iv.hi), HIGH)
                 hi = (*p, Desc(iv.lo), HIGH) if iv.lo_incl else (*p, Desc(iv.lo))
             ranges.append((lo, hi))
-    return ranges, const, bounds, bounded
+    return Bounds(ranges, const, pointed, intervals, bounded)
 
 
 def _sort_order(index: Index, sort: Doc, const: set[str]) -> bool | None:
@@ -384,29 +438,39 @@ def _id_points(conj: Conjunction) -> list[Any] | None:
     return None
 
 
-def _index_plan(index: Index, conj: Conjunction, q: Query, n_docs: int) -> Plan | None:
-    ranges, const, shown, bounded = index_ranges(index, conj)
-    order = _sort_order(index, q.sort, const) if q.sort else None
-    if not bounded and order is None:
+def _index_plan(index: Index, conj: Conjunction, q: Query) -> Plan | None:
+    b = index_ranges(index, conj)
+    order = _sort_order(index, q.sort, b.const) if q.sort else None
+    if not b.bounded and order is None:
         return None
-    keys = index.count(ranges)
-    plan = Plan("IXSCAN", float(keys), index=index, ranges=ranges, keys=keys, bounds=shown)
+    plan = Plan("IXSCAN", 0.0, index=index, ranges=b.ranges, keys=None, bounds=b.intervals)
+    plan.exact = not index.multikey and conj.only_points_on(b.pointed)
     if q.sort and order is not None:
         plan.provides_sort, plan.reverse = True, order
-    elif q.sort:
-        plan.cost += keys * SORT_COST
-    plan.cost *= INDEX_COST
     return plan
+
+
+def _cost(plan: Plan, q: Query, estimate: int) -> None:
+    """Cost of an index plan from its (counted) keys; ``estimate`` bounds the matches."""
+    keys = plan.keys if plan.keys is not None else 0
+    cost = float(keys)
+    if q.sort and not plan.provides_sort:
+        cost += keys * SORT_COST
+    elif plan.provides_sort and q.limit:
+        cost = min(float(keys), (q.skip + q.limit) * keys / max(1, estimate))
+    plan.cost = cost * INDEX_COST
 
 
 def _best_for(coll: Collection, conj: Conjunction, q: Query, hint: Index | None) -> list[Plan]:
     """Candidate plans for one conjunction (clause), cheapest first."""
     n = len(coll.records)
-    plans: list[Plan] = []
     ids = _id_points(conj)
     if ids is not None and (hint is None or hint.is_id):
         keys = list(dict.fromkeys(query.id_key(v) for v in ids))
-        plans.append(Plan("IDHACK", float(len(keys)), ids=keys))
+        plan = Plan("IDHACK", float(len(keys)), ids=keys, keys=len(keys))
+        plan.exact = conj.only_points_on({"_id"})
+        return [plan]  # as mongod: _id equality always wins
+    plans: list[Plan] = []
     for index in coll.indexes.values():
         if hint is not None and index is not hint:
             continue
@@ -416,22 +480,19 @@ def _best_for(coll: Collection, conj: Conjunction, q: Query, hint: Index | None)
             if not _wants_id_order(conj, q):
                 continue
             coll.build_id_index()
-        p = _index_plan(index, conj, q, n)
+        p = _index_plan(index, conj, q)
         if p is not None:
             plans.append(p)
-    if q.sort and q.limit:
-        bounded = [p.keys for p in plans if p.kind == "IXSCAN" and not _full(p)]
-        estimate = max(1, min(bounded, default=n))
-        for p in plans:
-            if p.provides_sort:
-                wanted = (q.skip + q.limit) * p.keys / estimate
-                p.cost = min(float(p.keys), wanted) * INDEX_COST
+    if len(plans) == 1 and not plans[0].full:
+        return plans  # the only bounded plan: never worse than a scan, no need to count
+    for p in plans:
+        assert p.index is not None
+        p.keys = p.index.count(p.ranges)
+    estimate = min((p.keys or 0 for p in plans if not p.full), default=n)
+    for p in plans:
+        _cost(p, q, estimate)
     plans.sort(key=lambda p: p.cost)
     return plans
-
-
-def _full(plan: Plan) -> bool:
-    return all(b == ["[MinKey, MaxKey]"] for b in plan.bounds.values())
 
 
 def _wants_id_order(conj: Conjunction, q: Query) -> bool:
@@ -464,9 +525,16 @@ def plan(coll: Collection, q: Query) -> Plan:
     hint_index = hint if isinstance(hint, Index) else None
     conj = Conjunction.of(q.filter)
     plans = _best_for(coll, conj, q, hint_index)
+    if plans and plans[0].kind == "IDHACK":
+        return plans[0]
     if conj.ors and hint_index is None:
         or_plan = _or_plan(coll, conj, q)
         if or_plan is not None:
+            for p in plans:
+                if p.keys is None:
+                    assert p.index is not None
+                    p.keys = p.index.count(p.ranges)
+                    _cost(p, q, p.keys)
             plans.append(or_plan)
             plans.sort(key=lambda p: p.cost)
     if hint_index is not None:
@@ -475,9 +543,8 @@ def plan(coll: Collection, q: Query) -> Plan:
         if hint_index.is_id and not hint_index.built:
             coll.build_id_index()
         ranges = [((), (HIGH,))]
-        keys = hint_index.count(ranges)
-        shown = {f: ["[MinKey, MaxKey]"] for f in hint_index.fields}
-        return Plan("IXSCAN", float(keys), index=hint_index, ranges=ranges, keys=keys, bounds=shown)
+        return Plan("IXSCAN", float(n), index=hint_index, ranges=ranges, keys=None,
+                    bounds=dict.fromkeys(hint_index.fields))  # fmt: skip
     if plans and plans[0].cost < collscan_cost:
         return plans[0]
     return Plan("COLLSCAN", collscan_cost)
@@ -491,17 +558,20 @@ def _or_plan(coll: Collection, conj: Conjunction, q: Query) -> Plan | None:
     unsorted = Query(q.filter)
     for clause in clauses:
         options = [
-            p
-            for p in _best_for(coll, conj.with_clause(clause), unsorted, None)
-            if not _full(p) or p.kind == "IDHACK"
+            p for p in _best_for(coll, conj.with_clause(clause), unsorted, None) if not p.full
         ]
         if not options:
             return None
-        children.append(options[0])
+        best = options[0]
+        if best.keys is None:
+            assert best.index is not None
+            best.keys = best.index.count(best.ranges)
+            _cost(best, unsorted, best.keys)
+        children.append(best)
     cost = sum(c.cost for c in children)
     if q.sort:
         cost += cost * SORT_COST
-    return Plan("OR", cost, children=children, keys=sum(c.keys for c in children))
+    return Plan("OR", cost, children=children, keys=sum(c.keys or 0 for c in children))
 
 
 # -- execution ------------------------------------------------------------------------------
@@ -605,9 +675,12 @@ def execute(
     stop = None if needs_sort or not q.limit else q.skip + q.limit
     filt = q.filter
     hits: list[Hit] = []
+    exact = chosen.exact
     for hit in _candidates(coll, txn, chosen, stats):
         stats.docs_examined += 1
-        if filt and not matches(filt, hit.doc):
+        # Hits an exact plan found through the index match by construction; the
+        # transaction's own writes (no stored BSON) always get the filter.
+        if filt and not (exact and hit.raw is not None) and not matches(filt, hit.doc):
             continue
         hits.append(hit)
         if stop is not None and len(hits) >= stop:
