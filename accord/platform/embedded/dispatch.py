@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bson
+from bson.timestamp import Timestamp
 
 from accord.platform.embedded import collation, commands
 from accord.platform.embedded.commands import (
@@ -33,6 +34,8 @@ from accord.platform.embedded.engine import (
     Engine,
     Session,
     Txn,
+    timestamp_to_ts,
+    ts_to_timestamp,
 )
 from accord.platform.embedded.errors import (
     STATE_CHANGE_CODES,
@@ -40,8 +43,10 @@ from accord.platform.embedded.errors import (
     Code,
     EngineError,
     server_error_labels,
+    type_mismatch,
 )
 from accord.platform.embedded.failpoints import CloseConnection, FailPoints
+from accord.platform.embedded.group_commit import PendingCommit
 
 log = logging.getLogger("accord.engine")
 
@@ -53,6 +58,37 @@ GENERIC_ARGS = {
     "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
     "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
 }  # fmt: skip
+
+
+# Commands that may read at a snapshot outside a transaction (readConcern level snapshot).
+SNAPSHOT_READS = {"find", "aggregate", "distinct"}
+_NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
+
+
+class _Call:
+    """What one command leaves for after the engine lock is released."""
+
+    __slots__ = ("ticket", "op_ts", "close_after")
+
+    def __init__(self) -> None:
+        # A commit to wait for before the reply may be sent (group commit).
+        self.ticket: PendingCommit | None = None
+        # The cluster time the command read at or committed at (operationTime).
+        self.op_ts: int | None = None
+        # A fail point wants the connection closed once the command is durable (why).
+        self.close_after: str | None = None
+
+
+@dataclass
+class Connection:
+    """One client connection, as the dispatcher needs to know it."""
+
+    id: int = 0
+    # The handshake's client.application.name (failCommand's appName matches it).
+    app_name: str | None = None
+
+
+HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
 
 
 def _labelled(
@@ -83,18 +119,6 @@ def no_such_transaction(number: int) -> EngineError:
         f"Transaction with {{ txnNumber: {number} }} has been aborted.",
         labels=(TRANSIENT,),
     )
-
-
-@dataclass
-class Connection:
-    """One client connection, as the dispatcher needs to know it."""
-
-    id: int = 0
-    # The handshake's client.application.name (failCommand's appName matches it).
-    app_name: str | None = None
-
-
-HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
 
 
 class Dispatcher:
@@ -132,26 +156,27 @@ class Dispatcher:
                 raise CloseConnection(f"failCommand closed the connection on {name}")
             if action.error_code is not None:
                 reply = action.error_reply()
-                return _labelled(reply, cmd, action.error_labels, self.topology_version)
+                reply = _labelled(reply, cmd, action.error_labels, self.topology_version)
+                return self._stamp(reply, _Call())
         if name in HELLO_COMMANDS:
-            app = (
-                cmd.get("client", {}).get("application")
-                if isinstance(cmd.get("client"), dict)
-                else None
-            )
+            client = cmd.get("client")
+            app = client.get("application") if isinstance(client, dict) else None
             if isinstance(app, dict) and isinstance(app.get("name"), str):
                 conn.app_name = app["name"]  # the handshake names the application
             return self.hello(cmd)
-        reply = self._reply(cmd, conn)
+        call = _Call()
+        reply = self._reply(cmd, call)
         if action is not None and action.write_concern_error is not None and reply.get("ok"):
             # A copy: the reply may be the one stored for a retried write, which has no error.
             reply = {**reply, "writeConcernError": action.write_concern_error}
-            return _labelled(reply, cmd, action.error_labels, self.topology_version)
-        return reply
+            reply = _labelled(reply, cmd, action.error_labels, self.topology_version)
+        if call.close_after is not None:
+            raise CloseConnection(call.close_after)
+        return self._stamp(reply, call)
 
-    def _reply(self, cmd: Doc, conn: Connection) -> Doc:
+    def _reply(self, cmd: Doc, call: _Call) -> Doc:
         try:
-            return self._execute(cmd, conn)
+            return self._execute(cmd, call)
         except CloseConnection:
             raise
         except EngineError as exc:
@@ -164,7 +189,17 @@ class Dispatcher:
                 Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
             ).to_reply()
 
-    def _execute(self, cmd: Doc, conn: Connection) -> Doc:
+    def _stamp(self, reply: Doc, call: _Call) -> Doc:
+        """Add ``operationTime`` and ``$clusterTime`` as a replica-set member does."""
+        visible = self.engine.visible
+        op_ts = call.op_ts if call.op_ts is not None else visible
+        reply["operationTime"] = ts_to_timestamp(op_ts)
+        reply["$clusterTime"] = {
+            "clusterTime": ts_to_timestamp(max(visible, op_ts)), "signature": _NO_SIGNATURE,
+        }  # fmt: skip
+        return reply
+
+    def _execute(self, cmd: Doc, call: _Call) -> Doc:
         if not cmd:
             raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
@@ -175,8 +210,13 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.lock, collation.active(self._collation(db, name, cmd)):
-            return self._run(name, handler, db, cmd)
+        with self.engine.locked(name), collation.active(self._collation(db, name, cmd)):
+            reply = self._run(name, handler, db, cmd, call)
+        if call.ticket is not None:
+            # Acknowledge only once durable; the lock is free for others meanwhile.
+            self.engine.wait_durable(call.ticket)
+            call.op_ts = call.ticket.ts
+        return reply
 
     def _collation(self, db: str, name: str, cmd: Doc) -> collation.Collation | None:
         """The command's ``collation``, else its collection's default (None: binary)."""
@@ -187,7 +227,7 @@ class Dispatcher:
             spec = coll.options.get("collation") if coll is not None else None
         return collation.parse(spec)
 
-    def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc) -> Doc:
+    def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc, call: _Call) -> Doc:
         engine = self.engine
         lsid = cmd.get("lsid")
         session: Session | None = None
@@ -201,26 +241,71 @@ class Dispatcher:
         ):
             raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
+        read_concern = _read_concern(cmd)
         if autocommit is not None:
-            return self._in_transaction(name, handler, db, cmd, session, txn_number, autocommit)
+            return self._in_transaction(
+                name, handler, db, cmd, session, txn_number, autocommit, read_concern, call
+            )
         if name in ("commitTransaction", "abortTransaction"):
             raise EngineError(
                 Code.NotARetryableWriteCommand, f"{name} must be run within a transaction"
             )
+        snapshot_at = self._read_point(name, read_concern)
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
                     Code.NotARetryableWriteCommand,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
-            return self._retryable(handler, db, cmd, session, txn_number)
+            return self._retryable(handler, db, cmd, session, txn_number, call)
         if name in WRITE_COMMANDS or commands.writes_output(name, cmd):
-            return self._autocommit(handler, db, cmd, session, None)
-        view = engine.begin(explicit=False)
+            return self._autocommit(handler, db, cmd, session, None, call)
+        view = engine.begin(explicit=False, snapshot=snapshot_at)
+        call.op_ts = view.snapshot
         try:
-            return handler(self._ctx(db, view, False, session), cmd)
+            reply = handler(self._ctx(db, view, False, session), cmd)
         finally:
             engine.abort(view, "read finished")
+        if read_concern.get("level") == "snapshot" and reply.get("ok"):
+            at = ts_to_timestamp(view.snapshot)
+            if isinstance(reply.get("cursor"), dict):
+                reply["cursor"]["atClusterTime"] = at
+            else:
+                reply["atClusterTime"] = at
+        return reply
+
+    def _read_point(self, name: str, read_concern: Doc) -> int | None:
+        """The snapshot a command outside a transaction reads at (None: the latest),
+        after waiting for ``afterClusterTime``; refuses snapshot reads MongoDB refuses."""
+        engine = self.engine
+        after = read_concern.get("afterClusterTime")
+        if after is not None:
+            engine.advance_to(timestamp_to_ts(after))
+        if read_concern.get("level") != "snapshot":
+            if "atClusterTime" in read_concern:
+                raise EngineError(
+                    Code.InvalidOptions,
+                    "atClusterTime is only allowed with readConcern level snapshot",
+                )
+            return None
+        if name not in SNAPSHOT_READS:
+            raise EngineError(
+                Code.InvalidOptions,
+                f"readConcern level 'snapshot' is not supported for '{name}' outside a "
+                "multi-document transaction: only find, aggregate and distinct read at a snapshot",
+            )
+        at = read_concern.get("atClusterTime")
+        if at is None:
+            return engine.visible
+        ts = timestamp_to_ts(at)
+        if ts < engine.history_start():
+            raise EngineError(
+                Code.SnapshotTooOld,
+                f"Read timestamp {at} is older than the oldest available timestamp: the engine "
+                f"keeps {engine.history_window:g} s of history (minSnapshotHistoryWindowInSeconds)",
+            )
+        engine.advance_to(ts)
+        return ts
 
     def _ctx(self, db: str, txn: Txn, in_txn: bool, session: Session | None) -> Context:
         return Context(
@@ -233,7 +318,7 @@ class Dispatcher:
 
     def _autocommit(
         self, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        record: tuple[bytes, int] | None, fail_before_commit: int | None = None,
+        record: tuple[bytes, int] | None, call: _Call, fail_before_commit: int | None = None,
     ) -> Doc:  # fmt: skip
         """Run a write command in its own transaction, waiting out conflicting transactions.
 
@@ -254,7 +339,7 @@ class Dispatcher:
                         Code.MaxTimeMSExpired,
                         "operation exceeded time limit waiting for a transaction that holds the documents",
                     ) from exc
-                self.engine.changed.wait(min(remaining, 0.5))
+                self.engine.wait_changed(min(remaining, 0.5))
                 continue
             except BaseException:
                 self.engine.abort(txn, "write failed")
@@ -268,38 +353,56 @@ class Dispatcher:
             stored = None
             if record is not None:
                 stored = (record[0], record[1], {"kind": "retry", "reply": reply})
-            self.engine.commit(txn, record=stored)
+            call.ticket = self.engine.commit(txn, record=stored)
+            call.op_ts = txn.snapshot if call.ticket is None else call.ticket.ts
             return reply
 
     def _retryable(
-        self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int
-    ) -> Doc:
+        self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int,
+        call: _Call,
+    ) -> Doc:  # fmt: skip
         if number < session.retry_number or number < session.txn_number:
             raise EngineError(
                 Code.TransactionTooOld,
                 f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.",
             )
         if number == session.retry_number and session.retry_reply is not None:
+            ticket = session.retry_ticket
+            if ticket is not None and ticket.state not in ("done", "failed"):
+                call.ticket = ticket  # the first attempt is not durable yet: wait for it
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
         action = self.failpoints.on_transactional_write()
         fail_code = action.fail_before_commit_code if action else None
         try:
-            reply = self._autocommit(handler, db, cmd, session, (session.key, number), fail_code)
+            reply = self._autocommit(
+                handler, db, cmd, session, (session.key, number), call, fail_code
+            )
         except EngineError:
             if action is not None and action.close_connection:
                 raise CloseConnection("onPrimaryTransactionalWrite failed the write") from None
             raise
-        session.retry_number, session.retry_reply = number, reply
         if action is not None and action.close_connection:
-            # The write committed, its reply is lost: the client must retry to learn it.
-            raise CloseConnection("onPrimaryTransactionalWrite closed the connection")
+            # The write commits (durably, before the close) and its reply is lost: the
+            # client must retry to learn it.
+            call.close_after = "onPrimaryTransactionalWrite closed the connection"
+        session.retry_number, session.retry_reply = number, reply
+        ticket = call.ticket
+        if ticket is not None:
+            session.retry_ticket = ticket
+
+            def forget() -> None:  # the write was rolled back: a retry must apply it
+                if session.retry_number == number and session.retry_ticket is ticket:
+                    session.retry_reply = None
+                    session.retry_ticket = None
+
+            ticket.on_failure.append(forget)
         return reply
 
     # -- multi-document transactions -------------------------------------------------------
 
     def _in_transaction(
         self, name: str, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        number: int | None, autocommit: Any,
+        number: int | None, autocommit: Any, read_concern: Doc, call: _Call,
     ) -> Doc:  # fmt: skip
         if autocommit is not False:
             raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
@@ -316,18 +419,30 @@ class Dispatcher:
                 )
             if number == session.txn_number:
                 raise EngineError(
-                    Code.NoSuchTransaction if session.txn_state != "in_progress" else 50911,
+                    Code.NoSuchTransaction
+                    if session.txn_state != "in_progress"
+                    else Code.Location50911,
                     f"Cannot start a transaction with txnNumber {number}: it was already started on this session.",
                 )
             if session.txn is not None and session.txn_state == "in_progress":
                 engine.abort(session.txn, "a newer transaction started on the session")
-            txn = engine.begin(explicit=True, session=session)
+            snapshot = None
+            if read_concern.get("afterClusterTime") is not None:
+                engine.advance_to(timestamp_to_ts(read_concern["afterClusterTime"]))
+            if read_concern.get("atClusterTime") is not None:
+                snapshot = self._read_point("find", read_concern)
+            txn = engine.begin(explicit=True, session=session, snapshot=snapshot)
             txn.txn_number = number
             session.txn, session.txn_number, session.txn_state = txn, number, "in_progress"
         elif number != session.txn_number:
             raise no_such_transaction(number)
+        elif read_concern:
+            raise EngineError(
+                Code.InvalidOptions,
+                "Only the first command in a transaction may specify a readConcern",
+            )
         if name == "commitTransaction":
-            return self._commit(session, number)
+            return self._commit(session, number, call)
         if name == "abortTransaction":
             if session.txn_state != "in_progress" or session.txn is None:
                 raise no_such_transaction(number)
@@ -346,6 +461,7 @@ class Dispatcher:
                 Code.OperationNotSupportedInTransaction,
                 f"Cannot run '{name}' in a multi-document transaction.",
             )
+        call.op_ts = txn.snapshot
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
         except EngineError:
@@ -356,15 +472,33 @@ class Dispatcher:
             engine.abort(txn, "a write in the transaction failed")
         return reply
 
-    def _commit(self, session: Session, number: int) -> Doc:
+    def _commit(self, session: Session, number: int, call: _Call) -> Doc:
         if session.txn_state == "committed":
-            return {"ok": 1.0}  # a retried commit of a transaction that already committed
+            # A retried commit of a transaction that already committed (or is committing).
+            ticket = session.commit_ticket
+            if ticket is not None and ticket.state not in ("done", "failed"):
+                call.ticket = ticket
+            return {"ok": 1.0}
         if session.txn_state != "in_progress" or session.txn is None:
             raise no_such_transaction(number)
         txn = session.txn
-        self.engine.commit(txn, record=(session.key, number, {"kind": "commit"}))
+        # A read-only transaction has nothing to make durable.
+        wrote = bool(txn.writes or txn.created)
+        record = (session.key, number, {"kind": "commit"}) if wrote else None
+        ticket = self.engine.commit(txn, record=record)
         session.txn_state = "committed"
         session.txn = None
+        session.commit_ticket = ticket
+        call.op_ts = txn.snapshot
+        if ticket is not None:
+            call.ticket = ticket
+
+            def reopen() -> None:  # the commit was rolled back: it did not happen
+                if session.txn_number == number and session.commit_ticket is ticket:
+                    session.txn_state = "aborted"
+                    session.commit_ticket = None
+
+            ticket.on_failure.append(reopen)
         return {"ok": 1.0}
 
     # -- housekeeping -------------------------------------------------------------------------
@@ -372,7 +506,7 @@ class Dispatcher:
     def reap(self) -> None:
         """Abort expired transactions, forget idle sessions, close idle cursors."""
         now = time.monotonic()
-        with self.engine.lock:
+        with self.engine.locked("reap"):
             for txn in list(self.engine.active.values()):
                 if txn.explicit and now - txn.started > self.txn_lifetime:
                     self.engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
@@ -381,4 +515,27 @@ class Dispatcher:
                 if session.last_used < idle and session.txn_state != "in_progress":
                     del self.engine.sessions[key]  # its retry records stay on disk
             self.cursors.reap()
-            self.engine.vacuum()
+
+
+def _read_concern(cmd: Doc) -> Doc:
+    rc = cmd.get("readConcern")
+    if rc is None:
+        return {}
+    if not isinstance(rc, dict):
+        raise type_mismatch("readConcern must be an object")
+    level = rc.get("level")
+    if level is not None and level not in (
+        "local",
+        "majority",
+        "linearizable",
+        "available",
+        "snapshot",
+    ):
+        raise EngineError(
+            Code.FailedToParse,
+            f"readConcern level {level!r} is not one of local, majority, linearizable, available, snapshot",
+        )
+    for name in ("afterClusterTime", "atClusterTime"):
+        if name in rc and not isinstance(rc[name], Timestamp):
+            raise type_mismatch(f"readConcern.{name} must be a timestamp")
+    return rc

@@ -25,6 +25,8 @@ def serve(
     ttl_interval: float,
     transaction_lifetime: float,
     enable_test_commands: bool = False,
+    snapshot_history: float = 300.0,
+    repair: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -42,6 +44,8 @@ def serve(
         ttl_interval=ttl_interval,
         transaction_lifetime=transaction_lifetime,
         enable_test_commands=enable_test_commands,
+        snapshot_history=snapshot_history,
+        repair=repair,
     )
 
     def _stop(signum: int, frame: object) -> None:

@@ -6,7 +6,16 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, output, read, search, testing, write
+from accord.platform.embedded.commands import (
+    admin,
+    catalog,
+    explain,
+    output,
+    read,
+    search,
+    testing,
+    write,
+)
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -32,6 +41,7 @@ __all__ = [
     "admin",
     "catalog",
     "check_db_name",
+    "explain",
     "output",
     "read",
     "search",
