@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench generate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check accord tests benchmarks
-	$(BIN)/ruff format --check accord tests benchmarks
-	$(BIN)/mypy accord
+	$(BIN)/ruff check accord tests benchmarks tools
+	$(BIN)/ruff format --check accord tests benchmarks tools
+	$(BIN)/mypy accord tools
+	$(BIN)/python -m tools.synchro --check
+
+generate: $(STAMP)
+	$(BIN)/python -m tools.synchro
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

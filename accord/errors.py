@@ -107,3 +107,67 @@ class BusinessWriteError(TaskWriteError):
 
 def _rebuild_business_error(message: str, details: dict[str, object]) -> BusinessWriteError:
     return BusinessWriteError(message, **details)  # type: ignore[arg-type]
+
+
+class EmbeddingDimensionError(ConfigurationError):
+    """An embedder's vectors do not have the dimensions the vector index was built with."""
+
+
+class DatabaseError(AccordError):
+    """The database failed or could not be reached; nothing of the operation was committed
+    unless the message says otherwise."""
+
+
+class TransactionTimeout(DatabaseError):
+    """A transaction kept failing with retryable errors (write conflicts, a lost connection,
+    an unknown commit result) until its time bound ran out. Nothing of it was committed."""
+
+
+class WriteRefused(AccordError):
+    """The database refused one write of a transaction (a duplicate key, a validation rule,
+    a document over 16 MiB, a bad update). The whole transaction was rolled back.
+
+    Components re-raise it with their own context (the checkpointer as
+    :class:`BusinessWriteError`). Attributes: ``group`` (the plan group's name),
+    ``collection``, ``index`` (position of the op in its group, None when the server did
+    not say), ``code`` (the server's error code, None for a client-side refusal),
+    ``reason`` (the server's message), ``key_value`` (the duplicate key, when that is the
+    reason) and ``source`` (what the op came from, as the plan recorded it).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group: str,
+        collection: str,
+        index: int | None = None,
+        code: int | None = None,
+        reason: str = "",
+        key_value: dict[str, object] | None = None,
+        source: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.group = group
+        self.collection = collection
+        self.index = index
+        self.code = code
+        self.reason = reason
+        self.key_value = key_value
+        self.source = source
+
+
+class LeaseLost(AccordError):
+    """A worker's lease (on an outbox event, a run) expired and another worker took over
+    before this one committed; nothing of this worker's commit was written."""
+
+
+class MemoryConflictError(AccordError):
+    """Other writers kept changing the same memories while they were being written; nothing
+    of this write was committed. Retry it."""
+
+
+class ExtractionError(AccordError):
+    """A memory extractor could not turn a conversation into memories (e.g. a chat model's
+    reply was not the JSON asked for). The aggregator retries the event with backoff and
+    dead-letters it after its last attempt."""

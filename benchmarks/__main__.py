@@ -7,10 +7,10 @@ import platform
 import sys
 from pathlib import Path
 
-from benchmarks import checkpointer, engine_commits
+from benchmarks import checkpointer, engine_commits, vector_search
 
 COMMAND = "make bench  (= .venv/bin/python -m benchmarks)"
-SUITES = [engine_commits.report, checkpointer.report]
+SUITES = [engine_commits.report, checkpointer.report, vector_search.report]
 
 
 def main() -> None:

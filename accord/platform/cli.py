@@ -21,6 +21,12 @@ console = Console()
 DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
 
 
+def _positive(value: float) -> float:
+    if value <= 0:
+        raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+    return value
+
+
 @engine_app.command("start")
 def engine_start(
     dbpath: Path = DBPATH,
@@ -34,20 +40,42 @@ def engine_start(
         False, "--foreground", help="Run in this terminal until Ctrl-C."
     ),
     no_sync: bool = typer.Option(False, "--no-sync", help="Skip fsync on commit (tests only)."),
+    ttl_interval: float = typer.Option(
+        60.0, "--ttl-interval", callback=_positive, help="Seconds between TTL passes."
+    ),
+    transaction_lifetime: float = typer.Option(
+        60.0,
+        "--transaction-lifetime",
+        callback=_positive,
+        help="Seconds after which an open transaction is aborted (mongod: 60).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
-        from accord.platform.embedded.__main__ import main
+        from accord.platform.embedded.foreground import serve
 
-        args = ["--dbpath", str(dbpath), "--port", str(port), "--host", host]
-        raise typer.Exit(main(args + (["--no-sync"] if no_sync else [])))
+        code = serve(
+            dbpath,
+            host=host,
+            port=port,
+            sync=not no_sync,
+            ttl_interval=ttl_interval,
+            transaction_lifetime=transaction_lifetime,
+        )
+        raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
     if found:
         console.print(f"engine already running: pid {found[0]}, {connection.engine_uri(found[1])}")
         return
+    options = [
+        "--ttl-interval",
+        str(ttl_interval),
+        "--transaction-lifetime",
+        str(transaction_lifetime),
+    ]
     try:
         uri = connection.spawn_engine(
-            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0
+            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options
         )
     except AccordError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -14,13 +14,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
 from accord.errors import EngineStartError
-from accord.platform.embedded.server import LOCK_FILE, REPLICA_SET
+from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.settings import Settings
 
 ENGINE_LOG = "engine.log"
@@ -67,8 +68,19 @@ def ensure_engine(
     return spawn_engine(directory, port=0, host="127.0.0.1", sync=sync, timeout=timeout)
 
 
-def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: float) -> str:
-    """Start an engine process for ``directory`` in its own session; return its URI."""
+def spawn_engine(
+    directory: Path,
+    *,
+    port: int,
+    host: str,
+    sync: bool,
+    timeout: float,
+    options: Sequence[str] = (),
+) -> str:
+    """Start an engine process for ``directory`` in its own session; return its URI.
+
+    ``options`` are further ``accord engine start`` flags (``--ttl-interval 5`` ...).
+    """
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -77,6 +89,7 @@ def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: 
         ) from exc
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
+    cmd += list(options)
     with open(directory / ENGINE_LOG, "ab") as log:
         proc = subprocess.Popen(
             cmd,

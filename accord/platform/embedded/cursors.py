@@ -10,7 +10,7 @@ from typing import Any
 
 import bson
 
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 Doc = dict[str, Any]
@@ -50,10 +50,11 @@ class CursorManager:
     def get_more(self, cursor_id: int, ns: str, batch_size: int | None) -> Doc:
         cursor = self.cursors.get(cursor_id)
         if cursor is None:
-            raise EngineError(43, f"cursor id {cursor_id} not found")
+            raise EngineError(Code.CursorNotFound, f"cursor id {cursor_id} not found")
         if cursor.ns != ns:
             raise EngineError(
-                13, f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'"
+                Code.Unauthorized,
+                f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'",
             )
         cursor.last_used = time.monotonic()
         batch = self._take(cursor, batch_size or None)

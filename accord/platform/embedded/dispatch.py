@@ -27,7 +27,7 @@ from accord.platform.embedded.engine import (
     Session,
     Txn,
 )
-from accord.platform.embedded.errors import TRANSIENT, EngineError
+from accord.platform.embedded.errors import TRANSIENT, Code, EngineError
 
 log = logging.getLogger("accord.engine")
 
@@ -43,7 +43,9 @@ GENERIC_ARGS = {
 
 def no_such_transaction(number: int) -> EngineError:
     return EngineError(
-        251, f"Transaction with {{ txnNumber: {number} }} has been aborted.", labels=(TRANSIENT,)
+        Code.NoSuchTransaction,
+        f"Transaction with {{ txnNumber: {number} }} has been aborted.",
+        labels=(TRANSIENT,),
     )
 
 
@@ -69,21 +71,23 @@ class Dispatcher:
         except EngineError as exc:
             return exc.to_reply()
         except RecursionError:
-            return EngineError(2, "document nested too deeply").to_reply()
+            return EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
             log.exception("internal error executing %r", next(iter(cmd), None))
-            return EngineError(1, f"internal error: {type(exc).__name__}: {exc}").to_reply()
+            return EngineError(
+                Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
+            ).to_reply()
 
     def _execute(self, cmd: Doc) -> Doc:
         if not cmd:
-            raise EngineError(59, "no such command: ''")
+            raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
         handler = COMMANDS.get(name)
         if handler is None:
-            raise EngineError(59, f"no such command: '{name}'")
+            raise EngineError(Code.CommandNotFound, f"no such command: '{name}'")
         db = cmd.get("$db")
         if db is None:
-            raise EngineError(40571, "OP_MSG requests require a $db argument")
+            raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
         with self.engine.lock:
             return self._run(name, handler, db, cmd)
@@ -94,22 +98,22 @@ class Dispatcher:
         session: Session | None = None
         if lsid is not None:
             if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
-                raise EngineError(2, "lsid must be an object with a UUID 'id'")
+                raise EngineError(Code.BadValue, "lsid must be an object with a UUID 'id'")
             session = engine.session(bson.encode({"id": lsid["id"]}))
         txn_number = cmd.get("txnNumber")
         if txn_number is not None and (
             not isinstance(txn_number, int) or isinstance(txn_number, bool)
         ):
-            raise EngineError(14, "txnNumber must be a 64-bit integer")
+            raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
         if autocommit is not None:
             return self._in_transaction(name, handler, db, cmd, session, txn_number, autocommit)
         if name in ("commitTransaction", "abortTransaction"):
-            raise EngineError(50768, f"{name} must be run within a transaction")
+            raise EngineError(Code.Location50768, f"{name} must be run within a transaction")
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
-                    50768,
+                    Code.Location50768,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number)
@@ -141,12 +145,12 @@ class Dispatcher:
                 reply = handler(self._ctx(db, txn, False, session), cmd)
             except EngineError as exc:
                 self.engine.abort(txn, "write failed")
-                if exc.code != 112:
+                if exc.code != Code.WriteConflict:
                     raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineError(
-                        50,
+                        Code.MaxTimeMSExpired,
                         "operation exceeded time limit waiting for a transaction that holds the documents",
                     ) from exc
                 self.engine.changed.wait(min(remaining, 0.5))
@@ -165,7 +169,7 @@ class Dispatcher:
     ) -> Doc:
         if number < session.retry_number or number < session.txn_number:
             raise EngineError(
-                225,
+                Code.TransactionTooOld,
                 f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.",
             )
         if number == session.retry_number and session.retry_reply is not None:
@@ -181,19 +185,19 @@ class Dispatcher:
         number: int | None, autocommit: Any,
     ) -> Doc:  # fmt: skip
         if autocommit is not False:
-            raise EngineError(72, "autocommit must be false when specified")
+            raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
         if session is None or number is None:
-            raise EngineError(50768, "a transaction requires both lsid and txnNumber")
+            raise EngineError(Code.Location50768, "a transaction requires both lsid and txnNumber")
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:
                 raise EngineError(
-                    225,
+                    Code.TransactionTooOld,
                     f"Cannot start transaction {number} on session because a newer transaction {session.txn_number} has already started.",
                 )
             if number == session.txn_number:
                 raise EngineError(
-                    251 if session.txn_state != "in_progress" else 50911,
+                    Code.NoSuchTransaction if session.txn_state != "in_progress" else 50911,
                     f"Cannot start a transaction with txnNumber {number}: it was already started on this session.",
                 )
             if session.txn is not None and session.txn_state == "in_progress":
@@ -219,7 +223,10 @@ class Dispatcher:
             engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
             raise no_such_transaction(number)
         if name not in TXN_COMMANDS:
-            raise EngineError(263, f"Cannot run '{name}' in a multi-document transaction.")
+            raise EngineError(
+                Code.OperationNotSupportedInTransaction,
+                f"Cannot run '{name}' in a multi-document transaction.",
+            )
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
         except EngineError:

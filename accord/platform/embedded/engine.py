@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from accord.platform.embedded import query
-from accord.platform.embedded.errors import EngineError, write_conflict
+from accord.platform.embedded.errors import Code, EngineError, write_conflict
+from accord.platform.embedded.paths import MISSING
 from accord.platform.embedded.storage import CommitBatch, Storage
 
 log = logging.getLogger("accord.engine")
@@ -112,7 +113,7 @@ class Collection:
     def map_fields(self, key: bytes, doc: Doc) -> None:
         for field_name, values in self.field_maps.items():
             for v in query.path_values(doc, field_name):
-                if v is not query._MISSING:
+                if v is not MISSING:
                     values.setdefault(query.value_key(v), set()).add(key)
 
     def candidates(self, filt: Doc) -> list[bytes] | None:
@@ -153,7 +154,7 @@ class Collection:
                 for k in index.keys_of(doc):
                     if k in owners:
                         raise EngineError(
-                            11000,
+                            Code.DuplicateKey,
                             f"Index build failed: E11000 duplicate key error collection: "
                             f"{self.ns} index: {index.name} dup key: "
                             f"{query.key_value(doc, index.fields)}",
@@ -232,6 +233,11 @@ class Engine:
         # (ns, unique index, key) -> (transaction, id key of its document with that key)
         self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
+        # --- commit observers (minimal hook for vector search; engine-core replaces it) ----
+        # Objects with on_commit(ts, [(ns, key, old, new)]), on_drop(ns), on_rename(old, new),
+        # called under the engine lock, after a commit is installed, in commit order.
+        self.commit_observers: list[Any] = []
+        # --- end commit observers ---------------------------------------------------------
         self._recover()
 
     # -- recovery ---------------------------------------------------------------------------
@@ -297,6 +303,8 @@ class Engine:
             if ns in txn.writes:
                 self.abort(txn, f"collection {ns} was dropped")
         self.storage.drop_collection(ns)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_drop(ns)
         return True
 
     def rename_collection(self, old: str, new: str) -> None:
@@ -307,6 +315,8 @@ class Engine:
         coll.ns = new
         self.collections[new] = coll
         self.storage.rename_collection(old, new)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_rename(old, new)
 
     def database_names(self) -> list[str]:
         return sorted({ns.split(".", 1)[0] for ns in self.collections})
@@ -351,7 +361,7 @@ class Engine:
         """Make ``txn``'s writes durable and visible, atomically."""
         if txn.aborted_reason is not None:
             raise EngineError(
-                251, f"Transaction has been aborted: {txn.aborted_reason}",
+                Code.NoSuchTransaction, f"Transaction has been aborted: {txn.aborted_reason}",
                 labels=("TransientTransactionError",),
             )  # fmt: skip
         ts = self.clock + 1
@@ -371,11 +381,16 @@ class Engine:
             batch.txn_records.append(record)
         # Disk first: if it fails, memory is untouched and the client sees the error.
         self.storage.commit(batch)
+        changes = []  # commit observers hook: (ns, key, old, new) in commit order
         for coll, key, doc in live:
+            if self.commit_observers:
+                changes.append((coll.ns, key, coll.latest(key)[1], doc))
             self._install(coll, key, doc, ts)
         if live:
             self.clock = ts
         self._release(txn)
+        for observer in self.commit_observers:  # commit observers hook
+            observer.on_commit(ts, changes)
 
     def _install(self, coll: Collection, key: bytes, doc: Doc | None, ts: int) -> None:
         chain = coll.versions.get(key)
@@ -523,7 +538,7 @@ def duplicate_key(coll: Collection, index: Index, doc: Doc) -> EngineError:
     kv = query.key_value(doc, index.fields)
     shown = ", ".join(f"{k}: {v!r}" for k, v in kv.items())
     return EngineError(
-        11000,
+        Code.DuplicateKey,
         f"E11000 duplicate key error collection: {coll.ns} index: {index.name} dup key: {{ {shown} }}",
         extra={"keyPattern": dict(index.key), "keyValue": kv},
     )

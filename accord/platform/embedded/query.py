@@ -16,17 +16,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import bson
-import mongomock.aggregate  # noqa: F401  (registers $expr support in the filterer)
 from bson.int64 import Int64
 from bson.regex import Regex
-from mongomock import OperationFailure, filtering
-from mongomock import collection as _mm_collection
 
-from accord.platform.embedded import mongomock_fixes
-from accord.platform.embedded.errors import EngineError, bad_value
-from accord.platform.embedded.update import _positional_index, compare_values
-
-mongomock_fixes.apply()
+from accord.platform.embedded import mongomock_bridge
+from accord.platform.embedded.errors import Code, EngineError, bad_value
+from accord.platform.embedded.mongomock_bridge import OperationFailure
+from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.positional import positional_index
+from accord.platform.embedded.values import compare_values
 
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
@@ -62,7 +60,7 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
     try:
-        return bool(filtering.filter_applies(spec, doc))
+        return mongomock_bridge.filter_applies(spec, doc)
     except EngineError:
         raise
     except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
@@ -72,8 +70,8 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
 def _sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
     """The value mongod sorts ``doc`` by: an array sorts by its smallest element
     ascending and its largest descending; a missing field sorts as null."""
-    values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not _MISSING]
-    raw = filtering.resolve_key(key, doc)
+    values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not MISSING]
+    raw = mongomock_bridge.resolve_key(key, doc)
     if isinstance(raw, list) and not raw:
         return _EMPTY_ARRAY
     if not values:
@@ -128,9 +126,6 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
     return docs
 
 
-_PROJECTOR = object.__new__(_mm_collection.Collection)
-
-
 def project(
     doc: dict[str, Any], projection: dict[str, Any] | None, filt: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -143,7 +138,7 @@ def project(
         if len(positional) > 1:
             raise bad_value("Cannot specify more than one positional projection per query.")
         path = positional[0][:-2]
-        index = _positional_index(doc, tuple(path.split(".")), filt)
+        index = positional_index(doc, tuple(path.split(".")), filt)
         rest = {k: v for k, v in projection.items() if k != positional[0]}
         out = project(doc, {**rest, path: 1})
         holder: Any = out
@@ -156,10 +151,8 @@ def project(
         return out
     if any(_is_expression(v) for v in projection.values()):
         # MongoDB 4.4+ find projections may compute fields: evaluate as a $project stage.
-        from mongomock import aggregate as mm_aggregate
-
         try:
-            return mm_aggregate._handle_project_stage([doc], None, projection)[0]
+            return mongomock_bridge.project_stage(doc, projection)
         except (OperationFailure, NotImplementedError, KeyError, TypeError, ValueError) as exc:
             raise bad_value(f"invalid projection: {exc}") from exc
     fields = {}
@@ -174,13 +167,13 @@ def project(
             raise bad_value(f"unsupported projection value for {key!r}: {value!r}")
         fields[key] = value
     try:
-        out = _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+        out = mongomock_bridge.copy_only_fields(doc, fields)
         if "_id" in out and next(iter(out)) != "_id":
             out = {"_id": out.pop("_id"), **out}  # mongod keeps _id first
         return out
     except ValueError as exc:
         raise EngineError(
-            31254, f"Cannot mix inclusion and exclusion in projection: {exc}"
+            Code.Location31254, f"Cannot mix inclusion and exclusion in projection: {exc}"
         ) from exc
     except (OperationFailure, NotImplementedError) as exc:
         raise bad_value(str(exc)) from exc
@@ -238,9 +231,6 @@ def id_key(value: Any) -> bytes:
     return bson.encode({"": canonical(value)})
 
 
-_MISSING = object()
-
-
 def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> list[Any]:
     """Values at a dotted path, expanding arrays as a multikey index does.
 
@@ -251,14 +241,14 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
         nxt: list[Any] = []
         for value in current:
             if isinstance(value, dict):
-                nxt.append(value.get(part, _MISSING))
+                nxt.append(value.get(part, MISSING))
             elif isinstance(value, list):
                 if part.isdigit() and int(part) < len(value):
                     nxt.append(value[int(part)])
                 else:
-                    nxt.extend(v.get(part, _MISSING) for v in value if isinstance(v, dict))
+                    nxt.extend(v.get(part, MISSING) for v in value if isinstance(v, dict))
             else:
-                nxt.append(_MISSING)
+                nxt.append(MISSING)
         current = nxt
     out: list[Any] = []
     for value in current:
@@ -272,9 +262,9 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
 def index_keys(doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False) -> list[bytes]:
     """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
     per_field = [path_values(doc, f) for f in fields]
-    if sparse and all(all(v is _MISSING for v in vals) for vals in per_field):
+    if sparse and all(all(v is MISSING for v in vals) for vals in per_field):
         return []
-    normalised = [[None if v is _MISSING else canonical(v) for v in vals] for vals in per_field]
+    normalised = [[None if v is MISSING else canonical(v) for v in vals] for vals in per_field]
     keys = []
     for combo in itertools.product(*normalised):
         keys.append(bson.encode({str(i): v for i, v in enumerate(combo)}))
@@ -286,5 +276,5 @@ def key_value(doc: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields:
         vals = path_values(doc, f)
-        out[f] = None if not vals or vals[0] is _MISSING else vals[0]
+        out[f] = None if not vals or vals[0] is MISSING else vals[0]
     return out

@@ -23,15 +23,14 @@ import bson
 from accord.errors import DataDirLockedError, EngineStartError
 from accord.platform.embedded import wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
+from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Dispatcher
 from accord.platform.embedded.engine import SESSION_TIMEOUT_MINUTES, Engine
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
 
-REPLICA_SET = "accord"
-LOCK_FILE = "mongod.lock"
 READ_TIMEOUT_S = 3600.0
 
 
@@ -62,7 +61,10 @@ class _Handler(socketserver.BaseRequestHandler):
                         fake = wire.Request(request_id=request_id, op_code=op_code, command={})
                         sock.sendall(
                             wire.encode_reply(
-                                fake, EngineError(9, f"invalid message: {exc}").to_reply()
+                                fake,
+                                EngineError(
+                                    Code.FailedToParse, f"invalid message: {exc}"
+                                ).to_reply(),
                             )
                         )
                         continue
@@ -74,7 +76,10 @@ class _Handler(socketserver.BaseRequestHandler):
                     data = wire.encode_reply(request, reply)
                 except Exception as exc:  # e.g. a reply over the BSON size limit
                     data = wire.encode_reply(
-                        request, EngineError(10334, f"reply could not be encoded: {exc}").to_reply()
+                        request,
+                        EngineError(
+                            Code.BSONObjectTooLarge, f"reply could not be encoded: {exc}"
+                        ).to_reply(),
                     )
                 sock.sendall(data)
         except (ConnectionError, TimeoutError, OSError):

@@ -6,7 +6,7 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, read, write
+from accord.platform.embedded.commands import admin, catalog, read, search, write
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -30,5 +30,6 @@ __all__ = [
     "catalog",
     "check_db_name",
     "read",
+    "search",
     "write",
 ]

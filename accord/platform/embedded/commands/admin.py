@@ -12,7 +12,7 @@ from accord.platform.embedded.commands.base import (
     Doc,
     command,
 )
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
@@ -81,4 +81,4 @@ def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
 @command("commitTransaction", "abortTransaction")
 def cmd_end_transaction(ctx: Context, cmd: Doc) -> Doc:
     # The dispatcher completes these itself; reaching here means no transaction was open.
-    raise EngineError(50768, f"{next(iter(cmd))} must be run within a transaction")
+    raise EngineError(Code.Location50768, f"{next(iter(cmd))} must be run within a transaction")

@@ -21,7 +21,14 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.errors import EngineError, bad_value, failed_to_parse, type_mismatch
+from accord.platform.embedded.errors import (
+    Code,
+    EngineError,
+    bad_value,
+    failed_to_parse,
+    type_mismatch,
+)
+from accord.platform.embedded.paths import MISSING
 
 
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
@@ -120,7 +127,7 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
     seen: dict[bytes, Any] = {}
     for _, doc in visible_docs(ctx, ns, opt_doc(cmd, "query")):
         for value in query.path_values(doc, key, empty_array_as_null=False):
-            if value is query._MISSING:
+            if value is MISSING:
                 continue
             seen.setdefault(bson.encode({"": query.canonical(value)}), value)
     values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
@@ -138,7 +145,9 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         )
     for stage in pipeline:
         if isinstance(stage, dict) and ("$out" in stage or "$merge" in stage):
-            raise EngineError(40324, "$out and $merge are not supported by the embedded engine")
+            raise EngineError(
+                Code.Location40324, "$out and $merge are not supported by the embedded engine"
+            )
     if target == 1:
         name, docs = None, []
         ns = f"{ctx.db}.$cmd.aggregate"

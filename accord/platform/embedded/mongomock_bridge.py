@@ -1,8 +1,12 @@
-"""Where mongomock's evaluators are wrong or missing for what the platform sends, mend them.
+"""The one module that touches mongomock: its evaluators, behind public functions.
 
-mongomock's filter matcher and aggregation expression parser are reused by the engine
-(DESIGN: "use mongomock's evaluators where they are right"). This module is the one place
-that patches its gaps, each checked by an engine test through pymongo:
+mongomock's filter matcher, aggregation stages and expression parser are reused by the
+engine (DESIGN: "use mongomock's evaluators where they are right"). They are reached
+through mongomock's private names, so this module is the only place that may use them
+(a test keeps it so), and pyproject pins the mongomock versions it was tested with.
+Every other engine module calls the functions below.
+
+It also patches mongomock's gaps, each checked by an engine test through pymongo:
 
 - BSON comparison order across numeric types (incl. Decimal128), used by ``$lt``/``$gt``,
   sorting and ``$min``/``$max``;
@@ -11,7 +15,7 @@ that patches its gaps, each checked by an engine test through pymongo:
 - expressions: ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
   ``$min``/``$max`` accumulators over mixed types.
 
-Imported once by ``query``; patching is idempotent.
+The patches are installed when this module is first imported.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import math
 import numbers
 import re
+from collections.abc import Callable
 from typing import Any
 
 from bson.binary import Binary
@@ -29,8 +34,10 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 from mongomock import OperationFailure, filtering
 from mongomock import aggregate as mm_aggregate
+from mongomock import collection as mm_collection
 
-from accord.platform.embedded.update import bson_type_name, compare_values
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.values import bson_type_name, compare_values
 
 _PATCHED = False
 
@@ -82,7 +89,7 @@ def _now() -> dt.datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-def apply() -> None:
+def _apply() -> None:
     """Install the fixes into mongomock (idempotent)."""
     global _PATCHED
     if _PATCHED:
@@ -156,3 +163,68 @@ def apply() -> None:
     parser._handle_type_operator = handle_type  # type: ignore[method-assign]
     parser._handle_arithmetic_operator = handle_arith  # type: ignore[method-assign]
     parser._parse_basic_expression = basic  # type: ignore[method-assign]
+
+
+_apply()
+
+__all__ = [
+    "OperationFailure",
+    "copy_only_fields",
+    "evaluate_expression",
+    "filter_applies",
+    "matches_filter",
+    "pipeline_stage",
+    "project_stage",
+    "resolve_key",
+]
+
+# A mongomock Stage handler: (documents, database, stage spec) -> documents.
+StageFn = Callable[[list[dict[str, Any]], Any, Any], list[dict[str, Any]]]
+
+
+def filter_applies(spec: dict[str, Any], doc: Any) -> bool:
+    """mongomock's filter matcher (raises mongomock's errors for bad filters)."""
+    return bool(filtering.filter_applies(spec, doc))
+
+
+def matches_filter(spec: dict[str, Any], doc: Any) -> bool:
+    """Evaluate a query filter against a document; matcher errors become BadValue."""
+    try:
+        return bool(filtering.filter_applies(spec, doc))
+    except OperationFailure as exc:
+        raise EngineError(Code.BadValue, str(exc)) from exc
+    except NotImplementedError as exc:
+        raise EngineError(Code.BadValue, f"not supported by the embedded engine: {exc}") from exc
+
+
+def resolve_key(key: str, doc: Any) -> Any:
+    """The value at a dotted path as mongomock's matcher sees it."""
+    return filtering.resolve_key(key, doc)
+
+
+def pipeline_stage(name: str) -> StageFn | None:
+    """mongomock's handler for an aggregation stage, or None if it has none."""
+    handler: StageFn | None = mm_aggregate._PIPELINE_HANDLERS.get(name)
+    return handler
+
+
+def evaluate_expression(
+    expression: Any, doc: dict[str, Any], variables: dict[str, Any] | None = None
+) -> Any:
+    """Evaluate an aggregation expression against ``doc`` with ``$$name`` variables."""
+    return mm_aggregate._Parser(doc, user_vars=variables).parse(expression)
+
+
+def project_stage(doc: dict[str, Any], projection: dict[str, Any]) -> dict[str, Any]:
+    """A ``$project`` stage applied to one document."""
+    out: dict[str, Any] = mm_aggregate._handle_project_stage([doc], None, projection)[0]
+    return out
+
+
+_PROJECTOR = object.__new__(mm_collection.Collection)
+
+
+def copy_only_fields(doc: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """mongomock's find projection (inclusion/exclusion, ``$slice``, ``$elemMatch``)."""
+    out: dict[str, Any] = _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+    return out

@@ -1,0 +1,463 @@
+"""The memory service.
+
+One service behind every door (BaseStore, and part B's HTTP API and MCP server): put, get,
+delete, search, list namespaces, history, TTL sweep, for ONE tenant. Every read is scoped by
+the tenant and a namespace prefix before anything else (``$vectorSearch`` pre-filters, or
+the ``find`` filter); caller-supplied value filters only narrow that scope further, are
+validated (no ``$`` field names, only BaseStore's operators) and are applied after the vector
+search, in Python, with BaseStore's semantics. Every write is a plan executed by the
+platform's unit of work (one transaction: the memory, its previous version in
+``memory_history``), with compare-and-set on ``version`` so two writers never lose an update.
+
+This module is the async source; :mod:`accord.memory.synchronous.service` is generated from
+it by ``tools/synchro.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
+from pymongo.operations import SearchIndexModel
+
+from accord.errors import InvalidInputError, MemoryConflictError, WriteRefused
+from accord.memory import model
+from accord.memory.embedders import Embedder, check_dimensions, resolve_embedder
+from accord.memory.model import Doc, Memory, PutRequest
+from accord.memory.writepath import (
+    COMPONENT,
+    LONG_TERM_MEMORY,
+    MEMORY_HISTORY,
+    AsyncCatalog,
+    AsyncUnitOfWork,
+    Expect,
+    Group,
+    Op,
+    Plan,
+    PlanContext,
+)
+from accord.platform.codes import DUPLICATE_KEY_CODES
+
+log = logging.getLogger("accord.memory")
+_IS_SYNC = False
+WRITE_ATTEMPTS = 8
+MAX_CANDIDATES = 10_000
+
+
+def _conflict(_: Any) -> BaseException:
+    return MemoryConflictError("a memory changed while it was being written; retry")
+
+
+class AsyncMemoryService:
+    """Long-term memory of one tenant on one database.
+
+    ``embedder``: an :class:`~accord.memory.embedders.Embedder`, a LangChain
+    ``Embeddings``, a function, ``"voyage:<model>"`` or None (hashing embedder). ``dims`` is
+    the vector index's dimension (the embedder's when omitted).
+    """
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Any],
+        *,
+        tenant_id: str = "default",
+        db_name: str = "accord",
+        embedder: Any = None,
+        dims: int | None = None,
+        memory_collection: str = model.MEMORY_COLLECTION,
+        history_collection: str = model.HISTORY_COLLECTION,
+        uow: AsyncUnitOfWork | None = None,
+        principal: str | None = None,
+    ) -> None:
+        self.client = client
+        self.tenant_id = model.check_tenant(tenant_id)
+        self.db_name = db_name
+        self.embedder: Embedder = resolve_embedder(embedder, dims)
+        found_dims = dims or self.embedder.dims
+        if found_dims is None:
+            raise InvalidInputError(
+                f"embedder {self.embedder.name} does not declare its dimensions; pass dims="
+            )
+        self.dims: int = found_dims
+        check_dimensions(self.embedder, self.dims, "this service")
+        self.memory_collection = memory_collection
+        self.history_collection = history_collection
+        self.uow = uow or AsyncUnitOfWork(client)
+        self.principal = principal
+
+    @property
+    def memories(self) -> Any:
+        return self.client[self.db_name][self.memory_collection]
+
+    @property
+    def history_coll(self) -> Any:
+        return self.client[self.db_name][self.history_collection]
+
+    def for_tenant(self, tenant_id: str) -> AsyncMemoryService:
+        """The same store, scoped to another tenant (shares client, embedder, unit of work)."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.tenant_id = model.check_tenant(tenant_id)
+        return other
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Create the collections, their indexes and the vector search index (idempotent).
+
+        Raises EmbeddingDimensionError when the existing vector index has other dimensions.
+        """
+        await AsyncCatalog(self.uow, self.db_name).setup(
+            COMPONENT,
+            {self.memory_collection: LONG_TERM_MEMORY, self.history_collection: MEMORY_HISTORY},
+            {
+                self.memory_collection: [
+                    IndexModel([("tenant_id", ASCENDING), ("ns_prefixes", ASCENDING)],
+                               name="tenant_ns_prefixes"),
+                    IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING)],
+                               name="tenant_updated"),
+                    IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
+                ],
+                self.history_collection: [
+                    IndexModel([("memory_id", ASCENDING), ("version", ASCENDING)],
+                               name="memory_version"),
+                    IndexModel([("tenant_id", ASCENDING)], name="tenant"),
+                ],
+            },
+        )  # fmt: skip
+        existing = [i async for i in await self.memories.list_search_indexes(model.VECTOR_INDEX)]
+        if existing:
+            fields = existing[0].get("latestDefinition", {}).get("fields", [])
+            dims = next((f.get("numDimensions") for f in fields if f.get("type") == "vector"), None)
+            if dims is not None:
+                where = f"the vector index of {self.db_name}.{self.memory_collection}"
+                check_dimensions(_Fixed(self.dims), int(dims), where)
+            return
+        await self.memories.create_search_index(
+            SearchIndexModel(definition=model.vector_index_definition(self.dims),
+                             name=model.VECTOR_INDEX, type="vectorSearch")
+        )  # fmt: skip
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def put(self, namespace: Sequence[str], key: str, value: dict[str, Any], *,
+                  text: str | None = None, embed: bool = True, kind: str = "item",
+                  provenance: model.Provenance | None = None,
+                  ttl_minutes: float | None = None) -> None:  # fmt: skip
+        """Write one memory. ``text`` is what gets embedded (default: the value as JSON)."""
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"a memory value is a dict, got {type(value).__name__}")
+        if text is None and embed:
+            text = _default_text(value)
+        req = PutRequest(
+            model.check_namespace(namespace), model.check_key(key), value, text=text,
+            kind=kind, provenance=provenance or model.Provenance(tenant_id=self.tenant_id),
+            ttl_minutes=ttl_minutes,
+        )  # fmt: skip
+        await self.apply([req], embed=[embed])
+
+    async def delete(self, namespace: Sequence[str], key: str) -> None:
+        req = PutRequest(model.check_namespace(namespace), model.check_key(key), None)
+        await self.apply([req], embed=[False])
+
+    async def apply(self, reqs: Sequence[PutRequest], embed: Sequence[bool] | None = None,
+                    operation: str = "memory.put") -> None:  # fmt: skip
+        """Write (or delete, ``value`` None) several memories in one transaction.
+
+        Texts are embedded first (never inside the transaction). The last request for a
+        (namespace, key) wins. Retries when another writer changed one of them meanwhile.
+        """
+        flags = list(embed) if embed is not None else [True] * len(reqs)
+        last: dict[tuple[tuple[str, ...], str], int] = {}
+        for i, r in enumerate(reqs):
+            last[(r.namespace, r.key)] = i
+        chosen = [i for i in sorted(last.values())]
+        to_embed = [i for i in chosen if reqs[i].value is not None and flags[i]
+                    and reqs[i].text and reqs[i].embedding is None]  # fmt: skip
+        vectors: dict[int, list[float]] = {}
+        if to_embed:
+            texts = [str(reqs[i].text) for i in to_embed]
+            embedded = await self.embedder.aembed_documents(texts)
+            for i, v in zip(to_embed, embedded, strict=True):
+                if len(v) != self.dims:
+                    check_dimensions(_Fixed(len(v)), self.dims, self.memory_collection)
+                vectors[i] = v
+        final = []
+        for i in chosen:
+            r = reqs[i]
+            if i in vectors:
+                r = PutRequest(r.namespace, r.key, r.value, r.text, vectors[i], r.kind,
+                               r.provenance, r.ttl_minutes)  # fmt: skip
+            elif r.value is not None and r.embedding is not None and len(r.embedding) != self.dims:
+                check_dimensions(_Fixed(len(r.embedding)), self.dims, self.memory_collection)
+            final.append(r)
+        for attempt in range(WRITE_ATTEMPTS):
+            ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
+            current = {d["_id"]: d async for d in self.memories.find({"_id": {"$in": ids}})}
+            plan = self._plan(final, current, operation)
+            if not any(g.ops for g in plan.groups):
+                return
+            try:
+                await self.uow.execute(plan)
+                return
+            except MemoryConflictError:
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+            except WriteRefused as exc:
+                if exc.code not in DUPLICATE_KEY_CODES:  # not a concurrent insert of a key
+                    raise
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise MemoryConflictError(
+                        "memories kept changing while being written; retry later"
+                    ) from exc
+
+    def _plan(self, reqs: Sequence[PutRequest], current: dict[str, Doc], operation: str) -> Plan:
+        now = model.utcnow()
+        db = self.db_name
+        inserts = Group("memory_inserts", db, self.memory_collection, LONG_TERM_MEMORY)
+        updates = Group("memory_updates", db, self.memory_collection, LONG_TERM_MEMORY)
+        deletes = Group("memory_deletes", db, self.memory_collection, LONG_TERM_MEMORY)
+        history = Group("memory_history", db, self.history_collection, MEMORY_HISTORY)
+        for r in reqs:
+            previous = current.get(model.memory_id(self.tenant_id, r.namespace, r.key))
+            if r.value is None:
+                if previous is not None:
+                    deletes.ops.append(Op("delete", {"_id": previous["_id"],
+                                                     "version": previous["version"]}))  # fmt: skip
+                    history.ops.append(Op("insert", doc=model.history_document(previous, now,
+                                                                               "delete")))  # fmt: skip
+                continue
+            doc = model.new_document(self.tenant_id, r, now, previous)
+            if previous is None:
+                inserts.ops.append(Op("insert", doc=doc))
+            else:
+                updates.ops.append(
+                    Op("replace", {"_id": previous["_id"], "version": previous["version"]}, doc)
+                )
+                history.ops.append(Op("insert", doc=model.history_document(previous, now,
+                                                                           "update")))  # fmt: skip
+        updates.expect = Expect(error=_conflict, matched=len(updates.ops))
+        deletes.expect = Expect(error=_conflict, deleted=len(deletes.ops))
+        context = PlanContext(self.tenant_id, principal=self.principal, operation=operation)
+        return Plan(context, [g for g in (inserts, updates, deletes, history) if g.ops])
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    async def get(self, namespace: Sequence[str], key: str, *,
+                  refresh_ttl: bool = False) -> Memory | None:  # fmt: skip
+        ns = model.check_namespace(namespace)
+        _id = model.memory_id(self.tenant_id, ns, model.check_key(key))
+        doc = await self.memories.find_one({"_id": _id, "tenant_id": self.tenant_id},
+                                           model.PROJECTION)  # fmt: skip
+        now = model.utcnow()
+        if doc is None or not model.live(doc, now):
+            return None
+        if refresh_ttl:
+            await self._refresh([doc])
+        return Memory.from_doc(doc)
+
+    async def get_many(self, items: Sequence[tuple[Sequence[str], str]], *,
+                       refresh_ttl: bool = False) -> list[Memory | None]:  # fmt: skip
+        ids = [model.memory_id(self.tenant_id, model.check_namespace(ns), model.check_key(k))
+               for ns, k in items]  # fmt: skip
+        now = model.utcnow()
+        found = {d["_id"]: d async for d in self.memories.find(
+            {"_id": {"$in": ids}, "tenant_id": self.tenant_id}, model.PROJECTION)}  # fmt: skip
+        docs = [found.get(i) for i in ids]
+        docs = [d if d is not None and model.live(d, now) else None for d in docs]
+        if refresh_ttl:
+            await self._refresh([d for d in docs if d is not None])
+        return [Memory.from_doc(d) if d is not None else None for d in docs]
+
+    async def search(
+        self,
+        namespace_prefix: Sequence[str] = (),
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool = False,
+        kinds: Sequence[str] | None = None,
+        recency_weight: float = 0.0,
+        half_life_days: float = 30.0,
+        include_unscored: bool = True,
+    ) -> list[Memory]:
+        """Memories under ``namespace_prefix``, best first.
+
+        With ``query``: embedded, then ``$vectorSearch`` pre-filtered on tenant, namespace
+        prefix and ``kinds``; ``filter`` (BaseStore operators on value fields) applied to the
+        results, widening the vector search until ``offset + limit`` memories pass it or
+        10,000 candidates were examined. ``include_unscored`` then fills the page with
+        memories that have no embedding (as InMemoryStore does). Without ``query``: newest
+        first. ``recency_weight`` in [0, 1] blends similarity with age
+        (``half_life_days``).
+        """
+        prefix = model.check_namespace(namespace_prefix, allow_empty=True)
+        filt = model.check_value_filter(filter)
+        limit, offset = _check_page(limit, offset)
+        if not 0.0 <= recency_weight <= 1.0 or half_life_days <= 0:
+            raise InvalidInputError("recency_weight is in [0, 1] and half_life_days > 0")
+        now = model.utcnow()
+        if query is None:
+            docs = await self._scan(prefix, filt, kinds, offset + limit, now)
+            page = docs[offset:]
+            hits = [Memory.from_doc(d) for d in page]
+        else:
+            if not isinstance(query, str):
+                raise InvalidInputError(f"query is a string, got {type(query).__name__}")
+            hits = await self._vector(prefix, query, filt, kinds, offset + limit, now,
+                                      recency_weight, half_life_days)  # fmt: skip
+            if include_unscored and len(hits) < offset + limit:
+                extra = await self._scan(prefix, filt, kinds, offset + limit - len(hits), now,
+                                         unembedded=True)  # fmt: skip
+                hits += [Memory.from_doc(d) for d in extra]
+            hits = hits[offset:]
+        if refresh_ttl and hits:
+            await self._refresh_memories(hits)
+        return hits
+
+    async def _scan(self, prefix: Sequence[str], filt: dict[str, Any],
+                    kinds: Sequence[str] | None, want: int, now: datetime,
+                    unembedded: bool = False) -> list[Doc]:  # fmt: skip
+        q = model.scope_filter(self.tenant_id, prefix)
+        if kinds:
+            q["kind"] = {"$in": list(kinds)}
+        if unembedded:
+            q["embedding"] = {"$exists": False}
+        cursor = self.memories.find(q, model.PROJECTION).sort(
+            [("updated_at", DESCENDING), ("_id", ASCENDING)]
+        )
+        out: list[Doc] = []
+        async for doc in cursor:
+            if model.live(doc, now) and model.value_matches(doc.get("value"), filt):
+                out.append(doc)
+                if len(out) >= want:
+                    break
+        return out
+
+    async def _vector(self, prefix: Sequence[str], query: str, filt: dict[str, Any],
+                      kinds: Sequence[str] | None, want: int, now: datetime,
+                      recency_weight: float, half_life_days: float) -> list[Memory]:  # fmt: skip
+        vector = await self.embedder.aembed_query(query)
+        if len(vector) != self.dims:
+            check_dimensions(_Fixed(len(vector)), self.dims, self.memory_collection)
+        n = min(MAX_CANDIDATES, max(want, 10) * (4 if filt else 1))
+        while True:
+            pipeline = [
+                model.vector_stage(self.tenant_id, prefix, vector, n, kinds),
+                {"$project": {"embedding": 0, "ns_prefixes": 0}},
+                {"$addFields": {"_score": {"$meta": "vectorSearchScore"}}},
+            ]
+            raw = [d async for d in await self.memories.aggregate(pipeline)]
+            kept = [d for d in raw
+                    if model.live(d, now) and model.value_matches(d.get("value"), filt)]  # fmt: skip
+            if len(kept) >= want or len(raw) < n or n >= MAX_CANDIDATES:
+                break
+            n = min(MAX_CANDIDATES, n * 4)
+        hits = [Memory.from_doc(d, float(d["_score"])) for d in kept]
+        if recency_weight > 0:
+            for h in hits:
+                h.score = model.recency_weighted(h.score or 0.0, h.updated_at, now,
+                                                 recency_weight, half_life_days)  # fmt: skip
+            hits.sort(key=lambda h: -(h.score or 0.0))
+        return hits[:want]
+
+    async def list_namespaces(self, *, prefix: Sequence[str] | None = None,
+                              suffix: Sequence[str] | None = None, max_depth: int | None = None,
+                              limit: int = 100, offset: int = 0) -> list[tuple[str, ...]]:  # fmt: skip
+        """Namespaces holding memories of this tenant (``*`` matches any one label)."""
+        if prefix is not None:
+            prefix = _check_pattern(prefix)
+        if suffix is not None:
+            suffix = _check_pattern(suffix)
+        limit, offset = _check_page(limit, offset)
+        if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 1):
+            raise InvalidInputError(f"max_depth is a positive integer, got {max_depth!r}")
+        q: Doc = {"tenant_id": self.tenant_id}
+        literal = []
+        for label in prefix or ():
+            if label == "*":
+                break
+            literal.append(label)
+        if literal:
+            q["ns_prefixes"] = model.ns_path(literal)
+        found = {tuple(d["namespace"]) async for d in self.memories.find(q, {"namespace": 1})}
+        names = [ns for ns in found if model.namespace_matches(ns, prefix, suffix)]
+        if max_depth is not None:
+            names = list({ns[:max_depth] for ns in names})
+        names.sort()
+        return names[offset : offset + limit]
+
+    async def history(self, namespace: Sequence[str], key: str) -> list[dict[str, Any]]:
+        """Previous versions of a memory, oldest first (the current one is ``get``)."""
+        _id = model.memory_id(self.tenant_id, model.check_namespace(namespace),
+                              model.check_key(key))  # fmt: skip
+        cursor = self.history_coll.find({"memory_id": _id, "tenant_id": self.tenant_id},
+                                        {"_id": 0}).sort([("replaced_at", ASCENDING), ("version", ASCENDING)])  # fmt: skip
+        return [d async for d in cursor]
+
+    # -- TTL ---------------------------------------------------------------------------------------
+
+    async def _refresh(self, docs: Sequence[Doc]) -> None:
+        by_ttl: dict[float, list[str]] = {}
+        for d in docs:
+            if d.get("ttl_minutes"):
+                by_ttl.setdefault(float(d["ttl_minutes"]), []).append(d["_id"])
+        if not by_ttl:
+            return
+        now = model.utcnow()
+        group = Group("memory_ttl_refresh", self.db_name, self.memory_collection,
+                      LONG_TERM_MEMORY)  # fmt: skip
+        for ttl, ids in by_ttl.items():
+            group.ops.append(Op("update_many", {"_id": {"$in": ids}, "tenant_id": self.tenant_id},
+                                {"$set": {"expires_at": now + timedelta(minutes=ttl)}}))  # fmt: skip
+        await self.uow.execute(Plan(PlanContext(self.tenant_id, principal=self.principal,
+                                                operation="memory.refresh_ttl"), [group]))  # fmt: skip
+
+    async def _refresh_memories(self, hits: Sequence[Memory]) -> None:
+        ids = [model.memory_id(self.tenant_id, h.namespace, h.key)
+               for h in hits if h.expires_at is not None]  # fmt: skip
+        if ids:
+            docs = [d async for d in self.memories.find({"_id": {"$in": ids}},
+                                                        {"ttl_minutes": 1})]  # fmt: skip
+            await self._refresh(docs)
+
+    async def sweep_expired(self) -> int:
+        """Delete this tenant's expired memories now (the TTL index does it eventually)."""
+        now = model.utcnow()
+        expired = [d async for d in self.memories.find(
+            {"tenant_id": self.tenant_id, "expires_at": {"$lte": now}})]  # fmt: skip
+        if not expired:
+            return 0
+        reqs = [PutRequest(tuple(d["namespace"]), d["key"], None) for d in expired]
+        await self.apply(reqs, [False] * len(reqs), operation="memory.sweep_expired")
+        return len(expired)
+
+
+class _Fixed:
+    """A stand-in embedder description for dimension checks of vectors already computed."""
+
+    def __init__(self, dims: int) -> None:
+        self.dims = dims
+        self.name = f"a {dims}-dimension vector"
+
+
+def _default_text(value: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _check_page(limit: Any, offset: Any) -> tuple[int, int]:
+    for name, v in (("limit", limit), ("offset", offset)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise InvalidInputError(f"{name} is a non-negative integer, got {v!r}")
+    return limit, offset
+
+
+def _check_pattern(path: Sequence[str]) -> tuple[str, ...]:
+    return model.check_namespace(path, allow_empty=True)

@@ -1,0 +1,131 @@
+"""What the sync and async BaseStore twins do differently (not generated).
+
+The async store (``AsyncAccordStore``) serves sync calls (``store.get(...)`` from sync code,
+or a sync node) through a sync twin on the same server; the sync store (``AccordStore``)
+serves async calls by running its batch in a worker thread. Each runs its TTL sweeper its
+own way: a daemon thread for the sync store, an asyncio task for the async one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable
+from contextlib import suppress
+from typing import Any
+
+from langgraph.store.base import Op, Result
+
+from accord.errors import InvalidInputError
+
+log = logging.getLogger("accord.memory.store")
+DEFAULT_SWEEP_MINUTES = 5.0
+
+
+def _interval(store: Any, minutes: float | None) -> float:
+    return float(minutes or (store.ttl_config or {}).get("sweep_interval_minutes")
+                 or DEFAULT_SWEEP_MINUTES)  # fmt: skip
+
+
+class ServesSyncCalls:
+    """Mixin for the async store: sync ``batch`` and an asyncio TTL sweeper."""
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Sync calls on the async store are served by a sync twin on the same server."""
+        return self._sync_twin().batch(ops)  # type: ignore[no-any-return]
+
+    def _sync_twin(self) -> Any:
+        twin = getattr(self, "_twin", None)
+        if twin is None:
+            from pymongo import MongoClient
+
+            from accord.memory.synchronous.service import MemoryService
+            from accord.memory.synchronous.store import AccordStore
+
+            store: Any = self
+            if store.conn_string is None:
+                raise InvalidInputError(
+                    "this AsyncAccordStore cannot serve sync calls: create it with "
+                    "from_conn_string() or pass conn_string=, or use the async methods"
+                )
+            client: MongoClient[Any] = MongoClient(store.conn_string)
+            service = MemoryService(
+                client, tenant_id=store.service.tenant_id, db_name=store.service.db_name,
+                embedder=store.service.embedder, dims=store.service.dims,
+            )  # fmt: skip
+            twin = AccordStore(client, index=store.index_config, ttl=store.ttl_config,
+                               service=service)  # fmt: skip
+            store._twin = twin
+        return twin
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> asyncio.Task[None]:
+        """Sweep expired items every ``sweep_interval_minutes`` (default
+        ``ttl.sweep_interval_minutes`` or 5) in a task on the running loop."""
+        store: Any = self
+        interval = _interval(store, sweep_interval_minutes)
+        if store._sweeper is not None and not store._sweeper.done():
+            return store._sweeper  # type: ignore[no-any-return]
+
+        async def loop() -> None:
+            while True:
+                try:
+                    removed = await store.sweep_ttl()
+                    if removed:
+                        log.info("TTL sweep removed %d expired memories", removed)
+                except Exception:  # keep sweeping; the next round retries
+                    log.exception("TTL sweep failed")
+                await asyncio.sleep(interval * 60)
+
+        store._sweeper = asyncio.ensure_future(loop())
+        return store._sweeper  # type: ignore[no-any-return]
+
+    def stop_ttl_sweeper(self) -> None:
+        store: Any = self
+        if store._sweeper is not None:
+            store._sweeper.cancel()
+            store._sweeper = None
+        twin = getattr(self, "_twin", None)
+        if twin is not None:
+            with suppress(Exception):
+                twin.client.close()
+            store._twin = None
+
+
+class ServesAsyncCalls:
+    """Mixin for the sync store: async ``abatch`` in a thread, a thread TTL sweeper."""
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Async calls on the sync store run the sync batch in a worker thread."""
+        store: Any = self
+        return await asyncio.get_running_loop().run_in_executor(None, store.batch, list(ops))  # type: ignore[no-any-return]
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> threading.Thread:
+        """Sweep expired items every ``sweep_interval_minutes`` (default
+        ``ttl.sweep_interval_minutes`` or 5) in a daemon thread."""
+        store: Any = self
+        interval = _interval(store, sweep_interval_minutes)
+        if store._sweeper is not None and store._sweeper.is_alive():
+            return store._sweeper  # type: ignore[no-any-return]
+        stop = store._sweep_stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                try:
+                    removed = store.sweep_ttl()
+                    if removed:
+                        log.info("TTL sweep removed %d expired memories", removed)
+                except Exception:  # keep sweeping; the next round retries
+                    log.exception("TTL sweep failed")
+                stop.wait(interval * 60)
+
+        store._sweeper = threading.Thread(target=loop, name="accord-ttl-sweeper", daemon=True)
+        store._sweeper.start()
+        return store._sweeper  # type: ignore[no-any-return]
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> None:
+        store: Any = self
+        if store._sweeper is not None:
+            store._sweep_stop.set()
+            store._sweeper.join(timeout)
+            store._sweeper = None

@@ -1,0 +1,388 @@
+"""The long-term memory model: documents, identifiers, validation, plans and queries as data.
+
+Pure code (no I/O): the async service (the source) and the sync one share it, and part B
+(aggregator, HTTP, MCP) builds on it.
+
+A ``long_term_memory`` document::
+
+    _id          sha256(tenant, namespace, key)[:32]  one memory per (tenant, namespace, key)
+    tenant_id    str                                  every query is scoped by it
+    namespace    [str, ...]                           e.g. ["users", "u1", "memories"]
+    ns_path      "users.u1.memories"                  labels never contain "."
+    ns_prefixes  ["users", "users.u1", "users.u1.memories"]   pre-filter for prefix search
+    ns_depth     3
+    key          str
+    value        {...}                                the BaseStore value / the memory
+    text         str | None                           what was embedded
+    embedding    BinData float32 vector | absent      absent: not indexed (index=False)
+    kind         "item" | "fact" | "preference" | "episode" | ...
+    provenance   {source, tenant_id, thread_id, checkpoint_id, message_ids}
+    created_at, updated_at   datetime (UTC)
+    expires_at   datetime | None                      TTL index (expireAfterSeconds 0)
+    ttl_minutes  float | None                         to refresh expires_at on read
+    version      int                                  1, 2, ... (compare-and-set on write)
+
+A ``memory_history`` document is a previous version: ``_id`` an ObjectId,
+``memory_id``, ``tenant_id``, ``namespace``, ``key``, ``version``, ``value``, ``text``,
+``kind``, ``provenance``, ``valid_from`` (its updated_at), ``replaced_at``, ``change``
+(``"update"`` or ``"delete"``).
+
+The vector index (``vectorSearch``, named ``long_term_memory_vector``) indexes ``embedding``
+and filters on ``tenant_id``, ``ns_prefixes``, ``kind``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from bson import ObjectId
+from bson.binary import Binary, BinaryVectorDtype
+
+from accord.errors import InvalidInputError
+
+Doc = dict[str, Any]
+MEMORY_COLLECTION = "long_term_memory"
+HISTORY_COLLECTION = "memory_history"
+VECTOR_INDEX = "long_term_memory_vector"
+FILTER_FIELDS = ("tenant_id", "ns_prefixes", "kind")
+#: Operators a value filter may use (BaseStore's contract), and nothing else.
+VALUE_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in"})
+MAX_LABEL = 256
+MAX_KEY = 1024
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def check_tenant(tenant_id: Any) -> str:
+    if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_LABEL:
+        raise InvalidInputError(
+            f"tenant_id must be a non-empty string of at most {MAX_LABEL} characters, "
+            f"got {tenant_id!r}"
+        )
+    if tenant_id.startswith("$") or "\x00" in tenant_id:
+        raise InvalidInputError(f"tenant_id {tenant_id!r} may not start with '$' or hold NUL")
+    return tenant_id
+
+
+def check_namespace(namespace: Any, *, allow_empty: bool = False) -> tuple[str, ...]:
+    """A namespace as a tuple of labels: non-empty strings without '.' or NUL."""
+    if not isinstance(namespace, tuple | list):
+        raise InvalidInputError(f"a namespace is a tuple of strings, got {namespace!r}")
+    if not namespace and not allow_empty:
+        raise InvalidInputError("a namespace needs at least one label")
+    for label in namespace:
+        if not isinstance(label, str) or not label:
+            raise InvalidInputError(
+                f"namespace labels are non-empty strings; got {label!r} in {tuple(namespace)}"
+            )
+        if "." in label or "\x00" in label or len(label) > MAX_LABEL:
+            raise InvalidInputError(
+                f"namespace label {label!r} may not contain '.' or NUL, nor exceed "
+                f"{MAX_LABEL} characters"
+            )
+    return tuple(namespace)
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str) or "\x00" in key or len(key) > MAX_KEY:
+        raise InvalidInputError(
+            f"a memory key is a string without NUL of at most {MAX_KEY} characters, got {key!r}"
+        )
+    return key
+
+
+def check_value_filter(filt: Any) -> dict[str, Any]:
+    """Validate a value filter: field names, and only BaseStore's operators.
+
+    Field names may not start with '$' (no operator injection: ``{"$where": ...}`` or
+    ``{"$or": ...}`` are refused) and may not hold NUL; operators are only
+    $eq $ne $gt $gte $lt $lte $in. The filter only ever narrows a query that is already
+    scoped to the caller's tenant and namespace.
+    """
+    if filt is None:
+        return {}
+    if not isinstance(filt, Mapping):
+        raise InvalidInputError(f"a filter is a mapping of field -> value, got {filt!r}")
+    for name, cond in filt.items():
+        if not isinstance(name, str) or not name or name.startswith("$") or "\x00" in name:
+            raise InvalidInputError(
+                f"filter field {name!r} is not allowed: fields are non-empty names that do "
+                f"not start with '$'; operators go inside a field: {{'field': {{'$gt': 1}}}}"
+            )
+        _check_condition(name, cond)
+    return dict(filt)
+
+
+def _check_condition(name: str, cond: Any) -> None:
+    if isinstance(cond, Mapping):
+        ops = [k for k in cond if isinstance(k, str) and k.startswith("$")]
+        if ops:
+            for op in cond:
+                if op not in VALUE_OPERATORS:
+                    raise InvalidInputError(
+                        f"filter operator {op!r} on {name!r} is not supported; use one of "
+                        f"{', '.join(sorted(VALUE_OPERATORS))}"
+                    )
+                if op == "$in" and not isinstance(cond[op], list | tuple):
+                    raise InvalidInputError(f"$in on {name!r} needs a list of values")
+            return
+        for k, v in cond.items():
+            if not isinstance(k, str) or k.startswith("$"):
+                raise InvalidInputError(f"filter key {k!r} inside {name!r} is not allowed")
+            _check_condition(f"{name}.{k}", v)
+
+
+# -- identifiers and documents -----------------------------------------------------------------
+
+
+def memory_id(tenant_id: str, namespace: Sequence[str], key: str) -> str:
+    raw = json.dumps([tenant_id, list(namespace), key], ensure_ascii=False)
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def ns_path(namespace: Sequence[str]) -> str:
+    return ".".join(namespace)
+
+
+def ns_prefixes(namespace: Sequence[str]) -> list[str]:
+    return [".".join(namespace[: i + 1]) for i in range(len(namespace))]
+
+
+def as_vector(embedding: Sequence[float]) -> Binary:
+    return Binary.from_vector([float(x) for x in embedding], BinaryVectorDtype.FLOAT32)
+
+
+def utcnow() -> datetime:
+    now = datetime.now(UTC)
+    return now.replace(microsecond=(now.microsecond // 1000) * 1000)  # BSON dates are ms
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a memory came from."""
+
+    source: str = "store"
+    tenant_id: str | None = None
+    thread_id: str | None = None
+    checkpoint_id: str | None = None
+    message_ids: tuple[str, ...] = ()
+
+    def to_doc(self) -> Doc:
+        return {
+            "source": self.source, "tenant_id": self.tenant_id, "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id, "message_ids": list(self.message_ids),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    """One memory to write (``value`` None deletes it)."""
+
+    namespace: tuple[str, ...]
+    key: str
+    value: Mapping[str, Any] | None
+    text: str | None = None
+    embedding: Sequence[float] | None = None
+    kind: str = "item"
+    provenance: Provenance = field(default_factory=Provenance)
+    ttl_minutes: float | None = None
+
+
+def new_document(tenant_id: str, req: PutRequest, now: datetime, previous: Doc | None) -> Doc:
+    """The document a put writes, given the current one (``previous``) if any."""
+    doc: Doc = {
+        "_id": memory_id(tenant_id, req.namespace, req.key),
+        "tenant_id": tenant_id,
+        "namespace": list(req.namespace),
+        "ns_path": ns_path(req.namespace),
+        "ns_prefixes": ns_prefixes(req.namespace),
+        "ns_depth": len(req.namespace),
+        "key": req.key,
+        "value": dict(req.value or {}),
+        "text": req.text,
+        "kind": req.kind,
+        "provenance": req.provenance.to_doc(),
+        "created_at": previous["created_at"] if previous else now,
+        "updated_at": now,
+        "expires_at": (now + timedelta(minutes=req.ttl_minutes)) if req.ttl_minutes else None,
+        "ttl_minutes": req.ttl_minutes,
+        "version": (previous["version"] + 1) if previous else 1,
+    }
+    if req.embedding is not None:
+        doc["embedding"] = as_vector(req.embedding)
+    return doc
+
+
+def history_document(previous: Doc, now: datetime, change: str) -> Doc:
+    return {
+        "_id": ObjectId(),
+        "memory_id": previous["_id"],
+        "tenant_id": previous["tenant_id"],
+        "namespace": previous["namespace"],
+        "key": previous["key"],
+        "version": previous["version"],
+        "value": previous.get("value"),
+        "text": previous.get("text"),
+        "kind": previous.get("kind"),
+        "provenance": previous.get("provenance"),
+        "valid_from": previous.get("updated_at"),
+        "replaced_at": now,
+        "change": change,
+    }
+
+
+def vector_index_definition(dims: int, similarity: str = "cosine") -> Doc:
+    return {
+        "fields": [
+            {"type": "vector", "path": "embedding", "numDimensions": dims,
+             "similarity": similarity},
+            *({"type": "filter", "path": f} for f in FILTER_FIELDS),
+        ]
+    }  # fmt: skip
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Memory:
+    """A memory as the service returns it."""
+
+    namespace: tuple[str, ...]
+    key: str
+    value: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    score: float | None = None
+    kind: str = "item"
+    text: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+    expires_at: datetime | None = None
+
+    @classmethod
+    def from_doc(cls, doc: Doc, score: float | None = None) -> Memory:
+        return cls(
+            namespace=tuple(doc["namespace"]), key=doc["key"], value=doc.get("value") or {},
+            created_at=aware(doc["created_at"]),  # type: ignore[arg-type]
+            updated_at=aware(doc["updated_at"]),  # type: ignore[arg-type]
+            score=score, kind=doc.get("kind", "item"), text=doc.get("text"),
+            provenance=doc.get("provenance") or {}, version=doc.get("version", 1),
+            expires_at=aware(doc.get("expires_at")),
+        )  # fmt: skip
+
+
+#: What reads fetch (never the embedding: it is large and callers do not need it).
+PROJECTION = {"embedding": 0, "ns_prefixes": 0}
+
+
+def scope_filter(tenant_id: str, prefix: Sequence[str]) -> Doc:
+    """The tenant + namespace-prefix scope every read starts from."""
+    filt: Doc = {"tenant_id": tenant_id}
+    if prefix:
+        filt["ns_prefixes"] = ns_path(prefix)
+    return filt
+
+
+def live(doc: Doc, now: datetime) -> bool:
+    """False for a memory whose TTL has passed (the sweeper may not have removed it yet)."""
+    expires = aware(doc.get("expires_at"))
+    return expires is None or expires > now
+
+
+def value_matches(value: Any, filt: Mapping[str, Any]) -> bool:
+    """BaseStore filter semantics (as InMemoryStore and PostgresStore apply them)."""
+    if not filt:
+        return True
+    if not isinstance(value, Mapping):
+        return False
+    return all(_compare(value.get(k), v) for k, v in filt.items())
+
+
+def _compare(item: Any, cond: Any) -> bool:
+    if isinstance(cond, Mapping):
+        if any(isinstance(k, str) and k.startswith("$") for k in cond):
+            return all(_apply(item, op, operand) for op, operand in cond.items())
+        if not isinstance(item, Mapping):
+            return False
+        return all(_compare(item.get(k), v) for k, v in cond.items())
+    if isinstance(cond, list | tuple):
+        return (
+            isinstance(item, list | tuple)
+            and len(item) == len(cond)
+            and all(_compare(i, c) for i, c in zip(item, cond, strict=True))
+        )
+    return bool(item == cond)
+
+
+def _apply(item: Any, op: str, operand: Any) -> bool:
+    if op == "$eq":
+        return bool(item == operand)
+    if op == "$ne":
+        return bool(item != operand)
+    if op == "$in":
+        return item in operand
+    try:
+        a, b = float(item), float(operand)
+    except (TypeError, ValueError):
+        return False
+    if math.isnan(a) or math.isnan(b):
+        return False
+    return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
+
+
+def recency_weighted(score: float, updated_at: datetime, now: datetime, weight: float,
+                     half_life_days: float) -> float:  # fmt: skip
+    """Blend similarity with recency: ``score * ((1 - w) + w * 0.5 ** (age / half_life))``."""
+    if weight <= 0:
+        return score
+    age_days = max(0.0, (now - updated_at).total_seconds() / 86400.0)
+    return score * ((1.0 - weight) + weight * 0.5 ** (age_days / half_life_days))
+
+
+def vector_stage(
+    tenant_id: str, prefix: Sequence[str], query_vector: Sequence[float], limit: int,
+    kinds: Sequence[str] | None = None,
+) -> Doc:  # fmt: skip
+    """``$vectorSearch`` with the tenant and namespace pre-filters."""
+    filt: Doc = {"tenant_id": tenant_id}
+    if prefix:
+        filt["ns_prefixes"] = ns_path(prefix)
+    if kinds:
+        filt["kind"] = {"$in": list(kinds)}
+    return {
+        "$vectorSearch": {
+            "index": VECTOR_INDEX, "path": "embedding", "queryVector": list(query_vector),
+            "numCandidates": min(10_000, max(100, limit * 10)), "limit": limit, "filter": filt,
+        }
+    }  # fmt: skip
+
+
+def namespace_matches(ns: Sequence[str], prefix: Sequence[str] | None,
+                      suffix: Sequence[str] | None) -> bool:  # fmt: skip
+    for path, reverse in ((prefix, False), (suffix, True)):
+        if not path:
+            continue
+        if len(ns) < len(path):
+            return False
+        pairs = (
+            zip(reversed(ns), reversed(path), strict=False)
+            if reverse
+            else zip(ns, path, strict=False)
+        )
+        if any(p != "*" and n != p for n, p in pairs):
+            return False
+    return True

@@ -1,0 +1,219 @@
+# Generated from accord/memory/asynchronous/store.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+"""LangGraph ``BaseStore`` on accord's memory service.
+
+``AsyncAccordStore`` is native async on pymongo's ``AsyncMongoClient``; ``AccordStore``
+(:mod:`accord.memory.synchronous.store`) is its sync twin. Use either as
+``graph.compile(store=...)`` and from ``get_store()`` in nodes::
+
+    async with AsyncAccordStore.from_conn_string(uri, index={"dims": 1024,
+                                                   "embed": "voyage:voyage-3.5"}) as store:
+        graph = builder.compile(store=store)
+
+Semantics follow BaseStore as InMemoryStore and PostgresStore implement it (LangGraph's own
+store tests run against this class): reads in a batch see the state before the batch's
+puts; the last put of a key in a batch wins; search with a query ranks by vector similarity
+(scores normalised to [0, 1] as Atlas does), then fills with items that have no embedding;
+TTL in minutes with ``refresh_on_read``. One vector per item: the texts of the indexed
+fields are embedded together (Atlas indexes one vector per document and path).
+
+Generated from ``accord/memory/asynchronous/store.py`` by ``tools/synchro.py``: edit that file, not this one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    validate_op_namespace,
+)
+from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
+from pymongo import MongoClient
+
+from accord.errors import InvalidInputError
+from accord.memory import model
+from accord.memory.conventions import ServesAsyncCalls, ServesSyncCalls
+from accord.memory.embedders import LangChainEmbedder
+from accord.memory.model import Memory, PutRequest
+from accord.memory.synchronous.service import MemoryService
+
+log = logging.getLogger("accord.memory.store")
+_IS_SYNC = True
+
+
+def _embedder_for(index: IndexConfig | None) -> Any:
+    if not index:
+        return None
+    if "dims" not in index or not isinstance(index["dims"], int):
+        raise InvalidInputError("IndexConfig needs 'dims' (an integer)")
+    embed = index.get("embed")
+    if embed is None:
+        return None
+    if isinstance(embed, str) and (embed.startswith("voyage:") or embed == "hashing"):
+        return embed
+    return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
+
+
+# What differs between the twins (serving the other calling convention, the TTL sweeper's
+# thread or task) lives in accord.memory.conventions, which the generator does not touch.
+_Conventions = ServesAsyncCalls if _IS_SYNC else ServesSyncCalls
+
+
+class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
+    """A LangGraph store whose items are accord long-term memories of one tenant."""
+
+    supports_ttl = True
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        tenant_id: str = "default",
+        db_name: str = "accord",
+        service: MemoryService | None = None,
+        conn_string: str | None = None,
+    ) -> None:
+        self.client = client
+        self.conn_string = conn_string
+        self.index_config = index
+        self.ttl_config = ttl
+        dims = index["dims"] if index else None
+        self.service = service or MemoryService(
+            client, tenant_id=tenant_id, db_name=db_name, embedder=_embedder_for(index),
+            dims=dims,
+        )  # fmt: skip
+        fields = (index or {}).get("fields") or ["$"]
+        self._fields = [(f, tokenize_path(f) if f != "$" else f) for f in fields]
+        self._sweeper: Any = None
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls, conn_string: str, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None,
+        tenant_id: str = "default", db_name: str = "accord",
+    ) -> Iterator[AccordStore]:  # fmt: skip
+        """A store on a new client for ``conn_string``, set up, closed on exit."""
+        client: MongoClient[Any] = MongoClient(conn_string)
+        try:
+            store = cls(
+                client,
+                index=index,
+                ttl=ttl,
+                tenant_id=tenant_id,
+                db_name=db_name,
+                conn_string=conn_string,
+            )
+            store.setup()
+            yield store
+            store.stop_ttl_sweeper()
+        finally:
+            client.close()
+
+    def setup(self) -> None:
+        """Create collections, indexes and the vector index (idempotent)."""
+        self.service.setup()
+
+    # -- BaseStore ---------------------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        for op in ops:
+            validate_op_namespace(op)
+        results: list[Result] = [None] * len(ops)
+        for i, op in enumerate(ops):
+            if isinstance(op, GetOp):
+                results[i] = self._get(op)
+            elif isinstance(op, SearchOp):
+                results[i] = self._search(op)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = self._list(op)
+            elif not isinstance(op, PutOp):
+                raise InvalidInputError(f"unknown store operation {type(op).__name__}")
+        puts = [op for op in ops if isinstance(op, PutOp)]
+        if puts:
+            reqs = [self._request(op) for op in puts]
+            self.service.apply([r for r, _ in reqs], [e for _, e in reqs],
+                                     operation="store.put")  # fmt: skip
+        return results
+
+    # -- ops ---------------------------------------------------------------------------------------
+
+    def _refresh(self, requested: bool | None) -> bool:
+        if requested is not None:
+            return requested
+        return bool((self.ttl_config or {}).get("refresh_on_read", True))
+
+    def _get(self, op: GetOp) -> Item | None:
+        found = self.service.get(op.namespace, op.key, refresh_ttl=self._refresh(op.refresh_ttl))
+        return _item(found) if found is not None else None
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        hits = self.service.search(
+            op.namespace_prefix, query=op.query, filter=op.filter, limit=op.limit,
+            offset=op.offset, refresh_ttl=self._refresh(op.refresh_ttl),
+        )  # fmt: skip
+        return [_search_item(h) for h in hits]
+
+    def _list(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        prefix = suffix = None
+        for cond in op.match_conditions or ():
+            if cond.match_type == "prefix":
+                prefix = tuple(cond.path)
+            elif cond.match_type == "suffix":
+                suffix = tuple(cond.path)
+        return self.service.list_namespaces(
+            prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit,
+            offset=op.offset,
+        )  # fmt: skip
+
+    def _request(self, op: PutOp) -> tuple[PutRequest, bool]:
+        ns = model.check_namespace(op.namespace)
+        if op.value is None:
+            return PutRequest(ns, op.key, None), False
+        ttl = op.ttl if op.ttl is not None else (self.ttl_config or {}).get("default_ttl")
+        embed = op.index is not False
+        text = None
+        if embed:
+            paths = (
+                self._fields
+                if not isinstance(op.index, list)
+                else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
+            )
+            texts = [t for _, tokens in paths for t in get_text_at_path(op.value, tokens)]
+            text = "\n".join(texts) if texts else None
+            embed = text is not None
+        req = PutRequest(ns, op.key, dict(op.value), text=text,
+                         provenance=model.Provenance(tenant_id=self.service.tenant_id),
+                         ttl_minutes=float(ttl) if ttl else None)  # fmt: skip
+        return req, embed
+
+    # -- TTL ---------------------------------------------------------------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Delete expired items now; returns how many."""
+        return self.service.sweep_expired()
+
+
+def _item(m: Memory) -> Item:
+    return Item(value=m.value, key=m.key, namespace=m.namespace, created_at=m.created_at,
+                updated_at=m.updated_at)  # fmt: skip
+
+
+def _search_item(m: Memory) -> SearchItem:
+    return SearchItem(namespace=m.namespace, key=m.key, value=m.value, created_at=m.created_at,
+                      updated_at=m.updated_at, score=m.score)  # fmt: skip

@@ -1,0 +1,1 @@
+"""Async sources of the platform (sync twins are generated into ``synchronous``)."""

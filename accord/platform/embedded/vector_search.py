@@ -1,0 +1,815 @@
+"""Atlas Vector Search in the embedded engine: search index definitions and ``$vectorSearch``.
+
+What Atlas does with a ``vectorSearch`` index (mongot, Lucene underneath), done here with
+numpy, so the same pymongo code runs on Atlas, Atlas Local and this engine:
+
+- definitions: ``fields`` of ``{type: "vector", path, numDimensions, similarity}`` and
+  ``{type: "filter", path}``; checked as mongot checks them; kept in a catalog file next to
+  the engine's data (``search-indexes.json``, replaced atomically) so they survive restarts;
+- vectors: one float32 matrix per index (a row per indexed document, an id map and a free
+  list), kept in step with commits through the engine's commit observers. A document whose
+  vector is missing, of the wrong length, not numeric, or zero under cosine is not indexed
+  (Atlas skips it too);
+- queries: ``exact: true`` is an exact scan of the rows that pass the pre-filter; approximate
+  queries (``numCandidates``) are answered the same way, exactly: brute force over the
+  filtered rows is within the latency target at 100k vectors (docs/benchmarks.md), so the
+  engine returns the true nearest neighbours where Atlas's HNSW returns approximate ones;
+- snapshots: the matrix holds the newest committed vectors. A transaction whose snapshot is
+  older than some commits, or that wrote documents itself, reads those few documents from its
+  own view instead of from the matrix, so every query sees exactly its transaction's snapshot
+  plus its own uncommitted writes;
+- scores are normalised as Lucene/mongot do: cosine and dotProduct ``(1 + x) / 2``,
+  euclidean ``1 / (1 + d²)`` (Lucene's EUCLIDEAN uses the squared distance).
+
+Errors follow mongot's messages and arrive wrapped as mongod wraps them
+("PlanExecutor error during aggregation :: caused by :: ...").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import threading
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bson
+import numpy as np
+
+from accord.platform.embedded import query
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.paths import MISSING
+
+log = logging.getLogger("accord.engine.vector_search")
+
+Doc = dict[str, Any]
+CATALOG_FILE = "search-indexes.json"
+MAX_DIMENSIONS = 8192
+MAX_NUM_CANDIDATES = 10_000
+SIMILARITIES = ("cosine", "dotProduct", "euclidean")
+FILTER_LEAF_OPS = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not"}
+FILTER_LOGICAL_OPS = {"$and", "$or", "$nor"}
+SCORE_FIELD = "__accord_vector_search_score"
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def plan_error(message: str) -> EngineError:
+    """A mongot query error as mongod reports it (code 8, UnknownError)."""
+    return EngineError(
+        Code.UnknownError, f"PlanExecutor error during aggregation :: caused by :: {message}"
+    )
+
+
+def definition_error(message: str) -> EngineError:
+    return EngineError(Code.BadValue, f"Invalid index definition: {message}")
+
+
+# -- definitions ------------------------------------------------------------------------------
+
+
+@dataclass
+class VectorField:
+    path: str
+    dims: int
+    similarity: str
+
+
+@dataclass
+class SearchIndex:
+    """One search index of a collection, as ``$listSearchIndexes`` shows it."""
+
+    ns: str
+    id: str
+    name: str
+    type: str
+    definition: Doc
+    created_at: datetime
+    version: int = 0
+
+    @property
+    def vector_fields(self) -> dict[str, VectorField]:
+        out = {}
+        for f in self.definition.get("fields", []) if self.type == "vectorSearch" else []:
+            if f.get("type") == "vector":
+                out[f["path"]] = VectorField(f["path"], int(f["numDimensions"]), f["similarity"])
+        return out
+
+    @property
+    def filter_paths(self) -> set[str]:
+        if self.type != "vectorSearch":
+            return set()
+        return {f["path"] for f in self.definition.get("fields", []) if f.get("type") == "filter"}
+
+    def listing(self) -> Doc:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "type": self.type,
+            "status": "READY",
+            "queryable": True,
+            "latestVersion": self.version,
+            "latestDefinitionVersion": {"version": self.version, "createdAt": self.created_at},
+            "latestDefinition": self.definition,
+            "statusDetail": [],
+        }
+
+    def to_catalog(self) -> Doc:
+        return {
+            "ns": self.ns, "id": self.id, "name": self.name, "type": self.type,
+            "definition": self.definition, "created_at": self.created_at.isoformat(),
+            "version": self.version,
+        }  # fmt: skip
+
+    @classmethod
+    def from_catalog(cls, doc: Doc) -> SearchIndex:
+        return cls(
+            ns=doc["ns"], id=doc["id"], name=doc["name"], type=doc["type"],
+            definition=doc["definition"], created_at=datetime.fromisoformat(doc["created_at"]),
+            version=int(doc.get("version", 0)),
+        )  # fmt: skip
+
+
+def validate_definition(index_type: str, definition: Any) -> Doc:
+    """Check a search index definition the way Atlas does; return it normalised."""
+    if not isinstance(definition, dict):
+        raise definition_error('"definition" must be a document')
+    if index_type == "search":
+        mappings = definition.get("mappings")
+        if not isinstance(mappings, dict):
+            raise definition_error('"mappings" is required')
+        return definition
+    if index_type != "vectorSearch":
+        raise definition_error(f'"type" must be one of [search, vectorSearch], got "{index_type}"')
+    fields = definition.get("fields")
+    if not isinstance(fields, list) or not fields:
+        raise definition_error('"fields" must be a non-empty array')
+    unknown = set(definition) - {"fields", "storedSource"}
+    if unknown:
+        raise definition_error(f'unrecognized field "{sorted(unknown)[0]}"')
+    seen: set[str] = set()
+    vectors = 0
+    for i, f in enumerate(fields):
+        where = f'"fields[{i}]'
+        if not isinstance(f, dict):
+            raise definition_error(f'{where}" must be a document')
+        kind, path = f.get("type"), f.get("path")
+        if not isinstance(path, str) or not path:
+            raise definition_error(f'{where}.path" is required')
+        if path in seen:
+            raise definition_error(f'path "{path}" is indexed more than once')
+        seen.add(path)
+        if kind == "filter":
+            extra = set(f) - {"type", "path"}
+            if extra:
+                raise definition_error(f'{where}" unrecognized field "{sorted(extra)[0]}"')
+        elif kind == "vector":
+            vectors += 1
+            dims = f.get("numDimensions")
+            if isinstance(dims, bool) or not isinstance(dims, int | float) or dims != int(dims):
+                raise definition_error(f'{where}.numDimensions" must be an integer')
+            if not 1 <= int(dims) <= MAX_DIMENSIONS:
+                raise definition_error(
+                    f'{where}.numDimensions" must be within bounds [1..{MAX_DIMENSIONS}]'
+                )
+            if f.get("similarity") not in SIMILARITIES:
+                raise definition_error(
+                    f'{where}.similarity" must be one of [cosine, dotProduct, euclidean]'
+                )
+            quantization = f.get("quantization", "none")
+            if quantization not in ("none", "scalar", "binary"):
+                raise definition_error(
+                    f'{where}.quantization" must be one of [none, scalar, binary]'
+                )
+            extra = set(f) - {"type", "path", "numDimensions", "similarity", "quantization",
+                              "hnswOptions"}  # fmt: skip
+            if extra:
+                raise definition_error(f'{where}" unrecognized field "{sorted(extra)[0]}"')
+        else:
+            raise definition_error(f'{where}.type" must be one of [filter, vector]')
+    if not vectors:
+        raise definition_error('at least one field of type "vector" is required')
+    return definition
+
+
+# -- vectors in documents ----------------------------------------------------------------------
+
+
+def vector_of(doc: Doc, path: str, dims: int) -> np.ndarray | None:
+    """The float32 vector at ``path``, or None when Atlas would not index one."""
+    value: Any = doc
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return as_vector(value, dims)
+
+
+def as_vector(value: Any, dims: int | None = None) -> np.ndarray | None:
+    if isinstance(value, bson.Binary) and value.subtype == 9:
+        try:
+            decoded = value.as_vector()
+        except (ValueError, TypeError):
+            return None
+        arr = np.asarray(decoded.data, dtype=np.float32)
+    elif isinstance(value, list) and value:
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value):
+            return None
+        arr = np.asarray(value, dtype=np.float32)
+    else:
+        return None
+    if arr.ndim != 1 or (dims is not None and arr.shape[0] != dims):
+        return None
+    if not np.all(np.isfinite(arr)):
+        return None
+    return arr
+
+
+# -- the matrix ---------------------------------------------------------------------------------
+
+
+class VectorMatrix:
+    """Rows of one index: vectors, the filter fields' values, and the id map."""
+
+    def __init__(self, vfield: VectorField, filter_paths: Iterable[str]) -> None:
+        self.vfield = vfield
+        self.filter_paths = sorted(filter_paths)
+        self.capacity = 0
+        self.matrix = np.zeros((0, vfield.dims), dtype=np.float32)
+        self.live = np.zeros(0, dtype=bool)
+        self.row_of: dict[bytes, int] = {}
+        self.key_of: list[bytes | None] = []
+        self.free: list[int] = []
+        # Filter fields: per path, row -> projected value doc, value key -> rows,
+        # a numeric column for vectorised ranges, and rows whose value is not one number.
+        self.values: dict[str, dict[int, Doc]] = {p: {} for p in self.filter_paths}
+        self.eq: dict[str, dict[bytes, set[int]]] = {p: {} for p in self.filter_paths}
+        self.num: dict[str, np.ndarray] = {p: np.zeros(0) for p in self.filter_paths}
+        self.irregular: dict[str, set[int]] = {p: set() for p in self.filter_paths}
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        new_cap = max(need, 64, self.capacity * 2)
+        matrix = np.zeros((new_cap, self.vfield.dims), dtype=np.float32)
+        matrix[: self.capacity] = self.matrix
+        self.matrix = matrix
+        live = np.zeros(new_cap, dtype=bool)
+        live[: self.capacity] = self.live
+        self.live = live
+        for p in self.filter_paths:
+            col = np.full(new_cap, np.nan)
+            col[: self.capacity] = self.num[p]
+            self.num[p] = col
+        self.key_of.extend([None] * (new_cap - self.capacity))
+        self.capacity = new_cap
+
+    def prepare(self, vec: np.ndarray) -> np.ndarray | None:
+        """The row stored for ``vec`` (unit length under cosine), or None if not indexable."""
+        if self.vfield.similarity == "cosine":
+            norm = float(np.linalg.norm(vec))
+            if norm == 0.0:
+                return None
+            return vec / norm
+        return vec
+
+    def put(self, key: bytes, doc: Doc | None) -> None:
+        self.remove(key)
+        if doc is None:
+            return
+        vec = vector_of(doc, self.vfield.path, self.vfield.dims)
+        row_vec = None if vec is None else self.prepare(vec)
+        if row_vec is None:
+            return
+        row = self.free.pop() if self.free else len(self.row_of) + len(self.free)
+        if row >= self.capacity:
+            self._grow(row + 1)
+        self.matrix[row] = row_vec
+        self.live[row] = True
+        self.row_of[key] = row
+        self.key_of[row] = key
+        for p in self.filter_paths:
+            values = [v for v in query.path_values(doc, p) if v is not MISSING]
+            if not values:
+                continue
+            self.values[p][row] = doc_at(p, query_value_of(doc, p))
+            for v in values:
+                self.eq[p].setdefault(query.value_key(v), set()).add(row)
+            if len(values) == 1 and _is_number(values[0]):
+                self.num[p][row] = float(values[0])
+            else:
+                self.irregular[p].add(row)
+
+    def remove(self, key: bytes) -> None:
+        row = self.row_of.pop(key, None)
+        if row is None:
+            return
+        self.live[row] = False
+        self.key_of[row] = None
+        self.free.append(row)
+        for p in self.filter_paths:
+            projected = self.values[p].pop(row, None)
+            if projected is None:
+                continue
+            for v in query.path_values(projected, p):
+                if v is not MISSING:
+                    rows = self.eq[p].get(query.value_key(v))
+                    if rows is not None:
+                        rows.discard(row)
+                        if not rows:
+                            del self.eq[p][query.value_key(v)]
+            self.num[p][row] = np.nan
+            self.irregular[p].discard(row)
+
+    # -- filters ------------------------------------------------------------------------------
+
+    def mask(self, filt: Doc | None) -> np.ndarray:
+        """Rows (live ones) that match an already-validated pre-filter."""
+        base = self.live.copy()
+        if not filt:
+            return base
+        return base & self._clause(filt)
+
+    def _rows(self, rows: Iterable[int]) -> np.ndarray:
+        out = np.zeros(self.capacity, dtype=bool)
+        idx = np.fromiter(rows, dtype=np.int64)
+        if idx.size:
+            out[idx] = True
+        return out
+
+    def _clause(self, filt: Doc) -> np.ndarray:
+        out = np.ones(self.capacity, dtype=bool)
+        for key, value in filt.items():
+            if key == "$and":
+                for sub in value:
+                    out &= self._clause(sub)
+            elif key == "$or":
+                acc = np.zeros(self.capacity, dtype=bool)
+                for sub in value:
+                    acc |= self._clause(sub)
+                out &= acc
+            elif key == "$nor":
+                for sub in value:
+                    out &= ~self._clause(sub)
+            else:
+                out &= self._field(key, value)
+        return out
+
+    def _field(self, path: str, cond: Any) -> np.ndarray:
+        if not (isinstance(cond, dict) and cond and all(k.startswith("$") for k in cond)):
+            return self._leaf(path, "$eq", cond)
+        out = np.ones(self.capacity, dtype=bool)
+        for op, operand in cond.items():
+            out &= self._leaf(path, op, operand)
+        return out
+
+    def _leaf(self, path: str, op: str, operand: Any) -> np.ndarray:
+        eq = self.eq[path]
+        if op == "$eq":
+            return self._rows(eq.get(query.value_key(operand), ()))
+        if op == "$ne":
+            return ~self._rows(eq.get(query.value_key(operand), ()))
+        if op == "$in":
+            return self._rows(r for v in operand for r in eq.get(query.value_key(v), ()))
+        if op == "$nin":
+            return ~self._rows(r for v in operand for r in eq.get(query.value_key(v), ()))
+        if op == "$exists":
+            present = self._rows(self.values[path])
+            return present if operand else ~present
+        if op == "$not":
+            return ~self._field(path, operand)
+        # Ranges: numbers vectorised over the numeric column, everything else one by one
+        # with the engine's own comparison rules (type bracketing, arrays, dates).
+        out = np.zeros(self.capacity, dtype=bool)
+        if _is_number(operand):
+            col = self.num[path]
+            x = float(operand)
+            with np.errstate(invalid="ignore"):
+                out = {"$gt": col > x, "$gte": col >= x, "$lt": col < x, "$lte": col <= x}[op]
+            rows: Iterable[int] = self.irregular[path]
+        else:
+            rows = self.values[path]
+        leaf = {path: {op: operand}}
+        hits = [r for r in rows if query.matches(leaf, self.values[path][r])]
+        if hits:
+            out = out | self._rows(hits)
+        return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def query_value_of(doc: Doc, path: str) -> Any:
+    value: Any = doc
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None  # arrays along the path: keep the raw top value below
+    return value
+
+
+def doc_at(path: str, value: Any) -> Doc:
+    """``{a: {b: value}}`` for ``a.b``: the projection a leaf filter is evaluated against."""
+    out: Doc = {}
+    cur = out
+    parts = path.split(".")
+    for part in parts[:-1]:
+        cur[part] = {}
+        cur = cur[part]
+    cur[parts[-1]] = value
+    return out
+
+
+# -- query parsing ------------------------------------------------------------------------------
+
+
+@dataclass
+class VectorQuery:
+    index: str
+    path: str
+    vector: np.ndarray
+    limit: int
+    num_candidates: int | None
+    exact: bool
+    filter: Doc | None
+
+
+def parse_stage(spec: Any) -> VectorQuery:
+    if not isinstance(spec, dict):
+        raise plan_error('"$vectorSearch" must be a document')
+    known = {"index", "path", "queryVector", "numCandidates", "limit", "filter", "exact",
+             "returnStoredSource", "explainOptions"}  # fmt: skip
+    for k in spec:
+        if k not in known:
+            raise plan_error(f'"$vectorSearch" unrecognized field "{k}"')
+    index = spec.get("index", "default")
+    if not isinstance(index, str):
+        raise plan_error('"index" must be a string')
+    path = spec.get("path")
+    if not isinstance(path, str) or not path:
+        raise plan_error('"path" is required' if path is None else '"path" must be a string')
+    limit = spec.get("limit")
+    if limit is None:
+        raise plan_error('"limit" is required')
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit != int(limit):
+        raise plan_error('"limit" must be a int')
+    if limit <= 0:
+        raise plan_error('"limit" must be positive')
+    exact = spec.get("exact", False)
+    if not isinstance(exact, bool):
+        raise plan_error('"exact" must be a boolean')
+    nc = spec.get("numCandidates")
+    if nc is not None:
+        if isinstance(nc, bool) or not isinstance(nc, int | float) or nc != int(nc):
+            raise plan_error('"numCandidates" must be a int')
+        if not 1 <= nc <= MAX_NUM_CANDIDATES:
+            raise plan_error(f'"numCandidates" must be within bounds [1..{MAX_NUM_CANDIDATES}]')
+    if exact and nc is not None:
+        raise plan_error('"numCandidates" must be omitted when "exact" is set to true')
+    if not exact:
+        if nc is None:
+            raise plan_error("numCandidates is required for approximate vector search")
+        if limit > nc:
+            raise plan_error("limit should be less than or equal to numCandidates")
+    raw = spec.get("queryVector")
+    if raw is None:
+        raise plan_error("Exactly one and only one of query and queryVector can be present")
+    if isinstance(raw, list):
+        for i, x in enumerate(raw):
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise plan_error('"queryVector" must be an array of numbers or a BinData vector')
+            if not math.isfinite(x):
+                raise plan_error(
+                    f"'queryVector' contains a non-finite value (Infinity or NaN) at position"
+                    f' [{i}]. All values in "queryVector" must be finite.'
+                )
+    vector = as_vector(raw)
+    if vector is None:
+        raise plan_error('"queryVector" must be an array of numbers or a BinData vector')
+    filt = spec.get("filter")
+    if filt is not None and not isinstance(filt, dict):
+        raise plan_error('"filter" must be a document')
+    return VectorQuery(index, path, vector, int(limit), None if nc is None else int(nc), exact,
+                       filt or None)  # fmt: skip
+
+
+def check_filter(filt: Any, filter_paths: set[str], where: str = "filter") -> None:
+    """Accept only what a vectorSearch pre-filter allows, on fields indexed as filter."""
+    if not isinstance(filt, dict):
+        raise plan_error(f'"{where}" must be a document')
+    for key, value in filt.items():
+        if key in FILTER_LOGICAL_OPS:
+            if not isinstance(value, list) or not value:
+                raise plan_error(f'"{where}.{key}" must be a non-empty array')
+            for i, sub in enumerate(value):
+                check_filter(sub, filter_paths, f"{where}.{key}[{i}]")
+        elif key.startswith("$"):
+            raise plan_error(f'"{where}" unrecognized field "{key}"')
+        else:
+            _check_condition(key, value, filter_paths, f"{where}.{key}")
+
+
+def _check_condition(path: str, cond: Any, filter_paths: set[str], where: str) -> None:
+    if isinstance(cond, dict) and any(k.startswith("$") for k in cond):
+        if not all(k.startswith("$") for k in cond):
+            raise plan_error(f'"{where}" cannot mix operators and field names')
+        for op, operand in cond.items():
+            if op not in FILTER_LEAF_OPS:
+                raise plan_error(f'"{where}" unrecognized field "{op}"')
+            if op in ("$in", "$nin"):
+                if not isinstance(operand, list):
+                    raise plan_error(f'"{where}.{op}" must be an array')
+                for v in operand:
+                    _check_value(v, f"{where}.{op}")
+            elif op == "$exists":
+                if not isinstance(operand, bool):
+                    raise plan_error(f'"{where}.{op}" must be a boolean')
+            elif op == "$not":
+                if not isinstance(operand, dict) or not operand:
+                    raise plan_error(f'"{where}.$not" must be a document')
+                _check_condition(path, operand, filter_paths, f"{where}.$not")
+            else:
+                _check_value(operand, f"{where}.{op}")
+        ops = set(cond)
+        if ops <= {"$exists"}:
+            if path not in filter_paths:
+                raise plan_error(f"Path '{path}' needs to be indexed as filter")
+            return
+    else:
+        _check_value(cond, where)
+    if path not in filter_paths:
+        raise plan_error(f"Path '{path}' needs to be indexed as filter")
+
+
+def _check_value(value: Any, where: str) -> None:
+    ok = (
+        value is None
+        or isinstance(value, bool | str | datetime | bson.ObjectId)
+        or (isinstance(value, int | float) and not isinstance(value, bool))
+        or (isinstance(value, bson.Binary) and value.subtype in (3, 4))
+        or isinstance(value, bson.Int64)
+    )
+    if isinstance(value, list):
+        ok = all(isinstance(v, str | bool | int | float | datetime | bson.ObjectId) for v in value)
+    if not ok:
+        raise plan_error(
+            f'"{where}" must be a boolean, date, objectId, number, string, uuid or null'
+        )
+
+
+# -- the manager (one per engine) -----------------------------------------------------------------
+
+
+@dataclass
+class _IndexState:
+    index: SearchIndex
+    matrices: dict[str, VectorMatrix] = field(default_factory=dict)
+
+
+class SearchIndexes:
+    """The search indexes of one engine: catalog, matrices, commit observer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.path = _catalog_path(engine)
+        self.by_ns: dict[str, dict[str, _IndexState]] = {}
+        # Per indexed collection: (commit ts, id key) of recent changes, for snapshot reads.
+        self.changes: dict[str, deque[tuple[int, bytes]]] = {}
+        for entry in self._load():
+            index = SearchIndex.from_catalog(entry)
+            self._attach(index)
+        engine.commit_observers.append(self)
+
+    # -- catalog --------------------------------------------------------------------------------
+
+    def _load(self) -> list[Doc]:
+        if self.path is None or not self.path.exists():
+            return []
+        try:
+            return list(json.loads(self.path.read_text())["indexes"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise EngineError(
+                Code.InternalError, f"cannot read the search index catalog {self.path}: {exc}"
+            ) from exc
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        entries = [s.index.to_catalog() for idx in self.by_ns.values() for s in idx.values()]
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"indexes": entries}, f, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- definitions ----------------------------------------------------------------------------
+
+    def indexes_of(self, ns: str) -> list[SearchIndex]:
+        return [s.index for s in self.by_ns.get(ns, {}).values()]
+
+    def find(self, ns: str, name: str | None = None, id_: str | None = None) -> SearchIndex | None:
+        for s in self.by_ns.get(ns, {}).values():
+            if (name is not None and s.index.name == name) or (
+                id_ is not None and s.index.id == id_
+            ):
+                return s.index
+        return None
+
+    def create(self, ns: str, name: str, index_type: str, definition: Doc) -> SearchIndex:
+        if self.find(ns, name=name) is not None:
+            raise EngineError(
+                Code.IndexAlreadyExists, f"Index {name} already exists for collection {ns}"
+            )
+        index = SearchIndex(ns=ns, id=secrets.token_hex(12), name=name, type=index_type,
+                            definition=validate_definition(index_type, definition),
+                            created_at=datetime.now(UTC))  # fmt: skip
+        self._attach(index)
+        self._save()
+        return index
+
+    def update(self, index: SearchIndex, definition: Doc) -> None:
+        index.definition = validate_definition(index.type, definition)
+        index.version += 1
+        self._attach(index)
+        self._save()
+
+    def drop(self, index: SearchIndex) -> None:
+        self.by_ns.get(index.ns, {}).pop(index.name, None)
+        self._save()
+
+    def _attach(self, index: SearchIndex) -> None:
+        state = _IndexState(index)
+        self.by_ns.setdefault(index.ns, {})[index.name] = state
+        self._build(state)
+
+    def _build(self, state: _IndexState) -> None:
+        """Load every committed document's vector into fresh matrices."""
+        coll = self.engine.get_collection(state.index.ns)
+        fields = state.index.vector_fields
+        state.matrices = {p: VectorMatrix(vf, state.index.filter_paths) for p, vf in fields.items()}
+        changes = self.changes.setdefault(state.index.ns, deque())
+        if coll is None:
+            return
+        horizon = self.engine.oldest_snapshot()
+        for key, chain in list(coll.versions.items()):
+            ts, doc = chain[-1]
+            for m in state.matrices.values():
+                m.put(key, doc)
+            if ts > horizon or len(chain) > 1:
+                changes.append((ts, key))
+
+    # -- commit observer ------------------------------------------------------------------------
+
+    def on_commit(self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]) -> None:
+        horizon = self.engine.oldest_snapshot()
+        touched: set[str] = set()
+        for ns, key, _old, new in changes:
+            states = self.by_ns.get(ns)
+            if not states:
+                continue
+            touched.add(ns)
+            self.changes.setdefault(ns, deque()).append((ts, key))
+            for state in states.values():
+                for m in state.matrices.values():
+                    m.put(key, new)
+        for ns in touched:
+            log_ = self.changes[ns]
+            while log_ and log_[0][0] <= horizon:
+                log_.popleft()
+
+    def on_drop(self, ns: str) -> None:
+        if self.by_ns.pop(ns, None) is not None:
+            self.changes.pop(ns, None)
+            self._save()
+
+    def on_rename(self, old: str, new: str) -> None:
+        states = self.by_ns.pop(old, None)
+        self.on_drop(new)
+        if states is not None:
+            for state in states.values():
+                state.index.ns = new
+            self.by_ns[new] = states
+            self.changes[new] = self.changes.pop(old, deque())
+            self._save()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def search(self, txn: Any, ns: str, q: VectorQuery) -> list[Doc]:
+        """Documents visible to ``txn``, best first, each with its score in SCORE_FIELD."""
+        state = self.by_ns.get(ns, {}).get(q.index)
+        if state is None or state.index.type != "vectorSearch":
+            return []  # Atlas returns nothing for an index that does not exist
+        matrix = state.matrices.get(q.path)
+        if matrix is None:
+            raise plan_error(f"{q.path} is not indexed as vector")
+        dims = matrix.vfield.dims
+        if q.vector.shape[0] != dims:
+            raise plan_error(
+                f"vector field is indexed with {dims} dimensions but queried with "
+                f"{q.vector.shape[0]}"
+            )
+        if q.filter is not None:
+            check_filter(q.filter, state.index.filter_paths)
+        qv = q.vector
+        if matrix.vfield.similarity == "cosine":
+            norm = float(np.linalg.norm(qv))
+            if norm == 0.0:
+                raise plan_error("Cosine similarity cannot be calculated against a zero vector.")
+            qv = qv / norm
+        # Documents this transaction sees differently from the newest commit.
+        divergent: set[bytes] = {k for ts, k in self.changes.get(ns, ()) if ts > txn.snapshot}
+        divergent.update(txn.writes.get(ns, {}))
+        mask = matrix.mask(q.filter)
+        for key in divergent:
+            row = matrix.row_of.get(key)
+            if row is not None:
+                mask[row] = False
+        rows = np.flatnonzero(mask)
+        scored: list[tuple[float, int, bytes]] = []
+        if rows.size:
+            # Score the whole matrix unless few rows pass the filter (gathering the rows
+            # would copy them), only the selected rows otherwise.
+            if rows.size * 8 > matrix.capacity:
+                scores = _scores(matrix.matrix, qv, matrix.vfield.similarity)[rows]
+            else:
+                scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
+            take = min(q.limit, rows.size)
+            top = (
+                np.argpartition(-scores, take - 1)[:take]
+                if take < rows.size
+                else np.arange(rows.size)
+            )
+            for i in top:
+                row = int(rows[i])
+                row_key = matrix.key_of[row]
+                if row_key is not None:
+                    scored.append((float(scores[i]), row, row_key))
+        for n, key in enumerate(sorted(divergent)):
+            doc = self.engine.get(txn, ns, key)
+            if doc is None or (q.filter is not None and not query.matches(q.filter, doc)):
+                continue
+            vec = vector_of(doc, q.path, dims)
+            row_vec = None if vec is None else matrix.prepare(vec)
+            if row_vec is None:
+                continue
+            score = float(_scores(row_vec[None, :], qv, matrix.vfield.similarity)[0])
+            scored.append((score, matrix.capacity + n, key))
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        out = []
+        for score, _, key in scored[: q.limit]:
+            doc = self.engine.get(txn, ns, key)
+            if doc is None:
+                continue
+            hit = dict(doc)
+            hit[SCORE_FIELD] = score
+            out.append(hit)
+        return out
+
+
+def _scores(rows: np.ndarray, qv: np.ndarray, similarity: str) -> np.ndarray:
+    if similarity == "euclidean":
+        diff = rows - qv
+        d2 = np.einsum("ij,ij->i", diff, diff)
+        return 1.0 / (1.0 + d2.astype(np.float64))
+    dots = rows @ qv
+    return (1.0 + dots.astype(np.float64)) / 2.0
+
+
+def _catalog_path(engine: Any) -> Path | None:
+    storage_path = getattr(getattr(engine, "storage", None), "path", None)
+    return Path(storage_path).parent / CATALOG_FILE if storage_path is not None else None
+
+
+_MANAGERS: weakref.WeakKeyDictionary[Any, SearchIndexes] = weakref.WeakKeyDictionary()
+_MANAGERS_LOCK = threading.Lock()
+
+
+def manager(engine: Any) -> SearchIndexes:
+    """The search indexes of ``engine`` (built on first use; call with the engine lock held)."""
+    with _MANAGERS_LOCK:
+        found = _MANAGERS.get(engine)
+        if found is None:
+            found = _MANAGERS[engine] = SearchIndexes(engine)
+            if any(found.by_ns.values()):
+                log.info("search indexes loaded: %d", sum(len(v) for v in found.by_ns.values()))
+        return found

@@ -1,0 +1,42 @@
+"""What the sync and async units of work share: transaction settings and the hook protocol."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from accord.platform.outbox import OutboxHook
+from accord.platform.plan import Plan
+from accord.platform.tenancy import TenantGuard
+
+#: maxWireVersion of MongoDB 8.0, the first with the client-level ``bulkWrite`` command.
+CLIENT_BULK_WRITE_WIRE_VERSION = 25
+#: Ops per client-level ``bulkWrite`` command. Verbose results come back in a cursor;
+#: staying within its first batch avoids a ``getMore``.
+CLIENT_BULK_BATCH = 100
+#: Commit only once a majority of the replica set has the transaction.
+WRITE_CONCERN = WriteConcern(w="majority")
+#: Reads inside a transaction see one consistent snapshot.
+READ_CONCERN = ReadConcern("snapshot")
+#: Default bound, in seconds, on one ``execute`` including all its retries.
+DEFAULT_TIMEOUT = 30.0
+
+
+class Hook(Protocol):
+    """Sees (and may extend or refuse) every plan before it runs; pure, no I/O.
+
+    ``extend`` may add groups (an audit record, the outbox inserts) or raise an accord
+    error (``PermissionDenied``, ``InvalidInputError``) to refuse the plan: nothing of it
+    is sent then.
+    """
+
+    name: str
+
+    def extend(self, plan: Plan) -> None: ...
+
+
+def default_hooks() -> list[Hook]:
+    """Hooks every unit of work starts with: the tenancy guard, then the outbox."""
+    return [TenantGuard(), OutboxHook()]
