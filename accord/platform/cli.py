@@ -49,6 +49,11 @@ def engine_start(
         callback=_positive,
         help="Seconds after which an open transaction is aborted (mongod: 60).",
     ),
+    enable_test_commands: bool = typer.Option(
+        False,
+        "--enable-test-commands",
+        help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
@@ -61,6 +66,7 @@ def engine_start(
             sync=not no_sync,
             ttl_interval=ttl_interval,
             transaction_lifetime=transaction_lifetime,
+            enable_test_commands=enable_test_commands,
         )
         raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
@@ -73,6 +79,8 @@ def engine_start(
         "--transaction-lifetime",
         str(transaction_lifetime),
     ]
+    if enable_test_commands:
+        options.append("--enable-test-commands")
     try:
         uri = connection.spawn_engine(
             dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options

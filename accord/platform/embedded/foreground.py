@@ -24,6 +24,7 @@ def serve(
     sync: bool,
     ttl_interval: float,
     transaction_lifetime: float,
+    enable_test_commands: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -40,6 +41,7 @@ def serve(
         sync=sync,
         ttl_interval=ttl_interval,
         transaction_lifetime=transaction_lifetime,
+        enable_test_commands=enable_test_commands,
     )
 
     def _stop(signum: int, frame: object) -> None:

@@ -122,6 +122,7 @@ class EmbeddedServer:
         sync: bool = True,
         ttl_interval: float = 60.0,
         transaction_lifetime: float = 60.0,
+        enable_test_commands: bool = False,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.host = host
@@ -129,6 +130,7 @@ class EmbeddedServer:
         self.sync = sync
         self.ttl_interval = ttl_interval
         self.transaction_lifetime = transaction_lifetime
+        self.enable_test_commands = enable_test_commands
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
@@ -172,7 +174,10 @@ class EmbeddedServer:
             ) from None
         self.engine = Engine(self.dbpath, sync=self.sync)
         self.dispatcher = Dispatcher(
-            self.engine, self.hello, txn_lifetime=self.transaction_lifetime
+            self.engine,
+            self.hello,
+            txn_lifetime=self.transaction_lifetime,
+            test_commands=self.enable_test_commands,
         )
         try:
             self._tcp = _TCPServer(
