@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench generate clean
+.PHONY: demo test lint bench generate langgraph-suite spec clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ generate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The external contract suites (docs/external-suites.md); `make test` runs both as well.
+# ARGS passes options, e.g. make spec ARGS="--suites crud -k insert".
+langgraph-suite: $(STAMP)
+	$(BIN)/python -m tests.external.langgraph_suite $(ARGS)
+
+spec: $(STAMP)
+	$(BIN)/python -m tests.external.pymongo_spec $(ARGS)
 
 clean:
 	rm -rf $(VENV) .accord .pytest_cache

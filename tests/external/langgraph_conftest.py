@@ -43,7 +43,9 @@ from tests.conftest_upstream import *  # noqa: F403  (every upstream fixture and
 
 CP_ARGS = ("sync_checkpointer", "async_checkpointer")
 ACCORD_SAVERS = {"mongodb", "accord", "accord_async"}
-DEFAULT_SAVERS = "sync:memory,sync:mongodb,sync:accord,async:memory,async:mongodb,async:accord_async"
+DEFAULT_SAVERS = (
+    "sync:memory,sync:mongodb,sync:accord,async:memory,async:mongodb,async:accord_async"
+)
 
 
 def _selected(kind: str) -> list[str]:

@@ -27,7 +27,7 @@ def run() -> suite.SuiteRun:
 
 
 @pytest.fixture(scope="module")
-def known() -> dict[str, str]:
+def known() -> suite.Known:
     return suite.load_known_failures()
 
 
@@ -47,19 +47,20 @@ def test_every_saver_ran_the_same_tests(run: suite.SuiteRun) -> None:
 
 @pytest.mark.parametrize(("kind", "saver"), suite.CONTRACT, ids=lambda v: str(v))
 def test_accord_passes_what_inmemorysaver_passes(
-    run: suite.SuiteRun, known: dict[str, str], kind: str, saver: str
+    run: suite.SuiteRun, known: suite.Known, kind: str, saver: str
 ) -> None:
     mine = [r for r in run.results if (r.kind, r.saver) == (kind, saver)]
-    new = [r for r in suite.regressions(mine + _reference(run, kind)) if r.nodeid not in known]
-    fixed = sorted(r.nodeid for r in mine if r.outcome == "passed" and r.nodeid in known)
+    new, fixed = suite.compare_known(mine + _reference(run, kind), known)
     lines = [f"NEW FAILURE {r.nodeid}: {suite.cause(r)} -- {r.message[:200]}" for r in new]
     lines += [f"NOW PASSES, delete it from {suite.KNOWN_FAILURES.name}: {n}" for n in fixed]
     assert not lines, f"{suite.LABELS[saver]} ({kind}_checkpointer):\n" + "\n".join(lines)
 
 
-def test_known_failures_name_tests_that_exist(run: suite.SuiteRun, known: dict[str, str]) -> None:
+def test_known_failures_name_tests_that_exist(run: suite.SuiteRun, known: suite.Known) -> None:
     ran = {r.nodeid for r in run.results}
-    stale = sorted(n for n in known if n not in ran)
+    functions = {n.split("[", 1)[0] for n in ran}
+    stale = sorted(n for n in known.failing if n not in ran)
+    stale += sorted(n for n in known.flaky if n not in functions)
     assert not stale, f"{suite.KNOWN_FAILURES.name} lists tests that did not run: {stale[:10]}"
 
 
