@@ -184,7 +184,7 @@ def run_suite(
     records: list[dict[str, Any]] = []
     for part in sorted(results_path.parent.glob(results_path.name + "*")):
         records += json.loads(part.read_text())
-        part.unlink()
+
     # pytest exits 1 when tests fail; anything else means the run itself went wrong.
     if returncode not in (0, 1) or not records:
         raise HarnessError(
