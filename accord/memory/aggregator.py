@@ -481,12 +481,12 @@ class Aggregator:
         k: int,
         now: datetime,
     ) -> list[dict[str, Any]]:
-        pipeline = [
-            model.vector_stage(tenant, namespace, vector, k, [kind]),
-            {"$match": {"ns_path": model.ns_path(namespace)}},
-        ]
-        coll = self._db[self.service.memory_collection]
-        return [d for d in coll.aggregate(pipeline) if model.live(d, now)]
+        path = model.ns_path(namespace)
+        found = self.service.for_tenant(tenant).nearest(
+            namespace, vector, limit=k, kinds=[kind], projection=None,
+            keep=lambda d: d.get("ns_path") == path and model.live(d, now),
+        )  # fmt: skip
+        return [d for d, _ in found]
 
     def _embed(self, event: outbox.ClaimedEvent, texts: Sequence[str]) -> list[list[float]]:
         self._stage("embed", event)
@@ -739,3 +739,25 @@ class BackgroundAggregator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def requeue_plan(db: str, collection: str, event_ids: Sequence[str] | None) -> Plan:
+    """A plan that makes dead events available again, attempts from zero (``event_ids``
+    None: every dead event). The group is ``outbox:requeue``."""
+    filt: dict[str, Any] = {"status": outbox.DEAD}
+    if event_ids is not None:
+        if not all(isinstance(i, str) and i for i in event_ids):
+            raise ConfigurationError(f"event ids are non-empty strings, got {event_ids!r}")
+        filt["_id"] = {"$in": list(event_ids)}
+    op = Op(
+        "update_many",
+        filt,
+        {
+            "$set": {"status": outbox.PENDING, "available_at": outbox.now(), "attempts": 0},
+            "$unset": {"error": "", "failed_at": ""},
+        },
+    )
+    return Plan(
+        PlanContext(tenant_id="*", operation="memory.requeue"),
+        [Group("outbox:requeue", db, collection, OUTBOX.name, [op])],
+    )

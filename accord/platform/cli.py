@@ -49,6 +49,20 @@ def engine_start(
         callback=_positive,
         help="Seconds after which an open transaction is aborted (mongod: 60).",
     ),
+    snapshot_history_window: float = typer.Option(
+        300.0,
+        "--snapshot-history-window",
+        min=0.0,
+        help="Seconds of history kept for snapshot reads at a past cluster time "
+        "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
+    ),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="Start even though the data files show acknowledged commits were lost (an "
+        "emptied database file, a missing or truncated journal after a crash); the loss "
+        "is accepted.",
+    ),
     enable_test_commands: bool = typer.Option(
         False,
         "--enable-test-commands",
@@ -66,6 +80,8 @@ def engine_start(
             sync=not no_sync,
             ttl_interval=ttl_interval,
             transaction_lifetime=transaction_lifetime,
+            snapshot_history=snapshot_history_window,
+            repair=repair,
             enable_test_commands=enable_test_commands,
         )
         raise typer.Exit(code)
@@ -78,7 +94,11 @@ def engine_start(
         str(ttl_interval),
         "--transaction-lifetime",
         str(transaction_lifetime),
+        "--snapshot-history-window",
+        str(snapshot_history_window),
     ]
+    if repair:
+        options.append("--repair")
     if enable_test_commands:
         options.append("--enable-test-commands")
     try:
@@ -109,6 +129,31 @@ def engine_status(dbpath: Path = DBPATH) -> None:
         raise typer.Exit(1)
     console.print(f"running: pid {found[0]}, {connection.engine_uri(found[1])}")
 
+
+#: Entry-point group through which the other parts of accord (memory, governance) add
+#: their commands, so the platform names none of them (DESIGN's dependency rule).
+PLUGIN_GROUP = "accord.cli"
+
+
+def load_plugins(target: typer.Typer) -> list[str]:
+    """Call every ``accord.cli`` entry point's ``register(app)``; names of those loaded. A
+    plugin that fails to load is reported and skipped: the rest of the CLI still works."""
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(target)
+        except Exception as exc:  # a broken optional part must not break `accord engine`
+            Console(stderr=True).print(
+                f"[yellow]accord: {ep.name} commands unavailable:[/yellow] {exc}"
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+load_plugins(app)
 
 if __name__ == "__main__":
     app()
