@@ -739,3 +739,25 @@ class BackgroundAggregator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def requeue_plan(db: str, collection: str, event_ids: Sequence[str] | None) -> Plan:
+    """A plan that makes dead events available again, attempts from zero (``event_ids``
+    None: every dead event). The group is ``outbox:requeue``."""
+    filt: dict[str, Any] = {"status": outbox.DEAD}
+    if event_ids is not None:
+        if not all(isinstance(i, str) and i for i in event_ids):
+            raise ConfigurationError(f"event ids are non-empty strings, got {event_ids!r}")
+        filt["_id"] = {"$in": list(event_ids)}
+    op = Op(
+        "update_many",
+        filt,
+        {
+            "$set": {"status": outbox.PENDING, "available_at": outbox.now(), "attempts": 0},
+            "$unset": {"error": "", "failed_at": ""},
+        },
+    )
+    return Plan(
+        PlanContext(tenant_id="*", operation="memory.requeue"),
+        [Group("outbox:requeue", db, collection, OUTBOX.name, [op])],
+    )

@@ -102,5 +102,30 @@ def engine_status(dbpath: Path = DBPATH) -> None:
     console.print(f"running: pid {found[0]}, {connection.engine_uri(found[1])}")
 
 
+#: Entry-point group through which the other parts of accord (memory, governance) add
+#: their commands, so the platform names none of them (DESIGN's dependency rule).
+PLUGIN_GROUP = "accord.cli"
+
+
+def load_plugins(target: typer.Typer) -> list[str]:
+    """Call every ``accord.cli`` entry point's ``register(app)``; names of those loaded. A
+    plugin that fails to load is reported and skipped: the rest of the CLI still works."""
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(target)
+        except Exception as exc:  # a broken optional part must not break `accord engine`
+            Console(stderr=True).print(
+                f"[yellow]accord: {ep.name} commands unavailable:[/yellow] {exc}"
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+load_plugins(app)
+
 if __name__ == "__main__":
     app()
