@@ -7,10 +7,15 @@ import platform
 import sys
 from pathlib import Path
 
-from benchmarks import checkpointer, engine_commits, vector_search
+from benchmarks import aggregation_lag, checkpointer, engine_commits, vector_search
 
 COMMAND = "make bench  (= .venv/bin/python -m benchmarks)"
-SUITES = [engine_commits.report, checkpointer.report, vector_search.report]
+SUITES = [
+    engine_commits.report,
+    checkpointer.report,
+    vector_search.report,
+    aggregation_lag.report,
+]
 
 
 def main() -> None:
