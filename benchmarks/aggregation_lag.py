@@ -1,6 +1,6 @@
 """Aggregation lag: from a step's commit to its memories' commit, under a steady stream.
 
-A producer thread commits steps at a fixed rate, each as the checkpointer commits one
+A producer commits steps at a fixed rate, each as the checkpointer commits one
 (the step's new ``short_term_memory`` documents and its ``checkpoint`` outbox event in one
 transaction through the unit of work; the event contract of docs/checkpointer.md): a user
 message (half of them state a fact, a preference or a name, which the rule extractor
