@@ -671,14 +671,16 @@ class SearchIndexes:
         if coll is None:
             return
         horizon = self.engine.oldest_snapshot()
-        for key, chain in list(coll.versions.items()):
-            ts, doc = chain[-1]
+        for key, doc, ts, has_history in self.engine.latest_documents(state.index.ns):
             for m in state.matrices.values():
                 m.put(key, doc)
-            if ts > horizon or len(chain) > 1:
+            if ts > horizon or has_history:
                 changes.append((ts, key))
 
     # -- commit observer ------------------------------------------------------------------------
+
+    def observes(self, ns: str) -> bool:
+        return ns in self.by_ns
 
     def on_commit(self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]) -> None:
         horizon = self.engine.oldest_snapshot()
