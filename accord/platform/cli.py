@@ -49,6 +49,20 @@ def engine_start(
         callback=_positive,
         help="Seconds after which an open transaction is aborted (mongod: 60).",
     ),
+    snapshot_history_window: float = typer.Option(
+        300.0,
+        "--snapshot-history-window",
+        min=0.0,
+        help="Seconds of history kept for snapshot reads at a past cluster time "
+        "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
+    ),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="Start even though the data files show acknowledged commits were lost (an "
+        "emptied database file, a missing or truncated journal after a crash); the loss "
+        "is accepted.",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
@@ -61,6 +75,8 @@ def engine_start(
             sync=not no_sync,
             ttl_interval=ttl_interval,
             transaction_lifetime=transaction_lifetime,
+            snapshot_history=snapshot_history_window,
+            repair=repair,
         )
         raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
@@ -72,7 +88,11 @@ def engine_start(
         str(ttl_interval),
         "--transaction-lifetime",
         str(transaction_lifetime),
+        "--snapshot-history-window",
+        str(snapshot_history_window),
     ]
+    if repair:
+        options.append("--repair")
     try:
         uri = connection.spawn_engine(
             dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options

@@ -34,10 +34,13 @@ class Pipeline:
         self.reader = reader
         self.collection = collection
 
-    def run(self, docs: list[Doc], pipeline: list[Any]) -> list[Doc]:
+    def run(self, docs: list[Doc], pipeline: list[Any], *, owned: bool = False) -> list[Doc]:
+        """Run ``pipeline`` over ``docs``; ``owned``: the caller hands over fresh documents
+        the stages may change in place (otherwise they are copied first)."""
         if not isinstance(pipeline, list):
             raise EngineError(Code.TypeMismatch, "'pipeline' option must be specified as an array")
-        docs = copy.deepcopy(docs)
+        if not owned:
+            docs = copy.deepcopy(docs)
         for position, stage in enumerate(pipeline):
             if not isinstance(stage, dict) or len(stage) != 1:
                 raise EngineError(

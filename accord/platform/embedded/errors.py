@@ -87,10 +87,12 @@ class Code(IntEnum):
     InterruptedDueToReplStateChange = 11602
     NotPrimaryNoSecondaryOk = 13435
     NotPrimaryOrSecondary = 13436
+    OutOfDiskSpace = 14031
     KeyTooLong = 17280
     # Assertion codes (mongod reports them as Location<code>):
     Location15947 = 15947  # $facet: fields must be specified in an object
     Location15958 = 15958  # $limit / $skip: bad argument
+    Location15975 = 15975  # $sort: key ordering must be 1 or -1
     Location15976 = 15976  # $sort: needs at least one key
     Location15981 = 15981  # $unwind: spec must be a string or an object
     Location16410 = 16410  # field path references must be prefixed with '$' / not start with $

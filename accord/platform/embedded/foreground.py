@@ -24,6 +24,8 @@ def serve(
     sync: bool,
     ttl_interval: float,
     transaction_lifetime: float,
+    snapshot_history: float = 300.0,
+    repair: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -40,6 +42,8 @@ def serve(
         sync=sync,
         ttl_interval=ttl_interval,
         transaction_lifetime=transaction_lifetime,
+        snapshot_history=snapshot_history,
+        repair=repair,
     )
 
     def _stop(signum: int, frame: object) -> None:

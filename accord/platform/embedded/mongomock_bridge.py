@@ -10,6 +10,9 @@ It also patches mongomock's gaps, each checked by an engine test through pymongo
 
 - BSON comparison order across numeric types (incl. Decimal128), used by ``$lt``/``$gt``,
   sorting and ``$min``/``$max``;
+- ``$in``/``$nin`` as a set of BSON sort keys (one hash probe per value, where mongomock
+  scanned the whole list per value), ``$eq``/``$ne`` by BSON equality (``1 != true``,
+  ``1 == Decimal128("1")``, field order counts), see ``bsonkey``;
 - ``$mod``, ``$size`` on non-arrays, ``$type`` aliases ("null", "regex", "timestamp", the
   numeric codes, int vs long by value);
 - expressions: ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
@@ -36,6 +39,7 @@ from mongomock import OperationFailure, filtering
 from mongomock import aggregate as mm_aggregate
 from mongomock import collection as mm_collection
 
+from accord.platform.embedded.bsonkey import InSet, sort_key
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.values import bson_type_name, compare_values
 
@@ -89,6 +93,40 @@ def _now() -> dt.datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+# $in lists compiled to sets, keyed by the list object (filters are evaluated under the
+# engine lock, one query at a time; the entry holds the list so its id stays unique).
+_IN_SETS: dict[int, tuple[Any, InSet]] = {}
+
+
+def _fast_in(doc_val: Any, search_val: Any) -> bool:
+    """mongomock's ``$in``/``$nin`` test with one hash probe per value instead of a scan
+    of the whole list (which made large ``$in`` filters quadratic)."""
+    if not isinstance(search_val, list | tuple):
+        raise OperationFailure("$in needs an array")
+    cached = _IN_SETS.get(id(search_val))
+    if cached is None or cached[0] is not search_val:
+        if len(_IN_SETS) > 256:
+            _IN_SETS.clear()
+        cached = (search_val, InSet(list(search_val)))
+        _IN_SETS[id(search_val)] = cached
+    return cached[1].contains(doc_val, missing=doc_val is filtering.NOTHING)
+
+
+def _bson_eq(doc_val: Any, search_val: Any) -> bool:
+    """BSON equality for ``$eq``/``$ne``: ``1 == 1.0 == Decimal128("1")``, but ``1 != true``
+    and ``{a, b} != {b, a}`` (mongomock used Python's ``==``, which says otherwise)."""
+    if doc_val is filtering.NOTHING:
+        return search_val is None
+    wanted = sort_key(search_val)
+    if sort_key(doc_val) == wanted:
+        return True
+    return (
+        isinstance(doc_val, list)
+        and isinstance(search_val, list)
+        and any(sort_key(v) == wanted for v in doc_val)
+    )
+
+
 def _apply() -> None:
     """Install the fixes into mongomock (idempotent)."""
     global _PATCHED
@@ -98,6 +136,11 @@ def _apply() -> None:
     filtering.bson_compare = _bson_compare
     ops = filtering._filterer_inst._operator_map
     ops["$mod"] = filtering._not_nothing_and(filtering._list_expand(_mod))
+    # $in/$nin by hash probe, $eq/$ne by BSON equality (bsonkey), not Python's ==.
+    filtering._in_op = _fast_in
+    ops["$in"] = _fast_in
+    ops["$eq"] = filtering._list_expand(_bson_eq)
+    ops["$ne"] = filtering._list_expand(lambda dv, sv: not _bson_eq(dv, sv), negative=True)
     ops["$size"] = _size
     for name, fn in filtering.SORTING_OPERATOR_MAP.items():
         ops[name] = filtering._not_nothing_and(

@@ -26,6 +26,47 @@ from accord.platform.embedded.paths import MISSING
 from accord.platform.embedded.positional import positional_index
 from accord.platform.embedded.values import compare_values
 
+_NORMALISED: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _normalise(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with plain equality on scalars and documents as ``$eq`` (so it gets BSON
+    equality); arrays and regexes keep their own matching rules."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [_normalise(v) if isinstance(v, dict) else v for v in value]
+        elif key.startswith("$"):
+            out[key] = value
+        elif isinstance(value, dict) and value and all(k.startswith("$") for k in value):
+            out[key] = {
+                op: _normalise(arg)
+                if op == "$elemMatch"
+                and isinstance(arg, dict)
+                and arg
+                and not next(iter(arg)).startswith("$")
+                else arg
+                for op, arg in value.items()
+            }
+        elif isinstance(value, list | re.Pattern | Regex) or (
+            isinstance(value, dict) and any(k.startswith("$") for k in value)
+        ):
+            out[key] = value
+        else:
+            out[key] = {"$eq": value}
+    return out
+
+
+def _normalised(spec: dict[str, Any]) -> dict[str, Any]:
+    cached = _NORMALISED.get(id(spec))
+    if cached is None or cached[0] is not spec:
+        if len(_NORMALISED) > 256:
+            _NORMALISED.clear()
+        cached = (spec, _normalise(spec))
+        _NORMALISED[id(spec)] = cached
+    return cached[1]
+
+
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
     "$exists", "$type", "$regex", "$options", "$elemMatch", "$size", "$all", "$mod", "$expr",
@@ -60,14 +101,14 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
     try:
-        return mongomock_bridge.filter_applies(spec, doc)
+        return mongomock_bridge.filter_applies(_normalised(spec), doc)
     except EngineError:
         raise
     except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
         raise bad_value(f"cannot evaluate filter: {exc}") from exc
 
 
-def _sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
+def sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
     """The value mongod sorts ``doc`` by: an array sorts by its smallest element
     ascending and its largest descending; a missing field sorts as null."""
     values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not MISSING]
@@ -114,7 +155,7 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
             if direction < 0:
                 docs = list(reversed(docs))
             continue
-        keyed = [(_sort_value(d, key, direction), d) for d in docs]
+        keyed = [(sort_value(d, key, direction), d) for d in docs]
         kinds = {_native_kind(v) for v, _ in keyed}
         if len(kinds) == 1 and None not in kinds:
             # One native type (all strings, or all non-bool numbers): Python's order is BSON's.

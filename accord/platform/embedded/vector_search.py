@@ -930,17 +930,27 @@ class SearchIndexes:
         if coll is None:
             return
         horizon = self.engine.oldest_snapshot()
+<<<<<<< HEAD
         latest = []
         for key, chain in coll.versions.items():
             ts, doc = chain[-1]
             latest.append((key, doc))
             if ts > horizon or len(chain) > 1:
+=======
+        for key, doc, ts, has_history in self.engine.latest_documents(state.index.ns):
+            for m in state.matrices.values():
+                m.put(key, doc)
+            if ts > horizon or has_history:
+>>>>>>> main
                 changes.append((ts, key))
         for m in state.matrices.values():
             m.load(latest)
         self.build_seconds[(state.index.ns, state.index.name)] = time.perf_counter() - started
 
     # -- commit observer ------------------------------------------------------------------------
+
+    def observes(self, ns: str) -> bool:
+        return ns in self.by_ns
 
     def on_commit(self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]) -> None:
         horizon = self.engine.oldest_snapshot()

@@ -6,7 +6,7 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, read, search, write
+from accord.platform.embedded.commands import admin, catalog, explain, read, search, write
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -29,6 +29,7 @@ __all__ = [
     "admin",
     "catalog",
     "check_db_name",
+    "explain",
     "read",
     "search",
     "write",

@@ -62,6 +62,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
         "host": "localhost", "version": SERVER_VERSION, "process": "accord-engine",
         "localTime": dt.datetime.now(dt.UTC).replace(tzinfo=None),
         "transactions": {"currentOpen": sum(1 for t in ctx.engine.active.values() if t.explicit)},
+        "accordEngine": ctx.engine.status(),
         "ok": 1.0,
     }  # fmt: skip
 
@@ -69,7 +70,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
 @command("dbStats")
 def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
     colls = ctx.engine.collections_in(ctx.db)
-    objects = sum(len(c.versions) for c in colls)
+    objects = sum(c.count_visible(ctx.txn.snapshot) for c in colls)
     return {"db": ctx.db, "collections": len(colls), "objects": objects, "ok": 1.0}
 
 

@@ -40,11 +40,10 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
         )
     }
     _check_validation_options(options)
-    if ctx.engine.get_collection(ns) is not None:
+    if ctx.engine.get_collection(ns, ctx.txn) is not None:
         raise EngineError(Code.NamespaceExists, f"Collection {ns} already exists.")
-    ctx.engine.create_collection(ns, options)
-    if ctx.in_transaction:
-        ctx.txn.created.append(ns)  # rolled back if the transaction aborts, as in mongod
+    # In a transaction the collection is the transaction's until it commits, as in mongod.
+    ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
     return {"ok": 1.0}
 
 
@@ -158,7 +157,19 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
     specs = opt_list(cmd, "indexes")
     if not specs:
         raise bad_value("Must specify at least one index to create")
-    created_coll = ctx.engine.get_collection(ns) is None
+    existing_coll = ctx.engine.get_collection(ns, ctx.txn)
+    created_coll = existing_coll is None
+    if (
+        ctx.in_transaction
+        and existing_coll is not None
+        and existing_coll.pending_owner is not ctx.txn
+    ):
+        raise EngineError(
+            Code.OperationNotSupportedInTransaction,
+            f"Cannot create new indexes on existing collection {ns} in a multi-document "
+            "transaction: create the collection in the same transaction, or create the index "
+            "outside it",
+        )
     coll = write_collection(ctx, ns)
     before = len(coll.indexes)
     new_specs = []
@@ -297,8 +308,7 @@ def cmd_drop_indexes(ctx: Context, cmd: Doc) -> Doc:
         if name not in coll.indexes:
             raise EngineError(Code.IndexNotFound, f"index not found with name [{name}]")
     for name in names:
-        coll.indexes.pop(name)
-        coll.unique_maps.pop(name, None)
+        coll.drop_index(name)
     ctx.engine.save_catalog(coll)
     return {"nIndexesWas": before, "ok": 1.0}
 
@@ -308,7 +318,7 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
     filt = opt_doc(cmd, "filter")
     name_only = opt_bool(cmd, "nameOnly")
     out = []
-    for coll in ctx.engine.collections_in(ctx.db):
+    for coll in ctx.engine.collections_in(ctx.db, ctx.txn):
         info: Doc = {"name": coll.name, "type": "collection"}
         if not name_only:
             info.update(

@@ -10,7 +10,7 @@ from typing import Any
 import bson
 from bson import ObjectId
 
-from accord.platform.embedded import query, update, validation
+from accord.platform.embedded import planner, query, update, validation
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
@@ -23,7 +23,7 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.commands.read import visible_docs
+from accord.platform.embedded.commands.read import find_hits
 from accord.platform.embedded.engine import Collection, duplicate_key
 from accord.platform.embedded.errors import (
     Code,
@@ -117,13 +117,10 @@ def replace_one(
 
 
 def write_collection(ctx: Context, ns: str) -> Collection:
-    """The collection a write goes to, created implicitly as mongod does."""
-    coll = ctx.engine.get_collection(ns)
-    if coll is None:
-        coll = ctx.engine.create_collection(ns)
-        if ctx.in_transaction:
-            ctx.txn.created.append(ns)  # dropped again if the transaction aborts
-    return coll
+    """The collection a write goes to, created implicitly as mongod does (by the command's
+    transaction: durable with its commit, gone if it aborts inside a multi-document
+    transaction)."""
+    return ctx.engine.ensure_collection(ns, ctx.txn)
 
 
 @command("insert")
@@ -177,12 +174,10 @@ def with_write_errors(reply: Doc, errors: list[Doc]) -> Doc:
 def _pick(
     ctx: Context, ns: str, filt: Doc, multi: bool, sort: Doc | None
 ) -> list[tuple[bytes, Doc]]:
-    found = visible_docs(ctx, ns, filt)
     if sort:
-        order = query.sort_docs([d for _, d in found], sort)
-        by_id = {id(d): (k, d) for k, d in found}
-        found = [by_id[id(d)] for d in order]
-    return found if multi else found[:1]
+        planner.check_sort(sort)
+    run = find_hits(ctx, ns, filt, sort=sort, limit=0 if multi else 1)
+    return [(h.key, h.doc) for h in run.hits]
 
 
 def update_docs(
@@ -256,7 +251,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "delete")
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
-    coll = ctx.engine.get_collection(ns)
+    coll = ctx.engine.get_collection(ns, ctx.txn)
     n = 0
 
     def apply(i: int, st: Any) -> None:
@@ -373,7 +368,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                     res["upserted"] = {"_id": up_id}
             else:
                 filt = opt_doc(op, "filter")
-                coll = ctx.engine.get_collection(ns)
+                coll = ctx.engine.get_collection(ns, ctx.txn)
                 n = 0
                 if coll is not None:
                     for key, _ in _pick(ctx, ns, filt, opt_bool(op, "multi"), None):
