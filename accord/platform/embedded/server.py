@@ -177,11 +177,6 @@ class EmbeddedServer:
                 f"{self.dbpath} is in use by another accord engine (lock file {LOCK_FILE}); "
                 "stop it first or pick another --dbpath"
             ) from None
-<<<<<<< HEAD
-        self.engine = Engine(self.dbpath, sync=self.sync)
-        # Vector search matrices are built now, not on the first search after a start.
-        vector_search.open_at_startup(self.engine)
-=======
         # A clean shutdown empties the lock file; anything in it means the last one was not.
         unclean = bool(os.pread(self._lock_fd, 100, 0).strip())
         try:
@@ -193,7 +188,8 @@ class EmbeddedServer:
             os.close(self._lock_fd)  # leave the lock file's content: still unclean
             self._lock_fd = None
             raise
->>>>>>> main
+        # Vector search matrices are built now, not on the first search after a start.
+        vector_search.open_at_startup(self.engine)
         self.dispatcher = Dispatcher(
             self.engine, self.hello, txn_lifetime=self.transaction_lifetime
         )

@@ -930,18 +930,10 @@ class SearchIndexes:
         if coll is None:
             return
         horizon = self.engine.oldest_snapshot()
-<<<<<<< HEAD
         latest = []
-        for key, chain in coll.versions.items():
-            ts, doc = chain[-1]
-            latest.append((key, doc))
-            if ts > horizon or len(chain) > 1:
-=======
         for key, doc, ts, has_history in self.engine.latest_documents(state.index.ns):
-            for m in state.matrices.values():
-                m.put(key, doc)
+            latest.append((key, doc))
             if ts > horizon or has_history:
->>>>>>> main
                 changes.append((ts, key))
         for m in state.matrices.values():
             m.load(latest)
