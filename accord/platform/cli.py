@@ -49,11 +49,6 @@ def engine_start(
         callback=_positive,
         help="Seconds after which an open transaction is aborted (mongod: 60).",
     ),
-    enable_test_commands: bool = typer.Option(
-        False,
-        "--enable-test-commands",
-        help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
-    ),
     snapshot_history_window: float = typer.Option(
         300.0,
         "--snapshot-history-window",
@@ -68,6 +63,11 @@ def engine_start(
         "emptied database file, a missing or truncated journal after a crash); the loss "
         "is accepted.",
     ),
+    enable_test_commands: bool = typer.Option(
+        False,
+        "--enable-test-commands",
+        help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
@@ -80,9 +80,9 @@ def engine_start(
             sync=not no_sync,
             ttl_interval=ttl_interval,
             transaction_lifetime=transaction_lifetime,
-            enable_test_commands=enable_test_commands,
             snapshot_history=snapshot_history_window,
             repair=repair,
+            enable_test_commands=enable_test_commands,
         )
         raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
@@ -99,6 +99,8 @@ def engine_start(
     ]
     if repair:
         options.append("--repair")
+    if enable_test_commands:
+        options.append("--enable-test-commands")
     try:
         uri = connection.spawn_engine(
             dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options

@@ -24,9 +24,9 @@ def serve(
     sync: bool,
     ttl_interval: float,
     transaction_lifetime: float,
-    enable_test_commands: bool = False,
     snapshot_history: float = 300.0,
     repair: bool = False,
+    enable_test_commands: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -43,9 +43,9 @@ def serve(
         sync=sync,
         ttl_interval=ttl_interval,
         transaction_lifetime=transaction_lifetime,
-        enable_test_commands=enable_test_commands,
         snapshot_history=snapshot_history,
         repair=repair,
+        enable_test_commands=enable_test_commands,
     )
 
     def _stop(signum: int, frame: object) -> None:

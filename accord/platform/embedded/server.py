@@ -22,7 +22,7 @@ from typing import Any
 import bson
 
 from accord.errors import DataDirLockedError, EngineStartError
-from accord.platform.embedded import wire
+from accord.platform.embedded import vector_search, wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Connection, Dispatcher
@@ -128,9 +128,9 @@ class EmbeddedServer:
         sync: bool = True,
         ttl_interval: float = 60.0,
         transaction_lifetime: float = 60.0,
-        enable_test_commands: bool = False,
         snapshot_history: float = HISTORY_WINDOW_S,
         repair: bool = False,
+        enable_test_commands: bool = False,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.snapshot_history = snapshot_history
@@ -199,6 +199,8 @@ class EmbeddedServer:
             os.close(self._lock_fd)  # leave the lock file's content: still unclean
             self._lock_fd = None
             raise
+        # Vector search matrices are built now, not on the first search after a start.
+        vector_search.open_at_startup(self.engine)
         self.dispatcher = Dispatcher(
             self.engine,
             self.hello,

@@ -12,7 +12,6 @@ from accord.platform.embedded.commands.base import (
     Doc,
     command,
 )
-from accord.platform.embedded.engine import TXN_LIFETIME_LIMIT_S
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
@@ -85,33 +84,32 @@ def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
     known: Doc = {
         "featureCompatibilityVersion": {"version": "8.0"},
         "enableTestCommands": ctx.test_commands,
-        "transactionLifetimeLimitSeconds": int(TXN_LIFETIME_LIMIT_S),
     }
     if cmd.get("getParameter") == "*":
         return {**known, "ok": 1.0}
-    wanted = [k for k in cmd if k != "getParameter" and not k.startswith("$") and k not in GENERIC]
-    if not wanted:
-        return {**known, "ok": 1.0}
+    wanted = [k for k in cmd if k != "getParameter" and k not in GENERIC_FIELDS]
     unknown = [k for k in wanted if k not in known]
     if unknown:
         raise EngineError(Code.InvalidOptions, f"no option found to get: {unknown[0]}")
-    return {**{k: known[k] for k in wanted}, "ok": 1.0}
+    return {**{k: known[k] for k in wanted or known}, "ok": 1.0}
 
 
-GENERIC = {"lsid", "comment", "$db", "$clusterTime", "$readPreference", "apiVersion"}
+# Generic command arguments that getParameter must not take for parameter names.
+GENERIC_FIELDS = {"lsid", "comment", "$db", "$clusterTime", "$readPreference", "apiVersion"}
 
 
 @command("getCmdLineOpts")
 def cmd_get_cmd_line_opts(ctx: Context, cmd: Doc) -> Doc:
+    """The options the engine runs with, in mongod's shape (drivers' test runners read it)."""
     if ctx.db != "admin":
         raise EngineError(
             Code.Unauthorized, "getCmdLineOpts may only be run against the admin database."
         )
-    parsed: Doc = {}
     argv = ["accord-engine"]
+    parsed: Doc = {}
     if ctx.test_commands:
-        parsed["setParameter"] = {"enableTestCommands": "1"}
         argv.append("--enable-test-commands")
+        parsed["setParameter"] = {"enableTestCommands": "1"}
     return {"argv": argv, "parsed": parsed, "ok": 1.0}
 
 

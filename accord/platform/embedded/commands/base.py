@@ -49,8 +49,9 @@ def writes_output(name: str, cmd: Doc) -> bool:
 
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
-# Test commands: served only when the engine runs with --enable-test-commands.
-TEST_COMMANDS = {"configureFailPoint"}
+# Test commands (commands/testing.py): served only when the engine runs with
+# --enable-test-commands; CommandNotFound otherwise, as in mongod.
+TEST_COMMANDS: set[str] = set()
 # Commands allowed inside a multi-document transaction (as in mongod).
 TXN_COMMANDS = {
     "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
