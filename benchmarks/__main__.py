@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import (
+    aggregation_lag,
     checkpointer,
     engine_commits,
     engine_group_commit,
@@ -29,6 +30,7 @@ SUITES = [
     engine_scale.report,
     checkpointer.report,
     vector_search.report,
+    aggregation_lag.report,
 ]
 
 
