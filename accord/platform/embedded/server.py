@@ -21,7 +21,7 @@ from typing import Any
 import bson
 
 from accord.errors import DataDirLockedError, EngineStartError
-from accord.platform.embedded import wire
+from accord.platform.embedded import vector_search, wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Dispatcher
@@ -188,6 +188,8 @@ class EmbeddedServer:
             os.close(self._lock_fd)  # leave the lock file's content: still unclean
             self._lock_fd = None
             raise
+        # Vector search matrices are built now, not on the first search after a start.
+        vector_search.open_at_startup(self.engine)
         self.dispatcher = Dispatcher(
             self.engine, self.hello, txn_lifetime=self.transaction_lifetime
         )
