@@ -3,8 +3,11 @@
 N memories (256-dimension unit vectors, BinData float32 as the memory service stores
 them, two tenants) behind a ``vectorSearch`` index; each query is the memory service's
 shape: ``$vectorSearch`` with a tenant pre-filter, limit 10, numCandidates 100, through
-pymongo. The baseline is numpy alone on an in-process matrix (mask the tenant's rows, dot
-product, argpartition): the floor any implementation pays for an exact search. Run alone:
+pymongo. The baseline is numpy alone on an in-process contiguous float32 matrix (tenant
+mask, one matrix-vector product, masked rows out, argpartition): the floor any exact
+search pays, without a server, a wire protocol or documents. Also measured: building the
+index over the loaded documents, and restarting the engine on the same data (start-up
+builds the matrices; its vector part is reported on its own). Run alone:
 ``python -m benchmarks.vector_search [N ...]``.
 """
 
@@ -21,7 +24,7 @@ from bson.binary import Binary, BinaryVectorDtype
 from pymongo import MongoClient
 from pymongo.operations import SearchIndexModel
 
-from accord.platform.embedded import EmbeddedServer
+from accord.platform.embedded import EmbeddedServer, vector_search
 
 DIMS = 256
 QUERIES = 200
@@ -75,22 +78,42 @@ def run(n: int) -> dict[str, Any]:
                 top = rows[np.argsort(-scores)[:10]]
                 agree += [d["_id"] for d in got] == top.tolist()
             numpy_ms = []
+            matrix = np.ascontiguousarray(vectors)
             for q in queries:
                 t0 = time.perf_counter()
                 mask = tenants == 0
-                rows = np.flatnonzero(mask)
-                scores = vectors[rows] @ q
+                scores = matrix @ q
+                scores[~mask] = -np.inf
                 top = np.argpartition(-scores, 10)[:10]
-                _ = rows[top[np.argsort(-scores[top])]]
+                _ = top[np.argsort(-scores[top])]
                 numpy_ms.append((time.perf_counter() - t0) * 1000)
             client.close()
+        finally:
+            server.stop()
+        # Restart on the same data: the engine loads its documents and builds the matrix.
+        t0 = time.perf_counter()
+        server = EmbeddedServer(dbpath=d, port=0, sync=False)
+        server.start()
+        try:
+            startup_s = time.perf_counter() - t0
+            client = MongoClient(server.uri)
+            t0 = time.perf_counter()
+            list(client.bench.long_term_memory.aggregate([{"$vectorSearch": {
+                "index": "vi", "path": "embedding", "queryVector": queries[0].tolist(),
+                "numCandidates": 100, "limit": 10, "filter": {"tenant_id": "t0"}}}]))  # fmt: skip
+            first_ms = (time.perf_counter() - t0) * 1000
+            client.close()
+            with server.engine.lock:  # what start-up spent building the matrix (if it did)
+                built = getattr(vector_search.manager(server.engine), "build_seconds", {})
+            startup_build_s = sum(built.values())
         finally:
             server.stop()
     return {
         "n": n, "load_s": load_s, "build_s": build_s,
         "engine_p50": statistics.median(engine_ms), "engine_p95": _pct(engine_ms, 95),
         "numpy_p50": statistics.median(numpy_ms), "numpy_p95": _pct(numpy_ms, 95),
-        "agree": agree / len(queries),
+        "agree": agree / len(queries), "startup_s": startup_s,
+        "startup_build_s": startup_build_s, "first_ms": first_ms,
     }  # fmt: skip
 
 
@@ -99,12 +122,16 @@ def report(sizes: tuple[int, ...] = SIZES) -> str:
         "## $vectorSearch (embedded engine) vs exact numpy",
         "",
         f"{DIMS}-dimension vectors, 2 tenants, tenant pre-filter, limit 10, numCandidates 100, "
-        f"{QUERIES} queries through pymongo; baseline: numpy in-process on the same vectors. "
-        "Target: p95 <= 50 ms at 100k memories.",
+        f"{QUERIES} queries through pymongo; baseline: numpy in-process on the same vectors "
+        "(contiguous float32 matrix, mask, argpartition). Target: p95 <= 50 ms at 100k "
+        "memories. Index build: `create_search_index` over the loaded documents; restart: "
+        "engine start on the same data (documents loaded, matrix built: its part in "
+        "brackets), then the first query.",
         "",
         "| memories | $vectorSearch p50 ms | p95 ms | numpy p50 ms | p95 ms | p95 ratio | "
-        "same top 10 as exact | index build s | load s |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "same top 10 as exact | index build s | restart s (matrix) | first query ms | "
+        "load s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n in sizes:
         r = run(n)
@@ -112,7 +139,8 @@ def report(sizes: tuple[int, ...] = SIZES) -> str:
             f"| {r['n']:,} | {r['engine_p50']:.1f} | {r['engine_p95']:.1f} | "
             f"{r['numpy_p50']:.1f} | {r['numpy_p95']:.1f} | "
             f"{r['engine_p95'] / r['numpy_p95']:.1f}x | {r['agree']:.0%} | "
-            f"{r['build_s']:.2f} | {r['load_s']:.1f} |"
+            f"{r['build_s']:.2f} | {r['startup_s']:.2f} ({r['startup_build_s']:.2f}) | "
+            f"{r['first_ms']:.1f} | {r['load_s']:.1f} |"
         )
     lines.append("")
     return "\n".join(lines)

@@ -60,3 +60,25 @@ QUESTIONS = [
     ("chen", "best time to call her mobile", ["phone"]),
     ("chen", "what book is she reading", ["book"]),
 ]
+
+#: The same memories asked about in other words: no content word of the question is in the
+#: memory's text (a lexical embedder has only stop words and trigrams to go on). Written
+#: before any embedder was measured on them.
+PARAPHRASES = [
+    ("ana", "what hot beverage does she choose at breakfast", ["tea"]),
+    ("ana", "which nuts must her meals never contain", ["allergy"]),
+    ("ana", "what is her profession", ["job"]),
+    ("ana", "what kind of pet does she own", ["dog"]),
+    ("ana", "is she allowed to eat a steak", ["diet"]),
+    ("ana", "what genres of songs does she enjoy", ["music"]),
+    ("ben", "what does he do for a living", ["job"]),
+    ("ben", "how many children does he have", ["kids"]),
+    ("ben", "what vehicle does he drive", ["car"]),
+    ("ben", "is he bothered by any pets", ["allergy"]),
+    ("ben", "where is he going for a winter holiday in the mountains", ["vacation"]),
+    ("chen", "what is her occupation", ["job"]),
+    ("chen", "how does she get around town", ["city"]),
+    ("chen", "which flowers does she grow", ["plant"]),
+    ("chen", "what day was she born", ["birthday"]),
+    ("chen", "which strategy game is she into", ["hobby"]),
+]

@@ -64,7 +64,9 @@ def _embedder_for(index: IndexConfig | None) -> Any:
     embed = index.get("embed")
     if embed is None:
         return None
-    if isinstance(embed, str) and (embed.startswith("voyage:") or embed == "hashing"):
+    if isinstance(embed, str) and (
+        embed.startswith(("voyage:", "local:")) or embed in ("hashing", "local")
+    ):
         return embed
     return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
 
