@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test test-local lint bench bench-full generate clean
+.PHONY: demo test test-local lint bench bench-full generate langgraph-suite spec clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ bench: $(STAMP)
 # The engine-scale benchmark at 500,000 documents too (about half an hour).
 bench-full: $(STAMP)
 	$(BIN)/python -m benchmarks --full
+
+# The external contract suites (docs/external-suites.md); `make test` runs both as well.
+# ARGS passes options, e.g. make spec ARGS="--suites crud -k insert".
+langgraph-suite: $(STAMP)
+	$(BIN)/python -m tests.external.langgraph_suite $(ARGS)
+
+spec: $(STAMP)
+	$(BIN)/python -m tests.external.pymongo_spec $(ARGS)
 
 clean:
 	rm -rf $(VENV) .accord .pytest_cache

@@ -63,6 +63,11 @@ def engine_start(
         "emptied database file, a missing or truncated journal after a crash); the loss "
         "is accepted.",
     ),
+    enable_test_commands: bool = typer.Option(
+        False,
+        "--enable-test-commands",
+        help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
@@ -77,6 +82,7 @@ def engine_start(
             transaction_lifetime=transaction_lifetime,
             snapshot_history=snapshot_history_window,
             repair=repair,
+            enable_test_commands=enable_test_commands,
         )
         raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
@@ -93,6 +99,8 @@ def engine_start(
     ]
     if repair:
         options.append("--repair")
+    if enable_test_commands:
+        options.append("--enable-test-commands")
     try:
         uri = connection.spawn_engine(
             dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options

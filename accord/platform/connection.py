@@ -56,8 +56,13 @@ def ensure_engine(
     *,
     sync: bool | None = None,
     timeout: float | None = None,
+    enable_test_commands: bool = False,
 ) -> str:
-    """Start (or find) the embedded engine for ``data_dir`` and return its URI."""
+    """Start (or find) the embedded engine for ``data_dir`` and return its URI.
+
+    ``enable_test_commands`` starts it with ``--enable-test-commands`` (drivers' spec tests;
+    never for production). An engine already serving ``data_dir`` is returned as it runs.
+    """
     settings = Settings()
     directory = Path(data_dir or settings.data_dir).resolve()
     timeout = timeout or settings.engine_start_timeout
@@ -65,7 +70,14 @@ def ensure_engine(
     found = read_lock(directory)
     if found:
         return engine_uri(found[1])
-    return spawn_engine(directory, port=0, host="127.0.0.1", sync=sync, timeout=timeout)
+    return spawn_engine(
+        directory,
+        port=0,
+        host="127.0.0.1",
+        sync=sync,
+        timeout=timeout,
+        enable_test_commands=enable_test_commands,
+    )
 
 
 def spawn_engine(
@@ -76,6 +88,7 @@ def spawn_engine(
     sync: bool,
     timeout: float,
     options: Sequence[str] = (),
+    enable_test_commands: bool = False,
 ) -> str:
     """Start an engine process for ``directory`` in its own session; return its URI.
 
@@ -90,6 +103,8 @@ def spawn_engine(
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
     cmd += list(options)
+    if enable_test_commands and "--enable-test-commands" not in cmd:
+        cmd.append("--enable-test-commands")
     with open(directory / ENGINE_LOG, "ab") as log:
         proc = subprocess.Popen(
             cmd,

@@ -108,6 +108,25 @@ def test_events_without_messages_are_completed(
     assert memories(client, db_name) == {}
 
 
+@pytest.mark.embedded_only  # MongoDB's TTL monitor runs every 60 s
+def test_done_events_are_removed_by_retention(
+    client: MongoClient, db_name: str, uow: UnitOfWork
+) -> None:
+    """The outbox's TTL index deletes done events once their retention has passed (the
+    test engine's TTL monitor runs every second)."""
+    import time
+
+    agg = make(client, db_name, retention=1 / 86400)  # one second
+    commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I like tea.")])
+    commit_step(uow, db_name, "acme", "t1", "c2", [], kind="writes")
+    assert agg.drain() == 2
+    deadline = time.monotonic() + 20
+    while client[db_name].outbox.count_documents({}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client[db_name].outbox.count_documents({}) == 0
+    assert memories(client, db_name)  # the memories stay
+
+
 def test_replayed_statements_make_no_new_version(
     client: MongoClient, db_name: str, uow: UnitOfWork
 ) -> None:

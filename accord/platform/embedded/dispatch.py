@@ -19,7 +19,13 @@ import bson
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded import commands
-from accord.platform.embedded.commands import COMMANDS, TXN_COMMANDS, WRITE_COMMANDS, Context
+from accord.platform.embedded.commands import (
+    COMMANDS,
+    TEST_COMMANDS,
+    TXN_COMMANDS,
+    WRITE_COMMANDS,
+    Context,
+)
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import (
     SESSION_TIMEOUT_MINUTES,
@@ -79,12 +85,15 @@ class Dispatcher:
         hello: Callable[[Doc], Doc],
         *,
         txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
+        test_commands: bool = False,
     ) -> None:
         self.engine = engine
         # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
         self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
         self.hello = hello
+        # mongod's enableTestCommands: the TEST_COMMANDS are served only when it is set.
+        self.test_commands = test_commands
 
     def execute(self, cmd: Doc) -> Doc:
         call = _Call()
@@ -116,7 +125,7 @@ class Dispatcher:
             raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
         handler = COMMANDS.get(name)
-        if handler is None:
+        if handler is None or (name in TEST_COMMANDS and not self.test_commands):
             raise EngineError(Code.CommandNotFound, f"no such command: '{name}'")
         db = cmd.get("$db")
         if db is None:
@@ -212,6 +221,7 @@ class Dispatcher:
         return Context(
             engine=self.engine, cursors=self.cursors, db=db, txn=txn, in_transaction=in_txn,
             session_key=session.key if session else None, hello=self.hello,
+            test_commands=self.test_commands,
         )  # fmt: skip
 
     # -- autocommit writes ------------------------------------------------------------------

@@ -26,6 +26,7 @@ def serve(
     transaction_lifetime: float,
     snapshot_history: float = 300.0,
     repair: bool = False,
+    enable_test_commands: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -44,6 +45,7 @@ def serve(
         transaction_lifetime=transaction_lifetime,
         snapshot_history=snapshot_history,
         repair=repair,
+        enable_test_commands=enable_test_commands,
     )
 
     def _stop(signum: int, frame: object) -> None:

@@ -124,6 +124,7 @@ class EmbeddedServer:
         transaction_lifetime: float = 60.0,
         snapshot_history: float = HISTORY_WINDOW_S,
         repair: bool = False,
+        enable_test_commands: bool = False,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.snapshot_history = snapshot_history
@@ -135,6 +136,7 @@ class EmbeddedServer:
         self.sync = sync
         self.ttl_interval = ttl_interval
         self.transaction_lifetime = transaction_lifetime
+        self.enable_test_commands = enable_test_commands
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
@@ -191,7 +193,10 @@ class EmbeddedServer:
         # Vector search matrices are built now, not on the first search after a start.
         vector_search.open_at_startup(self.engine)
         self.dispatcher = Dispatcher(
-            self.engine, self.hello, txn_lifetime=self.transaction_lifetime
+            self.engine,
+            self.hello,
+            txn_lifetime=self.transaction_lifetime,
+            test_commands=self.enable_test_commands,
         )
         try:
             self._tcp = _TCPServer(

@@ -53,7 +53,37 @@ def cmd_whatsmyuri(ctx: Context, cmd: Doc) -> Doc:
 
 @command("getParameter")
 def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
-    return {"featureCompatibilityVersion": {"version": "8.0"}, "ok": 1.0}
+    """``getParameter: "*"`` answers every parameter; otherwise the ones named with a value."""
+    known: Doc = {
+        "featureCompatibilityVersion": {"version": "8.0"},
+        "enableTestCommands": ctx.test_commands,
+    }
+    if cmd.get("getParameter") == "*":
+        return {**known, "ok": 1.0}
+    wanted = [k for k in cmd if k != "getParameter" and k not in GENERIC_FIELDS]
+    unknown = [k for k in wanted if k not in known]
+    if unknown:
+        raise EngineError(Code.InvalidOptions, f"no option found to get: {unknown[0]}")
+    return {**{k: known[k] for k in wanted or known}, "ok": 1.0}
+
+
+# Generic command arguments that getParameter must not take for parameter names.
+GENERIC_FIELDS = {"lsid", "comment", "$db", "$clusterTime", "$readPreference", "apiVersion"}
+
+
+@command("getCmdLineOpts")
+def cmd_get_cmd_line_opts(ctx: Context, cmd: Doc) -> Doc:
+    """The options the engine runs with, in mongod's shape (drivers' test runners read it)."""
+    if ctx.db != "admin":
+        raise EngineError(
+            Code.Unauthorized, "getCmdLineOpts may only be run against the admin database."
+        )
+    argv = ["accord-engine"]
+    parsed: Doc = {}
+    if ctx.test_commands:
+        argv.append("--enable-test-commands")
+        parsed["setParameter"] = {"enableTestCommands": "1"}
+    return {"argv": argv, "parsed": parsed, "ok": 1.0}
 
 
 @command("serverStatus")

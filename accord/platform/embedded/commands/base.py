@@ -25,12 +25,17 @@ class Context:
     in_transaction: bool
     session_key: bytes | None
     hello: Callable[[Doc], Doc]
+    # Whether the engine serves TEST_COMMANDS (--enable-test-commands).
+    test_commands: bool = False
 
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
+# Test commands (commands/testing.py): served only when the engine runs with
+# --enable-test-commands; CommandNotFound otherwise, as in mongod.
+TEST_COMMANDS: set[str] = set()
 # Commands allowed inside a multi-document transaction (as in mongod).
 TXN_COMMANDS = {
     "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
