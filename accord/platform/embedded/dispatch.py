@@ -19,7 +19,7 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from accord.platform.embedded import collation, commands
+from accord.platform.embedded import collation, commands, limits
 from accord.platform.embedded.commands import (
     COMMANDS,
     TEST_COMMANDS,
@@ -210,8 +210,11 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.locked(name), collation.active(self._collation(db, name, cmd)):
-            reply = self._run(name, handler, db, cmd, call)
+        # maxTimeMS counts from here: waiting for the engine lock is part of the command.
+        with limits.time_limit(cmd.get("maxTimeMS")), self.engine.locked(name):
+            limits.check()
+            with collation.active(self._collation(db, name, cmd)):
+                reply = self._run(name, handler, db, cmd, call)
         if call.ticket is not None:
             # Acknowledge only once durable; the lock is free for others meanwhile.
             self.engine.wait_durable(call.ticket)

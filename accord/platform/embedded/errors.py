@@ -124,6 +124,7 @@ class Code(IntEnum):
     Location40601 = 40601  # stage only valid as the last stage of a pipeline
     Location40602 = 40602  # stage only valid as the first stage of a pipeline
     Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51156 = 51156  # error executing a regular expression (mongod: PCRE's match limit)
     Location51183 = 51183  # $merge 'on' fields need a unique index
     Location51185 = 51185  # $merge 'on' field missing, repeated or an array
     Location51091 = 51091  # invalid regular expression

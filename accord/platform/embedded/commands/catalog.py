@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
+
+from bson.regex import Regex
 
 from accord.platform.embedded import collation, query, validation
 from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
+    check_db_name,
     coll_name,
     command,
     ns_of,
@@ -152,6 +156,12 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         or "." not in target
     ):
         raise bad_value("renameCollection needs 'db.collection' source and 'to'")
+    for ns in (source, target):  # the names create would accept, nothing else
+        db_part, coll_part = ns.split(".", 1)
+        check_db_name(db_part)
+        coll_name({"renameCollection": coll_part}, "renameCollection")
+    if views.is_view(ctx.engine.get_collection(source)):
+        raise EngineError(Code.CommandNotSupportedOnView, f"cannot rename the view {source}")
     if ctx.engine.get_collection(source) is None:
         raise EngineError(Code.NamespaceNotFound, f"Source collection {source} does not exist")
     if ctx.engine.get_collection(target) is not None:
@@ -160,6 +170,57 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         ctx.engine.drop_collection(target)
     ctx.engine.rename_collection(source, target)
     return {"ok": 1.0}
+
+
+# What MongoDB allows in a partialFilterExpression (its "partial index" expression subset).
+_PARTIAL_OPERATORS = {"$eq", "$gt", "$gte", "$lt", "$lte", "$type", "$exists", "$in"}
+
+
+def _unsupported_partial(what: str) -> EngineError:
+    return EngineError(
+        Code.CannotCreateIndex,
+        f"Error in specification: partialFilterExpression: Expression not supported in "
+        f"partial index: {what}; a partial index filter may use equality, $exists: true, "
+        "$gt, $gte, $lt, $lte, $type, $in, $and and $or",
+    )
+
+
+def _check_partial_filter(expr: Any, depth: int = 0) -> None:
+    """Refuse partial filters MongoDB refuses ($where, $expr, $regex, $not, ...), so every
+    filter an index keeps can be evaluated on every later insert."""
+    if not isinstance(expr, dict):
+        raise EngineError(Code.TypeMismatch, "partialFilterExpression must be an object")
+    if depth == 0:
+        query.check_filter(expr)
+    for key, value in expr.items():
+        if key in ("$and", "$or"):
+            if not isinstance(value, list) or not value or depth >= 4:
+                raise _unsupported_partial(key)
+            for sub in value:
+                _check_partial_filter(sub, depth + 1)
+        elif key.startswith("$"):
+            raise _unsupported_partial(key)
+        elif isinstance(value, dict) and value and next(iter(value)).startswith("$"):
+            for op, arg in value.items():
+                if op not in _PARTIAL_OPERATORS:
+                    raise _unsupported_partial(op)
+                if op == "$exists" and not arg:
+                    raise _unsupported_partial("$exists: false")
+                if op == "$in" and (
+                    not isinstance(arg, list) or any(isinstance(v, re.Pattern | Regex) for v in arg)
+                ):
+                    raise _unsupported_partial("$in with a regex")
+                if isinstance(arg, re.Pattern | Regex):
+                    raise _unsupported_partial(f"{op} with a regex")
+        elif isinstance(value, re.Pattern | Regex):
+            raise _unsupported_partial("a regex")
+    if depth == 0:
+        try:
+            query.matches(expr, {})
+        except EngineError as exc:
+            raise EngineError(
+                Code.CannotCreateIndex, f"partialFilterExpression cannot be evaluated: {exc}"
+            ) from exc
 
 
 def _index_name(key: Doc) -> str:
@@ -244,7 +305,7 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
                     "TTL indexes are single-field indexes, compound indexes do not support TTL.",
                 )
         if "partialFilterExpression" in spec:
-            query.check_filter(spec["partialFilterExpression"])
+            _check_partial_filter(spec["partialFilterExpression"])
         existing = coll.indexes.get(spec["name"])
         same_key = next((i for i in coll.indexes.values() if dict(i.key) == spec["key"]), None)
         if existing is not None:
