@@ -374,7 +374,7 @@ class Dispatcher:
             if ticket is not None and ticket.state not in ("done", "failed"):
                 call.ticket = ticket  # the first attempt is not durable yet: wait for it
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
-        action = self.failpoints.on_transactional_write()
+        action = self.failpoints.on_transactional_write(_statements(cmd))
         fail_code = action.fail_before_commit_code if action else None
         try:
             reply = self._autocommit(
@@ -518,6 +518,15 @@ class Dispatcher:
                 if session.last_used < idle and session.txn_state != "in_progress":
                     del self.engine.sessions[key]  # its retry records stay on disk
             self.cursors.reap()
+
+
+def _statements(cmd: Doc) -> int:
+    """How many statements (documents written) a write command carries."""
+    for key in ("documents", "updates", "deletes", "ops"):
+        value = cmd.get(key)
+        if isinstance(value, list):
+            return len(value)
+    return 1
 
 
 def _read_concern(cmd: Doc) -> Doc:

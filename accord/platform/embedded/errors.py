@@ -142,12 +142,13 @@ RETRYABLE_CODES = frozenset({
     Code.InterruptedDueToReplStateChange, Code.NotPrimaryNoSecondaryOk,
     Code.NotPrimaryOrSecondary, Code.BackupCursorOpenConflictWithCheckpoint,
 })  # fmt: skip
-# NotPrimaryError and ShutdownError categories: a reply with one of these carries the
-# server's topologyVersion, so a driver can tell a stale error from a real state change.
+# NotPrimaryError category: a reply with one of these carries the server's
+# topologyVersion, so a driver can tell a stale error from a real state change. (mongod
+# adds it to ShutdownError replies only while really shutting down, so a shutdown error a
+# fail point injects makes drivers clear their pool, as drivers' tests expect.)
 STATE_CHANGE_CODES = frozenset({
     Code.NotWritablePrimary, Code.NotPrimaryNoSecondaryOk, Code.NotPrimaryOrSecondary,
-    Code.InterruptedDueToReplStateChange, Code.PrimarySteppedDown, Code.ShutdownInProgress,
-    Code.InterruptedAtShutdown,
+    Code.InterruptedDueToReplStateChange, Code.PrimarySteppedDown,
 })  # fmt: skip
 # Errors after which a whole transaction may be retried (besides the retryable ones).
 _TRANSIENT_CODES = frozenset({

@@ -25,6 +25,8 @@ from accord.platform.embedded.commands.base import (
 from accord.platform.embedded.commands.write import write_collection
 from accord.platform.embedded.engine import Collection, Index
 from accord.platform.embedded.errors import Code, EngineError, bad_value, type_mismatch
+from accord.platform.embedded.versions import decode
+from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
 @command("create")
@@ -44,6 +46,7 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
             "clusteredIndex",
             "expireAfterSeconds",
             "collation",
+            "timeseries",
         )
     }
     if "viewOn" in cmd or "pipeline" in cmd:
@@ -66,11 +69,113 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
         default = collation.parse(options.pop("collation"))
         if default is not None:
             options["collation"] = default.spec()
+    ttl_field = _check_layout_options(options)
     if ctx.engine.get_collection(ns, ctx.txn) is not None:
         raise EngineError(Code.NamespaceExists, f"Collection {ns} already exists.")
     # In a transaction the collection is the transaction's until it commits, as in mongod.
-    ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
+    coll = ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
+    if ttl_field is not None:
+        # Collection-level expiry (time series, clustered): a TTL index on the time field,
+        # listed by listIndexes, which the TTL monitor serves like any other.
+        spec = {
+            "v": 2, "key": {ttl_field: 1}, "name": f"{ttl_field}_1",
+            "expireAfterSeconds": options["expireAfterSeconds"],
+        }  # fmt: skip
+        coll.add_index(Index.from_spec(spec))
+        ctx.engine.save_catalog(coll)
     return {"ok": 1.0}
+
+
+_GRANULARITY_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
+
+
+def _check_layout_options(options: Doc) -> str | None:
+    """Check ``clusteredIndex``, ``timeseries`` and ``expireAfterSeconds`` (normalising them
+    as mongod reports them); returns the field a collection-level expiry keys on."""
+    clustered = options.get("clusteredIndex")
+    if clustered is not None:
+        if not isinstance(clustered, dict) or clustered.get("key") != {"_id": 1}:
+            raise EngineError(
+                Code.InvalidOptions, "clusteredIndex must be {key: {_id: 1}, unique: true}"
+            )
+        if clustered.get("unique") is not True:
+            raise EngineError(Code.InvalidOptions, "the clusteredIndex must be unique: true")
+        unknown = set(clustered) - {"key", "unique", "name", "v"}
+        if unknown:
+            raise EngineError(
+                Code.InvalidOptions, f"unknown clusteredIndex field: {sorted(unknown)[0]}"
+            )
+        options["clusteredIndex"] = {
+            "v": 2, "key": {"_id": 1}, "name": clustered.get("name", "_id_"), "unique": True,
+        }  # fmt: skip
+    ts = options.get("timeseries")
+    if ts is not None:
+        if (
+            not isinstance(ts, dict)
+            or not isinstance(ts.get("timeField"), str)
+            or not ts["timeField"]
+        ):
+            raise EngineError(Code.InvalidOptions, "timeseries needs a 'timeField' name")
+        unknown = set(ts) - {
+            "timeField",
+            "metaField",
+            "granularity",
+            "bucketMaxSpanSeconds",
+            "bucketRoundingSeconds",
+        }
+        if unknown:
+            raise EngineError(
+                Code.InvalidOptions, f"unknown timeseries field: {sorted(unknown)[0]}"
+            )
+        meta = ts.get("metaField")
+        if meta is not None and (not isinstance(meta, str) or meta == ts["timeField"]):
+            raise EngineError(
+                Code.InvalidOptions,
+                "timeseries 'metaField' must be a name other than the timeField",
+            )
+        span, rounding = ts.get("bucketMaxSpanSeconds"), ts.get("bucketRoundingSeconds")
+        normal: Doc = {"timeField": ts["timeField"]}
+        if meta is not None:
+            normal["metaField"] = meta
+        if span is not None or rounding is not None:
+            if (
+                "granularity" in ts
+                or span != rounding
+                or not isinstance(span, int)
+                or not 1 <= span <= 31536000
+            ):
+                raise EngineError(
+                    Code.InvalidOptions,
+                    "bucketMaxSpanSeconds and bucketRoundingSeconds must be given together, "
+                    "be equal (1 to 31536000) and not be combined with granularity",
+                )
+            normal.update(bucketRoundingSeconds=rounding, bucketMaxSpanSeconds=span)
+        else:
+            granularity = ts.get("granularity", "seconds")
+            if granularity not in _GRANULARITY_SPAN:
+                raise EngineError(
+                    Code.InvalidOptions,
+                    f"timeseries granularity must be seconds, minutes or hours, got {granularity!r}",
+                )
+            normal.update(
+                granularity=granularity, bucketMaxSpanSeconds=_GRANULARITY_SPAN[granularity]
+            )
+        options["timeseries"] = normal
+    if "expireAfterSeconds" in options:
+        eas = options["expireAfterSeconds"]
+        if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0 or eas != int(eas):
+            raise EngineError(
+                Code.InvalidOptions, "expireAfterSeconds must be a non-negative integer"
+            )
+        if ts is not None:
+            return str(options["timeseries"]["timeField"])
+        if clustered is not None:
+            return "_id"
+        raise EngineError(
+            Code.InvalidOptions,
+            "expireAfterSeconds is only valid for time-series and clustered collections",
+        )
+    return None
 
 
 def _check_validation_options(options: Doc) -> None:
@@ -371,6 +476,9 @@ def cmd_list_indexes(ctx: Context, cmd: Doc) -> Doc:
         raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     views.refuse_write(coll, "listIndexes")
     specs = [copy.deepcopy(i.spec) for i in coll.indexes.values()]
+    clustered = coll.options.get("clusteredIndex")
+    if clustered is not None:  # the _id index is the clustered index, under its name
+        specs = [{**clustered, "clustered": True} if s.get("name") == "_id_" else s for s in specs]
     return ctx.cursors.first_batch(
         ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key
     )
@@ -416,15 +524,12 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
             if query.matches(filt, info):
                 out.append(info)
             continue
-        info = {"name": coll.name, "type": "collection"}
+        kind = "timeseries" if "timeseries" in coll.options else "collection"
+        info = {"name": coll.name, "type": kind}
         if not name_only:
-            info.update(
-                {
-                    "options": copy.deepcopy(coll.options),
-                    "info": {"readOnly": False},
-                    "idIndex": dict(ID_INDEX),
-                }
-            )
+            info.update({"options": copy.deepcopy(coll.options), "info": {"readOnly": False}})
+            if kind == "collection" and "clusteredIndex" not in coll.options:
+                info["idIndex"] = dict(ID_INDEX)
         if query.matches(filt, info):
             out.append(info)
     return ctx.cursors.first_batch(f"{ctx.db}.$cmd.listCollections", out, None, ctx.session_key)
@@ -446,3 +551,66 @@ def cmd_list_databases(ctx: Context, cmd: Doc) -> Doc:
         if query.matches(filt, info):
             dbs.append({"name": name} if opt_bool(cmd, "nameOnly") else info)
     return {"databases": dbs, "totalSize": 0, "ok": 1.0}
+
+
+@command("validate")
+def cmd_validate(ctx: Context, cmd: Doc) -> Doc:
+    """Check a collection's committed documents against its indexes, as mongod's validate
+    does: every document decodes, is within the BSON limit and sits under its own ``_id``;
+    every unique index owns exactly the keys of the documents that have them; every
+    ordered index has an entry for each key of each document."""
+    ns = ns_of(ctx, cmd, "validate")
+    coll = ctx.engine.get_collection(ns, ctx.txn)
+    if coll is None:
+        raise EngineError(Code.NamespaceNotFound, f"Collection '{ns}' does not exist to validate.")
+    views.refuse_write(coll, "validate")
+    errors: list[str] = []
+    invalid = 0
+    latest: list[tuple[Any, Doc]] = []
+    for key, record in coll.records.items():
+        if record.data is None:
+            continue
+        try:
+            doc = decode(record.data)
+        except Exception as exc:  # corrupt BSON is what validate exists to find
+            invalid += 1
+            errors.append(f"record {key!r} does not decode: {exc}")
+            continue
+        if len(record.data) > MAX_BSON_SIZE or "_id" not in doc or query.id_key(doc["_id"]) != key:
+            invalid += 1
+            errors.append(f"record {key!r} is over the size limit or not under its own _id")
+            continue
+        latest.append((record, doc))
+    keys_per_index: Doc = {"_id_": len(latest)}
+    missing = 0
+    for index in coll.indexes.values():
+        if index.is_id:
+            continue
+        count = 0
+        for record, doc in latest:
+            keys = index.key_tuples(doc, query.matches)
+            count += len(keys)
+            if index.built and index.orderable_or_hashed:
+                missing += sum(
+                    1 for k in keys if (*k, record.rid, record.ts, record) not in index.entries
+                )
+        keys_per_index[index.name] = count
+        owners = coll.unique_maps.get(index.name)
+        if owners is not None:
+            expected: dict[Any, bytes] = {}
+            for record, doc in latest:
+                for k in index.unique_keys(doc, query.matches):
+                    expected[k] = record.key
+            if expected != owners:
+                errors.append(f"unique index {index.name} does not match the documents' keys")
+    if missing:
+        errors.append(f"{missing} index entries are missing")
+    return {
+        "ns": ns, "nInvalidDocuments": invalid, "nNonCompliantDocuments": 0,
+        "nrecords": len(latest) + invalid, "nIndexes": len(coll.indexes),
+        "keysPerIndex": keys_per_index,
+        "indexDetails": {name: {"valid": not errors} for name in coll.indexes},
+        "valid": not errors and not invalid, "repaired": False, "warnings": [],
+        "errors": errors, "extraIndexEntries": [], "missingIndexEntries": [],
+        "corruptRecords": [], "ok": 1.0,
+    }  # fmt: skip

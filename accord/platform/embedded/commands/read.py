@@ -105,9 +105,30 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
         ]
     else:
         docs = [reply_doc(h) for h in run.hits]
+    if opt_bool(cmd, "returnKey"):
+        docs = [_index_key(run.plan, h.doc) for h in run.hits]
+    elif opt_bool(cmd, "showRecordId"):
+        # A transaction's own new documents have no record id yet (rid inf): 0.
+        docs = [
+            {**dict(d), "$recordId": bson.Int64(h.rid if h.rid != float("inf") else 0)}
+            for d, h in zip(docs, run.hits, strict=True)
+        ]
     if q.limit and (batch_size is None or batch_size > q.limit):
         batch_size = q.limit
     return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
+
+
+def _index_key(plan: planner.Plan, doc: Doc) -> Doc:
+    """``returnKey``: the key of the index the plan read (nothing for a collection scan)."""
+    if plan.kind == "IDHACK":
+        return {"_id": doc.get("_id")}
+    if plan.index is None:
+        return {}
+    out: Doc = {}
+    for field_name in plan.index.fields:
+        values = [v for v in query.path_values(doc, field_name) if v is not MISSING]
+        out[field_name] = values[0] if values else None
+    return out
 
 
 def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
