@@ -211,7 +211,12 @@ class Dispatcher:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
         # maxTimeMS counts from here: waiting for the engine lock is part of the command.
-        with limits.time_limit(cmd.get("maxTimeMS")), self.engine.locked(name):
+        # On a change stream's getMore it is the await time, not a limit (as in mongod).
+        max_time = cmd.get("maxTimeMS")
+        cursor_id = cmd.get("getMore") if name == "getMore" else None
+        if isinstance(cursor_id, int) and cursor_id in self.cursors.streams:
+            max_time = None
+        with limits.time_limit(max_time), self.engine.locked(name):
             limits.check()
             with collation.active(self._collation(db, name, cmd)):
                 reply = self._run(name, handler, db, cmd, call)

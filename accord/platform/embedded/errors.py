@@ -36,6 +36,7 @@ class Code(IntEnum):
     PathNotViable = 28
     ConflictingUpdateOperators = 40
     CursorNotFound = 43
+    NoMatchingDocument = 47
     NamespaceExists = 48
     MaxTimeMSExpired = 50
     DollarPrefixedFieldName = 52
@@ -81,6 +82,7 @@ class Code(IntEnum):
     FailPointSetFailed = 266
     PreparedTransactionInProgress = 267
     IndexBuildAborted = 276
+    ChangeStreamHistoryLost = 286
     TransactionExceededLifetimeLimitSeconds = 290
     APIStrictError = 323
     SocketException = 9001

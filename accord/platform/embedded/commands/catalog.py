@@ -47,8 +47,18 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
             "expireAfterSeconds",
             "collation",
             "timeseries",
+            "changeStreamPreAndPostImages",
         )
     }
+    images = options.get("changeStreamPreAndPostImages")
+    if images is not None and (
+        not isinstance(images, dict)
+        or set(images) != {"enabled"}
+        or not isinstance(images["enabled"], bool)
+    ):
+        raise EngineError(
+            Code.TypeMismatch, "changeStreamPreAndPostImages must be {enabled: true|false}"
+        )
     if "viewOn" in cmd or "pipeline" in cmd:
         if set(options) - {"collation"}:
             raise EngineError(
@@ -200,7 +210,9 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
     if coll is None:
         raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     changes = {
-        k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction")
+        k: v
+        for k, v in cmd.items()
+        if k in ("validator", "validationLevel", "validationAction", "changeStreamPreAndPostImages")
     }
     _check_validation_options(changes)
     reply: Doc = {"ok": 1.0}

@@ -14,7 +14,7 @@ from bson.raw_bson import RawBSONDocument
 
 from accord.platform.embedded import collation, planner, query
 from accord.platform.embedded.aggregate import Pipeline
-from accord.platform.embedded.commands import views
+from accord.platform.embedded.commands import changestreams, views
 from accord.platform.embedded.commands.base import (
     PIPELINE_OUTPUTS,
     Context,
@@ -164,12 +164,17 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     if not isinstance(name, str) or not name:
         raise type_mismatch("getMore needs the 'collection' the cursor belongs to, as a string")
     # Command cursors (listCollections, client bulkWrite, ...) live on "$cmd.*" namespaces.
+    stream = ctx.cursors.streams.get(int(cursor_id))
+    if stream is not None:
+        return changestreams.get_more(ctx, stream, cmd, f"{ctx.db}.{name}")
     return ctx.cursors.get_more(int(cursor_id), f"{ctx.db}.{name}", opt_int(cmd, "batchSize"))
 
 
 @command("killCursors")
 def cmd_kill_cursors(ctx: Context, cmd: Doc) -> Doc:
-    ns_of(ctx, cmd, "killCursors")
+    name = cmd.get("killCursors")
+    if not (isinstance(name, str) and name.startswith("$cmd.")):  # command cursors' namespace
+        ns_of(ctx, cmd, "killCursors")
     ids = opt_list(cmd, "cursors")
     return ctx.cursors.kill([int(i) for i in ids])
 
@@ -274,6 +279,10 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         raise failed_to_parse(
             "The 'cursor' option is required, except for aggregate with the explain argument"
         )
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        if target != 1:
+            coll_name(cmd, "aggregate")
+        return changestreams.open_stream(ctx, cmd, target, pipeline)
     output = None
     for position, stage in enumerate(pipeline):
         name = next(iter(stage), None) if isinstance(stage, dict) and len(stage) == 1 else None
