@@ -48,12 +48,24 @@ def _date_millis(value: dt.datetime) -> int:
     return (value - _EPOCH) // _MS
 
 
+# Keys of strings seen so far, shared: index entries of a low-cardinality field (a tenant,
+# a namespace, a status) then hold one key object per value instead of one per document.
+# Bounded: once full, new strings just get their own key.
+_STRING_KEYS: dict[str, tuple[Any, ...]] = {}
+_STRING_KEYS_MAX = 1 << 16
+
+
 def sort_key(value: Any) -> tuple[Any, ...]:
     """The comparable, hashable key of ``value`` in BSON order (see the module docstring)."""
     t = type(value)
     # Exact-type fast paths for the common cases; subclasses fall through to isinstance.
     if t is str:
-        return (STRING, value)
+        key = _STRING_KEYS.get(value)
+        if key is None:
+            key = (STRING, value)
+            if len(_STRING_KEYS) < _STRING_KEYS_MAX:
+                _STRING_KEYS[value] = key
+        return key
     if t is int:
         return (NUMBER, 1, value)
     if t is ObjectId:
