@@ -32,6 +32,8 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from accord.platform.embedded.collation import CollatedStr
+
 # mongod's canonical type ranks (bsontypes.h canonicalizeBSONType).
 MINKEY, NULL, NUMBER, STRING, OBJECT, ARRAY, BINDATA = -1, 5, 10, 15, 20, 25, 30
 OBJECTID, BOOL, DATE, TIMESTAMP, REGEX, CODE, MAXKEY, OTHER = 35, 40, 45, 47, 50, 60, 127, 100
@@ -96,6 +98,8 @@ def _slow_key(value: Any) -> tuple[Any, ...]:
         return (BOOL, bool(value))
     if isinstance(value, Code):  # a str subclass: before str
         return (CODE, str(value))
+    if isinstance(value, CollatedStr):  # a command's collation is active: its key decides
+        return (STRING, value.collation_key)
     if isinstance(value, str):
         return (STRING, str(value))
     if isinstance(value, int):

@@ -33,6 +33,9 @@ from sortedcontainers import SortedList
 
 from accord.platform.embedded import bsonkey
 from accord.platform.embedded.bsonkey import ARRAY, NULL_KEY, TOP, sort_key
+from accord.platform.embedded.collation import Collation, key_values
+from accord.platform.embedded.collation import active as collation_active
+from accord.platform.embedded.collation import parse as parse_collation
 from accord.platform.embedded.versions import Record
 
 Doc = dict[str, Any]
@@ -41,6 +44,10 @@ Key = tuple[Any, ...]
 Range = tuple[tuple[Any, ...], tuple[Any, ...]]
 ORDERED_KINDS = (1, -1)
 _MISSING = object()
+
+
+def _always(partial: Any, doc: Any) -> bool:
+    return True
 
 
 def _is_direction(value: Any) -> bool:
@@ -72,6 +79,8 @@ class Index:
     multikey: bool = False
     # Whether entries are maintained (the _id index builds them lazily).
     built: bool = True
+    # The index's collation: strings equal under it have equal keys (unique indexes).
+    collation: Collation | None = None
 
     def __post_init__(self) -> None:
         # The key pattern never changes: derive what every key extraction needs once.
@@ -106,6 +115,7 @@ class Index:
             partial=spec.get("partialFilterExpression"),
             expire_after=spec.get("expireAfterSeconds"),
             spec=spec,
+            collation=parse_collation(spec.get("collation")),
         )
         if index.is_id:
             index.built = False
@@ -163,7 +173,14 @@ class Index:
         """Keys of ``doc`` for the duplicate check: as ``key_tuples``, except that a path
         through arrays reads each numeric part as a position only and skips elements
         without the field (the index entries keep those extra keys; a duplicate check
-        must not)."""
+        must not). Under the index's collation, strings it holds equal give equal keys."""
+        if self.collation is not None:
+            if self.partial is not None:
+                with collation_active(self.collation):
+                    if matches is None or not matches(self.partial, doc):
+                        return []
+            doc = key_values(doc, self.collation)
+            matches = _always  # the partial filter was checked on the real values
         keys, arrays = self.keys_of(doc, matches)
         if not arrays:
             return keys

@@ -35,7 +35,7 @@ from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.regex import Regex
 
-from accord.platform.embedded import query
+from accord.platform.embedded import collation, query
 from accord.platform.embedded.bsonkey import bracket, sort_key
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.indexes import Index, Range, ScanStats
@@ -520,6 +520,9 @@ def plan(coll: Collection, q: Query) -> Plan:
     natural_reverse = q.sort is not None and q.sort.get("$natural") == -1
     if q.sort is not None and "$natural" in q.sort:
         return Plan("COLLSCAN", collscan_cost, reverse=natural_reverse, provides_sort=True)
+    if collation.current() is not None:
+        # Index bounds and orders are binary: a collated comparison needs every document.
+        return Plan("COLLSCAN", collscan_cost)
     hint = _resolve_hint(coll, q.hint)
     if hint == "$natural":
         return Plan("COLLSCAN", collscan_cost)
