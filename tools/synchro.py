@@ -67,6 +67,7 @@ REPLACEMENTS: dict[str, str] = {
     # accord.checkpointers: twin-specific helpers (accord/checkpointers/bridges.py,
     # ownership.Signal)
     "new_async_lock": "new_thread_lock",
+    "asweep": "sweep",
     "await_for": "wait_for",
     # accord's embedders (accord.memory.embedders)
     "aembed_documents": "embed_documents",

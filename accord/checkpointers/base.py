@@ -216,6 +216,15 @@ class AccordBase(BaseCheckpointSaver[str]):
         with self._runs_mutex:
             return sorted(self._ended.get((scope.tenant_id, scope.thread_id), ()))
 
+    def _runs_on(self, scope: Scope) -> list[ActiveRun]:
+        """This saver's runs on ``scope``'s thread (its own, or one a read comes from)."""
+        with self._runs_mutex:
+            return [
+                r
+                for (_, tenant, thread), r in self._runs.items()
+                if (tenant, thread) == (scope.tenant_id, scope.thread_id)
+            ]
+
     def _held_runs(self) -> list[ActiveRun]:
         with self._runs_mutex:
             return list(self._runs.values())

@@ -137,6 +137,9 @@ class AnswersSyncCalls:
     def delete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
         self._on_loop(self.adelete_for_runs(run_ids, **kwargs))  # type: ignore[attr-defined]
 
+    def sweep(self) -> int:
+        return self._on_loop(self.asweep())  # type: ignore[attr-defined,no-any-return]
+
 
 async def _collect(aiter: AsyncIterator[Any]) -> builtins.list[Any]:
     return [item async for item in aiter]
@@ -195,6 +198,24 @@ class AnswersAsyncCalls:
     async def adelete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
         await asyncio.to_thread(self.delete_for_runs, run_ids, **kwargs)  # type: ignore[attr-defined]
 
+    async def asweep(self) -> int:
+        return await asyncio.to_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]
+
+
+#: background tasks (kept so they are not collected before they finish)
+_PENDING: set[asyncio.Task[Any]] = set()
+
+
+def in_background(fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` in the background: a task on the running loop for a coroutine
+    function (the async saver), else a daemon thread (the sync saver)."""
+    if inspect.iscoroutinefunction(fn):
+        task = asyncio.get_running_loop().create_task(fn(*args))
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
+    else:
+        threading.Thread(target=fn, args=args, name="accord-commit", daemon=True).start()
+
 
 # --- the end of a run ----------------------------------------------------------------
 
@@ -209,6 +230,8 @@ def on_loop_exit(
     finished: the loop's executor was entered after this and exits before it), or at
     once if the loop fails to start after loading the thread (its ``__enter__`` raises,
     e.g. a refused ``Command(resume=...)``; Python then never calls its ``__exit__``).
+    What the release raises (a queued save that failed) is raised from the loop, unless
+    the loop is already raising its own error, which stands.
 
     ``release`` is a coroutine function for the async saver (then ``on_saver_loop`` runs
     it from a sync loop's thread) or a plain function for the sync one.
@@ -216,14 +239,35 @@ def on_loop_exit(
     stack = pregel_loop.stack
     is_coro = inspect.iscoroutinefunction(release)
     if isinstance(stack, contextlib.AsyncExitStack):
-        if is_coro:
-            stack.push_async_callback(release, run)
-        else:
-            stack.push_async_callback(asyncio.to_thread, release, run)
-    elif is_coro:
-        stack.callback(_from_thread, release, run, on_saver_loop)
+
+        async def aexit(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            try:
+                if is_coro:
+                    await release(run)
+                else:
+                    await asyncio.to_thread(release, run)
+            except Exception:
+                if exc is None:
+                    raise  # the run's outcome: a queued save failed
+                logger.warning("accord: ending run after %r", exc, exc_info=True)
+            return False
+
+        stack.push_async_exit(aexit)
     else:
-        stack.callback(release, run)
+
+        def exit_(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+            try:
+                if is_coro:
+                    _from_thread(release, run, on_saver_loop)
+                else:
+                    release(run)
+            except Exception:
+                if exc is None:
+                    raise
+                logger.warning("accord: ending run after %r", exc, exc_info=True)
+            return False
+
+        stack.push(exit_)
     _release_if_start_fails(pregel_loop, release, run, on_saver_loop)
 
 
@@ -233,14 +277,7 @@ def _from_thread(
     on_saver_loop: Callable[[Coroutine[Any, Any, Any]], Any] | None,
 ) -> None:
     assert on_saver_loop is not None
-    try:
-        on_saver_loop(release(run))
-    except Exception:  # the run's own outcome must not be masked
-        logger.exception("accord: releasing run %s failed", getattr(run, "run_id", "?"))
-
-
-#: releases scheduled from a failing ``__aenter__`` (kept so they are not collected)
-_PENDING: set[asyncio.Task[Any]] = set()
+    on_saver_loop(release(run))  # raises what the release raises: the run's outcome
 
 
 def _release_if_start_fails(
@@ -259,14 +296,15 @@ def _release_if_start_fails(
         try:
             return first(*args, **kwargs)
         except BaseException:
-            if not inspect.iscoroutinefunction(release):
-                release(run)
-            elif running_loop() is not None:  # the async saver in an async loop: on its loop
-                task = asyncio.get_running_loop().create_task(release(run))
-                _PENDING.add(task)
-                task.add_done_callback(_PENDING.discard)
-            else:
-                _from_thread(release, run, on_saver_loop)
+            try:
+                if not inspect.iscoroutinefunction(release):
+                    release(run)
+                elif running_loop() is not None:  # the async saver in an async loop
+                    in_background(release, run)
+                else:
+                    _from_thread(release, run, on_saver_loop)
+            except Exception:  # the loop's own error is what the caller must see
+                logger.exception("accord: releasing run %s failed", getattr(run, "run_id", "?"))
             raise
 
     pregel_loop._first = guarded

@@ -50,12 +50,15 @@ class Value:
     #: message channels: (message key, serialized message), in order
     messages: tuple[tuple[str, tuple[str, bytes]], ...] | None = None
     refs: RefState | None = None
+    #: message channels: the message objects a run's loop holds (see :func:`build_tuple`)
+    objects: tuple[Any, ...] | None = None
 
     @property
     def size(self) -> int:
         if self.typed is not None:
             return len(self.typed[1])
-        return sum(len(t[1]) for _, t in self.messages or ())
+        # bytes, and about as much again for the objects
+        return 2 * sum(len(t[1]) for _, t in self.messages or ())
 
     def message_bytes(self) -> dict[str, tuple[str, bytes]]:
         return dict(self.messages or ())
@@ -366,9 +369,14 @@ def build_tuple(
     config_extra: Mapping[str, Any],
     remember: Callable[[Any, str], None] | None = None,
 ) -> CheckpointTuple | None:
-    """A fresh ``CheckpointTuple`` of ``entry``; None if a channel value is not cached
-    (the caller reads the database instead). ``remember(message, key)`` is told the key
-    of each message handed out."""
+    """A ``CheckpointTuple`` of ``entry``; None if a channel value is not cached (the
+    caller reads the database instead).
+
+    Every value is a fresh object, deserialized from the kept bytes, but for messages
+    handed to a run's own loop (``remember`` given: it is told the key of each): those
+    are the message objects that loop handed to the last put, shared, as LangGraph never
+    mutates channel values in place (its nodes must not either). That spares
+    deserializing the whole conversation at every step of a run's thread."""
     body = dict(serde.loads_typed(entry.body))
     values: dict[str, Any] = {}
     for channel, version in body.get("channel_versions", {}).items():
@@ -376,10 +384,14 @@ def build_tuple(
         if cached is None or cached.version != str(version):
             return None
         if cached.messages is not None:
+            if remember is not None and cached.objects is not None:
+                values[channel] = list(cached.objects)
+                continue
             loaded = [serde.loads_typed(typed) for _, typed in cached.messages]
             if remember is not None:
                 for message, (key, _) in zip(loaded, cached.messages, strict=True):
                     remember(message, key)
+                cached.objects = tuple(loaded)
             values[channel] = loaded
         elif cached.typed is not None and cached.typed[0] != "empty":
             values[channel] = serde.loads_typed(cached.typed)

@@ -33,7 +33,7 @@ import secrets
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -205,7 +205,39 @@ class ActiveRun:
         self.ended = False
         #: when the lease was last renewed (by a commit or a heartbeat), monotonic clock
         self.renewed = time.monotonic()
+        #: puts accepted but not committed yet ("async" durability), committed in order
+        #: by one drainer at a time
+        self.jobs: deque[Any] = deque()
+        #: per namespace, the cache entry of the latest queued put (the next put's base)
+        self.queued: dict[str, Any] = {}
+        self.draining = False
+        #: the first failure of a queued put: later puts of the run are refused with it
+        self.failure: BaseException | None = None
+        #: whether ``failure`` was raised to LangGraph already (else: at the run's end)
+        self.surfaced = False
         self._mutex = threading.Lock()
+
+    def enqueue(self, job: Any) -> bool:
+        """Queue a put; True when the caller must start a drainer."""
+        with self._mutex:
+            self.jobs.append(job)
+            if self.draining:
+                return False
+            self.draining = True
+            return True
+
+    def next_job(self) -> Any | None:
+        """The next queued put, or None (then the drainer stops)."""
+        with self._mutex:
+            if self.jobs:
+                return self.jobs.popleft()
+            self.draining = False
+        self.signal.notify()
+        return None
+
+    def idle(self) -> bool:
+        with self._mutex:
+            return not self.draining and not self.jobs
 
     @property
     def run_id(self) -> str:
@@ -242,6 +274,10 @@ class ActiveRun:
     def putting(self, ns: str) -> bool:
         with self._mutex:
             return ns in self.inflight
+
+    def putting_any(self) -> bool:
+        with self._mutex:
+            return bool(self.inflight)
 
     def expects(self, ns: str, checkpoint_id: str) -> bool:
         """Whether the put of ``checkpoint_id`` is due: LangGraph's loop of ``ns`` has

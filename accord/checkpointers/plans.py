@@ -79,21 +79,43 @@ def owner_guard(
     at: datetime,
     lease_seconds: float,
     refused: Refusal,
+    expire_at: datetime | None = None,
 ) -> Group:
-    op = runs.owner_guard(lease, version, at=at, lease_seconds=lease_seconds)
+    op = runs.owner_guard(lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at)
     return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=refused))
 
 
 def free_guard(
-    target: Target, scope: Scope, version: str, *, at: datetime, refused: Refusal
+    target: Target,
+    scope: Scope,
+    version: str,
+    *,
+    at: datetime,
+    refused: Refusal,
+    expire_at: datetime | None = None,
 ) -> Group:
-    op = runs.free_guard(scope.tenant_id, scope.thread_id, version, at=at)
+    op = runs.free_guard(scope.tenant_id, scope.thread_id, version, at=at, expire_at=expire_at)
     return target.group(GUARD, "runs", [op], expect=Expect(touched=1, error=refused))
 
 
-def takeover_guard(target: Target, scope: Scope, version: str, *, at: datetime) -> Group:
+def takeover_guard(
+    target: Target, scope: Scope, version: str, *, at: datetime, expired_only: bool = False
+) -> Group:
+    """``expired_only``: the deletion of an expired thread (``ttl``), refused (matched 0 or
+    a duplicate key on the registry) if the thread was written since or a run holds it."""
+    if expired_only:
+        op = runs.expired_guard(scope.tenant_id, scope.thread_id, version, at=at)
+        return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=_gone))
     op = runs.takeover(scope.tenant_id, scope.thread_id, version, at=at)
     return target.group(GUARD, "runs", [op])
+
+
+class StillInUse(Exception):
+    """Internal: an expired thread was written (or claimed) before the sweep deleted it."""
+
+
+def _gone(counts: Counts) -> BaseException:
+    return StillInUse()
 
 
 # --- put / put_writes ----------------------------------------------------------------

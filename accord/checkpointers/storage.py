@@ -133,6 +133,7 @@ def build_put(
     parent: cache.Entry | None,
     revisions: RevisionCache | None = None,
     keep: bool = True,
+    share: bool = False,
 ) -> PutDocs:
     """Build the documents of one ``put``.
 
@@ -140,7 +141,8 @@ def build_put(
     checkpoint, when the saver knows it is stored) lets a message channel store only
     its new message revisions, its refs as the next segment of its chain, and lets the
     cache entry reuse the parent's values of unchanged channels. ``keep``: build the
-    cache entry too.
+    cache entry too; ``share``: with the message objects of the put (a run's own put:
+    the cache hands them back to the run's loop, see ``cache.build_tuple``).
     """
     ts = now()
     values = checkpoint["channel_values"]
@@ -193,7 +195,10 @@ def build_put(
             new_refs[channel] = state
             blobs.append(insert_once(doc))
             kept[channel] = cache.Value(
-                str(version), messages=tuple((k, typed[k]) for k in refs), refs=state
+                str(version),
+                messages=tuple((k, typed[k]) for k in refs),
+                refs=state,
+                objects=tuple(value) if share else None,
             )
             continue
         type_, data = serde.dumps_typed(value)
@@ -219,7 +224,11 @@ def build_put(
                     )
                     for m in values[channel]
                 ]
-                kept[channel] = cache.Value(str(version), messages=tuple(pairs))
+                kept[channel] = cache.Value(
+                    str(version),
+                    messages=tuple(pairs),
+                    objects=tuple(values[channel]) if share else None,
+                )
             else:
                 # the value of an unchanged channel the cache did not know: serialize it
                 # now (it is not stored again), so the entry can be served

@@ -290,6 +290,22 @@ def expired(at: datetime) -> dict[str, Any]:
     return {"expire_at": {"$lt": at}, "$or": _free(at, [])}
 
 
+def expired_guard(tenant_id: str, thread_id: str, version: str, *, at: datetime) -> Op:
+    """The guard of the deletion of an expired thread: it commits only while the thread
+    is still expired (``expire_at`` passed: no commit since) and no live run holds it;
+    else the upsert collides (``DuplicateKey``). Expect ``matched == 1``."""
+    return Op(
+        "update",
+        {"_id": run_doc_id(tenant_id, thread_id), **expired(at)},
+        {
+            "$set": {"version": version, "lease_expires": None, "released_at": at},
+            "$unset": {"expire_at": ""},
+            "$inc": {"fence": 1},
+        },
+        upsert=True,
+    )
+
+
 def version_filter(tenant_id: str, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(filter, projection) reading a thread's ``version`` (and its holder)."""
     return {"_id": run_doc_id(tenant_id, thread_id)}, {

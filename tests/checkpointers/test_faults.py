@@ -26,6 +26,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from accord.checkpointers import CollectionNames, business
+from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import AccordError, DatabaseError, InvalidInputError, TransactionTimeout
 from accord.platform import runs
 from tests.checkpointers.conftest import config, make_saver
@@ -35,53 +36,74 @@ class Fan(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
-def _fan_graph() -> StateGraph:
-    def slow(name: str, delay: float) -> Any:
-        def node(state: Fan) -> dict[str, Any]:
-            time.sleep(delay)
+def _fan_graph(stage: bool = True) -> StateGraph:
+    """``first -> (a, b) -> join``, and ``join`` fans out to ``(a, b)`` again, twice, then
+    ``after``. ``join`` stages a business write, so under "async" durability the put of
+    the checkpoint after ``join`` (whose barrier value is LangGraph's live, empty set of
+    seen nodes) waits for ``join``'s writes while LangGraph already runs the next ``a``
+    and ``b``, which add themselves to that very set."""
+
+    def node(name: str) -> Any:
+        def run(state: Fan) -> dict[str, Any]:
+            if stage and name == "join":
+                business.update_one("fan", {"_id": name}, {"$inc": {"n": 1}}, upsert=True)
             return {"log": [name]}
 
-        return node
+        return run
+
+    def again(state: Fan) -> list[str]:
+        return ["a", "b"] if state["log"].count("join") < 3 else ["after"]
 
     g = StateGraph(Fan)
-    g.add_node("a", slow("a", 0.01))
-    g.add_node("b", slow("b", 0.03))
-    g.add_node("join", slow("join", 0.0))
-    g.add_node("after", slow("after", 0.02))
-    g.add_edge(START, "a")
-    g.add_edge(START, "b")
+    for name in ("first", "a", "b", "join", "after"):
+        g.add_node(name, node(name))
+    g.add_edge(START, "first")
+    g.add_edge("first", "a")
+    g.add_edge("first", "b")
     g.add_edge(["a", "b"], "join")
-    g.add_edge("join", "after")
+    g.add_conditional_edges("join", again, ["a", "b", "after"])
     return g
 
 
-def _barrier_history(saver: Any, thread: str) -> list[Any]:
-    graph = _fan_graph().compile(checkpointer=saver)
+def _barrier_history(saver: Any, thread: str) -> tuple[list[Any], list[Any]]:
+    graph = _fan_graph(stage=False).compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": thread}}
     return [
         (s.metadata["step"], sorted(s.values["log"]), s.next)
         for s in reversed(list(graph.get_state_history(cfg)))
     ], [
-        (t.metadata["step"], t.checkpoint["channel_values"].get("join:a+b"))
+        (t.metadata["step"], t.checkpoint["channel_values"].get("join:a+b:join"))
         for t in reversed(list(saver.list(cfg)))
     ]
 
 
-def test_fan_in_barrier_is_saved_as_handed_over(saver: Any) -> None:
+def test_fan_in_barrier_is_saved_as_handed_over(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """LangGraph hands ``put`` live objects (the barrier's set of seen nodes) and keeps
     changing them while an "async" save is in flight: the saved checkpoints must equal
-    InMemorySaver's, run after run, and the thread must reach ``join``."""
+    InMemorySaver's, run after run, and the thread must reach ``join``. The writes of
+    ``first`` are slowed down (as a loaded database would), so the put waiting for them
+    is still waiting when ``a`` and ``b`` add themselves to the barrier."""
+    put_writes = saver.put_writes
+
+    def slow_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        if any(channel == BUSINESS_CHANNEL for channel, _ in writes):
+            time.sleep(0.2)
+        put_writes(config, writes, task_id, task_path)
+
+    monkeypatch.setattr(saver, "put_writes", slow_put_writes)
     reference = InMemorySaver()
-    _fan_graph().compile(checkpointer=reference).invoke({"log": []}, config("ref"))
+    _fan_graph(stage=False).compile(checkpointer=reference).invoke({"log": []}, config("ref"))
     expected = _barrier_history(reference, "ref")
-    for i in range(10):
+    for i in range(5):
         thread = f"fan-{i}"
         out = (
             _fan_graph()
             .compile(checkpointer=saver)
             .invoke({"log": []}, config(thread), durability="async")
         )
-        assert sorted(out["log"]) == ["a", "after", "b", "join"]
+        assert sorted(out["log"]) == sorted(["first", *["a", "b", "join"] * 3, "after"])
         assert _barrier_history(saver, thread) == expected, i
 
 
@@ -177,25 +199,37 @@ def test_business_writes_cannot_target_another_components_collections(
             assert client[db_name][target].count_documents({"x": 1}) == 0
 
 
-def test_concurrent_setup_is_idempotent(mongo_uri: str, db_name: str, kind: str) -> None:
-    """Savers setting up a fresh database at the same time (NamespaceExists races)."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
+def test_concurrent_setup_is_idempotent(client: MongoClient, mongo_uri: str, kind: str) -> None:
+    """Savers setting up a fresh database at the same time (NamespaceExists races), on
+    their own clients, five fresh databases in a row."""
+    for attempt in range(5):
+        db_name = f"setup_race_{attempt}_{time.monotonic_ns()}"
+        errors: list[BaseException] = []
+        savers = [make_saver(kind, mongo_uri, db_name, setup=False) for _ in range(6)]
+        opened = [cm.__enter__() for cm in savers]
+        barrier = threading.Barrier(len(opened))
 
-    def one() -> None:
+        def one(saver: Any) -> None:
+            try:
+                barrier.wait(10)
+                if hasattr(saver, "_on_loop"):
+                    saver._on_loop(saver.setup())
+                else:
+                    saver.setup()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(s,)) for s in opened]
         try:
-            barrier.wait(10)
-            with make_saver(kind, mongo_uri, db_name):
-                pass
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        finally:
+            for cm in savers:
+                cm.__exit__(None, None, None)
+            client.drop_database(db_name)
+        assert errors == [], errors
 
 
 def test_oversized_metadata_is_an_accord_error(saver: Any, client: MongoClient) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import pymongo
@@ -49,6 +50,7 @@ from accord.checkpointers.ownership import ActiveRun, FailedTask
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import (
     AccordError,
+    BusinessWriteError,
     InvalidInputError,
     TaskWriteError,
     WriteRefused,
@@ -116,6 +118,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         self.loop = bridges.running_loop()
         self._setup_done = False
         self._setup_lock = bridges.new_async_lock()
+        self._next_sweep = 0.0
         self._heartbeat = _Ticker(
             lambda: self._renew_leases(), self.lease_seconds / 6, self._holds_runs
         )
@@ -155,6 +158,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._setup_done = True
+        if self.ttl is not None:
+            self._heartbeat.ensure()  # sweeps expired threads
 
     async def _warm_sessions(self) -> None:
         """Fill the driver's session pool now: pymongo names every new server session
@@ -207,6 +212,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             run = await self._claim(scope, config, caller)
         if run is not None and caller is not None:
             run.loops[scope.checkpoint_ns] = caller
+        await self._settle(scope, scope.checkpoint_ns)
         if run is not None:
             current = run.lost is None
         else:
@@ -242,6 +248,18 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 scope.tenant_id, scope.thread_id, scope.checkpoint_ns, entry, epoch
             )
         return tup
+
+    async def _settle(self, scope: Scope, ns: str | None) -> None:
+        """Read your own writes: wait for this saver's queued puts on the thread (in
+        ``ns``, or any namespace) to commit before reading it. A subgraph called again
+        loads the state its previous call saved; ``get_state`` after a step sees it."""
+        for run in self._runs_on(scope):
+
+            def settled(r: ActiveRun = run) -> bool:
+                return not (r.putting(ns) if ns is not None else r.putting_any())
+
+            if not settled():
+                await run.signal.await_for(settled, self.timeout)
 
     async def _cache_is_current(self, scope: Scope, checkpoint_id: str | None) -> bool:
         """For a read that belongs to no run: whether the cached thread is current (one
@@ -313,6 +331,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         checkpoints and a constant number for their values, writes and messages)."""
         tenant = self.tenant_of(config)
         query = reads.list_query(tenant, config, filter, before)
+        if isinstance(query.get("thread_id"), str):
+            await self._settle(Scope(tenant, query["thread_id"], ""), None)
         remaining = validation.limit(limit)
         last: tuple[str, str] | None = None
         while remaining is None or remaining > 0:
@@ -402,9 +422,12 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         return None if _IS_SYNC else getattr(self, "_on_loop", None)
 
     async def _release(self, run: ActiveRun) -> None:
-        """End ``run``: give its lease back (never raises: the run's outcome stands)."""
+        """End ``run``: wait for its queued puts, give its lease back, then raise the
+        failure of a queued put LangGraph has not seen yet (the run's outcome)."""
         if run.ended:
             return
+        while not run.idle():
+            await run.signal.await_for(run.idle, self.timeout)
         run.ended = True
         released = False
         try:
@@ -429,12 +452,19 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             )
         finally:
             self._unregister(run, released=released)
+        if run.failure is not None and not run.surfaced:
+            run.surfaced = True
+            raise _again(run.failure)
 
     def _holds_runs(self) -> bool:
-        return bool(self._held_runs())
+        return self.ttl is not None or bool(self._held_runs())
 
     async def _renew_leases(self) -> None:
-        """Heartbeat: renew the leases of held runs that did not commit for a while."""
+        """Heartbeat: renew the leases of held runs that did not commit for a while; with
+        ``ttl``, sweep expired threads now and then."""
+        if self.ttl is not None and time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + min(self.ttl / 2, 60.0)
+            await self.asweep()
         for run in self._held_runs():
             if run.ended or run.lost is not None:
                 continue
@@ -463,6 +493,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     def _guard(self, scope: Scope, run: ActiveRun | None, version: str, what: str) -> Group:
         at = runs.now()
+        expire_at = at + timedelta(seconds=self.ttl) if self.ttl is not None else None
         if run is not None:
             lost = run
 
@@ -477,12 +508,15 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 at=at,
                 lease_seconds=self.lease_seconds,
                 refused=fenced,
+                expire_at=expire_at,
             )
 
         def held(counts: Counts) -> BaseException:
             return ownership.adhoc_refused(scope.thread_id, what, runs.Holder(None, None, 0, None))
 
-        return plans.free_guard(self.target, scope, version, at=at, refused=held)
+        return plans.free_guard(
+            self.target, scope, version, at=at, refused=held, expire_at=expire_at
+        )
 
     async def _commit(self, plan: Plan, scope: Scope, run: ActiveRun | None, what: str) -> None:
         """Run ``plan``; a refused guard becomes ConcurrentRunError naming the holder."""
@@ -536,15 +570,69 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         metadata = get_serializable_checkpoint_metadata(config, metadata)
         run = self._run_of(scope, config)
         ns = scope.checkpoint_ns
+        deferred = run is not None and self._deferred(run, ns)
+        if deferred and run is not None and run.failure is not None:
+            run.surfaced = True
+            raise _again(run.failure)
         # Serialize now: LangGraph keeps changing the objects it handed over (a fan-in
-        # barrier's set of seen nodes) while an "async" save waits below.
+        # barrier's set of seen nodes) once it moves on.
         parent = None
         if parent_id is not None:
-            parent = self.cache.base(scope.tenant_id, scope.thread_id, ns, parent_id)
-        docs = self._build_put(scope, checkpoint, metadata, new_versions, parent_id, parent)
-        what = f"save of checkpoint {checkpoint_id!r}"
+            queued = run.queued.get(ns) if run is not None else None
+            if deferred and queued is not None and queued.checkpoint_id == parent_id:
+                parent = queued  # committed before this one, or this one is refused
+            else:
+                parent = self.cache.base(scope.tenant_id, scope.thread_id, ns, parent_id)
+            if deferred and parent is not None and not parent.current:
+                parent = None  # a queued put cannot be rebuilt later: no unsure base
+        job = _PutJob(
+            scope,
+            checkpoint_id,
+            parent_id,
+            self._build_put(
+                scope, checkpoint, metadata, new_versions, parent_id, parent, share=run is not None
+            ),
+            (checkpoint, metadata, new_versions),
+            parent,
+        )
         if run is not None:
             run.put_started(ns)
+        if deferred and run is not None:
+            # "async" durability: LangGraph does not wait for this put, and calls the next
+            # one only when this one returns, with a checkpoint it made earlier whose live
+            # objects it keeps changing. So return now (serialized) and commit in order in
+            # the background; failures surface at the next put and at the run's end.
+            if job.docs.entry is not None:
+                run.queued[ns] = job.docs.entry
+            if run.enqueue(job):
+                bridges.in_background(self._drain, run)
+            return self._returned_config(scope, checkpoint_id)
+        await self._commit_put(run, job)
+        return self._returned_config(scope, checkpoint_id)
+
+    def _deferred(self, run: ActiveRun, ns: str) -> bool:
+        """Whether the run's loop of ``ns`` does not wait for its puts ("async")."""
+        return getattr(run.loops.get(ns), "durability", None) == "async"
+
+    async def _drain(self, run: ActiveRun) -> None:
+        """Commit a run's queued puts, in order (one drainer per run at a time)."""
+        while True:
+            job = run.next_job()
+            if job is None:
+                return
+            if run.failure is not None:
+                run.put_ended(job.scope.checkpoint_ns, job.checkpoint_id, run.failure)
+                continue
+            try:
+                await self._commit_put(run, job)
+            except BaseException as exc:  # kept for the run's next put and its end
+                run.failure = run.failure or exc
+
+    async def _commit_put(self, run: ActiveRun | None, job: _PutJob) -> None:
+        scope, checkpoint_id, parent_id = job.scope, job.checkpoint_id, job.parent_id
+        ns = scope.checkpoint_ns
+        docs, parent = job.docs, job.parent
+        what = f"save of checkpoint {checkpoint_id!r}"
         error: BaseException | None = None
         try:
             await self._ensure_setup()
@@ -590,8 +678,9 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                         raise
                     parent = None
                     self.cache.invalidate(scope.tenant_id, scope.thread_id)
+                    checkpoint, metadata, new_versions = job.source
                     docs = self._build_put(
-                        scope, checkpoint, metadata, new_versions, parent_id, None
+                        scope, checkpoint, metadata, new_versions, parent_id, None, share=False
                     )
         except BaseException as exc:
             error = exc
@@ -599,7 +688,6 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         finally:
             if run is not None:
                 run.put_ended(ns, checkpoint_id, error)
-        return self._returned_config(scope, checkpoint_id)
 
     def _build_put(
         self,
@@ -609,6 +697,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         new_versions: ChannelVersions,
         parent_id: str | None,
         parent: cache.Entry | None,
+        *,
+        share: bool,
     ) -> storage.PutDocs:
         return storage.build_put(
             scope,
@@ -622,6 +712,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             parent=parent,
             revisions=self._revisions,
             keep=self.cache.enabled,
+            share=share,
         )
 
     async def _wait_staged(
@@ -838,7 +929,33 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         thread loses it (its next commit is refused). One transaction when the thread fits
         one; else the checkpoints go first (the thread reads as empty), then the rest in
         batches: re-running it after a crash finishes the job."""
-        scope = self._scope_for(thread_id, tenant_id)
+        await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+
+    async def asweep(self) -> int:
+        """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
+        seconds) and that no live run holds; returns how many. Savers with ``ttl`` run it
+        in the background; call it to sweep now."""
+        if self.ttl is None:
+            return 0
+        await self._ensure_setup()
+        at = runs.now()
+        expired = await self._find_all(
+            self.collections.runs,
+            runs.expired(at),
+            projection={"tenant_id": 1, "thread_id": 1},
+            limit=maintenance.BATCH,
+        )
+        swept = 0
+        for doc in expired:
+            scope = Scope(doc["tenant_id"], doc["thread_id"], "")
+            try:
+                await self._delete_thread(scope, expired_only=True)
+                swept += 1
+            except (plans.StillInUse, WriteRefused):
+                continue  # written or claimed since: not expired any more
+        return swept
+
+    async def _delete_thread(self, scope: Scope, *, expired_only: bool) -> None:
         await self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -854,7 +971,9 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         ]
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
-        guard = plans.takeover_guard(self.target, scope, runs.new_version(), at=runs.now())
+        guard = plans.takeover_guard(
+            self.target, scope, runs.new_version(), at=runs.now(), expired_only=expired_only
+        )
         await self.uow.execute(
             plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
         )
@@ -968,7 +1087,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         await self._ensure_setup()
         for thread_id in threads:
             if strategy == "delete":
-                await self.adelete_thread(thread_id, tenant_id=tenant_id)
+                await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
                 continue
             scope0 = self._scope_for(thread_id, tenant_id)
             docs = await self._find_all(
@@ -1035,3 +1154,46 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
 def _not_saved(counts: Counts) -> BaseException:
     return _NotSaved()
+
+
+class _PutJob:
+    """A put, serialized: what committing it needs (and what to rebuild it from)."""
+
+    __slots__ = ("scope", "checkpoint_id", "parent_id", "docs", "source", "parent")
+
+    def __init__(
+        self,
+        scope: Scope,
+        checkpoint_id: str,
+        parent_id: str | None,
+        docs: storage.PutDocs,
+        source: tuple[Checkpoint, CheckpointMetadata, ChannelVersions],
+        parent: cache.Entry | None,
+    ) -> None:
+        self.scope = scope
+        self.checkpoint_id = checkpoint_id
+        self.parent_id = parent_id
+        self.docs = docs
+        self.source = source
+        self.parent = parent
+
+
+def _again(error: BaseException) -> BaseException:
+    """The failure of a queued put, raised again from a later call (a fresh exception
+    of the same accord class when possible, chained to the original)."""
+    if isinstance(error, BusinessWriteError):
+        out: BaseException = error.copy()
+    elif isinstance(error, AccordError):
+        try:
+            out = type(error)(str(error))
+        except TypeError:
+            out = error
+    else:
+        out = TaskWriteError(
+            f"An earlier save of this run failed with {type(error).__name__}: {error}. Nothing "
+            f"after the last saved checkpoint was written; resume the thread "
+            f"(graph.invoke(None, config))."
+        )
+    if out is not error:
+        out.__cause__ = error
+    return out
