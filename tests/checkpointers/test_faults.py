@@ -209,7 +209,9 @@ def test_concurrent_setup_is_idempotent(client: MongoClient, mongo_uri: str, kin
         opened = [cm.__enter__() for cm in savers]
         barrier = threading.Barrier(len(opened))
 
-        def one(saver: Any) -> None:
+        def one(
+            saver: Any, barrier: threading.Barrier = barrier, errors: list[Any] = errors
+        ) -> None:
             try:
                 barrier.wait(10)
                 if hasattr(saver, "_on_loop"):
