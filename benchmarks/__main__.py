@@ -1,19 +1,51 @@
-"""Run every benchmark and write docs/benchmarks.md: ``python -m benchmarks``."""
+"""Run every benchmark and write docs/benchmarks.md: ``python -m benchmarks``.
+
+``--full`` grows the engine-scale benchmark to 500,000 documents (``make bench-full``;
+routine runs stop at 100,000); ``--baseline REV`` measures the engine of git revision REV
+side by side with the current one in the engine benchmarks.
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import os
 import platform
 import sys
 from pathlib import Path
 
-from benchmarks import checkpointer, engine_commits
+from benchmarks import (
+    aggregation_lag,
+    checkpointer,
+    engine_commits,
+    engine_group_commit,
+    engine_scale,
+    vector_search,
+)
 
 COMMAND = "make bench  (= .venv/bin/python -m benchmarks)"
-SUITES = [engine_commits.report, checkpointer.report]
+SUITES = [
+    engine_commits.report,
+    engine_group_commit.report,
+    engine_scale.report,
+    checkpointer.report,
+    vector_search.report,
+    aggregation_lag.report,
+]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--full", action="store_true", help="engine scale up to 500k documents")
+    parser.add_argument("--baseline", default=None, help="git revision of an engine to compare")
+    args = parser.parse_args()
+    command = COMMAND
+    if args.full:
+        os.environ["ACCORD_BENCH_FULL"] = "1"
+        command = "make bench-full  (= .venv/bin/python -m benchmarks --full)"
+    if args.baseline:
+        os.environ["ACCORD_BENCH_BASELINE"] = args.baseline
+        command += f" --baseline {args.baseline}"
     sections = []
     for suite in SUITES:
         text = suite()
@@ -21,7 +53,7 @@ def main() -> None:
         sections.append(text)
     header = (
         "# Benchmarks\n\n"
-        f"Produced by `{COMMAND}` on {dt.date.today().isoformat()}, "
+        f"Produced by `{command}` on {dt.date.today().isoformat()}, "
         f"Python {platform.python_version()}, {platform.machine()}, "
         f"{sys.platform}. These machines are shared and noisy: read the ratios between rows "
         "of one run, not the absolute numbers.\n\n"

@@ -11,10 +11,12 @@ Three kinds, one protocol (:class:`Embedder`):
 - :class:`VoyageEmbedder`: Voyage AI through the ``voyageai`` package, with ``input_type``
   ``document`` for memories and ``query`` for searches, batches within the API's limits, and
   retries with backoff on rate limits (HTTP 429).
+- :class:`~accord.memory.local_embedder.LocalEmbedder` (``"local"``): all-MiniLM-L6-v2 on
+  this machine from weights a package ships, the optional extra ``accord[local]``.
 
 :func:`resolve_embedder` turns what a user passes (an embedder, an ``Embeddings``, a function,
-``"voyage:<model>"``, None) into an :class:`Embedder`; None gives the hashing embedder and
-says so in the log.
+``"voyage:<model>"``, ``"local"``, None) into an :class:`Embedder`; None gives the hashing
+embedder and says so in the log.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from accord.errors import ConfigurationError, EmbeddingDimensionError
+from accord.memory.local_embedder import LocalEmbedder
 
 log = logging.getLogger("accord.memory.embedders")
 
@@ -369,6 +372,7 @@ def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
 
     None: the hashing embedder (``dims`` or 256), announced in the log. An Embedder: itself.
     A LangChain ``Embeddings`` or a function: wrapped. ``"voyage:<model>"``: Voyage AI.
+    ``"local"`` (or ``"local:<model directory>"``): :class:`LocalEmbedder`.
     Other provider strings go through LangChain's ``init_embeddings`` when installed.
     """
     if spec is None:
@@ -380,19 +384,21 @@ def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
             embedder.dims,
         )
         return embedder
-    if isinstance(spec, HashingEmbedder | VoyageEmbedder | LangChainEmbedder):
+    if isinstance(spec, HashingEmbedder | VoyageEmbedder | LangChainEmbedder | LocalEmbedder):
         return spec
     if isinstance(spec, str):
         if spec.startswith("voyage:"):
             return VoyageEmbedder(spec.split(":", 1)[1], dims=dims)
         if spec == "hashing":
             return HashingEmbedder(dims or DEFAULT_DIMS)
+        if spec == "local" or spec.startswith("local:"):
+            return LocalEmbedder(spec.split(":", 1)[1] if ":" in spec else None)
         try:
             from langchain.embeddings import init_embeddings  # type: ignore[import-not-found]
         except ImportError as exc:
             raise ConfigurationError(
-                f"embedder {spec!r}: provider strings other than 'voyage:<model>' and "
-                "'hashing' need the langchain package; pass an Embeddings object instead"
+                f"embedder {spec!r}: provider strings other than 'voyage:<model>', 'local' "
+                "and 'hashing' need the langchain package; pass an Embeddings object instead"
             ) from exc
         return LangChainEmbedder(init_embeddings(spec), dims=dims, name=spec)
     if hasattr(spec, "embed_documents") or callable(spec):

@@ -13,8 +13,10 @@ A ``long_term_memory`` document::
     ns_depth     3
     key          str
     value        {...}                                the BaseStore value / the memory
-    text         str | None                           what was embedded
-    embedding    BinData float32 vector | absent      absent: not indexed (index=False)
+    text         str | None                           what was embedded (field texts joined)
+    embedding    BinData float32 vector | absent      ONE vector, of ``text``
+    embeddings   [{path, embedding}] | absent         or one vector per indexed field path
+                                                      (BaseStore's IndexConfig ``fields``)
     kind         "item" | "fact" | "preference" | "episode" | ...
     provenance   {source, tenant_id, thread_id, checkpoint_id, message_ids}
     created_at, updated_at   datetime (UTC)
@@ -22,13 +24,26 @@ A ``long_term_memory`` document::
     ttl_minutes  float | None                         to refresh expires_at on read
     version      int                                  1, 2, ... (compare-and-set on write)
 
+Neither ``embedding`` nor ``embeddings``: not indexed (``index=False``).
+
+A ``memory_vectors`` document is one vector of one memory, what vector search runs on (a
+``vectorSearch`` index named ``memory_vector_search``, filters ``tenant_id``,
+``ns_prefixes``, ``kind``)::
+
+    _id          "<memory _id>:<n>"
+    memory_id    the memory's _id
+    tenant_id, ns_prefixes, kind, expires_at           copied from the memory
+    path         the field path (``"text"`` for a memory's one vector)
+    embedding    BinData float32 vector
+
+They are derived from the memory documents in the same transaction by
+:class:`accord.memory.vector_docs.MemoryVectorsHook`, whoever writes the memory. A search
+takes each memory's best-scoring vector (as LangGraph's stores do).
+
 A ``memory_history`` document is a previous version: ``_id`` an ObjectId,
 ``memory_id``, ``tenant_id``, ``namespace``, ``key``, ``version``, ``value``, ``text``,
 ``kind``, ``provenance``, ``valid_from`` (its updated_at), ``replaced_at``, ``change``
 (``"update"`` or ``"delete"``).
-
-The vector index (``vectorSearch``, named ``long_term_memory_vector``) indexes ``embedding``
-and filters on ``tenant_id``, ``ns_prefixes``, ``kind``.
 """
 
 from __future__ import annotations
@@ -49,8 +64,15 @@ from accord.errors import InvalidInputError
 Doc = dict[str, Any]
 MEMORY_COLLECTION = "long_term_memory"
 HISTORY_COLLECTION = "memory_history"
-VECTOR_INDEX = "long_term_memory_vector"
+VECTORS_COLLECTION = "memory_vectors"
+VECTOR_INDEX = "memory_vector_search"
 FILTER_FIELDS = ("tenant_id", "ns_prefixes", "kind")
+#: The ``path`` of a memory's one vector (the vector of its whole ``text``).
+TEXT_PATH = "text"
+#: The fields a vector document copies from its memory (kept in step by the hook).
+MIRRORED_FIELDS = ("tenant_id", "ns_prefixes", "kind", "expires_at")
+#: Atlas's bound on ``numCandidates`` (and so on ``limit``).
+MAX_CANDIDATES = 10_000
 #: Operators a value filter may use (BaseStore's contract), and nothing else.
 VALUE_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in"})
 MAX_LABEL = 256
@@ -189,7 +211,13 @@ class Provenance:
 
 @dataclass(frozen=True)
 class PutRequest:
-    """One memory to write (``value`` None deletes it)."""
+    """One memory to write (``value`` None deletes it).
+
+    ``text`` is embedded as the memory's one vector, unless ``field_texts`` is given:
+    then each ``(path, text)`` gets its own vector (a search scores the memory by its best
+    one) and ``text`` is only what is shown. ``embedding`` / ``field_embeddings`` are
+    vectors computed already (stored as given).
+    """
 
     namespace: tuple[str, ...]
     key: str
@@ -199,6 +227,8 @@ class PutRequest:
     kind: str = "item"
     provenance: Provenance = field(default_factory=Provenance)
     ttl_minutes: float | None = None
+    field_texts: tuple[tuple[str, str], ...] = ()
+    field_embeddings: tuple[tuple[str, Sequence[float]], ...] = ()
 
 
 def new_document(tenant_id: str, req: PutRequest, now: datetime, previous: Doc | None) -> Doc:
@@ -221,9 +251,40 @@ def new_document(tenant_id: str, req: PutRequest, now: datetime, previous: Doc |
         "ttl_minutes": req.ttl_minutes,
         "version": (previous["version"] + 1) if previous else 1,
     }
-    if req.embedding is not None:
+    if req.field_embeddings:
+        doc["embeddings"] = [{"path": p, "embedding": as_vector(v)}
+                             for p, v in req.field_embeddings]  # fmt: skip
+    elif req.embedding is not None:
         doc["embedding"] = as_vector(req.embedding)
     return doc
+
+
+def stored_vectors(doc: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """A memory document's vectors as ``(path, vector)``: its ``embeddings``, or its one
+    ``embedding`` (path :data:`TEXT_PATH`)."""
+    many = doc.get("embeddings")
+    if many:
+        return [(str(e["path"]), e["embedding"]) for e in many]
+    one = doc.get("embedding")
+    return [] if one is None else [(TEXT_PATH, one)]
+
+
+def vector_id(memory_id: str, n: int) -> str:
+    return f"{memory_id}:{n}"
+
+
+def vector_documents(doc: Mapping[str, Any]) -> list[Doc]:
+    """The ``memory_vectors`` documents of a memory document (one per vector)."""
+    namespace = doc.get("namespace") or []
+    base = {
+        "memory_id": doc["_id"],
+        "tenant_id": doc.get("tenant_id"),
+        "ns_prefixes": doc.get("ns_prefixes", ns_prefixes(namespace)),
+        "kind": doc.get("kind", "item"),
+        "expires_at": doc.get("expires_at"),
+    }
+    return [{"_id": vector_id(doc["_id"], n), **base, "path": path, "embedding": vec}
+            for n, (path, vec) in enumerate(stored_vectors(doc))]  # fmt: skip
 
 
 def history_document(previous: Doc, now: datetime, change: str) -> Doc:
@@ -285,8 +346,10 @@ class Memory:
         )  # fmt: skip
 
 
-#: What reads fetch (never the embedding: it is large and callers do not need it).
-PROJECTION = {"embedding": 0, "ns_prefixes": 0}
+#: What reads fetch (never the vectors: they are large and callers do not need them).
+PROJECTION = {"embedding": 0, "embeddings": 0, "ns_prefixes": 0}
+#: Memories that have no vector (``index=False``, or nothing to embed).
+UNEMBEDDED = {"embedding": {"$exists": False}, "embeddings": {"$exists": False}}
 
 
 def scope_filter(tenant_id: str, prefix: Sequence[str]) -> Doc:
@@ -353,22 +416,41 @@ def recency_weighted(score: float, updated_at: datetime, now: datetime, weight: 
     return score * ((1.0 - weight) + weight * 0.5 ** (age_days / half_life_days))
 
 
-def vector_stage(
+def vector_search_pipeline(
     tenant_id: str, prefix: Sequence[str], query_vector: Sequence[float], limit: int,
     kinds: Sequence[str] | None = None,
-) -> Doc:  # fmt: skip
-    """``$vectorSearch`` with the tenant and namespace pre-filters."""
+) -> list[Doc]:  # fmt: skip
+    """The pipeline on ``memory_vectors``: ``$vectorSearch`` pre-filtered on tenant,
+    namespace prefix (and kinds), returning ``{memory_id, path, score}`` best first.
+
+    Several vectors may belong to one memory: :func:`best_per_memory` keeps each memory's
+    best score.
+    """
     filt: Doc = {"tenant_id": tenant_id}
     if prefix:
         filt["ns_prefixes"] = ns_path(prefix)
     if kinds:
         filt["kind"] = {"$in": list(kinds)}
-    return {
-        "$vectorSearch": {
+    limit = min(limit, MAX_CANDIDATES)
+    return [
+        {"$vectorSearch": {
             "index": VECTOR_INDEX, "path": "embedding", "queryVector": list(query_vector),
-            "numCandidates": min(10_000, max(100, limit * 10)), "limit": limit, "filter": filt,
-        }
-    }  # fmt: skip
+            "numCandidates": min(MAX_CANDIDATES, max(100, limit * 10)), "limit": limit,
+            "filter": filt,
+        }},
+        {"$project": {"_id": 0, "memory_id": 1, "path": 1,
+                      "score": {"$meta": "vectorSearchScore"}}},
+    ]  # fmt: skip
+
+
+def best_per_memory(hits: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``memory_id -> best score`` from vector hits, in the order of each memory's best hit."""
+    best: dict[str, float] = {}
+    for h in hits:
+        mid, score = h["memory_id"], float(h["score"])
+        if mid not in best or score > best[mid]:
+            best[mid] = score
+    return dict(sorted(best.items(), key=lambda kv: -kv[1]))
 
 
 def namespace_matches(ns: Sequence[str], prefix: Sequence[str] | None,

@@ -63,6 +63,10 @@ LONG_TERM_MEMORY = ArtifactClass(
 MEMORY_HISTORY = ArtifactClass(
     "memory_history", "previous versions of long-term memories", "memory_history"
 )
+MEMORY_VECTOR = ArtifactClass(
+    "memory_vector", "the vectors of long-term memories, one per memory and field",
+    "memory_vectors",
+)  # fmt: skip
 AUDIT = ArtifactClass("audit", "hash-chained mutation records", "audit")
 RUN = ArtifactClass("run", "run registry: active run, lease, fence", "runs", thread_scoped=True)
 CATALOG = ArtifactClass("catalog", "the collections accord owns", "accord_catalog")
@@ -81,6 +85,7 @@ CLASSES: dict[str, ArtifactClass] = {
         OUTBOX,
         LONG_TERM_MEMORY,
         MEMORY_HISTORY,
+        MEMORY_VECTOR,
         AUDIT,
         RUN,
         CATALOG,

@@ -21,6 +21,12 @@ console = Console()
 DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
 
 
+def _positive(value: float) -> float:
+    if value <= 0:
+        raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+    return value
+
+
 @engine_app.command("start")
 def engine_start(
     dbpath: Path = DBPATH,
@@ -34,20 +40,70 @@ def engine_start(
         False, "--foreground", help="Run in this terminal until Ctrl-C."
     ),
     no_sync: bool = typer.Option(False, "--no-sync", help="Skip fsync on commit (tests only)."),
+    ttl_interval: float = typer.Option(
+        60.0, "--ttl-interval", callback=_positive, help="Seconds between TTL passes."
+    ),
+    transaction_lifetime: float = typer.Option(
+        60.0,
+        "--transaction-lifetime",
+        callback=_positive,
+        help="Seconds after which an open transaction is aborted (mongod: 60).",
+    ),
+    snapshot_history_window: float = typer.Option(
+        300.0,
+        "--snapshot-history-window",
+        min=0.0,
+        help="Seconds of history kept for snapshot reads at a past cluster time "
+        "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
+    ),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="Start even though the data files show acknowledged commits were lost (an "
+        "emptied database file, a missing or truncated journal after a crash); the loss "
+        "is accepted.",
+    ),
+    enable_test_commands: bool = typer.Option(
+        False,
+        "--enable-test-commands",
+        help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
-        from accord.platform.embedded.__main__ import main
+        from accord.platform.embedded.foreground import serve
 
-        args = ["--dbpath", str(dbpath), "--port", str(port), "--host", host]
-        raise typer.Exit(main(args + (["--no-sync"] if no_sync else [])))
+        code = serve(
+            dbpath,
+            host=host,
+            port=port,
+            sync=not no_sync,
+            ttl_interval=ttl_interval,
+            transaction_lifetime=transaction_lifetime,
+            snapshot_history=snapshot_history_window,
+            repair=repair,
+            enable_test_commands=enable_test_commands,
+        )
+        raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
     if found:
         console.print(f"engine already running: pid {found[0]}, {connection.engine_uri(found[1])}")
         return
+    options = [
+        "--ttl-interval",
+        str(ttl_interval),
+        "--transaction-lifetime",
+        str(transaction_lifetime),
+        "--snapshot-history-window",
+        str(snapshot_history_window),
+    ]
+    if repair:
+        options.append("--repair")
+    if enable_test_commands:
+        options.append("--enable-test-commands")
     try:
         uri = connection.spawn_engine(
-            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0
+            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options
         )
     except AccordError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -73,6 +129,31 @@ def engine_status(dbpath: Path = DBPATH) -> None:
         raise typer.Exit(1)
     console.print(f"running: pid {found[0]}, {connection.engine_uri(found[1])}")
 
+
+#: Entry-point group through which the other parts of accord (memory, governance) add
+#: their commands, so the platform names none of them (DESIGN's dependency rule).
+PLUGIN_GROUP = "accord.cli"
+
+
+def load_plugins(target: typer.Typer) -> list[str]:
+    """Call every ``accord.cli`` entry point's ``register(app)``; names of those loaded. A
+    plugin that fails to load is reported and skipped: the rest of the CLI still works."""
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(target)
+        except Exception as exc:  # a broken optional part must not break `accord engine`
+            Console(stderr=True).print(
+                f"[yellow]accord: {ep.name} commands unavailable:[/yellow] {exc}"
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+load_plugins(app)
 
 if __name__ == "__main__":
     app()

@@ -14,13 +14,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
 from accord.errors import EngineStartError
-from accord.platform.embedded.server import LOCK_FILE, REPLICA_SET
+from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.settings import Settings
 
 ENGINE_LOG = "engine.log"
@@ -55,8 +56,13 @@ def ensure_engine(
     *,
     sync: bool | None = None,
     timeout: float | None = None,
+    enable_test_commands: bool = False,
 ) -> str:
-    """Start (or find) the embedded engine for ``data_dir`` and return its URI."""
+    """Start (or find) the embedded engine for ``data_dir`` and return its URI.
+
+    ``enable_test_commands`` starts it with ``--enable-test-commands`` (drivers' spec tests;
+    never for production). An engine already serving ``data_dir`` is returned as it runs.
+    """
     settings = Settings()
     directory = Path(data_dir or settings.data_dir).resolve()
     timeout = timeout or settings.engine_start_timeout
@@ -64,11 +70,30 @@ def ensure_engine(
     found = read_lock(directory)
     if found:
         return engine_uri(found[1])
-    return spawn_engine(directory, port=0, host="127.0.0.1", sync=sync, timeout=timeout)
+    return spawn_engine(
+        directory,
+        port=0,
+        host="127.0.0.1",
+        sync=sync,
+        timeout=timeout,
+        enable_test_commands=enable_test_commands,
+    )
 
 
-def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: float) -> str:
-    """Start an engine process for ``directory`` in its own session; return its URI."""
+def spawn_engine(
+    directory: Path,
+    *,
+    port: int,
+    host: str,
+    sync: bool,
+    timeout: float,
+    options: Sequence[str] = (),
+    enable_test_commands: bool = False,
+) -> str:
+    """Start an engine process for ``directory`` in its own session; return its URI.
+
+    ``options`` are further ``accord engine start`` flags (``--ttl-interval 5`` ...).
+    """
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -77,6 +102,9 @@ def spawn_engine(directory: Path, *, port: int, host: str, sync: bool, timeout: 
         ) from exc
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
+    cmd += list(options)
+    if enable_test_commands and "--enable-test-commands" not in cmd:
+        cmd.append("--enable-test-commands")
     with open(directory / ENGINE_LOG, "ab") as log:
         proc = subprocess.Popen(
             cmd,

@@ -153,10 +153,15 @@ def claim_plan(
     """
     at = at or now()
     filt: dict[str, Any] = {
+        # Redundant with the $or, but lets an index on status bound the scan to the open
+        # events (done ones pile up until retention removes them).
+        "status": {"$in": [PENDING, CLAIMED]},
         "$or": [
-            {"status": PENDING, "available_at": {"$lte": at}},
+            # An event without available_at (a producer that writes its own documents,
+            # e.g. the checkpointer's documented event shape) is available at once.
+            {"status": PENDING, "available_at": {"$not": {"$gt": at}}},
             {"status": CLAIMED, "lease_until": {"$lt": at}},
-        ]
+        ],
     }
     if kinds is not None:
         filt["kind"] = {"$in": sorted(set(kinds))}

@@ -18,12 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accord.platform.embedded.errors import EngineError
-from accord.platform.embedded.update import (
-    apply_update,
+from accord.platform.embedded.update import apply_update, upsert_seed
+from accord.platform.embedded.values import (
     bson_type_name,
     compare_values,
     format_value,
-    upsert_seed,
     values_equal,
 )
 

@@ -37,11 +37,6 @@ EXCLUDED = {
     "test_async_batch_store_handles_cancellation": "tests AsyncBatchedBaseStore with a mock store",
     "test_validate_op_namespace_rejects_invalid_labels": "tests langgraph's validate_op_namespace only",
     "test_validate_op_namespace_allows_empty_prefix_and_wildcards": "tests langgraph's validate_op_namespace only",
-    "test_embed_with_path": (
-        "needs several vectors per item (one per indexed field, max-pooled); accord stores "
-        "one vector per memory, the indexed fields embedded together, because Atlas indexes "
-        "one vector per document and path"
-    ),
 }
 
 

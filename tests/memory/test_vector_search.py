@@ -16,6 +16,8 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 from pymongo.operations import SearchIndexModel
 
+from accord.platform.embedded import vector_search
+
 DIMS = 16
 N = 300
 COLORS = ["red", "green", "blue"]
@@ -155,6 +157,49 @@ def test_binary_vectors_are_indexed_like_arrays(db):
     q = rng.normal(size=DIMS).astype(np.float32)
     ids, _ = expected(vectors, [{}] * 50, q, "cosine", lambda d: True, 5)
     assert [d["_id"] for d in search(db.items, q, limit=5)] == ids
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "euclidean", "dotProduct"])
+def test_bulk_built_binary_index_equals_numpy(db, similarity):
+    """An index built over existing BinData vectors (decoded in bulk) answers as numpy does,
+    skips the unusable ones, and stays right as documents change afterwards."""
+    rng = np.random.default_rng(11)
+    vectors = rng.normal(size=(300, DIMS)).astype(np.float32)
+    docs = [{"_id": i, "n": i, "tenant_id": f"t{i % 3}",
+             "embedding": Binary.from_vector(vectors[i].tolist(), BinaryVectorDtype.FLOAT32)
+             if i % 4 else vectors[i].tolist()}
+            for i in range(300)]  # fmt: skip
+    bad = [
+        {"_id": "nan", "embedding": Binary.from_vector([float("nan")] * DIMS,
+                                                       BinaryVectorDtype.FLOAT32)},
+        {"_id": "short", "embedding": Binary.from_vector([1.0] * 3, BinaryVectorDtype.FLOAT32)},
+        {"_id": "int8", "embedding": Binary.from_vector([1] * DIMS, BinaryVectorDtype.INT8)},
+    ]  # fmt: skip
+    if similarity == "cosine":
+        bad.append({"_id": "zero", "embedding": Binary.from_vector([0.0] * DIMS,
+                                                                   BinaryVectorDtype.FLOAT32)})  # fmt: skip
+    db.items.insert_many(docs + bad)
+    make_index(db.items, similarity)
+    keep = lambda d: d.get("tenant_id") == "t1"  # noqa: E731
+    for _ in range(3):
+        q = rng.normal(size=DIMS).astype(np.float32)
+        ids, scores = expected(vectors, docs, q, similarity, keep, 7)
+        got = search(db.items, q, limit=7, filter={"tenant_id": "t1"})
+        assert [d["_id"] for d in got] == ids
+        for d in got:
+            assert d["score"] == pytest.approx(float(scores[d["_id"]]), rel=1e-5, abs=1e-6)
+    hits = search(db.items, vectors[0], limit=400)
+    # Unusable vectors (NaN, wrong length, zero under cosine) are not indexed; an INT8
+    # vector of the right length is.
+    assert {d["_id"] for d in hits} == set(range(300)) | {"int8"}
+    db.items.delete_many({"_id": {"$in": [1, 2, 3]}})
+    db.items.update_one({"_id": 5}, {"$set": {"tenant_id": "t1"}})
+    docs[5]["tenant_id"] = "t1"
+    q = rng.normal(size=DIMS).astype(np.float32)
+    got = [d["_id"] for d in search(db.items, q, limit=10, filter={"tenant_id": "t1"})]
+    order = [i for i in expected(vectors, docs, q, similarity, lambda d: True, 300)[0]
+             if i not in (1, 2, 3) and docs[i]["tenant_id"] == "t1"]  # fmt: skip
+    assert got == order[:10]
 
 
 def test_documents_without_a_usable_vector_are_skipped(db):
@@ -363,6 +408,11 @@ def test_search_indexes_survive_a_restart(tmp_path):
     server = EmbeddedServer(dbpath=tmp_path, port=0, sync=False)
     server.start()
     try:
+        # The matrix was built at start-up, before any command asked for it.
+        indexes = vector_search.loaded(server.engine)
+        assert indexes is not None and len(indexes.build_seconds) == 1
+        (state,) = indexes.by_ns[f"{name}.items"].values()
+        assert len(state.matrices["embedding"]) == 19
         c = MongoClient(server.uri)
         coll = c[name].items
         assert [i["name"] for i in coll.list_search_indexes()] == ["vi"]

@@ -120,3 +120,20 @@ def test_concurrent_claims_take_each_event_once(
         t.join()
     assert sorted(taken) == sorted(set(taken)) and len(taken) == 30
     assert client[db_name].outbox.count_documents({"status": "done"}) == 30
+
+
+def test_an_event_without_available_at_is_claimable(
+    runner: Runner, client: MongoClient, db_name: str
+) -> None:
+    """Producers that write their own event documents (status pending, created_at, no
+    available_at/attempts) are consumed like the hook's."""
+    from datetime import UTC, datetime
+
+    client[db_name].outbox.insert_one(
+        {"_id": "e1", "tenant_id": "t1", "kind": "checkpoint", "status": "pending",
+         "created_at": datetime.now(UTC)}
+    )  # fmt: skip
+    event = claim(runner, db_name, "w")
+    assert event is not None and event.id == "e1" and event.attempts == 1
+    runner.execute(outbox.release_plan(db_name, "outbox", event, "boom", max_attempts=5))
+    assert claim(runner, db_name, "w") is None  # released with a backoff: not yet available

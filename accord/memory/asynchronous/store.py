@@ -12,8 +12,10 @@ Semantics follow BaseStore as InMemoryStore and PostgresStore implement it (Lang
 store tests run against this class): reads in a batch see the state before the batch's
 puts; the last put of a key in a batch wins; search with a query ranks by vector similarity
 (scores normalised to [0, 1] as Atlas does), then fills with items that have no embedding;
-TTL in minutes with ``refresh_on_read``. One vector per item: the texts of the indexed
-fields are embedded together (Atlas indexes one vector per document and path).
+TTL in minutes with ``refresh_on_read``. Each indexed field path of an item (IndexConfig
+``fields``, or the put's ``index=[...]``; ``$`` paths and wildcards such as ``a[*].b`` give a
+text per match) is embedded separately, and a search scores the item by its best field, as
+InMemoryStore and PostgresStore do.
 
 This module is the async source; :mod:`accord.memory.synchronous.store` is generated from
 it by ``tools/synchro.py``.
@@ -62,7 +64,9 @@ def _embedder_for(index: IndexConfig | None) -> Any:
     embed = index.get("embed")
     if embed is None:
         return None
-    if isinstance(embed, str) and (embed.startswith("voyage:") or embed == "hashing"):
+    if isinstance(embed, str) and (
+        embed.startswith(("voyage:", "local:")) or embed in ("hashing", "local")
+    ):
         return embed
     return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
 
@@ -189,19 +193,26 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
             return PutRequest(ns, op.key, None), False
         ttl = op.ttl if op.ttl is not None else (self.ttl_config or {}).get("default_ttl")
         embed = op.index is not False
-        text = None
+        field_texts: list[tuple[str, str]] = []
         if embed:
             paths = (
                 self._fields
                 if not isinstance(op.index, list)
                 else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
             )
-            texts = [t for _, tokens in paths for t in get_text_at_path(op.value, tokens)]
-            text = "\n".join(texts) if texts else None
-            embed = text is not None
-        req = PutRequest(ns, op.key, dict(op.value), text=text,
+            for path, tokens in paths:
+                texts = get_text_at_path(op.value, tokens)
+                # LangGraph's naming: one text keeps its path, several are numbered.
+                if len(texts) == 1:
+                    field_texts.append((path, texts[0]))
+                else:
+                    field_texts.extend((f"{path}.{i}", t) for i, t in enumerate(texts))
+            embed = bool(field_texts)
+        req = PutRequest(ns, op.key, dict(op.value),
+                         text="\n".join(t for _, t in field_texts) if field_texts else None,
                          provenance=model.Provenance(tenant_id=self.service.tenant_id),
-                         ttl_minutes=float(ttl) if ttl else None)  # fmt: skip
+                         ttl_minutes=float(ttl) if ttl else None,
+                         field_texts=tuple(field_texts))  # fmt: skip
         return req, embed
 
     # -- TTL ---------------------------------------------------------------------------------------

@@ -6,17 +6,20 @@ delete, search, list namespaces, history, TTL sweep, for ONE tenant. Every read 
 the tenant and a namespace prefix before anything else (``$vectorSearch`` pre-filters, or
 the ``find`` filter); caller-supplied value filters only narrow that scope further, are
 validated (no ``$`` field names, only BaseStore's operators) and are applied after the vector
-search, in Python, with BaseStore's semantics. Every write is a plan executed by the
-platform's unit of work (one transaction: the memory, its previous version in
-``memory_history``), with compare-and-set on ``version`` so two writers never lose an update.
+search, in Python, with BaseStore's semantics. Vector search runs on ``memory_vectors`` (one
+vector per memory and field path) and scores each memory by its best vector. Every write is a
+plan executed by the platform's unit of work (one transaction: the memory, its vectors, its
+previous version in ``memory_history``), with compare-and-set on ``version`` so two writers
+never lose an update.
 
 Generated from ``accord/memory/asynchronous/service.py`` by ``tools/synchro.py``: edit that file, not this one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,13 +27,14 @@ from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient
 from pymongo.operations import SearchIndexModel
 
 from accord.errors import InvalidInputError, MemoryConflictError, WriteRefused
-from accord.memory import model
+from accord.memory import model, vector_docs
 from accord.memory.embedders import Embedder, check_dimensions, resolve_embedder
 from accord.memory.model import Doc, Memory, PutRequest
 from accord.memory.writepath import (
     COMPONENT,
     LONG_TERM_MEMORY,
     MEMORY_HISTORY,
+    MEMORY_VECTOR,
     Catalog,
     Expect,
     Group,
@@ -44,7 +48,7 @@ from accord.platform.codes import DUPLICATE_KEY_CODES
 log = logging.getLogger("accord.memory")
 _IS_SYNC = True
 WRITE_ATTEMPTS = 8
-MAX_CANDIDATES = 10_000
+MAX_CANDIDATES = model.MAX_CANDIDATES
 
 
 def _conflict(_: Any) -> BaseException:
@@ -69,6 +73,7 @@ class MemoryService:
         dims: int | None = None,
         memory_collection: str = model.MEMORY_COLLECTION,
         history_collection: str = model.HISTORY_COLLECTION,
+        vectors_collection: str = model.VECTORS_COLLECTION,
         uow: UnitOfWork | None = None,
         principal: str | None = None,
     ) -> None:
@@ -85,7 +90,10 @@ class MemoryService:
         check_dimensions(self.embedder, self.dims, "this service")
         self.memory_collection = memory_collection
         self.history_collection = history_collection
+        self.vectors_collection = vectors_collection
         self.uow = uow or UnitOfWork(client)
+        # Every write of a memory on this unit of work writes its vectors with it.
+        vector_docs.register(self.uow, db_name, memory_collection, vectors_collection)
         self.principal = principal
 
     @property
@@ -95,6 +103,10 @@ class MemoryService:
     @property
     def history_coll(self) -> Any:
         return self.client[self.db_name][self.history_collection]
+
+    @property
+    def vectors(self) -> Any:
+        return self.client[self.db_name][self.vectors_collection]
 
     def for_tenant(self, tenant_id: str) -> MemoryService:
         """The same store, scoped to another tenant (shares client, embedder, unit of work)."""
@@ -112,7 +124,8 @@ class MemoryService:
         """
         Catalog(self.uow, self.db_name).setup(
             COMPONENT,
-            {self.memory_collection: LONG_TERM_MEMORY, self.history_collection: MEMORY_HISTORY},
+            {self.memory_collection: LONG_TERM_MEMORY, self.history_collection: MEMORY_HISTORY,
+             self.vectors_collection: MEMORY_VECTOR},
             {
                 self.memory_collection: [
                     IndexModel([("tenant_id", ASCENDING), ("ns_prefixes", ASCENDING)],
@@ -126,17 +139,21 @@ class MemoryService:
                                name="memory_version"),
                     IndexModel([("tenant_id", ASCENDING)], name="tenant"),
                 ],
+                self.vectors_collection: [
+                    IndexModel([("memory_id", ASCENDING)], name="memory"),
+                    IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
+                ],
             },
         )  # fmt: skip
-        existing = [i for i in self.memories.list_search_indexes(model.VECTOR_INDEX)]
+        existing = [i for i in self.vectors.list_search_indexes(model.VECTOR_INDEX)]
         if existing:
             fields = existing[0].get("latestDefinition", {}).get("fields", [])
             dims = next((f.get("numDimensions") for f in fields if f.get("type") == "vector"), None)
             if dims is not None:
-                where = f"the vector index of {self.db_name}.{self.memory_collection}"
+                where = f"the vector index of {self.db_name}.{self.vectors_collection}"
                 check_dimensions(_Fixed(self.dims), int(dims), where)
             return
-        self.memories.create_search_index(
+        self.vectors.create_search_index(
             SearchIndexModel(definition=model.vector_index_definition(self.dims),
                              name=model.VECTOR_INDEX, type="vectorSearch")
         )  # fmt: skip
@@ -174,25 +191,41 @@ class MemoryService:
         last: dict[tuple[tuple[str, ...], str], int] = {}
         for i, r in enumerate(reqs):
             last[(r.namespace, r.key)] = i
-        chosen = [i for i in sorted(last.values())]
-        to_embed = [i for i in chosen if reqs[i].value is not None and flags[i]
-                    and reqs[i].text and reqs[i].embedding is None]  # fmt: skip
-        vectors: dict[int, list[float]] = {}
-        if to_embed:
-            texts = [str(reqs[i].text) for i in to_embed]
-            embedded = self.embedder.embed_documents(texts)
-            for i, v in zip(to_embed, embedded, strict=True):
+        chosen = sorted(last.values())
+        # Each distinct text is embedded once, in one batch: a memory's one text, or the
+        # texts of its fields.
+        wanted: dict[int, list[str]] = {}
+        for i in chosen:
+            r = reqs[i]
+            if r.value is None or not flags[i] or r.embedding is not None or r.field_embeddings:
+                continue
+            if r.field_texts:
+                wanted[i] = [t for _, t in r.field_texts]
+            elif r.text:
+                wanted[i] = [str(r.text)]
+        texts = list(dict.fromkeys(t for ts in wanted.values() for t in ts))
+        embedded: dict[str, list[float]] = {}
+        if texts:
+            vectors = self.embedder.embed_documents(texts)
+            for text, v in zip(texts, vectors, strict=True):
                 if len(v) != self.dims:
-                    check_dimensions(_Fixed(len(v)), self.dims, self.memory_collection)
-                vectors[i] = v
+                    check_dimensions(_Fixed(len(v)), self.dims, self.vectors_collection)
+                embedded[text] = v
         final = []
         for i in chosen:
             r = reqs[i]
-            if i in vectors:
-                r = PutRequest(r.namespace, r.key, r.value, r.text, vectors[i], r.kind,
-                               r.provenance, r.ttl_minutes)  # fmt: skip
-            elif r.value is not None and r.embedding is not None and len(r.embedding) != self.dims:
-                check_dimensions(_Fixed(len(r.embedding)), self.dims, self.memory_collection)
+            if i in wanted and r.field_texts:
+                r = dataclasses.replace(
+                    r, field_embeddings=tuple((p, embedded[t]) for p, t in r.field_texts)
+                )
+            elif i in wanted:
+                r = dataclasses.replace(r, embedding=embedded[str(r.text)])
+            elif r.value is not None:
+                given: list[Sequence[float]] = [v for _, v in r.field_embeddings]
+                given += [r.embedding] if r.embedding is not None else []
+                for vec in given:
+                    if len(vec) != self.dims:
+                        check_dimensions(_Fixed(len(vec)), self.dims, self.vectors_collection)
             final.append(r)
         for attempt in range(WRITE_ATTEMPTS):
             ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
@@ -327,7 +360,7 @@ class MemoryService:
         if kinds:
             q["kind"] = {"$in": list(kinds)}
         if unembedded:
-            q["embedding"] = {"$exists": False}
+            q.update(model.UNEMBEDDED)
         cursor = self.memories.find(q, model.PROJECTION).sort(
             [("updated_at", DESCENDING), ("_id", ASCENDING)]
         )
@@ -344,27 +377,53 @@ class MemoryService:
                       recency_weight: float, half_life_days: float) -> list[Memory]:  # fmt: skip
         vector = self.embedder.embed_query(query)
         if len(vector) != self.dims:
-            check_dimensions(_Fixed(len(vector)), self.dims, self.memory_collection)
-        n = min(MAX_CANDIDATES, max(want, 10) * (4 if filt else 1))
-        while True:
-            pipeline = [
-                model.vector_stage(self.tenant_id, prefix, vector, n, kinds),
-                {"$project": {"embedding": 0, "ns_prefixes": 0}},
-                {"$addFields": {"_score": {"$meta": "vectorSearchScore"}}},
-            ]
-            raw = [d for d in self.memories.aggregate(pipeline)]
-            kept = [d for d in raw
-                    if model.live(d, now) and model.value_matches(d.get("value"), filt)]  # fmt: skip
-            if len(kept) >= want or len(raw) < n or n >= MAX_CANDIDATES:
-                break
-            n = min(MAX_CANDIDATES, n * 4)
-        hits = [Memory.from_doc(d, float(d["_score"])) for d in kept]
+            check_dimensions(_Fixed(len(vector)), self.dims, self.vectors_collection)
+
+        def keep(doc: Doc) -> bool:
+            return model.live(doc, now) and model.value_matches(doc.get("value"), filt)
+
+        found = self.nearest(prefix, vector, limit=want, kinds=kinds, keep=keep,
+                                   widen=4 if filt else 1)  # fmt: skip
+        hits = [Memory.from_doc(d, score) for d, score in found]
         if recency_weight > 0:
             for h in hits:
                 h.score = model.recency_weighted(h.score or 0.0, h.updated_at, now,
                                                  recency_weight, half_life_days)  # fmt: skip
             hits.sort(key=lambda h: -(h.score or 0.0))
         return hits[:want]
+
+    def nearest(
+        self,
+        namespace_prefix: Sequence[str],
+        vector: Sequence[float],
+        *,
+        limit: int = 10,
+        kinds: Sequence[str] | None = None,
+        keep: Callable[[Doc], bool] | None = None,
+        projection: Doc | None = model.PROJECTION,
+        widen: int = 1,
+    ) -> list[tuple[Doc, float]]:
+        """Memory documents nearest to ``vector`` under ``namespace_prefix``, best first,
+        each with its best vector's score (Atlas's, in [0, 1]).
+
+        ``$vectorSearch`` on the vectors, pre-filtered on this tenant, the prefix and
+        ``kinds``; then the memories, read by id (``projection``; None: whole documents,
+        vectors included). ``keep`` drops documents (expired ones, value filters...): the
+        vector search widens (x4 a round, up to Atlas's 10,000) until ``limit`` are kept.
+        """
+        prefix = model.check_namespace(namespace_prefix, allow_empty=True)
+        n = min(MAX_CANDIDATES, max(limit, 10) * widen)
+        while True:
+            pipeline = model.vector_search_pipeline(self.tenant_id, prefix, vector, n, kinds)
+            raw = [d for d in self.vectors.aggregate(pipeline)]
+            best = model.best_per_memory(raw)
+            docs = {d["_id"]: d for d in self.memories.find(
+                {"_id": {"$in": list(best)}, "tenant_id": self.tenant_id}, projection)}  # fmt: skip
+            kept = [(docs[m], score) for m, score in best.items()
+                    if m in docs and (keep is None or keep(docs[m]))]  # fmt: skip
+            if len(kept) >= limit or len(raw) < n or n >= MAX_CANDIDATES:
+                return kept[:limit]
+            n = min(MAX_CANDIDATES, n * 4)
 
     def list_namespaces(self, *, prefix: Sequence[str] | None = None,
                               suffix: Sequence[str] | None = None, max_depth: int | None = None,

@@ -12,11 +12,10 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from mongomock import OperationFailure
-from mongomock import aggregate as mm_aggregate
-
-from accord.platform.embedded import query
-from accord.platform.embedded.errors import EngineError, bad_value
+from accord.platform.embedded import mongomock_bridge, query
+from accord.platform.embedded.errors import Code, EngineError, bad_value
+from accord.platform.embedded.mongomock_bridge import OperationFailure
+from accord.platform.embedded.paths import MISSING
 
 Doc = dict[str, Any]
 # Reads the documents of another collection of the same database (for $lookup).
@@ -35,18 +34,24 @@ class Pipeline:
         self.reader = reader
         self.collection = collection
 
-    def run(self, docs: list[Doc], pipeline: list[Any]) -> list[Doc]:
+    def run(self, docs: list[Doc], pipeline: list[Any], *, owned: bool = False) -> list[Doc]:
+        """Run ``pipeline`` over ``docs``; ``owned``: the caller hands over fresh documents
+        the stages may change in place (otherwise they are copied first)."""
         if not isinstance(pipeline, list):
-            raise EngineError(14, "'pipeline' option must be specified as an array")
-        docs = copy.deepcopy(docs)
+            raise EngineError(Code.TypeMismatch, "'pipeline' option must be specified as an array")
+        if not owned:
+            docs = copy.deepcopy(docs)
         for position, stage in enumerate(pipeline):
             if not isinstance(stage, dict) or len(stage) != 1:
                 raise EngineError(
-                    40323, "A pipeline stage specification object must contain exactly one field."
+                    Code.Location40323,
+                    "A pipeline stage specification object must contain exactly one field.",
                 )
             ((name, spec),) = stage.items()
             if name in FIRST_STAGE_ONLY and position != 0:
-                raise EngineError(40602, f"{name} is only valid as the first stage in a pipeline")
+                raise EngineError(
+                    Code.Location40602, f"{name} is only valid as the first stage in a pipeline"
+                )
             docs = self._stage(name, spec, docs)
         return docs
 
@@ -58,18 +63,20 @@ class Pipeline:
             return [d for d in docs if query.matches(spec, d)]
         if name == "$sort":
             if not isinstance(spec, dict) or not spec:
-                raise EngineError(15976, "$sort stage must have at least one sort key")
+                raise EngineError(Code.Location15976, "$sort stage must have at least one sort key")
             return query.sort_docs(docs, spec)
         if name in ("$limit", "$skip"):
             if isinstance(spec, bool) or not isinstance(spec, int | float) or spec < 0:
-                raise EngineError(15958, f"invalid argument to {name} stage: {spec!r}")
+                raise EngineError(Code.Location15958, f"invalid argument to {name} stage: {spec!r}")
             if name == "$limit" and spec == 0:
-                raise EngineError(15958, "the limit must be positive")
+                raise EngineError(Code.Location15958, "the limit must be positive")
             return docs[: int(spec)] if name == "$limit" else docs[int(spec) :]
         if name == "$unset":
             fields = [spec] if isinstance(spec, str) else spec
             if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-                raise EngineError(31002, "$unset specification must be a string or an array")
+                raise EngineError(
+                    Code.Location31002, "$unset specification must be a string or an array"
+                )
             return [query.project(d, {f: 0 for f in fields}) for d in docs]
         if name == "$replaceWith":
             return self._stage("$replaceRoot", {"newRoot": spec}, docs)
@@ -78,7 +85,9 @@ class Pipeline:
             return query.sort_docs(grouped, {"count": -1})
         if name == "$facet":
             if not isinstance(spec, dict):
-                raise EngineError(15947, "a facet's fields must be specified in an object")
+                raise EngineError(
+                    Code.Location15947, "a facet's fields must be specified in an object"
+                )
             return [
                 {k: Pipeline(self.reader, self.collection).run(docs, p) for k, p in spec.items()}
             ]
@@ -87,7 +96,8 @@ class Pipeline:
         if name == "$count":
             if not isinstance(spec, str) or not spec or spec.startswith("$") or "." in spec:
                 raise EngineError(
-                    40156, "the count field must be a non-empty string without '$' or '.'"
+                    Code.Location40156,
+                    "the count field must be a non-empty string without '$' or '.'",
                 )
             return [{spec: len(docs)}] if docs else []
         if name == "$unwind":
@@ -96,26 +106,27 @@ class Pipeline:
             if not isinstance(spec, list):
                 raise bad_value("$documents needs an array of documents")
             return copy.deepcopy(spec)
-        handler = mm_aggregate._PIPELINE_HANDLERS.get(name)
+        handler = mongomock_bridge.pipeline_stage(name)
         if handler is None or name in ("$out", "$merge", "$graphLookup"):
-            raise EngineError(40324, f"Unrecognized pipeline stage name: '{name}'")
+            raise EngineError(Code.Location40324, f"Unrecognized pipeline stage name: '{name}'")
         try:
             return list(handler(docs, None, spec))
         except EngineError:
             raise
         except OperationFailure as exc:
-            raise EngineError(exc.code or 2, str(exc)) from exc
+            raise EngineError(exc.code or Code.BadValue, str(exc)) from exc
         except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise bad_value(f"{name} failed: {exc}") from exc
 
     def _lookup(self, spec: Any, docs: list[Doc]) -> list[Doc]:
         if not isinstance(spec, dict) or "as" not in spec or not isinstance(spec["as"], str):
-            raise EngineError(40319, "$lookup requires an 'as' field")
+            raise EngineError(Code.Location40319, "$lookup requires an 'as' field")
         foreign = self.reader(spec["from"]) if "from" in spec else []
         local_field, foreign_field = spec.get("localField"), spec.get("foreignField")
         if (local_field is None) != (foreign_field is None):
             raise EngineError(
-                40321, "$lookup requires both or neither of localField and foreignField"
+                Code.Location40321,
+                "$lookup requires both or neither of localField and foreignField",
             )
         sub_pipeline = spec.get("pipeline")
         let = spec.get("let") or {}
@@ -123,9 +134,7 @@ class Pipeline:
         for doc in docs:
             matched = foreign
             if local_field is not None:
-                locals_ = [
-                    v for v in query.path_values(doc, local_field) if v is not query._MISSING
-                ]
+                locals_ = [v for v in query.path_values(doc, local_field) if v is not MISSING]
                 if not locals_:
                     locals_ = [None]
                 keyed = [query.canonical(v) for v in locals_]
@@ -135,7 +144,8 @@ class Pipeline:
                 ]  # fmt: skip
             if sub_pipeline is not None:
                 variables = {
-                    name: mm_aggregate._parse_expression(expr, doc) for name, expr in let.items()
+                    name: mongomock_bridge.evaluate_expression(expr, doc)
+                    for name, expr in let.items()
                 }
                 bound = _bind_variables(sub_pipeline, variables)
                 matched = Pipeline(self.reader, spec.get("from")).run(matched, bound)
@@ -146,7 +156,7 @@ class Pipeline:
 
 
 def _values_or_null(doc: Doc, path: str) -> list[Any]:
-    values = [v for v in query.path_values(doc, path) if v is not query._MISSING]
+    values = [v for v in query.path_values(doc, path) if v is not MISSING]
     return values or [None]
 
 
@@ -171,11 +181,14 @@ def _unwind(spec: Any, docs: list[Doc]) -> list[Doc]:
     options = {"path": spec} if isinstance(spec, str) else spec
     if not isinstance(options, dict):
         raise EngineError(
-            15981, "expected either a string or an object as specification for $unwind stage"
+            Code.Location15981,
+            "expected either a string or an object as specification for $unwind stage",
         )
     path = options.get("path")
     if not isinstance(path, str) or not path.startswith("$"):
-        raise EngineError(28818, "path option to $unwind stage should be prefixed with a '$'")
+        raise EngineError(
+            Code.Location28818, "path option to $unwind stage should be prefixed with a '$'"
+        )
     field_path = path[1:]
     index_field = options.get("includeArrayIndex")
     preserve = bool(options.get("preserveNullAndEmptyArrays", False))

@@ -1,4 +1,9 @@
-"""Server-side cursors: materialised result sets served in batches under 16 MB."""
+"""Server-side cursors: materialised result sets served in batches under 16 MB.
+
+Results are dicts or ``RawBSONDocument``s (stored BSON passed through untouched). Each
+document is encoded at most once: ``_take`` measures a dict by encoding it and keeps the
+encoding as a ``RawBSONDocument``, which the reply then embeds byte for byte.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import bson
+from bson.raw_bson import RawBSONDocument
 
-from accord.platform.embedded.errors import EngineError
-from accord.platform.embedded.wire import MAX_BSON_SIZE
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.wire import CODEC, MAX_BSON_SIZE
 
 Doc = dict[str, Any]
 DEFAULT_FIRST_BATCH = 101
@@ -24,7 +30,7 @@ CURSOR_TIMEOUT_S = 600.0
 class Cursor:
     id: int
     ns: str
-    docs: list[Doc]
+    docs: list[Any]
     pos: int = 0
     session: bytes | None = None
     last_used: float = field(default_factory=time.monotonic)
@@ -36,7 +42,7 @@ class CursorManager:
         self._ids = itertools.count(random.randint(1, 2**40))
 
     def first_batch(
-        self, ns: str, docs: list[Doc], batch_size: int | None, session: bytes | None,
+        self, ns: str, docs: list[Any], batch_size: int | None, session: bytes | None,
         *, single_batch: bool = False, key: str = "firstBatch",
     ) -> Doc:  # fmt: skip
         cursor = Cursor(id=0, ns=ns, docs=docs, session=session)
@@ -50,10 +56,11 @@ class CursorManager:
     def get_more(self, cursor_id: int, ns: str, batch_size: int | None) -> Doc:
         cursor = self.cursors.get(cursor_id)
         if cursor is None:
-            raise EngineError(43, f"cursor id {cursor_id} not found")
+            raise EngineError(Code.CursorNotFound, f"cursor id {cursor_id} not found")
         if cursor.ns != ns:
             raise EngineError(
-                13, f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'"
+                Code.Unauthorized,
+                f"Requested getMore on namespace '{ns}', but cursor belongs to '{cursor.ns}'",
             )
         cursor.last_used = time.monotonic()
         batch = self._take(cursor, batch_size or None)
@@ -85,13 +92,15 @@ class CursorManager:
                 del self.cursors[cid]
 
     @staticmethod
-    def _take(cursor: Cursor, limit: int | None) -> list[Doc]:
+    def _take(cursor: Cursor, limit: int | None) -> list[Any]:
         """Up to ``limit`` docs (None = no count limit), never more than fits in one reply."""
-        batch: list[Doc] = []
+        batch: list[Any] = []
         size = 0
         while cursor.pos < len(cursor.docs) and (limit is None or len(batch) < limit):
             doc = cursor.docs[cursor.pos]
-            doc_size = len(bson.encode(doc))
+            if not isinstance(doc, RawBSONDocument):
+                doc = RawBSONDocument(bson.encode(doc, codec_options=CODEC))
+            doc_size = len(doc.raw)
             if batch and size + doc_size > BATCH_BYTES:
                 break
             batch.append(doc)

@@ -16,9 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 import bson
+from bson.timestamp import Timestamp
 
 from accord.platform.embedded import commands
-from accord.platform.embedded.commands import COMMANDS, TXN_COMMANDS, WRITE_COMMANDS, Context
+from accord.platform.embedded.commands import (
+    COMMANDS,
+    TEST_COMMANDS,
+    TXN_COMMANDS,
+    WRITE_COMMANDS,
+    Context,
+)
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import (
     SESSION_TIMEOUT_MINUTES,
@@ -26,8 +33,11 @@ from accord.platform.embedded.engine import (
     Engine,
     Session,
     Txn,
+    timestamp_to_ts,
+    ts_to_timestamp,
 )
-from accord.platform.embedded.errors import TRANSIENT, EngineError
+from accord.platform.embedded.errors import TRANSIENT, Code, EngineError, type_mismatch
+from accord.platform.embedded.group_commit import PendingCommit
 
 log = logging.getLogger("accord.engine")
 
@@ -41,9 +51,28 @@ GENERIC_ARGS = {
 }  # fmt: skip
 
 
+# Commands that may read at a snapshot outside a transaction (readConcern level snapshot).
+SNAPSHOT_READS = {"find", "aggregate", "distinct"}
+_NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
+
+
+class _Call:
+    """What one command leaves for after the engine lock is released."""
+
+    __slots__ = ("ticket", "op_ts")
+
+    def __init__(self) -> None:
+        # A commit to wait for before the reply may be sent (group commit).
+        self.ticket: PendingCommit | None = None
+        # The cluster time the command read at or committed at (operationTime).
+        self.op_ts: int | None = None
+
+
 def no_such_transaction(number: int) -> EngineError:
     return EngineError(
-        251, f"Transaction with {{ txnNumber: {number} }} has been aborted.", labels=(TRANSIENT,)
+        Code.NoSuchTransaction,
+        f"Transaction with {{ txnNumber: {number} }} has been aborted.",
+        labels=(TRANSIENT,),
     )
 
 
@@ -56,82 +85,150 @@ class Dispatcher:
         hello: Callable[[Doc], Doc],
         *,
         txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
+        test_commands: bool = False,
     ) -> None:
         self.engine = engine
         # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
         self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
         self.hello = hello
+        # mongod's enableTestCommands: the TEST_COMMANDS are served only when it is set.
+        self.test_commands = test_commands
 
     def execute(self, cmd: Doc) -> Doc:
+        call = _Call()
         try:
-            return self._execute(cmd)
+            reply = self._execute(cmd, call)
         except EngineError as exc:
-            return exc.to_reply()
+            reply = exc.to_reply()
         except RecursionError:
-            return EngineError(2, "document nested too deeply").to_reply()
+            reply = EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
             log.exception("internal error executing %r", next(iter(cmd), None))
-            return EngineError(1, f"internal error: {type(exc).__name__}: {exc}").to_reply()
+            reply = EngineError(
+                Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
+            ).to_reply()
+        return self._stamp(reply, call)
 
-    def _execute(self, cmd: Doc) -> Doc:
+    def _stamp(self, reply: Doc, call: _Call) -> Doc:
+        """Add ``operationTime`` and ``$clusterTime`` as a replica-set member does."""
+        visible = self.engine.visible
+        op_ts = call.op_ts if call.op_ts is not None else visible
+        reply["operationTime"] = ts_to_timestamp(op_ts)
+        reply["$clusterTime"] = {
+            "clusterTime": ts_to_timestamp(max(visible, op_ts)), "signature": _NO_SIGNATURE,
+        }  # fmt: skip
+        return reply
+
+    def _execute(self, cmd: Doc, call: _Call) -> Doc:
         if not cmd:
-            raise EngineError(59, "no such command: ''")
+            raise EngineError(Code.CommandNotFound, "no such command: ''")
         name = next(iter(cmd))
         handler = COMMANDS.get(name)
-        if handler is None:
-            raise EngineError(59, f"no such command: '{name}'")
+        if handler is None or (name in TEST_COMMANDS and not self.test_commands):
+            raise EngineError(Code.CommandNotFound, f"no such command: '{name}'")
         db = cmd.get("$db")
         if db is None:
-            raise EngineError(40571, "OP_MSG requests require a $db argument")
+            raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.lock:
-            return self._run(name, handler, db, cmd)
+        with self.engine.locked(name):
+            reply = self._run(name, handler, db, cmd, call)
+        if call.ticket is not None:
+            # Acknowledge only once durable; the lock is free for others meanwhile.
+            self.engine.wait_durable(call.ticket)
+            call.op_ts = call.ticket.ts
+        return reply
 
-    def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc) -> Doc:
+    def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc, call: _Call) -> Doc:
         engine = self.engine
         lsid = cmd.get("lsid")
         session: Session | None = None
         if lsid is not None:
             if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
-                raise EngineError(2, "lsid must be an object with a UUID 'id'")
+                raise EngineError(Code.BadValue, "lsid must be an object with a UUID 'id'")
             session = engine.session(bson.encode({"id": lsid["id"]}))
         txn_number = cmd.get("txnNumber")
         if txn_number is not None and (
             not isinstance(txn_number, int) or isinstance(txn_number, bool)
         ):
-            raise EngineError(14, "txnNumber must be a 64-bit integer")
+            raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
+        read_concern = _read_concern(cmd)
         if autocommit is not None:
-            return self._in_transaction(name, handler, db, cmd, session, txn_number, autocommit)
+            return self._in_transaction(
+                name, handler, db, cmd, session, txn_number, autocommit, read_concern, call
+            )
         if name in ("commitTransaction", "abortTransaction"):
-            raise EngineError(50768, f"{name} must be run within a transaction")
+            raise EngineError(Code.Location50768, f"{name} must be run within a transaction")
+        snapshot_at = self._read_point(name, read_concern)
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
-                    50768,
+                    Code.Location50768,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
-            return self._retryable(handler, db, cmd, session, txn_number)
+            return self._retryable(handler, db, cmd, session, txn_number, call)
         if name in WRITE_COMMANDS:
-            return self._autocommit(handler, db, cmd, session, None)
-        view = engine.begin(explicit=False)
+            return self._autocommit(handler, db, cmd, session, None, call)
+        view = engine.begin(explicit=False, snapshot=snapshot_at)
+        call.op_ts = view.snapshot
         try:
-            return handler(self._ctx(db, view, False, session), cmd)
+            reply = handler(self._ctx(db, view, False, session), cmd)
         finally:
             engine.abort(view, "read finished")
+        if read_concern.get("level") == "snapshot" and reply.get("ok"):
+            at = ts_to_timestamp(view.snapshot)
+            if isinstance(reply.get("cursor"), dict):
+                reply["cursor"]["atClusterTime"] = at
+            else:
+                reply["atClusterTime"] = at
+        return reply
+
+    def _read_point(self, name: str, read_concern: Doc) -> int | None:
+        """The snapshot a command outside a transaction reads at (None: the latest),
+        after waiting for ``afterClusterTime``; refuses snapshot reads MongoDB refuses."""
+        engine = self.engine
+        after = read_concern.get("afterClusterTime")
+        if after is not None:
+            engine.advance_to(timestamp_to_ts(after))
+        if read_concern.get("level") != "snapshot":
+            if "atClusterTime" in read_concern:
+                raise EngineError(
+                    Code.InvalidOptions,
+                    "atClusterTime is only allowed with readConcern level snapshot",
+                )
+            return None
+        if name not in SNAPSHOT_READS:
+            raise EngineError(
+                Code.InvalidOptions,
+                f"readConcern level 'snapshot' is not supported for '{name}' outside a "
+                "multi-document transaction: only find, aggregate and distinct read at a snapshot",
+            )
+        at = read_concern.get("atClusterTime")
+        if at is None:
+            return engine.visible
+        ts = timestamp_to_ts(at)
+        if ts < engine.history_start():
+            raise EngineError(
+                Code.SnapshotTooOld,
+                f"Read timestamp {at} is older than the oldest available timestamp: the engine "
+                f"keeps {engine.history_window:g} s of history (minSnapshotHistoryWindowInSeconds)",
+            )
+        engine.advance_to(ts)
+        return ts
 
     def _ctx(self, db: str, txn: Txn, in_txn: bool, session: Session | None) -> Context:
         return Context(
             engine=self.engine, cursors=self.cursors, db=db, txn=txn, in_transaction=in_txn,
             session_key=session.key if session else None, hello=self.hello,
+            test_commands=self.test_commands,
         )  # fmt: skip
 
     # -- autocommit writes ------------------------------------------------------------------
 
     def _autocommit(
         self, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        record: tuple[bytes, int] | None,
+        record: tuple[bytes, int] | None, call: _Call,
     ) -> Doc:  # fmt: skip
         """Run a write command in its own transaction, waiting out conflicting transactions."""
         deadline = time.monotonic() + WRITE_WAIT_S
@@ -141,15 +238,15 @@ class Dispatcher:
                 reply = handler(self._ctx(db, txn, False, session), cmd)
             except EngineError as exc:
                 self.engine.abort(txn, "write failed")
-                if exc.code != 112:
+                if exc.code != Code.WriteConflict:
                     raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineError(
-                        50,
+                        Code.MaxTimeMSExpired,
                         "operation exceeded time limit waiting for a transaction that holds the documents",
                     ) from exc
-                self.engine.changed.wait(min(remaining, 0.5))
+                self.engine.wait_changed(min(remaining, 0.5))
                 continue
             except BaseException:
                 self.engine.abort(txn, "write failed")
@@ -157,54 +254,79 @@ class Dispatcher:
             stored = None
             if record is not None:
                 stored = (record[0], record[1], {"kind": "retry", "reply": reply})
-            self.engine.commit(txn, record=stored)
+            call.ticket = self.engine.commit(txn, record=stored)
+            call.op_ts = txn.snapshot if call.ticket is None else call.ticket.ts
             return reply
 
     def _retryable(
-        self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int
-    ) -> Doc:
+        self, handler: commands.Handler, db: str, cmd: Doc, session: Session, number: int,
+        call: _Call,
+    ) -> Doc:  # fmt: skip
         if number < session.retry_number or number < session.txn_number:
             raise EngineError(
-                225,
+                Code.TransactionTooOld,
                 f"Retryable write with txnNumber {number} is prohibited on session because a newer retryable write with txnNumber {max(session.retry_number, session.txn_number)} has already started on this session.",
             )
         if number == session.retry_number and session.retry_reply is not None:
+            ticket = session.retry_ticket
+            if ticket is not None and ticket.state not in ("done", "failed"):
+                call.ticket = ticket  # the first attempt is not durable yet: wait for it
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
-        reply = self._autocommit(handler, db, cmd, session, (session.key, number))
+        reply = self._autocommit(handler, db, cmd, session, (session.key, number), call)
         session.retry_number, session.retry_reply = number, reply
+        ticket = call.ticket
+        if ticket is not None:
+            session.retry_ticket = ticket
+
+            def forget() -> None:  # the write was rolled back: a retry must apply it
+                if session.retry_number == number and session.retry_ticket is ticket:
+                    session.retry_reply = None
+                    session.retry_ticket = None
+
+            ticket.on_failure.append(forget)
         return reply
 
     # -- multi-document transactions -------------------------------------------------------
 
     def _in_transaction(
         self, name: str, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        number: int | None, autocommit: Any,
+        number: int | None, autocommit: Any, read_concern: Doc, call: _Call,
     ) -> Doc:  # fmt: skip
         if autocommit is not False:
-            raise EngineError(72, "autocommit must be false when specified")
+            raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
         if session is None or number is None:
-            raise EngineError(50768, "a transaction requires both lsid and txnNumber")
+            raise EngineError(Code.Location50768, "a transaction requires both lsid and txnNumber")
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:
                 raise EngineError(
-                    225,
+                    Code.TransactionTooOld,
                     f"Cannot start transaction {number} on session because a newer transaction {session.txn_number} has already started.",
                 )
             if number == session.txn_number:
                 raise EngineError(
-                    251 if session.txn_state != "in_progress" else 50911,
+                    Code.NoSuchTransaction if session.txn_state != "in_progress" else 50911,
                     f"Cannot start a transaction with txnNumber {number}: it was already started on this session.",
                 )
             if session.txn is not None and session.txn_state == "in_progress":
                 engine.abort(session.txn, "a newer transaction started on the session")
-            txn = engine.begin(explicit=True, session=session)
+            snapshot = None
+            if read_concern.get("afterClusterTime") is not None:
+                engine.advance_to(timestamp_to_ts(read_concern["afterClusterTime"]))
+            if read_concern.get("atClusterTime") is not None:
+                snapshot = self._read_point("find", read_concern)
+            txn = engine.begin(explicit=True, session=session, snapshot=snapshot)
             txn.txn_number = number
             session.txn, session.txn_number, session.txn_state = txn, number, "in_progress"
         elif number != session.txn_number:
             raise no_such_transaction(number)
+        elif read_concern:
+            raise EngineError(
+                Code.InvalidOptions,
+                "Only the first command in a transaction may specify a readConcern",
+            )
         if name == "commitTransaction":
-            return self._commit(session, number)
+            return self._commit(session, number, call)
         if name == "abortTransaction":
             if session.txn_state != "in_progress" or session.txn is None:
                 raise no_such_transaction(number)
@@ -219,7 +341,11 @@ class Dispatcher:
             engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
             raise no_such_transaction(number)
         if name not in TXN_COMMANDS:
-            raise EngineError(263, f"Cannot run '{name}' in a multi-document transaction.")
+            raise EngineError(
+                Code.OperationNotSupportedInTransaction,
+                f"Cannot run '{name}' in a multi-document transaction.",
+            )
+        call.op_ts = txn.snapshot
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
         except EngineError:
@@ -230,15 +356,33 @@ class Dispatcher:
             engine.abort(txn, "a write in the transaction failed")
         return reply
 
-    def _commit(self, session: Session, number: int) -> Doc:
+    def _commit(self, session: Session, number: int, call: _Call) -> Doc:
         if session.txn_state == "committed":
-            return {"ok": 1.0}  # a retried commit of a transaction that already committed
+            # A retried commit of a transaction that already committed (or is committing).
+            ticket = session.commit_ticket
+            if ticket is not None and ticket.state not in ("done", "failed"):
+                call.ticket = ticket
+            return {"ok": 1.0}
         if session.txn_state != "in_progress" or session.txn is None:
             raise no_such_transaction(number)
         txn = session.txn
-        self.engine.commit(txn, record=(session.key, number, {"kind": "commit"}))
+        # A read-only transaction has nothing to make durable.
+        wrote = bool(txn.writes or txn.created)
+        record = (session.key, number, {"kind": "commit"}) if wrote else None
+        ticket = self.engine.commit(txn, record=record)
         session.txn_state = "committed"
         session.txn = None
+        session.commit_ticket = ticket
+        call.op_ts = txn.snapshot
+        if ticket is not None:
+            call.ticket = ticket
+
+            def reopen() -> None:  # the commit was rolled back: it did not happen
+                if session.txn_number == number and session.commit_ticket is ticket:
+                    session.txn_state = "aborted"
+                    session.commit_ticket = None
+
+            ticket.on_failure.append(reopen)
         return {"ok": 1.0}
 
     # -- housekeeping -------------------------------------------------------------------------
@@ -246,7 +390,7 @@ class Dispatcher:
     def reap(self) -> None:
         """Abort expired transactions, forget idle sessions, close idle cursors."""
         now = time.monotonic()
-        with self.engine.lock:
+        with self.engine.locked("reap"):
             for txn in list(self.engine.active.values()):
                 if txn.explicit and now - txn.started > self.txn_lifetime:
                     self.engine.abort(txn, "transaction exceeded transactionLifetimeLimitSeconds")
@@ -255,4 +399,27 @@ class Dispatcher:
                 if session.last_used < idle and session.txn_state != "in_progress":
                     del self.engine.sessions[key]  # its retry records stay on disk
             self.cursors.reap()
-            self.engine.vacuum()
+
+
+def _read_concern(cmd: Doc) -> Doc:
+    rc = cmd.get("readConcern")
+    if rc is None:
+        return {}
+    if not isinstance(rc, dict):
+        raise type_mismatch("readConcern must be an object")
+    level = rc.get("level")
+    if level is not None and level not in (
+        "local",
+        "majority",
+        "linearizable",
+        "available",
+        "snapshot",
+    ):
+        raise EngineError(
+            Code.FailedToParse,
+            f"readConcern level {level!r} is not one of local, majority, linearizable, available, snapshot",
+        )
+    for name in ("afterClusterTime", "atClusterTime"):
+        if name in rc and not isinstance(rc[name], Timestamp):
+            raise type_mismatch(f"readConcern.{name} must be a timestamp")
+    return rc

@@ -1,90 +1,130 @@
-"""The engine's state: catalog, multi-version documents, transactions, durability.
+"""The engine's state: catalog, multi-version documents, transactions, commits.
 
 Concurrency model: one engine lock serialises every command (commands are short and
 CPU-bound); isolation between transactions comes from multi-versioning, not from holding
-the lock. Each committed write appends ``(commit_ts, doc-or-None)`` to the document's
-version chain; a transaction reads the newest version at or before its snapshot,
-overlaid with its own uncommitted writes. Writing a document that another open
-transaction wrote, or that was committed after this transaction's snapshot, raises
-WriteConflict (first writer wins, as in WiredTiger).
+the lock. Each committed write installs a new version ``(commit ts, BSON or None)`` in the
+document's ``Record`` (``versions.py``) and index entries for it (``indexes.py``); a
+transaction reads the version at its snapshot, overlaid with its own uncommitted writes.
+Writing a document that another open transaction wrote, or that was committed after this
+transaction's snapshot, raises WriteConflict (first writer wins, as in WiredTiger).
+
+Commits (``group_commit.py``): a commit installs its versions under the lock, with a
+timestamp above every snapshot handed out so far, and queues its disk batch; the caller
+then waits OUTSIDE the lock while one of the waiting committers writes every queued batch
+in one SQLite transaction with one fsync. Only then does ``visible`` (the snapshot new
+readers get) advance past it, and only then is it acknowledged: no reader can observe a
+commit that a crash could still lose (docs/engine.md has the argument). A failed batch
+rolls back every commit not yet durable and reports the cause to each of them.
+
+Garbage collection (``collect_garbage``) is incremental: a FIFO of records that got a new
+version, in commit order, pruned a few milliseconds at a time once no snapshot (open
+transaction, or snapshot read within ``history_window`` seconds, mongod's
+``minSnapshotHistoryWindowInSeconds``) can read the old versions.
+
+Timestamps are MongoDB cluster times as integers (``seconds << 32 | increment``), so
+``operationTime``, ``$clusterTime`` and ``atClusterTime`` are the engine's own clock.
+
+Commit observers (derived indexes such as vector search stay in step through them; the
+interface is ``CommitObserver`` below)::
+
+    engine.commit_observers.append(observer)
+    engine.own_writes(txn, ns)    # [(id key, doc or None)]: a transaction's uncommitted writes
+    engine.oldest_snapshot()      # no reader will ask for a snapshot before this
+
+``observer.on_commit(ts, changes)`` is called under the engine lock once per commit, in
+commit order, when the commit is durable and just before it becomes visible; ``changes``
+is ``[(ns, id key, old doc, new doc)]`` for the collections ``observer.observes(ns)``
+accepts (``old``/``new`` are fresh dicts, ``None`` for an insert/delete). Aborted and
+failed commits are never reported. ``on_drop(ns)`` and ``on_rename(old, new)`` follow the
+catalog.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from accord.platform.embedded import query
-from accord.platform.embedded.errors import EngineError, write_conflict
+import bson
+from bson.timestamp import Timestamp
+
+from accord.platform.embedded import planner, query
+from accord.platform.embedded.errors import Code, EngineError, write_conflict
+from accord.platform.embedded.group_commit import CommitFailed, GroupCommitter, PendingCommit
+from accord.platform.embedded.indexes import Index
+from accord.platform.embedded.lockstats import LockStats
 from accord.platform.embedded.storage import CommitBatch, Storage
+from accord.platform.embedded.versions import Record, decode, encode
 
 log = logging.getLogger("accord.engine")
 
 Doc = dict[str, Any]
 TXN_LIFETIME_LIMIT_S = 60.0
 SESSION_TIMEOUT_MINUTES = 30
+# mongod's minSnapshotHistoryWindowInSeconds default.
+HISTORY_WINDOW_S = 300.0
+# Longest a garbage-collection pass holds the engine lock.
+GC_PASS_S = 0.002
 
-
-@dataclass
-class Index:
-    """One index as ``listIndexes`` shows it, plus what the engine enforces."""
-
-    name: str
-    key: list[tuple[str, Any]]
-    unique: bool = False
-    sparse: bool = False
-    partial: Doc | None = None
-    expire_after: float | None = None
-    spec: Doc = field(default_factory=dict)
-
-    @property
-    def fields(self) -> list[str]:
-        return [f for f, _ in self.key]
-
-    def keys_of(self, doc: Doc) -> list[bytes]:
-        if self.partial is not None and not query.matches(self.partial, doc):
-            return []
-        return query.index_keys(doc, self.fields, sparse=self.sparse)
-
-    @classmethod
-    def from_spec(cls, spec: Doc) -> Index:
-        return cls(
-            name=spec["name"],
-            key=list(spec["key"].items()),
-            unique=bool(spec.get("unique", False)),
-            sparse=bool(spec.get("sparse", False)),
-            partial=spec.get("partialFilterExpression"),
-            expire_after=spec.get("expireAfterSeconds"),
-            spec=spec,
-        )
-
+__all__ = [
+    "CommitObserver", "CommitFailed", "Collection", "Engine", "Index", "Session", "Txn", "duplicate_key",
+    "ts_to_timestamp", "timestamp_to_ts",
+]  # fmt: skip
 
 ID_INDEX_SPEC: Doc = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
 
+def ts_to_timestamp(ts: int) -> Timestamp:
+    return Timestamp(ts >> 32, ts & 0xFFFFFFFF)
+
+
+def timestamp_to_ts(value: Timestamp) -> int:
+    return (value.time << 32) | value.inc
+
+
+def _wall_ts(seconds: float) -> int:
+    return int(seconds) << 32
+
+
+class CommitObserver(Protocol):
+    """What ``Engine.commit_observers`` members implement (see the module docstring)."""
+
+    def observes(self, ns: str) -> bool: ...
+
+    def on_commit(
+        self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]
+    ) -> None: ...
+
+    def on_drop(self, ns: str) -> None: ...
+
+    def on_rename(self, old: str, new: str) -> None: ...
+
+
 class Collection:
-    """A collection's committed versions and indexes."""
+    """A collection's records (committed versions) and indexes."""
 
     def __init__(self, ns: str, options: Doc, index_specs: list[Doc] | None = None) -> None:
         self.ns = ns
         self.options = options
-        self.versions: dict[bytes, list[tuple[int, Doc | None]]] = {}
+        # id key -> record; insertion order is natural order.
+        self.records: dict[bytes, Record] = {}
         self.indexes: dict[str, Index] = {}
         # Unique index name -> encoded key -> id key of the latest committed owner.
         self.unique_maps: dict[str, dict[bytes, bytes]] = {}
-        # Every field of a secondary index -> encoded value -> id keys of documents that
-        # have (or, in a version an open transaction may still read, had) that value.
-        # A superset: lookups re-check the filter, so stale entries cost time, not truth.
-        self.field_maps: dict[str, dict[bytes, set[bytes]]] = {}
-        # Natural order: id key -> insertion sequence, to return lookups in scan order.
-        self.order: dict[bytes, int] = {}
-        self._next_order = itertools.count()
+        self._rids = itertools.count(1)
+        # A collection created inside a transaction is that transaction's until it commits.
+        self.pending_owner: Txn | None = None
+        self.dropped = False
+        # Indexes with entries other than _id (kept in step with every version).
+        self._secondary: list[Index] = []
         for spec in index_specs or [ID_INDEX_SPEC]:
             self.add_index(Index.from_spec(spec))
 
@@ -96,88 +136,90 @@ class Collection:
     def name(self) -> str:
         return self.ns.split(".", 1)[1]
 
-    def note_order(self, key: bytes) -> None:
-        if key not in self.order:
-            self.order[key] = next(self._next_order)
-
-    def rebuild_field_maps(self) -> None:
-        """Recompute the equality lookup maps from every retained version."""
-        fields = {f for i in self.indexes.values() if i.name != "_id_" for f in i.fields}
-        self.field_maps = {f: {} for f in fields}
-        for key, chain in self.versions.items():
-            for _, doc in chain:
-                if doc is not None:
-                    self.map_fields(key, doc)
-
-    def map_fields(self, key: bytes, doc: Doc) -> None:
-        for field_name, values in self.field_maps.items():
-            for v in query.path_values(doc, field_name):
-                if v is not query._MISSING:
-                    values.setdefault(query.value_key(v), set()).add(key)
-
-    def candidates(self, filt: Doc) -> list[bytes] | None:
-        """Id keys that may match ``filt`` (natural order), or None if no map applies."""
-        best: set[bytes] | None = None
-        for field_name, value in filt.items():
-            values = self.field_maps.get(field_name)
-            if values is None:
-                continue
-            if query.is_plain_equality(value):
-                found = values.get(query.value_key(value), set())
-            elif query.is_plain_in(value):
-                found = set().union(*(values.get(query.value_key(v), set()) for v in value["$in"]))
-            else:
-                continue
-            if best is None or len(found) < len(best):
-                best = found
-        if best is None:
-            return None
-        return sorted(best, key=lambda k: self.order.get(k, 0))
+    def next_rid(self) -> int:
+        return next(self._rids)
 
     def catalog_spec(self) -> Doc:
         return {"options": self.options, "indexes": [i.spec for i in self.indexes.values()]}
 
+    def secondary(self) -> list[Index]:
+        return self._secondary
+
+    def _refresh(self) -> None:
+        self._secondary = [
+            i for i in self.indexes.values() if not i.is_id and i.orderable_or_hashed
+        ]
+
     def add_index(self, index: Index) -> None:
-        """Add an index; a unique one is built first and refused if data violates it."""
-        self._add_index(index)
-        if index.name != "_id_" and not set(index.fields) <= set(self.field_maps):
-            self.rebuild_field_maps()
-
-    def _add_index(self, index: Index) -> None:
-        if index.unique and index.name != "_id_":
-            owners: dict[bytes, bytes] = {}
-            for key, chain in self.versions.items():
-                doc = chain[-1][1]
-                if doc is None:
-                    continue
-                for k in index.keys_of(doc):
-                    if k in owners:
-                        raise EngineError(
-                            11000,
-                            f"Index build failed: E11000 duplicate key error collection: "
-                            f"{self.ns} index: {index.name} dup key: "
-                            f"{query.key_value(doc, index.fields)}",
-                            extra={
-                                "keyPattern": dict(index.key),
-                                "keyValue": query.key_value(doc, index.fields),
-                            },
-                        )
-                    owners[k] = key
-            self.unique_maps[index.name] = owners
+        """Add an index and build it from every retained version; a unique index is
+        refused if the latest versions violate it."""
+        if index.unique and not index.is_id:
+            self.unique_maps[index.name] = self._unique_owners(index)
+        if not index.is_id and index.orderable_or_hashed:
+            entries = []
+            for record in self.records.values():
+                versions = [(record.ts, record.data)] + list(record.older or [])
+                for ts, data in versions:
+                    if data is not None:
+                        doc = decode(data)
+                        for k in index.key_tuples(doc, query.matches):
+                            entries.append((*index.directed(k), record.rid, ts, record))
+            index.entries.update(entries)
         self.indexes[index.name] = index
+        self._refresh()
 
-    def latest(self, key: bytes) -> tuple[int, Doc | None]:
-        chain = self.versions.get(key)
-        return chain[-1] if chain else (0, None)
+    def _unique_owners(self, index: Index) -> dict[bytes, bytes]:
+        owners: dict[bytes, bytes] = {}
+        for key, record in self.records.items():
+            if record.data is None:
+                continue
+            doc = decode(record.data)
+            for k in unique_keys(index, doc):
+                if k in owners:
+                    raise EngineError(
+                        Code.DuplicateKey,
+                        f"Index build failed: E11000 duplicate key error collection: "
+                        f"{self.ns} index: {index.name} dup key: "
+                        f"{query.key_value(doc, index.fields)}",
+                        extra={
+                            "keyPattern": dict(index.key),
+                            "keyValue": query.key_value(doc, index.fields),
+                        },
+                    )
+                owners[k] = key
+        return owners
+
+    def drop_index(self, name: str) -> None:
+        self.indexes.pop(name)
+        self.unique_maps.pop(name, None)
+        self._refresh()
+
+    def build_id_index(self) -> None:
+        """Build the ordered ``_id`` index (ranges and sorts on ``_id``) on first use."""
+        index = self.indexes["_id_"]
+        if not index.built:
+            index.build_id((r, decode(r.key)[""]) for r in self.records.values())
+
+    def latest_ts(self, key: bytes) -> int:
+        record = self.records.get(key)
+        return record.ts if record is not None else 0
 
     def visible(self, key: bytes, snapshot: int) -> Doc | None:
-        chain = self.versions.get(key)
-        if not chain:
+        record = self.records.get(key)
+        if record is None:
             return None
-        for ts, doc in reversed(chain):
-            if ts <= snapshot:
-                return doc
-        return None
+        data = record.data_at(snapshot)
+        return None if data is None else decode(data)
+
+    def count_visible(self, snapshot: int) -> int:
+        return sum(1 for r in self.records.values() if r.data_at(snapshot) is not None)
+
+
+def unique_keys(index: Index, doc: Doc) -> list[bytes]:
+    """Keys of ``doc`` in a unique index (encoded; as mongod's duplicate check sees them)."""
+    if index.partial is not None and not query.matches(index.partial, doc):
+        return []
+    return query.index_keys(doc, index.fields, sparse=index.sparse)
 
 
 @dataclass
@@ -193,7 +235,7 @@ class Txn:
     claims: set[tuple[str, str, bytes]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     aborted_reason: str | None = None
-    # Collections this transaction created implicitly (mongod rolls their creation back).
+    # Collections this transaction created (invisible to others until it commits).
     created: list[str] = field(default_factory=list)
 
     def own(self, ns: str, key: bytes) -> tuple[bool, Doc | None]:
@@ -215,43 +257,76 @@ class Session:
     txn_state: str = "none"
     retry_number: int = -1
     retry_reply: Doc | None = None
+    # The commit of txn_number / retry_number while it is not durable yet: a retried
+    # commitTransaction or retryable write waits for it instead of answering early.
+    commit_ticket: PendingCommit | None = None
+    retry_ticket: PendingCommit | None = None
 
 
 class Engine:
-    """Owns all data. Every public method must be called with ``self.lock`` held."""
+    """Owns all data. Public methods expect ``self.lock`` held, except where noted."""
 
-    def __init__(self, dbpath: Path, *, sync: bool = True) -> None:
+    def __init__(
+        self, dbpath: Path, *, sync: bool = True, history_window: float = HISTORY_WINDOW_S,
+        expect_durable: bool = False, repair: bool = False,
+    ) -> None:  # fmt: skip
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.storage = Storage(dbpath, sync=sync)
+        self.lock_stats = LockStats()
+        self.storage = Storage(dbpath, sync=sync, check_unclean=expect_durable, repair=repair)
         self.collections: dict[str, Collection] = {}
-        self.clock = 1
+        self.history_window = history_window
         self._txn_ids = itertools.count(1)
         self.active: dict[int, Txn] = {}
         self.locks: dict[tuple[str, bytes], Txn] = {}
         # (ns, unique index, key) -> (transaction, id key of its document with that key)
         self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
-        # --- commit observers (minimal hook for vector search; engine-core replaces it) ----
-        # Objects with on_commit(ts, [(ns, key, old, new)]), on_drop(ns), on_rename(old, new),
-        # called under the engine lock, after a commit is installed, in commit order.
-        self.commit_observers: list[Any] = []
-        # --- end commit observers ---------------------------------------------------------
+        self.commit_observers: list[CommitObserver] = []
+        # Records that got a new version, in commit order: (commit ts, collection, record).
+        self._gc_queue: deque[tuple[int, Collection, Record]] = deque()
+        self.gc_stats = {"passes": 0, "versionsPruned": 0, "recordsRemoved": 0}
+        self.committer = GroupCommitter(self)
         self._recover()
+        # Every commit gets a timestamp above the clock; readers get ``visible`` (<= clock).
+        self.clock = max(self.storage.last_ts, _wall_ts(time.time()))
+        self.visible = self.clock
+        # Snapshots before this have no versions to read (history starts at start-up).
+        self.boot_ts = self.clock
+        # Everything loaded is long-lived: keep it out of Python's cyclic GC passes.
+        gc.freeze()
 
     # -- recovery ---------------------------------------------------------------------------
 
     def _recover(self) -> None:
         for ns, spec in self.storage.load_collections():
-            coll = Collection(ns, spec.get("options", {}), spec.get("indexes"))
-            for key, doc in self.storage.load_documents(ns):
-                coll.versions[key] = [(self.clock, doc)]
-                coll.note_order(key)
-                coll.map_fields(key, doc)
-                for index in coll.indexes.values():
-                    if index.name in coll.unique_maps:
-                        for k in index.keys_of(doc):
-                            coll.unique_maps[index.name][k] = key
+            coll = Collection(ns, spec.get("options", {}))
+            secondary = [
+                Index.from_spec(s) for s in spec.get("indexes") or [] if s["name"] != "_id_"
+            ]
+            records = coll.records
+            entries: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in secondary}
+            owners: dict[str, dict[bytes, bytes]] = {i.name: {} for i in secondary if i.unique}
+            rids = coll._rids
+            for key, data in self.storage.load_documents(ns):
+                record = Record(key, next(rids), 0, data)
+                records[key] = record
+                if secondary:
+                    doc = decode(data)
+                    for index in secondary:
+                        if index.orderable_or_hashed:
+                            out = entries[index.name]
+                            for k in index.key_tuples(doc, query.matches):
+                                out.append((*index.directed(k), record.rid, 0, record))
+                        if index.unique:
+                            for unique in unique_keys(index, doc):
+                                owners[index.name][unique] = key
+            for index in secondary:
+                index.entries.update(entries[index.name])
+                coll.indexes[index.name] = index
+                if index.unique:
+                    coll.unique_maps[index.name] = owners[index.name]
+            coll._refresh()
             self.collections[ns] = coll
         for lsid, number, reply in self.storage.load_txn_records():
             session = self.session(lsid)
@@ -261,7 +336,33 @@ class Engine:
                 session.retry_number, session.retry_reply = number, reply.get("reply")
 
     def close(self) -> None:
+        """Make everything pending durable and close the store (lock held)."""
+        try:
+            self.committer.flush()
+        except CommitFailed:
+            log.exception("pending commits could not be made durable at shutdown")
         self.storage.close()
+
+    # -- locking ----------------------------------------------------------------------------
+
+    @contextmanager
+    def locked(self, what: str = "") -> Iterator[None]:
+        """Hold the engine lock, recording how long (``serverStatus().accordEngine``)."""
+        with self.lock:
+            token = self.lock_stats.enter()
+            try:
+                yield
+            finally:
+                self.lock_stats.exit(token, what)
+
+    def wait_changed(self, timeout: float) -> None:
+        """Wait (lock held) for a commit, abort or visibility change; the wait itself
+        does not count as holding the lock."""
+        self.lock_stats.pause()
+        try:
+            self.changed.wait(timeout)
+        finally:
+            self.lock_stats.resume()
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -279,55 +380,139 @@ class Engine:
 
     # -- catalog ----------------------------------------------------------------------------
 
-    def get_collection(self, ns: str) -> Collection | None:
-        return self.collections.get(ns)
+    def get_collection(self, ns: str, txn: Txn | None = None) -> Collection | None:
+        """The collection as ``txn`` sees it (one created by another, still open
+        transaction does not exist yet for anyone else)."""
+        coll = self.collections.get(ns)
+        if coll is not None and coll.pending_owner is not None and coll.pending_owner is not txn:
+            return None
+        return coll
 
-    def create_collection(self, ns: str, options: Doc | None = None) -> Collection:
+    def create_collection(
+        self, ns: str, options: Doc | None = None, *, txn: Txn | None = None
+    ) -> Collection:
+        """Create ``ns``. Within ``txn`` it stays that transaction's until it commits
+        (and goes away if it aborts); without one it is made durable at once."""
+        existing = self.collections.get(ns)
+        if existing is not None:
+            if existing.pending_owner is not None and existing.pending_owner is not txn:
+                raise write_conflict()
+            return existing
         coll = Collection(ns, options or {})
-        self.storage.save_collection(ns, coll.catalog_spec())
+        if txn is None:
+            self.ddl(CommitBatch(catalog=[("save", ns, coll.catalog_spec())]))
+        else:
+            coll.pending_owner = txn
+            txn.created.append(ns)
         self.collections[ns] = coll
         return coll
 
-    def ensure_collection(self, ns: str) -> Collection:
-        return self.collections.get(ns) or self.create_collection(ns)
+    def ensure_collection(self, ns: str, txn: Txn | None = None) -> Collection:
+        return self.get_collection(ns, txn) or self.create_collection(ns, txn=txn)
 
     def save_catalog(self, coll: Collection) -> None:
-        self.storage.save_collection(coll.ns, coll.catalog_spec())
+        """Persist a catalog change (indexes, options) now; a pending collection's catalog
+        is written by its creator's commit."""
+        if coll.pending_owner is None:
+            self.ddl(CommitBatch(catalog=[("save", coll.ns, coll.catalog_spec())]))
+
+    def ddl(self, batch: CommitBatch) -> None:
+        """Make a catalog change durable now, after every commit queued before it."""
+        self.clock += 1
+        batch.ts = self.clock
+        item = PendingCommit(ts=batch.ts, batch=batch)
+        self.committer.submit(item)
+        self.committer.flush()
+        if item.error is not None:
+            raise item.error
 
     def drop_collection(self, ns: str) -> bool:
-        coll = self.collections.pop(ns, None)
+        coll = self.collections.get(ns)
         if coll is None:
             return False
+        if coll.pending_owner is not None:
+            raise write_conflict()
+        self.ddl(CommitBatch(catalog=[("drop", ns, None)]))
+        self.collections.pop(ns, None)
+        coll.dropped = True
         for txn in list(self.active.values()):
             if ns in txn.writes:
                 self.abort(txn, f"collection {ns} was dropped")
-        self.storage.drop_collection(ns)
-        for observer in self.commit_observers:  # commit observers hook
-            observer.on_drop(ns)
+        self._notify_drop(ns)
         return True
 
     def rename_collection(self, old: str, new: str) -> None:
-        coll = self.collections.pop(old)
+        coll = self.collections[old]
+        if coll.pending_owner is not None:
+            raise write_conflict()
+        self.ddl(CommitBatch(catalog=[("rename", old, new)]))
+        self.collections.pop(old)
         for txn in list(self.active.values()):
             if old in txn.writes:
                 self.abort(txn, f"collection {old} was renamed")
         coll.ns = new
         self.collections[new] = coll
-        self.storage.rename_collection(old, new)
-        for observer in self.commit_observers:  # commit observers hook
-            observer.on_rename(old, new)
+        self._notify_rename(old, new)
 
     def database_names(self) -> list[str]:
-        return sorted({ns.split(".", 1)[0] for ns in self.collections})
+        return sorted({c.db for c in self.collections.values() if c.pending_owner is None})
 
-    def collections_in(self, db: str) -> list[Collection]:
+    def collections_in(self, db: str, txn: Txn | None = None) -> list[Collection]:
         prefix = db + "."
-        return [c for ns, c in self.collections.items() if ns.startswith(prefix)]
+        return [
+            c
+            for ns, c in self.collections.items()
+            if ns.startswith(prefix) and (c.pending_owner is None or c.pending_owner is txn)
+        ]
+
+    # -- commit observers ------------------------------------------------------------------
+
+    def own_writes(self, txn: Txn, ns: str) -> list[tuple[bytes, Doc | None]]:
+        """``txn``'s uncommitted writes to ``ns`` (id key, new doc or None for a delete)."""
+        return list((txn.writes.get(ns) or {}).items())
+
+    def latest_documents(self, ns: str) -> Iterator[tuple[bytes, Doc | None, int, bool]]:
+        """For building a derived index: ``(id key, doc or None if deleted, commit ts,
+        whether other versions are retained)`` of every document as the newest snapshot
+        sees it (lock held)."""
+        coll = self.collections.get(ns)
+        if coll is None:
+            return
+        visible = self.visible
+        for record in list(coll.records.values()):
+            version = record.at(visible)
+            if version is None:
+                continue
+            ts, data = version
+            history = record.older is not None or record.ts > visible
+            yield record.key, decode(data) if data is not None else None, ts, history
+
+    def _observed(self, ns: str) -> bool:
+        return any(o.observes(ns) for o in self.commit_observers)
+
+    def _notify_drop(self, ns: str) -> None:
+        for observer in self.commit_observers:
+            try:
+                observer.on_drop(ns)
+            except Exception:
+                log.exception("commit observer failed on drop of %s", ns)
+
+    def _notify_rename(self, old: str, new: str) -> None:
+        for observer in self.commit_observers:
+            try:
+                observer.on_rename(old, new)
+            except Exception:
+                log.exception("commit observer failed on rename of %s", old)
 
     # -- transactions -----------------------------------------------------------------------
 
-    def begin(self, *, explicit: bool, session: Session | None = None) -> Txn:
-        txn = Txn(id=next(self._txn_ids), snapshot=self.clock, explicit=explicit, session=session)
+    def begin(
+        self, *, explicit: bool, session: Session | None = None, snapshot: int | None = None
+    ) -> Txn:
+        txn = Txn(
+            id=next(self._txn_ids), snapshot=self.visible if snapshot is None else snapshot,
+            explicit=explicit, session=session,
+        )  # fmt: skip
         self.active[txn.id] = txn
         return txn
 
@@ -350,137 +535,283 @@ class Engine:
         txn.writes.clear()
         for ns in txn.created:
             coll = self.collections.get(ns)
-            if coll is not None and not coll.versions:
-                self.drop_collection(ns)
+            if coll is None or coll.pending_owner is not txn:
+                continue
+            if txn.explicit:
+                del self.collections[ns]  # created by the transaction: gone with it
+            else:
+                # A write command's implicit creation outlives its failed write, as in mongod.
+                coll.pending_owner = None
+                coll.records.clear()
+                try:
+                    self.ddl(CommitBatch(catalog=[("save", ns, coll.catalog_spec())]))
+                except CommitFailed:
+                    del self.collections[ns]
         txn.created.clear()
         if txn.session is not None and txn.session.txn is txn:
             txn.session.txn_state = "aborted"
+        txn.session = None  # no Session <-> Txn cycle left for the cyclic GC
 
-    def commit(self, txn: Txn, *, record: tuple[bytes, int, Doc] | None = None) -> None:
-        """Make ``txn``'s writes durable and visible, atomically."""
+    def commit(
+        self, txn: Txn, *, record: tuple[bytes, int, Doc] | None = None
+    ) -> PendingCommit | None:
+        """Install ``txn``'s writes (invisible until durable) and queue them for disk.
+
+        Returns the ticket to wait on (``wait_durable``, without the lock) before
+        acknowledging, or None if there was nothing to make durable.
+        """
         if txn.aborted_reason is not None:
             raise EngineError(
-                251, f"Transaction has been aborted: {txn.aborted_reason}",
+                Code.NoSuchTransaction, f"Transaction has been aborted: {txn.aborted_reason}",
                 labels=("TransientTransactionError",),
             )  # fmt: skip
+        if not txn.writes and not txn.created and record is None:
+            self._release(txn)
+            return None
         ts = self.clock + 1
-        batch = CommitBatch()
-        live: list[tuple[Collection, bytes, Doc | None]] = []
+        wall = _wall_ts(time.time()) | 1
+        if wall > ts:
+            ts = wall
+        batch = CommitBatch(ts=ts)
+        item = PendingCommit(ts=ts, batch=batch)
+        for ns in txn.created:
+            coll = self.collections.get(ns)
+            if coll is not None and coll.pending_owner is txn:
+                coll.pending_owner = None
+                item.created.append(coll)
+                batch.catalog.append(("save", ns, coll.catalog_spec()))
+        txn.created.clear()
         for ns, writes in txn.writes.items():
             coll = self.collections.get(ns)
             if coll is None:
                 continue
+            observed = self._observed(ns)
             for key, doc in writes.items():
-                live.append((coll, key, doc))
-                if doc is None:
+                data = None if doc is None else encode(doc)
+                old = self._install(coll, key, doc, data, ts, item)
+                if data is None:
                     batch.deletes.append((ns, key))
                 else:
-                    batch.puts.append((ns, key, doc))
+                    batch.puts.append((ns, key, data))
+                if observed:
+                    item.changes.append((coll, key, old, data))
         if record is not None:
             batch.txn_records.append(record)
-        # Disk first: if it fails, memory is untouched and the client sees the error.
-        self.storage.commit(batch)
-        changes = []  # commit observers hook: (ns, key, old, new) in commit order
-        for coll, key, doc in live:
-            if self.commit_observers:
-                changes.append((coll.ns, key, coll.latest(key)[1], doc))
-            self._install(coll, key, doc, ts)
-        if live:
-            self.clock = ts
+        self.clock = ts
         self._release(txn)
-        for observer in self.commit_observers:  # commit observers hook
-            observer.on_commit(ts, changes)
+        self.committer.submit(item)
+        return item
 
-    def _install(self, coll: Collection, key: bytes, doc: Doc | None, ts: int) -> None:
-        chain = coll.versions.get(key)
-        old = chain[-1][1] if chain else None
+    def _install(
+        self, coll: Collection, key: bytes, doc: Doc | None, data: bytes | None, ts: int,
+        item: PendingCommit,
+    ) -> bytes | None:  # fmt: skip
+        """Make ``data`` the newest version of ``key``; return the previous one's BSON."""
+        record = coll.records.get(key)
+        old = record.data if record is not None else None
+        old_doc = decode(old) if old is not None and coll.unique_maps else None
         for name, owners in coll.unique_maps.items():
             index = coll.indexes[name]
-            if old is not None:
-                for k in index.keys_of(old):
+            if old_doc is not None:
+                for k in unique_keys(index, old_doc):
                     if owners.get(k) == key:
                         del owners[k]
             if doc is not None:
-                for k in index.keys_of(doc):
+                for k in unique_keys(index, doc):
                     owners[k] = key
-        if chain is None:
-            chain = coll.versions[key] = []
-            coll.note_order(key)
+        if record is None:
+            record = Record(key, coll.next_rid(), ts, data)
+            coll.records[key] = record
+            id_index = coll.indexes["_id_"]
+            if id_index.built:
+                id_index.add_record(record, decode(key)[""])
+            item.undo.append((coll, record, True))
+        else:
+            record.push(ts, data)
+            item.undo.append((coll, record, False))
+            self._gc_queue.append((ts, coll, record))
         if doc is not None:
-            coll.map_fields(key, doc)
-        chain.append((ts, doc))
-        self._prune(coll, key, chain)
+            for index in coll.secondary():
+                index.add_version(record, ts, index.key_tuples(doc, query.matches))
+        return old
+
+    def rollback(self, item: PendingCommit) -> None:
+        """Undo a commit that did not become durable (lock held; newest first)."""
+        for coll, record, created in reversed(item.undo):
+            ts, data = record.ts, record.data
+            doc = decode(data) if data is not None else None
+            if doc is not None:
+                for index in coll.secondary():
+                    index.remove_version(record, ts, index.key_tuples(doc, query.matches))
+            if created:
+                coll.records.pop(record.key, None)
+                id_index = coll.indexes["_id_"]
+                if id_index.built:
+                    id_index.remove_record(record, decode(record.key)[""])
+                restored = None
+            else:
+                record.pop()
+                restored = decode(record.data) if record.data is not None else None
+            for name, owners in coll.unique_maps.items():
+                index = coll.indexes[name]
+                if doc is not None:
+                    for k in unique_keys(index, doc):
+                        if owners.get(k) == record.key:
+                            del owners[k]
+                if restored is not None:
+                    for k in unique_keys(index, restored):
+                        owners[k] = record.key
+        for created_coll in item.created:
+            if not created_coll.records and self.collections.get(created_coll.ns) is created_coll:
+                del self.collections[created_coll.ns]
+        for undo in item.on_failure:
+            undo()
+
+    def finalize(self, item: PendingCommit) -> None:
+        """A durable commit becomes visible (lock held, in commit order)."""
+        if item.changes:
+            changes = [
+                (coll.ns, key, decode(old) if old is not None else None,
+                 decode(new) if new is not None else None)
+                for coll, key, old, new in item.changes
+            ]  # fmt: skip
+            for observer in self.commit_observers:
+                mine = [c for c in changes if observer.observes(c[0])]
+                if not mine:
+                    continue
+                try:
+                    observer.on_commit(item.ts, mine)
+                except Exception:
+                    log.exception("commit observer failed at commit %d", item.ts)
+        if item.ts > self.visible:
+            self.visible = item.ts
+        self.changed.notify_all()
+
+    def wait_durable(self, item: PendingCommit) -> None:
+        """Wait (lock NOT held) until ``item`` is durable and visible; raise
+        ``CommitFailed`` if it could not be made durable."""
+        self.committer.wait(item)
+
+    def advance_to(self, ts: int) -> None:
+        """Make ``ts`` readable: the clock moves up to it (as a primary's no-op write does
+        for ``afterClusterTime`` in the future) and waits for commits before it (lock held)."""
+        if ts > self.clock:
+            self.clock = ts
+            if not self.committer.pending():
+                self.visible = max(self.visible, ts)
+        deadline = time.monotonic() + 60.0
+        while self.visible < ts:
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    Code.MaxTimeMSExpired,
+                    "timed out waiting for the requested cluster time to be readable",
+                )
+            if not self.committer.pending():
+                self.visible = max(self.visible, min(ts, self.clock))
+                continue
+            self.wait_changed(0.05)
+
+    def history_start(self) -> int:
+        """The oldest timestamp a snapshot read may still ask for."""
+        return max(self.boot_ts, _wall_ts(time.time() - self.history_window))
+
+    # -- garbage collection ------------------------------------------------------------------
 
     def oldest_snapshot(self) -> int:
-        return min((t.snapshot for t in self.active.values()), default=self.clock)
+        """No reader will ask for a snapshot before this (lock held)."""
+        return self.horizon()
 
-    def _prune(self, coll: Collection, key: bytes, chain: list[tuple[int, Doc | None]]) -> None:
-        """Drop versions no open transaction can see any more."""
-        horizon = self.oldest_snapshot()
-        keep_from = 0
-        for i, (ts, _) in enumerate(chain):
-            if ts <= horizon:
-                keep_from = i
-        if keep_from:
-            del chain[:keep_from]
-        if len(chain) == 1 and chain[0][1] is None and chain[0][0] <= horizon:
-            del coll.versions[key]
+    def horizon(self) -> int:
+        """No reader will ask for a snapshot before this."""
+        h = min(self.visible, self.history_start())
+        for txn in self.active.values():
+            if txn.snapshot < h:
+                h = txn.snapshot
+        return h
 
-    def vacuum(self) -> None:
-        """Prune version chains and stale lookup entries (called periodically)."""
-        for coll in self.collections.values():
-            pruned = False
-            for key, chain in list(coll.versions.items()):
-                if len(chain) > 1 or chain[0][1] is None:
-                    self._prune(coll, key, chain)
-                    pruned = True
-            if pruned or len(coll.order) > 2 * len(coll.versions) + 64:
-                coll.rebuild_field_maps()
-                coll.order = {k: v for k, v in coll.order.items() if k in coll.versions}
+    def collect_garbage(self, budget_s: float = GC_PASS_S) -> bool:
+        """One bounded pass (lock held). Returns whether due work remains."""
+        queue = self._gc_queue
+        if not queue:
+            return False
+        horizon = self.horizon()
+        if queue[0][0] > horizon:
+            return False
+        deadline = time.perf_counter() + budget_s
+        done = 0
+        self.gc_stats["passes"] += 1
+        while queue and queue[0][0] <= horizon:
+            _, coll, record = queue.popleft()
+            if not coll.dropped:
+                self._prune(coll, record, horizon)
+            done += 1
+            if done % 8 == 0 and time.perf_counter() > deadline:
+                break
+        return bool(queue) and queue[0][0] <= horizon
+
+    def _prune(self, coll: Collection, record: Record, horizon: int) -> None:
+        dropped = record.prune(horizon)
+        if dropped:
+            indexes = coll.secondary()
+            for ts, data in dropped:
+                if data is not None and indexes:
+                    doc = decode(data)
+                    for index in indexes:
+                        index.remove_version(record, ts, index.key_tuples(doc, query.matches))
+            self.gc_stats["versionsPruned"] += len(dropped)
+        gone = record.data is None and record.older is None and record.ts <= horizon
+        if gone and coll.records.get(record.key) is record:
+            del coll.records[record.key]
+            id_index = coll.indexes["_id_"]
+            if id_index.built:
+                id_index.remove_record(record, decode(record.key)[""])
+            self.gc_stats["recordsRemoved"] += 1
+
+    def gc_backlog(self) -> int:
+        return len(self._gc_queue)
+
+    @staticmethod
+    def compact_heap() -> None:
+        """Collect cyclic garbage, then freeze what survives (call without the lock).
+
+        Python's full collections walk every tracked object: at 500k documents that is
+        seconds with every thread stopped. The engine's records and index entries are
+        long-lived and never cyclic garbage, so they are moved out of the collector's
+        reach (``gc.freeze``) once they have survived one collection; each call then
+        costs only what was allocated since the previous one.
+        """
+        gc.collect()
+        gc.freeze()
 
     # -- reads ------------------------------------------------------------------------------
 
-    def scan(self, txn: Txn, ns: str) -> Iterator[tuple[bytes, Doc]]:
-        """Every document visible to ``txn`` in natural (insertion) order."""
-        coll = self.collections.get(ns)
-        own = txn.writes.get(ns, {})
-        if coll is not None:
-            snap = txn.snapshot
-            for key, chain in list(coll.versions.items()):
-                if key in own:
-                    doc = own[key]
-                else:
-                    ts, doc = chain[-1]
-                    if ts > snap:
-                        doc = coll.visible(key, snap)
-                if doc is not None:
-                    yield key, doc
-        for key, doc in list(own.items()):
-            if doc is not None and (coll is None or key not in coll.versions):
-                yield key, doc
-
-    def lookup(self, txn: Txn, ns: str, filt: Doc) -> Iterator[tuple[bytes, Doc]] | None:
-        """Documents visible to ``txn`` that may match ``filt``, via the equality maps.
-
-        None when no map applies (the caller scans). Own uncommitted writes are included.
-        """
-        coll = self.collections.get(ns)
+    def find(self, txn: Txn, ns: str, q: planner.Query) -> planner.Execution:
+        """Run a query for ``txn`` through the planner (see ``planner``)."""
+        coll = self.get_collection(ns, txn)
         if coll is None:
-            return None
-        keys = coll.candidates(filt)
-        if keys is None:
-            return None
-        own = txn.writes.get(ns, {})
-        if own:
-            known = set(keys)
-            keys = keys + [k for k in own if k not in known]
-        return ((k, d) for k in keys if (d := self.get(txn, ns, k)) is not None)
+            query.check_filter(q.filter)
+            own = txn.writes.get(ns) or {}
+            hits = [
+                planner.Hit(k, None, d, i) for i, (k, d) in enumerate(own.items()) if d is not None
+            ]
+            hits = [h for h in hits if query.matches(q.filter, h.doc)]
+            return planner.Execution(
+                hits, planner.Plan("EOF", 0.0), planner.ScanStats(), False, 0.0
+            )
+        query.check_filter(q.filter)
+        return planner.execute(coll, txn, q)
+
+    def scan(self, txn: Txn, ns: str) -> Iterator[tuple[bytes, Doc]]:
+        """Every document visible to ``txn`` in natural (insertion) order (fresh dicts)."""
+        for hit in self.find(txn, ns, planner.Query({})).hits:
+            yield hit.key, hit.doc
 
     def get(self, txn: Txn, ns: str, key: bytes) -> Doc | None:
+        """The document ``key`` as ``txn`` sees it (a fresh dict unless it is ``txn``'s own)."""
         found, doc = txn.own(ns, key)
         if found:
             return doc
-        coll = self.collections.get(ns)
+        coll = self.get_collection(ns, txn)
         return coll.visible(key, txn.snapshot) if coll else None
 
     # -- writes -----------------------------------------------------------------------------
@@ -491,8 +822,7 @@ class Engine:
         holder = self.locks.get((ns, key))
         if holder is not None and holder is not txn:
             raise write_conflict()
-        ts, _ = coll.latest(key)
-        if ts > txn.snapshot:
+        if coll.latest_ts(key) > txn.snapshot:
             raise write_conflict()
         if doc is not None:
             self._check_unique(txn, coll, key, doc)
@@ -510,20 +840,20 @@ class Engine:
         wanted: list[tuple[tuple[str, str, bytes], Index]] = []
         for name, owners in coll.unique_maps.items():
             index = coll.indexes[name]
-            for k in index.keys_of(doc):
+            for k in unique_keys(index, doc):
                 claim = (coll.ns, name, k)
                 holder = self.claims.get(claim)
                 if holder is not None and holder[0] is not txn:
                     raise write_conflict()
                 if holder is not None and holder[1] != key:
                     _, other = txn.own(coll.ns, holder[1])
-                    if other is not None and k in index.keys_of(other):
+                    if other is not None and k in unique_keys(index, other):
                         raise duplicate_key(coll, index, doc)
                 owner = owners.get(k)
                 if owner is not None and owner != key:
                     shadowed, mine = txn.own(coll.ns, owner)
-                    if not shadowed or (mine is not None and k in index.keys_of(mine)):
-                        if coll.latest(owner)[0] > txn.snapshot:
+                    if not shadowed or (mine is not None and k in unique_keys(index, mine)):
+                        if coll.latest_ts(owner) > txn.snapshot:
                             raise write_conflict()
                         raise duplicate_key(coll, index, doc)
                 wanted.append((claim, index))
@@ -532,12 +862,28 @@ class Engine:
             self.claims[claim] = (txn, key)
             txn.claims.add(claim)
 
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> Doc:
+        """The engine's own section of ``serverStatus`` (``accordEngine``)."""
+        return {
+            "lock": self.lock_stats.report(),
+            "gc": {**self.gc_stats, "backlog": len(self._gc_queue)},
+            "groupCommit": self.committer.stats(),
+            "clusterTime": ts_to_timestamp(self.visible),
+            "documents": sum(len(c.records) for c in self.collections.values()),
+        }
+
 
 def duplicate_key(coll: Collection, index: Index, doc: Doc) -> EngineError:
     kv = query.key_value(doc, index.fields)
     shown = ", ".join(f"{k}: {v!r}" for k, v in kv.items())
     return EngineError(
-        11000,
+        Code.DuplicateKey,
         f"E11000 duplicate key error collection: {coll.ns} index: {index.name} dup key: {{ {shown} }}",
         extra={"keyPattern": dict(index.key), "keyValue": kv},
     )
+
+
+def encode_id(value: Any) -> bytes:
+    return bson.encode({"": query.canonical(value)})

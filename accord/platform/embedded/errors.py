@@ -6,60 +6,125 @@ Codes and code names follow MongoDB's src/mongo/base/error_codes.yml so that dri
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any
 
-CODE_NAMES: dict[int, str] = {
-    1: "InternalError",
-    2: "BadValue",
-    4: "NoSuchKey",
-    9: "FailedToParse",
-    11: "UserNotFound",
-    13: "Unauthorized",
-    14: "TypeMismatch",
-    18: "AuthenticationFailed",
-    26: "NamespaceNotFound",
-    28: "PathNotViable",
-    27: "IndexNotFound",
-    40: "ConflictingUpdateOperators",
-    43: "CursorNotFound",
-    48: "NamespaceExists",
-    50: "MaxTimeMSExpired",
-    51: "UnknownError",
-    52: "DollarPrefixedFieldName",
-    54: "NotSingleValueField",
-    56: "EmptyFieldName",
-    57: "DottedFieldName",
-    59: "CommandNotFound",
-    66: "ImmutableField",
-    67: "CannotCreateIndex",
-    72: "InvalidOptions",
-    73: "InvalidNamespace",
-    85: "IndexOptionsConflict",
-    86: "IndexKeySpecsConflict",
-    96: "OperationFailed",
-    112: "WriteConflict",
-    115: "CommandNotSupported",
-    121: "DocumentValidationFailure",
-    125: "CommandFailed",
-    166: "CommandNotSupportedOnView",
-    197: "InvalidIndexSpecificationOption",
-    225: "TransactionTooOld",
-    244: "TransactionTooLarge",
-    251: "NoSuchTransaction",
-    256: "TransactionCommitted",
-    263: "OperationNotSupportedInTransaction",
-    276: "IndexBuildAborted",
-    11000: "DuplicateKey",
-    10334: "BSONObjectTooLarge",
-    17280: "KeyTooLong",
-    40352: "Location40352",
-    40353: "Location40353",
-    40415: "Location40415",
-    40324: "Location40324",
-    31254: "Location31254",
-}
+
+class Code(IntEnum):
+    """MongoDB error codes by name; each member's name is the ``codeName`` mongod reports.
+
+    Assertion codes without a name in error_codes.yml are reported by mongod as
+    ``Location<code>``; they are listed the same way, with what they mean.
+    """
+
+    InternalError = 1
+    BadValue = 2
+    NoSuchKey = 4
+    HostUnreachable = 6
+    HostNotFound = 7
+    UnknownError = 8
+    FailedToParse = 9
+    UserNotFound = 11
+    Unauthorized = 13
+    TypeMismatch = 14
+    AuthenticationFailed = 18
+    IllegalOperation = 20
+    NamespaceNotFound = 26
+    IndexNotFound = 27
+    PathNotViable = 28
+    ConflictingUpdateOperators = 40
+    CursorNotFound = 43
+    NamespaceExists = 48
+    MaxTimeMSExpired = 50
+    DollarPrefixedFieldName = 52
+    InvalidIdField = 53
+    NotSingleValueField = 54
+    EmptyFieldName = 56
+    DottedFieldName = 57
+    CommandNotFound = 59
+    WriteConcernFailed = 64
+    ImmutableField = 66
+    CannotCreateIndex = 67
+    IndexAlreadyExists = 68
+    InvalidOptions = 72
+    InvalidNamespace = 73
+    IndexOptionsConflict = 85
+    IndexKeySpecsConflict = 86
+    NetworkTimeout = 89
+    ShutdownInProgress = 91
+    OperationFailed = 96
+    WriteConflict = 112
+    CommandNotSupported = 115
+    DocumentValidationFailure = 121
+    CommandFailed = 125
+    ViewDepthLimitExceeded = 165
+    CommandNotSupportedOnView = 166
+    OptionNotSupportedOnView = 167
+    InvalidPipelineOperator = 168
+    InvalidViewDefinition = 182
+    PrimarySteppedDown = 189
+    InvalidIndexSpecificationOption = 197
+    NoSuchSession = 206
+    TransactionTooOld = 225
+    NotImplemented = 238
+    SnapshotTooOld = 239
+    ConversionFailure = 241
+    SnapshotUnavailable = 246
+    NoSuchTransaction = 251
+    TransactionCommitted = 256
+    TransactionTooLarge = 257
+    ExceededTimeLimit = 262
+    OperationNotSupportedInTransaction = 263
+    FailPointSetFailed = 266
+    IndexBuildAborted = 276
+    TransactionExceededLifetimeLimitSeconds = 290
+    APIStrictError = 323
+    NotWritablePrimary = 10107
+    BSONObjectTooLarge = 10334
+    DuplicateKey = 11000
+    InterruptedAtShutdown = 11600
+    Interrupted = 11601
+    InterruptedDueToReplStateChange = 11602
+    NotPrimaryNoSecondaryOk = 13435
+    NotPrimaryOrSecondary = 13436
+    OutOfDiskSpace = 14031
+    KeyTooLong = 17280
+    # Assertion codes (mongod reports them as Location<code>):
+    Location15947 = 15947  # $facet: fields must be specified in an object
+    Location15958 = 15958  # $limit / $skip: bad argument
+    Location15975 = 15975  # $sort: key ordering must be 1 or -1
+    Location15976 = 15976  # $sort: needs at least one key
+    Location15981 = 15981  # $unwind: spec must be a string or an object
+    Location16410 = 16410  # field path references must be prefixed with '$' / not start with $
+    Location17276 = 17276  # $$var use of an undefined variable
+    Location28818 = 28818  # $unwind: path must start with '$'
+    Location31002 = 31002  # $unset: spec must be a string or an array
+    Location31119 = 31119  # $unset: spec must name at least one field
+    Location31254 = 31254  # projection mixes inclusion and exclusion
+    Location40156 = 40156  # $count: bad field name
+    Location40319 = 40319  # $lookup: 'as' is required
+    Location40321 = 40321  # $lookup: localField and foreignField go together
+    Location40323 = 40323  # a pipeline stage must have exactly one field
+    Location40324 = 40324  # unrecognized pipeline stage name
+    Location40352 = 40352  # FieldPath cannot be constructed with empty string
+    Location40353 = 40353  # FieldPath must not end with a '.'
+    Location40415 = 40415  # unknown field in a command
+    Location40571 = 40571  # OP_MSG requests require a $db argument
+    Location40602 = 40602  # stage only valid as the first stage of a pipeline
+    Location50768 = 50768  # transaction fields used outside a transaction
+    Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51091 = 51091  # invalid regular expression
+
 
 TRANSIENT = "TransientTransactionError"
+
+
+def code_name(code: int) -> str:
+    """The ``codeName`` mongod reports for ``code``."""
+    try:
+        return Code(code).name
+    except ValueError:
+        return f"Location{code}"
 
 
 class EngineError(Exception):
@@ -67,21 +132,21 @@ class EngineError(Exception):
 
     def __init__(
         self,
-        code: int,
+        code: int | Code,
         errmsg: str,
         *,
         labels: tuple[str, ...] = (),
         extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(errmsg)
-        self.code = code
+        self.code = int(code)
         self.errmsg = errmsg
         self.labels = labels
         self.extra = extra or {}
 
     @property
     def code_name(self) -> str:
-        return CODE_NAMES.get(self.code, f"Location{self.code}")
+        return code_name(self.code)
 
     def to_reply(self) -> dict[str, Any]:
         reply: dict[str, Any] = {
@@ -103,20 +168,20 @@ class EngineError(Exception):
 
 
 def bad_value(msg: str) -> EngineError:
-    return EngineError(2, msg)
+    return EngineError(Code.BadValue, msg)
 
 
 def type_mismatch(msg: str) -> EngineError:
-    return EngineError(14, msg)
+    return EngineError(Code.TypeMismatch, msg)
 
 
 def failed_to_parse(msg: str) -> EngineError:
-    return EngineError(9, msg)
+    return EngineError(Code.FailedToParse, msg)
 
 
 def write_conflict() -> EngineError:
     return EngineError(
-        112,
+        Code.WriteConflict,
         "Write conflict during plan execution and yielding is disabled. :: Please retry your "
         "operation or multi-document transaction.",
         labels=(TRANSIENT,),

@@ -16,17 +16,56 @@ from collections.abc import Iterable
 from typing import Any
 
 import bson
-import mongomock.aggregate  # noqa: F401  (registers $expr support in the filterer)
 from bson.int64 import Int64
 from bson.regex import Regex
-from mongomock import OperationFailure, filtering
-from mongomock import collection as _mm_collection
 
-from accord.platform.embedded import mongomock_fixes
-from accord.platform.embedded.errors import EngineError, bad_value
-from accord.platform.embedded.update import _positional_index, compare_values
+from accord.platform.embedded import mongomock_bridge
+from accord.platform.embedded.errors import Code, EngineError, bad_value
+from accord.platform.embedded.mongomock_bridge import OperationFailure
+from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.positional import positional_index
+from accord.platform.embedded.values import compare_values
 
-mongomock_fixes.apply()
+_NORMALISED: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _normalise(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with plain equality on scalars and documents as ``$eq`` (so it gets BSON
+    equality); arrays and regexes keep their own matching rules."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [_normalise(v) if isinstance(v, dict) else v for v in value]
+        elif key.startswith("$"):
+            out[key] = value
+        elif isinstance(value, dict) and value and all(k.startswith("$") for k in value):
+            out[key] = {
+                op: _normalise(arg)
+                if op == "$elemMatch"
+                and isinstance(arg, dict)
+                and arg
+                and not next(iter(arg)).startswith("$")
+                else arg
+                for op, arg in value.items()
+            }
+        elif isinstance(value, list | re.Pattern | Regex) or (
+            isinstance(value, dict) and any(k.startswith("$") for k in value)
+        ):
+            out[key] = value
+        else:
+            out[key] = {"$eq": value}
+    return out
+
+
+def _normalised(spec: dict[str, Any]) -> dict[str, Any]:
+    cached = _NORMALISED.get(id(spec))
+    if cached is None or cached[0] is not spec:
+        if len(_NORMALISED) > 256:
+            _NORMALISED.clear()
+        cached = (spec, _normalise(spec))
+        _NORMALISED[id(spec)] = cached
+    return cached[1]
+
 
 _KNOWN_QUERY_OPS = {
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$and", "$or", "$nor", "$not",
@@ -62,18 +101,18 @@ def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
     try:
-        return bool(filtering.filter_applies(spec, doc))
+        return mongomock_bridge.filter_applies(_normalised(spec), doc)
     except EngineError:
         raise
     except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
         raise bad_value(f"cannot evaluate filter: {exc}") from exc
 
 
-def _sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
+def sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
     """The value mongod sorts ``doc`` by: an array sorts by its smallest element
     ascending and its largest descending; a missing field sorts as null."""
-    values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not _MISSING]
-    raw = filtering.resolve_key(key, doc)
+    values = [v for v in path_values(doc, key, empty_array_as_null=False) if v is not MISSING]
+    raw = mongomock_bridge.resolve_key(key, doc)
     if isinstance(raw, list) and not raw:
         return _EMPTY_ARRAY
     if not values:
@@ -116,7 +155,7 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
             if direction < 0:
                 docs = list(reversed(docs))
             continue
-        keyed = [(_sort_value(d, key, direction), d) for d in docs]
+        keyed = [(sort_value(d, key, direction), d) for d in docs]
         kinds = {_native_kind(v) for v, _ in keyed}
         if len(kinds) == 1 and None not in kinds:
             # One native type (all strings, or all non-bool numbers): Python's order is BSON's.
@@ -126,9 +165,6 @@ def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str
             keyed.sort(key=lambda pair: cmp(pair[0]), reverse=direction < 0)
         docs = [d for _, d in keyed]
     return docs
-
-
-_PROJECTOR = object.__new__(_mm_collection.Collection)
 
 
 def project(
@@ -143,7 +179,7 @@ def project(
         if len(positional) > 1:
             raise bad_value("Cannot specify more than one positional projection per query.")
         path = positional[0][:-2]
-        index = _positional_index(doc, tuple(path.split(".")), filt)
+        index = positional_index(doc, tuple(path.split(".")), filt)
         rest = {k: v for k, v in projection.items() if k != positional[0]}
         out = project(doc, {**rest, path: 1})
         holder: Any = out
@@ -156,10 +192,8 @@ def project(
         return out
     if any(_is_expression(v) for v in projection.values()):
         # MongoDB 4.4+ find projections may compute fields: evaluate as a $project stage.
-        from mongomock import aggregate as mm_aggregate
-
         try:
-            return mm_aggregate._handle_project_stage([doc], None, projection)[0]
+            return mongomock_bridge.project_stage(doc, projection)
         except (OperationFailure, NotImplementedError, KeyError, TypeError, ValueError) as exc:
             raise bad_value(f"invalid projection: {exc}") from exc
     fields = {}
@@ -174,13 +208,13 @@ def project(
             raise bad_value(f"unsupported projection value for {key!r}: {value!r}")
         fields[key] = value
     try:
-        out = _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+        out = mongomock_bridge.copy_only_fields(doc, fields)
         if "_id" in out and next(iter(out)) != "_id":
             out = {"_id": out.pop("_id"), **out}  # mongod keeps _id first
         return out
     except ValueError as exc:
         raise EngineError(
-            31254, f"Cannot mix inclusion and exclusion in projection: {exc}"
+            Code.Location31254, f"Cannot mix inclusion and exclusion in projection: {exc}"
         ) from exc
     except (OperationFailure, NotImplementedError) as exc:
         raise bad_value(str(exc)) from exc
@@ -238,9 +272,6 @@ def id_key(value: Any) -> bytes:
     return bson.encode({"": canonical(value)})
 
 
-_MISSING = object()
-
-
 def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> list[Any]:
     """Values at a dotted path, expanding arrays as a multikey index does.
 
@@ -251,14 +282,14 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
         nxt: list[Any] = []
         for value in current:
             if isinstance(value, dict):
-                nxt.append(value.get(part, _MISSING))
+                nxt.append(value.get(part, MISSING))
             elif isinstance(value, list):
                 if part.isdigit() and int(part) < len(value):
                     nxt.append(value[int(part)])
                 else:
-                    nxt.extend(v.get(part, _MISSING) for v in value if isinstance(v, dict))
+                    nxt.extend(v.get(part, MISSING) for v in value if isinstance(v, dict))
             else:
-                nxt.append(_MISSING)
+                nxt.append(MISSING)
         current = nxt
     out: list[Any] = []
     for value in current:
@@ -272,9 +303,9 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
 def index_keys(doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False) -> list[bytes]:
     """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
     per_field = [path_values(doc, f) for f in fields]
-    if sparse and all(all(v is _MISSING for v in vals) for vals in per_field):
+    if sparse and all(all(v is MISSING for v in vals) for vals in per_field):
         return []
-    normalised = [[None if v is _MISSING else canonical(v) for v in vals] for vals in per_field]
+    normalised = [[None if v is MISSING else canonical(v) for v in vals] for vals in per_field]
     keys = []
     for combo in itertools.product(*normalised):
         keys.append(bson.encode({str(i): v for i, v in enumerate(combo)}))
@@ -286,5 +317,5 @@ def key_value(doc: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields:
         vals = path_values(doc, f)
-        out[f] = None if not vals or vals[0] is _MISSING else vals[0]
+        out[f] = None if not vals or vals[0] is MISSING else vals[0]
     return out

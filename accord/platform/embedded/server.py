@@ -21,17 +21,16 @@ from typing import Any
 import bson
 
 from accord.errors import DataDirLockedError, EngineStartError
-from accord.platform.embedded import wire
+from accord.platform.embedded import vector_search, wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
+from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Dispatcher
-from accord.platform.embedded.engine import SESSION_TIMEOUT_MINUTES, Engine
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
 
-REPLICA_SET = "accord"
-LOCK_FILE = "mongod.lock"
 READ_TIMEOUT_S = 3600.0
 
 
@@ -62,7 +61,10 @@ class _Handler(socketserver.BaseRequestHandler):
                         fake = wire.Request(request_id=request_id, op_code=op_code, command={})
                         sock.sendall(
                             wire.encode_reply(
-                                fake, EngineError(9, f"invalid message: {exc}").to_reply()
+                                fake,
+                                EngineError(
+                                    Code.FailedToParse, f"invalid message: {exc}"
+                                ).to_reply(),
                             )
                         )
                         continue
@@ -74,7 +76,10 @@ class _Handler(socketserver.BaseRequestHandler):
                     data = wire.encode_reply(request, reply)
                 except Exception as exc:  # e.g. a reply over the BSON size limit
                     data = wire.encode_reply(
-                        request, EngineError(10334, f"reply could not be encoded: {exc}").to_reply()
+                        request,
+                        EngineError(
+                            Code.BSONObjectTooLarge, f"reply could not be encoded: {exc}"
+                        ).to_reply(),
                     )
                 sock.sendall(data)
         except (ConnectionError, TimeoutError, OSError):
@@ -117,19 +122,28 @@ class EmbeddedServer:
         sync: bool = True,
         ttl_interval: float = 60.0,
         transaction_lifetime: float = 60.0,
+        snapshot_history: float = HISTORY_WINDOW_S,
+        repair: bool = False,
+        enable_test_commands: bool = False,
     ) -> None:
         self.dbpath = Path(dbpath)
+        self.snapshot_history = snapshot_history
+        self.repair = repair
+        self._stop_lock = threading.Lock()
+        self._closed = False
         self.host = host
         self.requested_port = port
         self.sync = sync
         self.ttl_interval = ttl_interval
         self.transaction_lifetime = transaction_lifetime
+        self.enable_test_commands = enable_test_commands
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
         self._tcp: _TCPServer | None = None
         self._lock_fd: int | None = None
         self._threads: list[threading.Thread] = []
+        self._serving = False
         self._process_id = bson.ObjectId()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -165,9 +179,24 @@ class EmbeddedServer:
                 f"{self.dbpath} is in use by another accord engine (lock file {LOCK_FILE}); "
                 "stop it first or pick another --dbpath"
             ) from None
-        self.engine = Engine(self.dbpath, sync=self.sync)
+        # A clean shutdown empties the lock file; anything in it means the last one was not.
+        unclean = bool(os.pread(self._lock_fd, 100, 0).strip())
+        try:
+            self.engine = Engine(
+                self.dbpath, sync=self.sync, history_window=self.snapshot_history,
+                expect_durable=unclean, repair=self.repair,
+            )  # fmt: skip
+        except BaseException:
+            os.close(self._lock_fd)  # leave the lock file's content: still unclean
+            self._lock_fd = None
+            raise
+        # Vector search matrices are built now, not on the first search after a start.
+        vector_search.open_at_startup(self.engine)
         self.dispatcher = Dispatcher(
-            self.engine, self.hello, txn_lifetime=self.transaction_lifetime
+            self.engine,
+            self.hello,
+            txn_lifetime=self.transaction_lifetime,
+            test_commands=self.enable_test_commands,
         )
         try:
             self._tcp = _TCPServer(
@@ -198,6 +227,7 @@ class EmbeddedServer:
             name="accord-engine",
             daemon=True,
         )
+        self._serving = True
         t.start()
         self._threads.append(t)
         return self
@@ -206,23 +236,40 @@ class EmbeddedServer:
         """Serve in the calling thread until ``stop()`` (or a signal) ends it."""
         self._open()
         assert self._tcp is not None
+        self._serving = True
         try:
             self._tcp.serve_forever(poll_interval=0.2)
         finally:
+            self._serving = False
             self._close()
 
     def stop(self) -> None:
+        """Stop serving and close the store; safe to call from several threads at once
+        (a signal handler and the main thread both do)."""
         self.stopping.set()
-        if self._tcp is not None:
-            self._tcp.shutdown()
-        self._close()
+        with self._stop_lock:
+            if self._closed:
+                return
+            if self._tcp is not None and self._serving:
+                self._tcp.shutdown()  # returns once serve_forever's loop has ended
+            self._close_locked()
 
     def _close(self) -> None:
+        with self._stop_lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.stopping.set()
         if self._tcp is not None:
             self._tcp.server_close()
+        for thread in self._threads:
+            if thread is not threading.current_thread() and thread.name.endswith("housekeeping"):
+                thread.join(timeout=5)
         if self.engine is not None:
-            with self.engine.lock:
+            with self.engine.locked("shutdown"):
                 self.engine.close()
         self._release_lock()
 
@@ -275,14 +322,23 @@ class EmbeddedServer:
         return reply
 
     def _housekeeping(self) -> None:
+        """Once a second: expire transactions, sessions and cursors; collect garbage in
+        passes of a few milliseconds while any is due; every ``ttl_interval`` a TTL pass.
+        An idle engine does next to nothing here."""
         last_ttl = time.monotonic()
         while not self.stopping.wait(min(1.0, self.ttl_interval, self.transaction_lifetime / 2)):
-            assert self.engine is not None and self.dispatcher is not None
+            engine, dispatcher = self.engine, self.dispatcher
+            assert engine is not None and dispatcher is not None
             try:
-                self.dispatcher.reap()
+                dispatcher.reap()
+                more = True
+                while more and not self.stopping.is_set():
+                    with engine.locked("gc"):
+                        more = engine.collect_garbage()
+                    time.sleep(0.001)  # let waiting commands in between passes
+                engine.compact_heap()
                 if time.monotonic() - last_ttl >= self.ttl_interval:
                     last_ttl = time.monotonic()
-                    with self.engine.lock:
-                        expire_once(self.engine)
+                    expire_once(engine, stopping=self.stopping)
             except Exception:  # housekeeping must never take the server down
                 log.exception("engine housekeeping failed")

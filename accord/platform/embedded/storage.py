@@ -1,22 +1,40 @@
 """The durable store under the engine's in-memory working set: SQLite in WAL mode.
 
-One SQLite transaction per committed MongoDB transaction (or per autocommitted write
-command), so a commit is atomic on disk, and with ``sync=True`` (``synchronous=FULL``) the
-WAL is fsynced before the commit is acknowledged. SQLite's WAL frames are checksummed and a
-torn tail is discarded at recovery, which is exactly the journal contract the engine needs.
+``apply`` writes a group of commits (``group_commit.py``) in one SQLite transaction; with
+``sync=True`` (``synchronous=FULL``) the WAL is fsynced before it returns, which is when
+the commits are acknowledged. Documents are stored as the BSON the engine keeps in
+memory. SQLite's WAL frames are checksummed and a torn tail is discarded at recovery,
+which is exactly the journal contract the engine needs.
+
+What SQLite cannot tell is a journal that lost acknowledged commits: a deleted or
+truncated WAL, or an emptied database file, looks like a smaller, valid database. So
+every batch also records its last commit timestamp in the database, and after it is
+durable the same timestamp goes to a small side file (``accord-engine.durable``; no
+fsync needed: it only has to survive the process, not the machine). After an unclean
+shutdown the database must hold at least that timestamp; if it does not, or if the
+database file is empty, the engine refuses to start unless told to ``repair``.
+
+Test-only seams: ``limit_pages(n)`` caps the database size so commits fail with SQLite's
+"database or disk is full" (disk-full tests); ``fail_next`` makes the next ``apply``
+raise the given exception.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import bson
 
+from accord.errors import EngineStartError
 from accord.platform.embedded.wire import CODEC
+
+log = logging.getLogger("accord.engine")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -34,35 +52,82 @@ CREATE TABLE IF NOT EXISTS txn_records (
     txn_number INTEGER NOT NULL,
     reply BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 """
 
 
 @dataclass
 class CommitBatch:
-    """Everything one commit changes on disk."""
+    """Everything one commit (or catalog change) changes on disk, in this order:
+    catalog operations, deletes, puts, transaction records."""
 
-    puts: list[tuple[str, bytes, dict[str, Any]]] = field(default_factory=list)
+    ts: int = 0
+    # ("save", ns, spec) | ("drop", ns, None) | ("rename", old, new)
+    catalog: list[tuple[str, str, Any]] = field(default_factory=list)
+    puts: list[tuple[str, bytes, bytes]] = field(default_factory=list)
     deletes: list[tuple[str, bytes]] = field(default_factory=list)
     txn_records: list[tuple[bytes, int, dict[str, Any]]] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.puts or self.deletes or self.txn_records)
-
 
 class Storage:
-    """SQLite-backed durable store. Not thread-safe: the engine serialises calls."""
+    """SQLite-backed durable store. Calls are serialised by the group committer."""
 
     FILENAME = "accord-engine.sqlite3"
+    DURABLE_FILE = "accord-engine.durable"
 
-    def __init__(self, dbpath: Path, *, sync: bool = True) -> None:
+    def __init__(
+        self, dbpath: Path, *, sync: bool = True, check_unclean: bool = False, repair: bool = False
+    ) -> None:
         self.path = dbpath / self.FILENAME
+        self._durable_path = dbpath / self.DURABLE_FILE
+        self.fail_next: BaseException | None = None
+        if self.path.exists() and self.path.stat().st_size == 0:
+            if not repair:
+                raise EngineStartError(
+                    f"the database file {self.path} is empty: its data was lost or it was "
+                    "truncated. Restore it from a backup, or start with --repair to begin "
+                    "from an empty database (everything it held is gone)"
+                )
+            log.warning("--repair: starting over the empty database file %s", self.path)
+            self.path.unlink()
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=%s" % ("FULL" if sync else "OFF"))
         self._conn.executescript(SCHEMA)
+        row = self._conn.execute("SELECT value FROM meta WHERE name = 'last_ts'").fetchone()
+        self.last_ts: int = int(row[0]) if row else 0
+        acknowledged = self._read_durable()
+        if check_unclean and acknowledged > self.last_ts:
+            message = (
+                f"the last shutdown was unclean and the journal ({self.path.name}-wal) is "
+                f"missing or truncated: commits up to cluster time {acknowledged >> 32}:"
+                f"{acknowledged & 0xFFFFFFFF} were acknowledged, the database holds only up to "
+                f"{self.last_ts >> 32}:{self.last_ts & 0xFFFFFFFF}. Restore the data directory "
+                "from a backup, or start with --repair to accept the loss"
+            )
+            if not repair:
+                self._conn.close()
+                raise EngineStartError(message)
+            log.warning("--repair: %s", message)
+        self._fd = os.open(self._durable_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._note_durable(self.last_ts)
 
     def close(self) -> None:
         self._conn.close()
+        os.close(self._fd)
+
+    def _read_durable(self) -> int:
+        try:
+            text = self._durable_path.read_text().strip()
+        except FileNotFoundError:
+            return 0
+        return int(text) if text.isdigit() else 0
+
+    def _note_durable(self, ts: int) -> None:
+        os.pwrite(self._fd, f"{ts:020d}\n".encode(), 0)
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -70,12 +135,14 @@ class Storage:
         for ns, spec in self._conn.execute("SELECT ns, spec FROM collections ORDER BY rowid"):
             yield ns, bson.decode(spec, CODEC)
 
-    def load_documents(self, ns: str) -> Iterator[tuple[bytes, dict[str, Any]]]:
-        rows = self._conn.execute(
-            "SELECT id, doc FROM documents WHERE ns = ? ORDER BY rowid", (ns,)
-        )
-        for key, doc in rows:
-            yield bytes(key), bson.decode(doc, CODEC)
+    def load_documents(self, ns: str) -> Iterator[tuple[bytes, bytes]]:
+        """``(id key, BSON)`` of every document of ``ns`` in natural order."""
+        cur = self._conn.execute("SELECT id, doc FROM documents WHERE ns = ? ORDER BY rowid", (ns,))
+        while True:
+            rows = cur.fetchmany(4096)
+            if not rows:
+                return
+            yield from rows
 
     def load_txn_records(self) -> Iterator[tuple[bytes, int, dict[str, Any]]]:
         for lsid, number, reply in self._conn.execute(
@@ -85,63 +152,70 @@ class Storage:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def commit(self, batch: CommitBatch) -> None:
-        """Apply one batch atomically (and durably when sync is on)."""
-        if not batch:
-            return
+    def apply(self, batches: list[CommitBatch]) -> None:
+        """Apply ``batches`` in order, atomically (and durably when sync is on)."""
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
         cur = self._conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
-            if batch.deletes:
-                cur.executemany("DELETE FROM documents WHERE ns = ? AND id = ?", batch.deletes)
-            if batch.puts:
-                cur.executemany(
-                    "INSERT INTO documents (ns, id, doc) VALUES (?, ?, ?) "
-                    "ON CONFLICT (ns, id) DO UPDATE SET doc = excluded.doc",
-                    _encoded(batch.puts),
-                )
-            if batch.txn_records:
-                cur.executemany(
-                    "INSERT OR REPLACE INTO txn_records (lsid, txn_number, reply) VALUES (?, ?, ?)",
-                    [(lsid, n, bson.encode(reply)) for lsid, n, reply in batch.txn_records],
-                )
+            last = self.last_ts
+            for batch in batches:
+                for op, a, b in batch.catalog:
+                    if op == "save":
+                        cur.execute(
+                            "INSERT INTO collections (ns, spec) VALUES (?, ?) "
+                            "ON CONFLICT (ns) DO UPDATE SET spec = excluded.spec",
+                            (a, bson.encode(b, codec_options=CODEC)),
+                        )
+                    elif op == "drop":
+                        cur.execute("DELETE FROM documents WHERE ns = ?", (a,))
+                        cur.execute("DELETE FROM collections WHERE ns = ?", (a,))
+                    elif op == "rename":
+                        cur.execute("UPDATE documents SET ns = ? WHERE ns = ?", (b, a))
+                        cur.execute("UPDATE collections SET ns = ? WHERE ns = ?", (b, a))
+                if batch.deletes:
+                    cur.executemany("DELETE FROM documents WHERE ns = ? AND id = ?", batch.deletes)
+                if batch.puts:
+                    cur.executemany(
+                        "INSERT INTO documents (ns, id, doc) VALUES (?, ?, ?) "
+                        "ON CONFLICT (ns, id) DO UPDATE SET doc = excluded.doc",
+                        batch.puts,
+                    )
+                if batch.txn_records:
+                    cur.executemany(
+                        "INSERT OR REPLACE INTO txn_records (lsid, txn_number, reply) VALUES (?, ?, ?)",
+                        [
+                            (lsid, n, bson.encode(r, codec_options=CODEC))
+                            for lsid, n, r in batch.txn_records
+                        ],
+                    )
+                last = max(last, batch.ts)
+            cur.execute(
+                "INSERT INTO meta (name, value) VALUES ('last_ts', ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (last,),
+            )
             cur.execute("COMMIT")
         except BaseException:
-            cur.execute("ROLLBACK")
+            # SQLite may already have rolled back (SQLITE_FULL does): only roll back an
+            # open transaction, so the real error is what the caller sees.
+            if self._conn.in_transaction:
+                try:
+                    cur.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("rollback after a failed commit failed")
             raise
+        self.last_ts = last
+        self._note_durable(last)
 
-    def save_collection(self, ns: str, spec: dict[str, Any]) -> None:
-        self._conn.execute(
-            "INSERT INTO collections (ns, spec) VALUES (?, ?) "
-            "ON CONFLICT (ns) DO UPDATE SET spec = excluded.spec",
-            (ns, bson.encode(spec)),
-        )
+    # -- test-only seams --------------------------------------------------------------------
 
-    def drop_collection(self, ns: str) -> None:
-        cur = self._conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            cur.execute("DELETE FROM documents WHERE ns = ?", (ns,))
-            cur.execute("DELETE FROM collections WHERE ns = ?", (ns,))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
+    def limit_pages(self, pages: int | None) -> None:
+        """Cap the database at ``pages`` pages (None: lift the cap). Tests only."""
+        value = 1073741823 if pages is None else max(1, pages)
+        self._conn.execute(f"PRAGMA max_page_count = {int(value)}")
 
-    def rename_collection(self, old: str, new: str) -> None:
-        cur = self._conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            cur.execute("UPDATE documents SET ns = ? WHERE ns = ?", (new, old))
-            cur.execute("UPDATE collections SET ns = ? WHERE ns = ?", (new, old))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-
-
-def _encoded(
-    puts: Iterable[tuple[str, bytes, dict[str, Any]]],
-) -> Iterator[tuple[str, bytes, bytes]]:
-    for ns, key, doc in puts:
-        yield ns, key, bson.encode(doc, codec_options=CODEC)
+    def page_count(self) -> int:
+        return int(self._conn.execute("PRAGMA page_count").fetchone()[0])

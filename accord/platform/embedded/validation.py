@@ -20,7 +20,7 @@ import uuid
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
-from bson.code import Code
+from bson.code import Code as JavaScript
 from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
@@ -30,13 +30,9 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from accord.platform.embedded.errors import EngineError
-from accord.platform.embedded.update import (
-    bson_type_name,
-    compare_values,
-    matches_filter,
-    values_equal,
-)
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.mongomock_bridge import matches_filter
+from accord.platform.embedded.values import bson_type_name, compare_values, values_equal
 
 __all__ = ["check_validator", "validate_document"]
 
@@ -63,7 +59,7 @@ def _is_long(value: Any) -> bool:
 # driver never produces for us (undefined, dbPointer, symbol) match nothing.
 _BSON_TYPES: dict[str, Any] = {
     "double": lambda v: isinstance(v, float),
-    "string": lambda v: isinstance(v, str) and not isinstance(v, Code),
+    "string": lambda v: isinstance(v, str) and not isinstance(v, JavaScript),
     "object": lambda v: isinstance(v, dict | DBRef),
     "array": lambda v: isinstance(v, list | tuple),
     "binData": lambda v: isinstance(v, bytes | uuid.UUID),
@@ -74,9 +70,9 @@ _BSON_TYPES: dict[str, Any] = {
     "null": lambda v: v is None,
     "regex": lambda v: isinstance(v, re.Pattern | Regex),
     "dbPointer": lambda v: False,
-    "javascript": lambda v: isinstance(v, Code) and not v.scope,
+    "javascript": lambda v: isinstance(v, JavaScript) and not v.scope,
     "symbol": lambda v: False,
-    "javascriptWithScope": lambda v: isinstance(v, Code) and bool(v.scope),
+    "javascriptWithScope": lambda v: isinstance(v, JavaScript) and bool(v.scope),
     "int": _is_int32,
     "timestamp": lambda v: isinstance(v, Timestamp),
     "long": _is_long,
@@ -144,7 +140,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise _fail(51091, f"Regular expression is invalid: {exc}") from exc
+        raise _fail(Code.Location51091, f"Regular expression is invalid: {exc}") from exc
 
 
 def _check_type_keyword(keyword: str, spec: Any) -> None:
@@ -153,43 +149,50 @@ def _check_type_keyword(keyword: str, spec: Any) -> None:
         names = [spec]
     elif isinstance(spec, list):
         if not all(isinstance(n, str) for n in spec):
-            raise _fail(14, f"$jsonSchema keyword '{keyword}' array elements must be strings")
+            raise _fail(
+                Code.TypeMismatch, f"$jsonSchema keyword '{keyword}' array elements must be strings"
+            )
         names = spec
     else:
         raise _fail(
-            14, f"$jsonSchema keyword '{keyword}' must be either a string or an array of strings"
+            Code.TypeMismatch,
+            f"$jsonSchema keyword '{keyword}' must be either a string or an array of strings",
         )
     if not names:
-        raise _fail(9, f"$jsonSchema keyword '{keyword}' must name at least one type")
+        raise _fail(
+            Code.FailedToParse, f"$jsonSchema keyword '{keyword}' must name at least one type"
+        )
     for name in names:
         if keyword == "type" and name == "integer":
-            raise _fail(9, "$jsonSchema type 'integer' is not currently supported.")
+            raise _fail(
+                Code.FailedToParse, "$jsonSchema type 'integer' is not currently supported."
+            )
         if name not in aliases:
-            raise _fail(2, f"Unknown type name alias: {name}")
+            raise _fail(Code.BadValue, f"Unknown type name alias: {name}")
     if len(set(names)) != len(names):
-        raise _fail(2, f"$jsonSchema keyword '{keyword}' has duplicate value")
+        raise _fail(Code.BadValue, f"$jsonSchema keyword '{keyword}' has duplicate value")
 
 
 def _check_count(keyword: str, value: Any) -> None:
     """mongod's parseIntegerElementToNonNegativeLong."""
     if not _is_number(value):
-        raise _fail(14, f"Expected a number in: {keyword}: {value!r}")
+        raise _fail(Code.TypeMismatch, f"Expected a number in: {keyword}: {value!r}")
     number = float(value.to_decimal()) if isinstance(value, Decimal128) else value
     if not (math.isfinite(number) and float(number).is_integer()):
-        raise _fail(9, f"Expected an integer: {keyword}: {value!r}")
+        raise _fail(Code.FailedToParse, f"Expected an integer: {keyword}: {value!r}")
     if number < 0:
-        raise _fail(9, f"Expected a positive number in: {keyword}: {value!r}")
+        raise _fail(Code.FailedToParse, f"Expected a positive number in: {keyword}: {value!r}")
 
 
 def _check_subschema_list(keyword: str, value: Any) -> None:
     if not isinstance(value, list):
-        raise _fail(14, f"$jsonSchema keyword '{keyword}' must be an array")
+        raise _fail(Code.TypeMismatch, f"$jsonSchema keyword '{keyword}' must be an array")
     if not value:
-        raise _fail(2, f"$jsonSchema keyword '{keyword}' must be a non-empty array")
+        raise _fail(Code.BadValue, f"$jsonSchema keyword '{keyword}' must be a non-empty array")
     for sub in value:
         if not isinstance(sub, dict):
             raise _fail(
-                14,
+                Code.TypeMismatch,
                 f"$jsonSchema keyword '{keyword}' must be an array of objects, but found an "
                 f"element of type {bson_type_name(sub)}",
             )
@@ -199,34 +202,43 @@ def _check_subschema_list(keyword: str, value: Any) -> None:
 def _check_string_list(keyword: str, value: Any, what: str) -> None:
     if not isinstance(value, list):
         raise _fail(
-            14,
+            Code.TypeMismatch,
             f"$jsonSchema keyword '{keyword}' must be an array, but found an element of type "
             + bson_type_name(value),
         )
     if not all(isinstance(v, str) for v in value):
-        raise _fail(14, f"$jsonSchema keyword '{keyword}' must be an array of strings")
+        raise _fail(
+            Code.TypeMismatch, f"$jsonSchema keyword '{keyword}' must be an array of strings"
+        )
     if not value:
-        raise _fail(9, f"{what} cannot be an empty array")
+        raise _fail(Code.FailedToParse, f"{what} cannot be an empty array")
     if len(set(value)) != len(value):
-        raise _fail(9, f"{what} array cannot contain duplicate values")
+        raise _fail(Code.FailedToParse, f"{what} array cannot contain duplicate values")
 
 
 def _check_schema(schema: dict) -> None:
     """Validate one (sub)schema's keywords, recursively."""
     for keyword in schema:
         if keyword in _UNSUPPORTED:
-            raise _fail(9, f"$jsonSchema keyword '{keyword}' is not currently supported")
+            raise _fail(
+                Code.FailedToParse, f"$jsonSchema keyword '{keyword}' is not currently supported"
+            )
         if keyword in _ENCRYPTION:
             raise _fail(
-                9, f"$jsonSchema keyword '{keyword}' is not supported by the embedded engine"
+                Code.FailedToParse,
+                f"$jsonSchema keyword '{keyword}' is not supported by the embedded engine",
             )
         if keyword not in _KEYWORDS:
-            raise _fail(9, f"Unknown $jsonSchema keyword: {keyword}")
+            raise _fail(Code.FailedToParse, f"Unknown $jsonSchema keyword: {keyword}")
     if "type" in schema and "bsonType" in schema:
-        raise _fail(9, "Cannot specify both $jsonSchema keywords 'type' and 'bsonType'")
+        raise _fail(
+            Code.FailedToParse, "Cannot specify both $jsonSchema keywords 'type' and 'bsonType'"
+        )
     for keyword in ("description", "title"):
         if keyword in schema and not isinstance(schema[keyword], str):
-            raise _fail(14, f"$jsonSchema keyword '{keyword}' must be of type string")
+            raise _fail(
+                Code.TypeMismatch, f"$jsonSchema keyword '{keyword}' must be of type string"
+            )
     for keyword in ("type", "bsonType"):
         if keyword in schema:
             _check_type_keyword(keyword, schema[keyword])
@@ -239,7 +251,7 @@ def _check_schema(schema: dict) -> None:
     if "not" in schema:
         if not isinstance(schema["not"], dict):
             raise _fail(
-                14,
+                Code.TypeMismatch,
                 "$jsonSchema keyword 'not' must be an object, but found an element of type "
                 + bson_type_name(schema["not"]),
             )
@@ -248,15 +260,18 @@ def _check_schema(schema: dict) -> None:
         values = schema["enum"]
         if not isinstance(values, list):
             raise _fail(
-                14,
+                Code.TypeMismatch,
                 "$jsonSchema keyword 'enum' must be an array, but found an element of type "
                 + bson_type_name(values),
             )
         if not values:
-            raise _fail(9, "$jsonSchema keyword 'enum' cannot be an empty array")
+            raise _fail(Code.FailedToParse, "$jsonSchema keyword 'enum' cannot be an empty array")
         for i, a in enumerate(values):
             if any(values_equal(a, b, ignore_field_order=True) for b in values[:i]):
-                raise _fail(9, "$jsonSchema keyword 'enum' array cannot contain duplicate values.")
+                raise _fail(
+                    Code.FailedToParse,
+                    "$jsonSchema keyword 'enum' array cannot contain duplicate values.",
+                )
 
 
 def _check_scalar_keywords(schema: dict) -> None:
@@ -264,25 +279,29 @@ def _check_scalar_keywords(schema: dict) -> None:
         if exclusive in schema:
             if bound not in schema:
                 raise _fail(
-                    9,
+                    Code.FailedToParse,
                     f"$jsonSchema keyword '{bound}' must be a present if {exclusive} is present",
                 )
             if not isinstance(schema[exclusive], bool):
-                raise _fail(14, f"$jsonSchema keyword '{exclusive}' must be a boolean")
+                raise _fail(
+                    Code.TypeMismatch, f"$jsonSchema keyword '{exclusive}' must be a boolean"
+                )
         if bound in schema and not _is_number(schema[bound]):
-            raise _fail(14, f"$jsonSchema keyword '{bound}' must be a number")
+            raise _fail(Code.TypeMismatch, f"$jsonSchema keyword '{bound}' must be a number")
     if "multipleOf" in schema:
         divisor = schema["multipleOf"]
         if not _is_number(divisor):
-            raise _fail(14, "$jsonSchema keyword 'multipleOf' must be a number")
+            raise _fail(Code.TypeMismatch, "$jsonSchema keyword 'multipleOf' must be a number")
         if not _as_decimal(divisor) > 0:
-            raise _fail(9, "$jsonSchema keyword 'multipleOf' must have a positive value")
+            raise _fail(
+                Code.FailedToParse, "$jsonSchema keyword 'multipleOf' must have a positive value"
+            )
     for keyword in ("minLength", "maxLength"):
         if keyword in schema:
             _check_count(keyword, schema[keyword])
     if "pattern" in schema:
         if not isinstance(schema["pattern"], str):
-            raise _fail(14, "$jsonSchema keyword 'pattern' must be a string")
+            raise _fail(Code.TypeMismatch, "$jsonSchema keyword 'pattern' must be a string")
         _compile(schema["pattern"])
 
 
@@ -291,7 +310,7 @@ def _check_array_keywords(schema: dict) -> None:
         if keyword in schema:
             _check_count(keyword, schema[keyword])
     if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
-        raise _fail(14, "$jsonSchema keyword 'uniqueItems' must be a boolean")
+        raise _fail(Code.TypeMismatch, "$jsonSchema keyword 'uniqueItems' must be a boolean")
     if "items" in schema:
         items = schema["items"]
         if isinstance(items, dict):
@@ -300,14 +319,14 @@ def _check_array_keywords(schema: dict) -> None:
             for sub in items:
                 if not isinstance(sub, dict):
                     raise _fail(
-                        14,
+                        Code.TypeMismatch,
                         "$jsonSchema keyword 'items' requires that each element of the array is "
                         f"an object, but found a {bson_type_name(sub)}",
                     )
                 _check_schema(sub)
         else:
             raise _fail(
-                14,
+                Code.TypeMismatch,
                 "$jsonSchema keyword 'items' must be an array or an object, not "
                 + bson_type_name(items),
             )
@@ -317,7 +336,7 @@ def _check_array_keywords(schema: dict) -> None:
             _check_schema(extra)
         elif not isinstance(extra, bool):
             raise _fail(
-                14,
+                Code.TypeMismatch,
                 "$jsonSchema keyword 'additionalItems' must be either an object or a boolean, "
                 f"but got a {bson_type_name(extra)}",
             )
@@ -330,11 +349,11 @@ def _check_object_keywords(schema: dict) -> None:
         if keyword not in schema:
             continue
         if not isinstance(schema[keyword], dict):
-            raise _fail(14, f"$jsonSchema keyword '{keyword}' must be an object")
+            raise _fail(Code.TypeMismatch, f"$jsonSchema keyword '{keyword}' must be an object")
         for name, sub in schema[keyword].items():
             if not isinstance(sub, dict):
                 raise _fail(
-                    14,
+                    Code.TypeMismatch,
                     f"Nested schema for $jsonSchema property '{name}' must be an object"
                     if keyword == "properties"
                     else f"$jsonSchema keyword 'patternProperties' has property '{name}' which "
@@ -349,7 +368,8 @@ def _check_object_keywords(schema: dict) -> None:
             _check_schema(extra)
         elif not isinstance(extra, bool):
             raise _fail(
-                14, "$jsonSchema keyword 'additionalProperties' must be an object or a boolean"
+                Code.TypeMismatch,
+                "$jsonSchema keyword 'additionalProperties' must be an object or a boolean",
             )
     for keyword in ("minProperties", "maxProperties"):
         if keyword in schema:
@@ -357,7 +377,7 @@ def _check_object_keywords(schema: dict) -> None:
     if "dependencies" in schema:
         deps = schema["dependencies"]
         if not isinstance(deps, dict):
-            raise _fail(14, "$jsonSchema keyword 'dependencies' must be an object")
+            raise _fail(Code.TypeMismatch, "$jsonSchema keyword 'dependencies' must be an object")
         for name, dep in deps.items():
             if isinstance(dep, dict):
                 _check_schema(dep)
@@ -367,7 +387,7 @@ def _check_object_keywords(schema: dict) -> None:
                 )
             else:
                 raise _fail(
-                    14,
+                    Code.TypeMismatch,
                     f"property '{name}' in $jsonSchema keyword 'dependencies' must be either an "
                     "object or an array",
                 )
@@ -375,22 +395,22 @@ def _check_object_keywords(schema: dict) -> None:
 
 def _check_filter(flt: Any) -> None:
     if not isinstance(flt, dict):
-        raise _fail(14, "validator must be an object")
+        raise _fail(Code.TypeMismatch, "validator must be an object")
     plain: dict = {}
     for key, value in flt.items():
         if key == "$jsonSchema":
             if not isinstance(value, dict):
-                raise _fail(14, "$jsonSchema must be an object")
+                raise _fail(Code.TypeMismatch, "$jsonSchema must be an object")
             _check_schema(value)
         elif key in ("$and", "$or", "$nor"):
             if not isinstance(value, list) or not value:
-                raise _fail(2, f"{key} argument must be a non-empty array")
+                raise _fail(Code.BadValue, f"{key} argument must be a non-empty array")
             for sub in value:
                 if not isinstance(sub, dict):
-                    raise _fail(2, f"{key} argument's entries must be objects")
+                    raise _fail(Code.BadValue, f"{key} argument's entries must be objects")
                 _check_filter(sub)
         elif key in ("$where", "$near", "$nearSphere", "$text"):
-            raise _fail(2, f"{key} is not allowed in collection validators")
+            raise _fail(Code.BadValue, f"{key} is not allowed in collection validators")
         else:
             plain[key] = value
     if plain:
@@ -771,7 +791,7 @@ def _schema_errors(schema: dict, value: Any) -> list[dict]:
                 errors.append(broken)
     if _is_number(value):
         errors += _number_rules(schema, value)
-    elif isinstance(value, str) and not isinstance(value, Code):
+    elif isinstance(value, str) and not isinstance(value, JavaScript):
         errors += _string_rules(schema, value)
     elif isinstance(value, list | tuple):
         errors += _array_rules(schema, list(value))
@@ -864,7 +884,7 @@ def validate_document(doc: dict, validator: dict) -> None:
     if details is None:
         return
     raise EngineError(
-        121,
+        Code.DocumentValidationFailure,
         "Document failed validation",
         extra={"errInfo": {"failingDocumentId": doc.get("_id"), "details": details}},
     )

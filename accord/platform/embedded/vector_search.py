@@ -6,14 +6,18 @@ numpy, so the same pymongo code runs on Atlas, Atlas Local and this engine:
 - definitions: ``fields`` of ``{type: "vector", path, numDimensions, similarity}`` and
   ``{type: "filter", path}``; checked as mongot checks them; kept in a catalog file next to
   the engine's data (``search-indexes.json``, replaced atomically) so they survive restarts;
-- vectors: one float32 matrix per index (a row per indexed document, an id map and a free
-  list), kept in step with commits through the engine's commit observers. A document whose
-  vector is missing, of the wrong length, not numeric, or zero under cosine is not indexed
-  (Atlas skips it too);
-- queries: ``exact: true`` is an exact scan of the rows that pass the pre-filter; approximate
-  queries (``numCandidates``) are answered the same way, exactly: brute force over the
-  filtered rows is within the latency target at 100k vectors (docs/benchmarks.md), so the
-  engine returns the true nearest neighbours where Atlas's HNSW returns approximate ones;
+- vectors: one contiguous float32 matrix per index (a row per indexed document, an id map
+  and a free list), kept in step with commits through the engine's commit observers, built
+  in bulk (FLOAT32 BinData decoded from one buffer) when the index is created and when the
+  engine starts (:func:`open_at_startup`). A document whose vector is missing, of the wrong
+  length, not numeric, or zero under cosine is not indexed (Atlas skips it too);
+- pre-filters: per filter path, the rows of each value and a bounded cache of them as
+  boolean masks, a numeric column for ranges: a filter is a few array operations, no Python
+  per row;
+- queries: ``exact: true`` is an exact scan of the rows that pass the pre-filter (one
+  matrix-vector product, argpartition for the top); approximate queries
+  (``numCandidates``) are answered the same way, exactly, so the engine returns the true
+  nearest neighbours where Atlas's HNSW returns approximate ones;
 - snapshots: the matrix holds the newest committed vectors. A transaction whose snapshot is
   older than some commits, or that wrote documents itself, reads those few documents from its
   own view instead of from the matrix, so every query sees exactly its transaction's snapshot
@@ -33,8 +37,9 @@ import math
 import os
 import secrets
 import threading
+import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,7 +50,8 @@ import bson
 import numpy as np
 
 from accord.platform.embedded import query
-from accord.platform.embedded.errors import CODE_NAMES, EngineError
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.paths import MISSING
 
 log = logging.getLogger("accord.engine.vector_search")
 
@@ -57,9 +63,6 @@ SIMILARITIES = ("cosine", "dotProduct", "euclidean")
 FILTER_LEAF_OPS = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not"}
 FILTER_LOGICAL_OPS = {"$and", "$or", "$nor"}
 SCORE_FIELD = "__accord_vector_search_score"
-# Codes this module reports that the engine's table may not name yet.
-CODE_NAMES.setdefault(8, "UnknownError")
-CODE_NAMES.setdefault(68, "IndexAlreadyExists")
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -67,11 +70,13 @@ CODE_NAMES.setdefault(68, "IndexAlreadyExists")
 
 def plan_error(message: str) -> EngineError:
     """A mongot query error as mongod reports it (code 8, UnknownError)."""
-    return EngineError(8, f"PlanExecutor error during aggregation :: caused by :: {message}")
+    return EngineError(
+        Code.UnknownError, f"PlanExecutor error during aggregation :: caused by :: {message}"
+    )
 
 
 def definition_error(message: str) -> EngineError:
-    return EngineError(2, f"Invalid index definition: {message}")
+    return EngineError(Code.BadValue, f"Invalid index definition: {message}")
 
 
 # -- definitions ------------------------------------------------------------------------------
@@ -203,24 +208,40 @@ def validate_definition(index_type: str, definition: Any) -> Doc:
 
 # -- vectors in documents ----------------------------------------------------------------------
 
+#: The dtype byte of a FLOAT32 BSON vector (BinData subtype 9): ``[0x27, padding, floats...]``.
+_FLOAT32 = 0x27
 
-def vector_of(doc: Doc, path: str, dims: int) -> np.ndarray | None:
-    """The float32 vector at ``path``, or None when Atlas would not index one."""
+
+def raw_value(doc: Doc, path: str) -> Any:
+    """The value at a dotted path through embedded documents (MISSING if absent)."""
     value: Any = doc
     for part in path.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return MISSING
         value = value[part]
-    return as_vector(value, dims)
+    return value
+
+
+def vector_of(doc: Doc, path: str, dims: int) -> np.ndarray | None:
+    """The float32 vector at ``path``, or None when Atlas would not index one."""
+    value = raw_value(doc, path)
+    return None if value is MISSING else as_vector(value, dims)
+
+
+def _float32_payload(value: bytes) -> bool:
+    return len(value) >= 2 and value[0] == _FLOAT32 and value[1] == 0 and len(value) % 4 == 2
 
 
 def as_vector(value: Any, dims: int | None = None) -> np.ndarray | None:
     if isinstance(value, bson.Binary) and value.subtype == 9:
-        try:
-            decoded = value.as_vector()
-        except (ValueError, TypeError):
-            return None
-        arr = np.asarray(decoded.data, dtype=np.float32)
+        if _float32_payload(value):  # the common case, decoded without a Python loop
+            arr = np.frombuffer(value, dtype="<f4", offset=2)
+        else:
+            try:
+                decoded = value.as_vector()
+            except (ValueError, TypeError):
+                return None
+            arr = np.asarray(decoded.data, dtype=np.float32)
     elif isinstance(value, list) and value:
         if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value):
             return None
@@ -234,25 +255,60 @@ def as_vector(value: Any, dims: int | None = None) -> np.ndarray | None:
     return arr
 
 
+def _filter_values(doc: Doc, path: str) -> list[Any]:
+    """The values a filter on ``path`` compares (array elements, as a multikey index)."""
+    if "." in path:
+        return [v for v in query.path_values(doc, path) if v is not MISSING]
+    value = doc.get(path, MISSING)
+    if value is MISSING:
+        return []
+    if isinstance(value, list):
+        return value if value else [None]
+    return [value]
+
+
+def _vkey(value: Any) -> Any:
+    """A hashable key under MongoDB equality (strings, the usual filter values, directly)."""
+    return ("s", value) if type(value) is str else query.value_key(value)
+
+
+_NEVER_IN_NUMERIC_RANGE = (str, bool, type(None), datetime, bson.ObjectId)
+
 # -- the matrix ---------------------------------------------------------------------------------
+
+#: Equality masks kept per filter path (least recently used dropped): a pre-filter on a
+#: cached value costs one boolean AND, no Python per row.
+MASK_CACHE = 64
 
 
 class VectorMatrix:
-    """Rows of one index: vectors, the filter fields' values, and the id map."""
+    """Rows of one index: vectors, the filter fields' values, and the id map.
+
+    ``matrix[:high]`` is a contiguous float32 block holding every live row (unit length
+    under cosine); ``live`` marks the rows in use. Filter fields keep, per path, the rows of
+    each value (``eq``), a bounded cache of those as boolean masks, which rows have a value
+    (``present``), a numeric column for vectorised ranges, and the rows whose value is not
+    one number (``irregular``, compared one by one).
+    """
 
     def __init__(self, vfield: VectorField, filter_paths: Iterable[str]) -> None:
         self.vfield = vfield
         self.filter_paths = sorted(filter_paths)
         self.capacity = 0
+        self.high = 0
         self.matrix = np.zeros((0, vfield.dims), dtype=np.float32)
+        self.sqnorm = np.zeros(0, dtype=np.float32)
         self.live = np.zeros(0, dtype=bool)
         self.row_of: dict[bytes, int] = {}
         self.key_of: list[bytes | None] = []
         self.free: list[int] = []
-        # Filter fields: per path, row -> projected value doc, value key -> rows,
-        # a numeric column for vectorised ranges, and rows whose value is not one number.
-        self.values: dict[str, dict[int, Doc]] = {p: {} for p in self.filter_paths}
-        self.eq: dict[str, dict[bytes, set[int]]] = {p: {} for p in self.filter_paths}
+        self.values: dict[str, dict[int, Any]] = {p: {} for p in self.filter_paths}
+        self.row_keys: dict[str, dict[int, set[Any]]] = {p: {} for p in self.filter_paths}
+        self.eq: dict[str, dict[Any, set[int]]] = {p: {} for p in self.filter_paths}
+        self.masks: dict[str, OrderedDict[Any, np.ndarray]] = {
+            p: OrderedDict() for p in self.filter_paths
+        }
+        self.present: dict[str, np.ndarray] = {p: np.zeros(0, bool) for p in self.filter_paths}
         self.num: dict[str, np.ndarray] = {p: np.zeros(0) for p in self.filter_paths}
         self.irregular: dict[str, set[int]] = {p: set() for p in self.filter_paths}
 
@@ -263,16 +319,20 @@ class VectorMatrix:
         if need <= self.capacity:
             return
         new_cap = max(need, 64, self.capacity * 2)
-        matrix = np.zeros((new_cap, self.vfield.dims), dtype=np.float32)
-        matrix[: self.capacity] = self.matrix
-        self.matrix = matrix
-        live = np.zeros(new_cap, dtype=bool)
-        live[: self.capacity] = self.live
-        self.live = live
+
+        def grown(old: np.ndarray, fill: Any = 0) -> np.ndarray:
+            new = np.full((new_cap, *old.shape[1:]), fill, dtype=old.dtype)
+            new[: self.capacity] = old[: self.capacity]
+            return new
+
+        self.matrix = grown(self.matrix)
+        self.sqnorm = grown(self.sqnorm)
+        self.live = grown(self.live, False)
         for p in self.filter_paths:
-            col = np.full(new_cap, np.nan)
-            col[: self.capacity] = self.num[p]
-            self.num[p] = col
+            self.num[p] = grown(self.num[p], np.nan)
+            self.present[p] = grown(self.present[p], False)
+            for k, m in self.masks[p].items():
+                self.masks[p][k] = grown(m, False)
         self.key_of.extend([None] * (new_cap - self.capacity))
         self.capacity = new_cap
 
@@ -293,24 +353,148 @@ class VectorMatrix:
         row_vec = None if vec is None else self.prepare(vec)
         if row_vec is None:
             return
-        row = self.free.pop() if self.free else len(self.row_of) + len(self.free)
+        row = self.free.pop() if self.free else self.high
         if row >= self.capacity:
             self._grow(row + 1)
+        self.high = max(self.high, row + 1)
         self.matrix[row] = row_vec
+        self.sqnorm[row] = float(np.dot(row_vec, row_vec))
         self.live[row] = True
         self.row_of[key] = row
         self.key_of[row] = key
-        for p in self.filter_paths:
-            values = [v for v in query.path_values(doc, p) if v is not query._MISSING]
-            if not values:
+        self._index_filters(row, doc)
+
+    def load(self, items: Iterable[tuple[bytes, Doc | None]]) -> None:
+        """Fill an empty matrix with many documents at once (index builds, start-up).
+
+        FLOAT32 BinData vectors (what accord writes) are copied from one joined buffer
+        straight into the matrix and normalised there, as one array; top-level filter
+        fields are indexed a column at a time. Other vector shapes go through ``put``.
+        """
+        assert not self.row_of and not self.free, "load() fills an empty matrix"
+        dims, path = self.vfield.dims, self.vfield.path
+        width = 2 + 4 * dims
+        keys: list[bytes] = []
+        docs: list[Doc] = []
+        payloads: list[memoryview] = []
+        others: list[tuple[bytes, Doc]] = []
+        top_level = "." not in path
+        for key, doc in items:
+            if doc is None:
                 continue
-            self.values[p][row] = doc_at(p, query_value_of(doc, p))
-            for v in values:
-                self.eq[p].setdefault(query.value_key(v), set()).add(row)
-            if len(values) == 1 and _is_number(values[0]):
-                self.num[p][row] = float(values[0])
+            value = doc.get(path, MISSING) if top_level else raw_value(doc, path)
+            if (type(value) is bson.Binary and value.subtype == 9
+                    and len(value) == width and value[0] == _FLOAT32 and value[1] == 0):  # fmt: skip
+                keys.append(key)
+                docs.append(doc)
+                payloads.append(memoryview(value)[2:])
+            elif value is not MISSING:
+                others.append((key, doc))
+        if payloads:
+            n = len(payloads)
+            self._grow(n)
+            block = self.matrix[:n]
+            block[:] = np.frombuffer(b"".join(payloads), dtype="<f4").reshape(n, dims)
+            ok = np.isfinite(block).all(axis=1)
+            sq = np.einsum("ij,ij->i", block, block)
+            if self.vfield.similarity == "cosine":
+                ok &= sq > 0
+                norms = np.sqrt(sq, where=ok, out=np.ones_like(sq))
+                block /= norms[:, None]
+                sq = np.ones_like(sq)
+            if not ok.all():  # unusable vectors (rare): close the gaps
+                kept = np.flatnonzero(ok)
+                block[: kept.size] = block[kept]
+                sq = sq[kept]
+                keys = [keys[i] for i in kept.tolist()]
+                docs = [docs[i] for i in kept.tolist()]
+                block[kept.size :] = 0
+                n = kept.size
+            self.sqnorm[:n] = sq
+            self.live[:n] = True
+            self.high = n
+            self.row_of = dict(zip(keys, range(n), strict=True))
+            self.key_of[:n] = keys
+            for p in self.filter_paths:
+                self._index_column(p, docs)
+        for key, doc in others:
+            self.put(key, doc)
+
+    def _index_column(self, p: str, docs: list[Doc]) -> None:
+        """Index filter path ``p`` of rows ``0..len(docs)-1`` (a fresh matrix)."""
+        if "." in p:
+            for row, doc in enumerate(docs):
+                values = _filter_values(doc, p)
+                if values:
+                    self._index_value(p, row, query_value_of(doc, p), values)
+            return
+        eq, stored = self.eq[p], self.values[p]
+        plain: list[int] = []
+        for row, v in enumerate([d.get(p, MISSING) for d in docs]):
+            if type(v) is str:  # the usual filter value (tenant, prefix, kind): one key
+                rows = eq.get(("s", v))
+                if rows is None:
+                    eq[("s", v)] = {row}
+                else:
+                    rows.add(row)
+                stored[row] = v
+                plain.append(row)
+            elif type(v) is list and v and all(type(x) is str for x in v):  # ns_prefixes
+                for x in set(v):
+                    rows = eq.get(("s", x))
+                    if rows is None:
+                        eq[("s", x)] = {row}
+                    else:
+                        rows.add(row)
+                stored[row] = v
+                plain.append(row)
+            elif v is not MISSING:
+                self._index_value(p, row, v, v if isinstance(v, list) and v else
+                                  [None] if isinstance(v, list) else [v])  # fmt: skip
+        if plain:
+            self.present[p][np.asarray(plain, dtype=np.int64)] = True
+
+    def _index_filters(self, row: int, doc: Doc) -> None:
+        for p in self.filter_paths:
+            values = _filter_values(doc, p)
+            if values:
+                raw = query_value_of(doc, p) if "." in p else doc[p]
+                self._index_value(p, row, raw, values)
+
+    def _index_value(self, p: str, row: int, raw: Any, values: list[Any]) -> None:
+        self.values[p][row] = raw
+        self.present[p][row] = True
+        keys = {_vkey(v) for v in values}
+        if "." in p:  # the raw value does not tell them again (arrays along the path)
+            self.row_keys[p][row] = keys
+        eq, masks = self.eq[p], self.masks[p]
+        for k in keys:
+            rows = eq.get(k)
+            if rows is None:
+                eq[k] = {row}
             else:
-                self.irregular[p].add(row)
+                rows.add(row)
+            m = masks.get(k)
+            if m is not None:
+                m[row] = True
+        if len(values) == 1 and _is_number(values[0]):
+            self.num[p][row] = float(values[0])
+        elif not all(isinstance(v, _NEVER_IN_NUMERIC_RANGE) for v in values):
+            # Compared one by one by numeric ranges: arrays (any element may match) and
+            # unusual types. A string, boolean, null, date or id never matches a numeric
+            # range (type bracketing), so those rows need no look.
+            self.irregular[p].add(row)
+
+    def _keys_of(self, p: str, row: int) -> set[Any] | None:
+        if "." in p:
+            return self.row_keys[p].pop(row, None)
+        if row not in self.values[p]:
+            return None
+        raw = self.values[p][row]
+        values = (
+            raw if isinstance(raw, list) and raw else [None] if isinstance(raw, list) else [raw]
+        )
+        return {_vkey(v) for v in values}
 
     def remove(self, key: bytes) -> None:
         row = self.row_of.pop(key, None)
@@ -320,27 +504,33 @@ class VectorMatrix:
         self.key_of[row] = None
         self.free.append(row)
         for p in self.filter_paths:
-            projected = self.values[p].pop(row, None)
-            if projected is None:
+            keys = self._keys_of(p, row)
+            if keys is None:
                 continue
-            for v in query.path_values(projected, p):
-                if v is not query._MISSING:
-                    rows = self.eq[p].get(query.value_key(v))
-                    if rows is not None:
-                        rows.discard(row)
-                        if not rows:
-                            del self.eq[p][query.value_key(v)]
+            del self.values[p][row]
+            self.present[p][row] = False
+            eq, masks = self.eq[p], self.masks[p]
+            for k in keys:
+                rows = eq.get(k)
+                if rows is not None:
+                    rows.discard(row)
+                    if not rows:
+                        del eq[k]
+                        masks.pop(k, None)
+                        continue
+                m = masks.get(k)
+                if m is not None:
+                    m[row] = False
             self.num[p][row] = np.nan
             self.irregular[p].discard(row)
 
     # -- filters ------------------------------------------------------------------------------
 
     def mask(self, filt: Doc | None) -> np.ndarray:
-        """Rows (live ones) that match an already-validated pre-filter."""
-        base = self.live.copy()
+        """Rows (live ones) that match an already-validated pre-filter (a fresh array)."""
         if not filt:
-            return base
-        return base & self._clause(filt)
+            return self.live.copy()
+        return self.live & self._clause(filt)
 
     def _rows(self, rows: Iterable[int]) -> np.ndarray:
         out = np.zeros(self.capacity, dtype=bool)
@@ -349,45 +539,70 @@ class VectorMatrix:
             out[idx] = True
         return out
 
+    def _eq_mask(self, path: str, value: Any) -> np.ndarray:
+        """Rows whose ``path`` equals ``value`` (a cached mask: do not modify it)."""
+        key = _vkey(value)
+        masks = self.masks[path]
+        m = masks.get(key)
+        if m is not None:
+            masks.move_to_end(key)
+            return m
+        rows = self.eq[path].get(key)
+        if rows is None:
+            return np.zeros(self.capacity, dtype=bool)  # not cached: nothing to keep in step
+        m = self._rows(rows)
+        masks[key] = m
+        if len(masks) > MASK_CACHE:
+            masks.popitem(last=False)
+        return m
+
+    def _any_of(self, path: str, values: Iterable[Any]) -> np.ndarray:
+        out = np.zeros(self.capacity, dtype=bool)
+        for v in values:
+            out |= self._eq_mask(path, v)
+        return out
+
     def _clause(self, filt: Doc) -> np.ndarray:
-        out = np.ones(self.capacity, dtype=bool)
+        out: np.ndarray | None = None
         for key, value in filt.items():
             if key == "$and":
-                for sub in value:
-                    out &= self._clause(sub)
+                part = self._clause(value[0])
+                for sub in value[1:]:
+                    part = part & self._clause(sub)
             elif key == "$or":
-                acc = np.zeros(self.capacity, dtype=bool)
+                part = np.zeros(self.capacity, dtype=bool)
                 for sub in value:
-                    acc |= self._clause(sub)
-                out &= acc
+                    part = part | self._clause(sub)
             elif key == "$nor":
+                part = np.ones(self.capacity, dtype=bool)
                 for sub in value:
-                    out &= ~self._clause(sub)
+                    part &= ~self._clause(sub)
             else:
-                out &= self._field(key, value)
-        return out
+                part = self._field(key, value)
+            out = part if out is None else out & part
+        return np.ones(self.capacity, dtype=bool) if out is None else out
 
     def _field(self, path: str, cond: Any) -> np.ndarray:
         if not (isinstance(cond, dict) and cond and all(k.startswith("$") for k in cond)):
             return self._leaf(path, "$eq", cond)
-        out = np.ones(self.capacity, dtype=bool)
+        out: np.ndarray | None = None
         for op, operand in cond.items():
-            out &= self._leaf(path, op, operand)
+            part = self._leaf(path, op, operand)
+            out = part if out is None else out & part
+        assert out is not None
         return out
 
     def _leaf(self, path: str, op: str, operand: Any) -> np.ndarray:
-        eq = self.eq[path]
         if op == "$eq":
-            return self._rows(eq.get(query.value_key(operand), ()))
+            return self._eq_mask(path, operand)
         if op == "$ne":
-            return ~self._rows(eq.get(query.value_key(operand), ()))
+            return ~self._eq_mask(path, operand)
         if op == "$in":
-            return self._rows(r for v in operand for r in eq.get(query.value_key(v), ()))
+            return self._any_of(path, operand)
         if op == "$nin":
-            return ~self._rows(r for v in operand for r in eq.get(query.value_key(v), ()))
+            return ~self._any_of(path, operand)
         if op == "$exists":
-            present = self._rows(self.values[path])
-            return present if operand else ~present
+            return self.present[path] if operand else ~self.present[path]
         if op == "$not":
             return ~self._field(path, operand)
         # Ranges: numbers vectorised over the numeric column, everything else one by one
@@ -402,10 +617,51 @@ class VectorMatrix:
         else:
             rows = self.values[path]
         leaf = {path: {op: operand}}
-        hits = [r for r in rows if query.matches(leaf, self.values[path][r])]
+        values = self.values[path]
+        hits = [r for r in rows if query.matches(leaf, doc_at(path, values[r]))]
         if hits:
             out = out | self._rows(hits)
         return out
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def top(self, qv: np.ndarray, mask: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``limit`` best rows among ``mask`` (best first, ties by row) and their scores.
+
+        Exact: every selected row is scored. When many rows pass the pre-filter, the whole
+        block ``matrix[:high]`` is scored in one matrix-vector product (no copy) and the
+        rest masked out; when few do, only they are gathered. argpartition then picks the
+        top without sorting everything, and only the winners are scored in float64.
+        """
+        high = self.high
+        sel = mask[:high]
+        count = int(np.count_nonzero(sel))
+        if count == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        euclid = self.vfield.similarity == "euclidean"
+        if count * 8 > high:
+            rows = None
+            rank = self.matrix[:high] @ qv  # float32, higher is better once adjusted
+            if euclid:
+                rank = 2.0 * rank - self.sqnorm[:high]  # -|r - q|^2 + |q|^2
+            rank[~sel] = -np.inf
+        else:
+            rows = np.flatnonzero(sel)
+            rank = self.matrix[rows] @ qv
+            if euclid:
+                rank = 2.0 * rank - self.sqnorm[rows]
+        # A few more candidates than asked for, re-scored exactly below, so that float32
+        # rounding in the product cannot change which rows win.
+        want = min(count, limit + 8 if limit < count else limit)
+        if want < rank.shape[0]:
+            cand = np.argpartition(-rank, want - 1)[:want]
+        else:
+            cand = np.arange(rank.shape[0])
+        cand_rows = cand if rows is None else rows[cand]
+        cand_rows = cand_rows[self.live[cand_rows] & mask[cand_rows]]
+        scores = _scores(self.matrix[cand_rows], qv, self.vfield.similarity)
+        order = np.lexsort((cand_rows, -scores))[:limit]
+        return cand_rows[order], scores[order]
 
 
 def _is_number(v: Any) -> bool:
@@ -589,6 +845,8 @@ class SearchIndexes:
         self.by_ns: dict[str, dict[str, _IndexState]] = {}
         # Per indexed collection: (commit ts, id key) of recent changes, for snapshot reads.
         self.changes: dict[str, deque[tuple[int, bytes]]] = {}
+        #: (ns, index name) -> seconds the last build of its matrices took
+        self.build_seconds: dict[tuple[str, str], float] = {}
         for entry in self._load():
             index = SearchIndex.from_catalog(entry)
             self._attach(index)
@@ -603,7 +861,7 @@ class SearchIndexes:
             return list(json.loads(self.path.read_text())["indexes"])
         except (OSError, ValueError, KeyError) as exc:
             raise EngineError(
-                1, f"cannot read the search index catalog {self.path}: {exc}"
+                Code.InternalError, f"cannot read the search index catalog {self.path}: {exc}"
             ) from exc
 
     def _save(self) -> None:
@@ -637,7 +895,9 @@ class SearchIndexes:
 
     def create(self, ns: str, name: str, index_type: str, definition: Doc) -> SearchIndex:
         if self.find(ns, name=name) is not None:
-            raise EngineError(68, f"Index {name} already exists for collection {ns}")
+            raise EngineError(
+                Code.IndexAlreadyExists, f"Index {name} already exists for collection {ns}"
+            )
         index = SearchIndex(ns=ns, id=secrets.token_hex(12), name=name, type=index_type,
                             definition=validate_definition(index_type, definition),
                             created_at=datetime.now(UTC))  # fmt: skip
@@ -661,7 +921,8 @@ class SearchIndexes:
         self._build(state)
 
     def _build(self, state: _IndexState) -> None:
-        """Load every committed document's vector into fresh matrices."""
+        """Load every committed document's vector into fresh matrices (in bulk)."""
+        started = time.perf_counter()
         coll = self.engine.get_collection(state.index.ns)
         fields = state.index.vector_fields
         state.matrices = {p: VectorMatrix(vf, state.index.filter_paths) for p, vf in fields.items()}
@@ -669,14 +930,19 @@ class SearchIndexes:
         if coll is None:
             return
         horizon = self.engine.oldest_snapshot()
-        for key, chain in list(coll.versions.items()):
-            ts, doc = chain[-1]
-            for m in state.matrices.values():
-                m.put(key, doc)
-            if ts > horizon or len(chain) > 1:
+        latest = []
+        for key, doc, ts, has_history in self.engine.latest_documents(state.index.ns):
+            latest.append((key, doc))
+            if ts > horizon or has_history:
                 changes.append((ts, key))
+        for m in state.matrices.values():
+            m.load(latest)
+        self.build_seconds[(state.index.ns, state.index.name)] = time.perf_counter() - started
 
     # -- commit observer ------------------------------------------------------------------------
+
+    def observes(self, ns: str) -> bool:
+        return ns in self.by_ns
 
     def on_commit(self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]) -> None:
         horizon = self.engine.oldest_snapshot()
@@ -742,21 +1008,12 @@ class SearchIndexes:
             row = matrix.row_of.get(key)
             if row is not None:
                 mask[row] = False
-        rows = np.flatnonzero(mask)
+        rows, scores = matrix.top(qv, mask, q.limit)
         scored: list[tuple[float, int, bytes]] = []
-        if rows.size:
-            scores = _scores(matrix.matrix[rows], qv, matrix.vfield.similarity)
-            take = min(q.limit, rows.size)
-            top = (
-                np.argpartition(-scores, take - 1)[:take]
-                if take < rows.size
-                else np.arange(rows.size)
-            )
-            for i in top:
-                row = int(rows[i])
-                row_key = matrix.key_of[row]
-                if row_key is not None:
-                    scored.append((float(scores[i]), row, row_key))
+        for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+            row_key = matrix.key_of[row]
+            if row_key is not None:
+                scored.append((score, row, row_key))
         for n, key in enumerate(sorted(divergent)):
             doc = self.engine.get(txn, ns, key)
             if doc is None or (q.filter is not None and not query.matches(q.filter, doc)):
@@ -780,12 +1037,13 @@ class SearchIndexes:
 
 
 def _scores(rows: np.ndarray, qv: np.ndarray, similarity: str) -> np.ndarray:
+    """Atlas's scores of a few rows, in float64."""
+    r = rows.astype(np.float64)
+    q = qv.astype(np.float64)
     if similarity == "euclidean":
-        diff = rows - qv
-        d2 = np.einsum("ij,ij->i", diff, diff)
-        return 1.0 / (1.0 + d2.astype(np.float64))
-    dots = rows @ qv
-    return (1.0 + dots.astype(np.float64)) / 2.0
+        diff = r - q
+        return 1.0 / (1.0 + (diff * diff).sum(axis=1))  # type: ignore[no-any-return]
+    return (1.0 + (r * q).sum(axis=1)) / 2.0  # type: ignore[no-any-return]
 
 
 def _catalog_path(engine: Any) -> Path | None:
@@ -793,8 +1051,27 @@ def _catalog_path(engine: Any) -> Path | None:
     return Path(storage_path).parent / CATALOG_FILE if storage_path is not None else None
 
 
+def open_at_startup(engine: Any) -> SearchIndexes | None:
+    """Load the search indexes an engine's data directory has, building their matrices now
+    (at start-up, so the first search does not pay for it). None when it has none."""
+    path = _catalog_path(engine)
+    if path is None or not path.exists():
+        return None
+    with engine.lock:
+        found = manager(engine)
+    for (ns, name), seconds in found.build_seconds.items():
+        log.info("vector index %s on %s built in %.2f s", name, ns, seconds)
+    return found
+
+
 _MANAGERS: weakref.WeakKeyDictionary[Any, SearchIndexes] = weakref.WeakKeyDictionary()
 _MANAGERS_LOCK = threading.Lock()
+
+
+def loaded(engine: Any) -> SearchIndexes | None:
+    """The engine's search indexes if they are loaded already (None: not yet)."""
+    with _MANAGERS_LOCK:
+        return _MANAGERS.get(engine)
 
 
 def manager(engine: Any) -> SearchIndexes:

@@ -6,11 +6,12 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, read, search, write
+from accord.platform.embedded.commands import admin, catalog, explain, read, search, testing, write
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
     SERVER_VERSION,
+    TEST_COMMANDS,
     TXN_COMMANDS,
     WRITE_COMMANDS,
     Context,
@@ -22,6 +23,7 @@ __all__ = [
     "COMMANDS",
     "MAX_WIRE_VERSION",
     "SERVER_VERSION",
+    "TEST_COMMANDS",
     "TXN_COMMANDS",
     "WRITE_COMMANDS",
     "Context",
@@ -29,7 +31,9 @@ __all__ = [
     "admin",
     "catalog",
     "check_db_name",
+    "explain",
     "read",
     "search",
+    "testing",
     "write",
 ]

@@ -12,7 +12,7 @@ from accord.platform.embedded.commands.base import (
     Doc,
     command,
 )
-from accord.platform.embedded.errors import EngineError
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
@@ -53,7 +53,37 @@ def cmd_whatsmyuri(ctx: Context, cmd: Doc) -> Doc:
 
 @command("getParameter")
 def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
-    return {"featureCompatibilityVersion": {"version": "8.0"}, "ok": 1.0}
+    """``getParameter: "*"`` answers every parameter; otherwise the ones named with a value."""
+    known: Doc = {
+        "featureCompatibilityVersion": {"version": "8.0"},
+        "enableTestCommands": ctx.test_commands,
+    }
+    if cmd.get("getParameter") == "*":
+        return {**known, "ok": 1.0}
+    wanted = [k for k in cmd if k != "getParameter" and k not in GENERIC_FIELDS]
+    unknown = [k for k in wanted if k not in known]
+    if unknown:
+        raise EngineError(Code.InvalidOptions, f"no option found to get: {unknown[0]}")
+    return {**{k: known[k] for k in wanted or known}, "ok": 1.0}
+
+
+# Generic command arguments that getParameter must not take for parameter names.
+GENERIC_FIELDS = {"lsid", "comment", "$db", "$clusterTime", "$readPreference", "apiVersion"}
+
+
+@command("getCmdLineOpts")
+def cmd_get_cmd_line_opts(ctx: Context, cmd: Doc) -> Doc:
+    """The options the engine runs with, in mongod's shape (drivers' test runners read it)."""
+    if ctx.db != "admin":
+        raise EngineError(
+            Code.Unauthorized, "getCmdLineOpts may only be run against the admin database."
+        )
+    argv = ["accord-engine"]
+    parsed: Doc = {}
+    if ctx.test_commands:
+        argv.append("--enable-test-commands")
+        parsed["setParameter"] = {"enableTestCommands": "1"}
+    return {"argv": argv, "parsed": parsed, "ok": 1.0}
 
 
 @command("serverStatus")
@@ -62,6 +92,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
         "host": "localhost", "version": SERVER_VERSION, "process": "accord-engine",
         "localTime": dt.datetime.now(dt.UTC).replace(tzinfo=None),
         "transactions": {"currentOpen": sum(1 for t in ctx.engine.active.values() if t.explicit)},
+        "accordEngine": ctx.engine.status(),
         "ok": 1.0,
     }  # fmt: skip
 
@@ -69,7 +100,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
 @command("dbStats")
 def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
     colls = ctx.engine.collections_in(ctx.db)
-    objects = sum(len(c.versions) for c in colls)
+    objects = sum(c.count_visible(ctx.txn.snapshot) for c in colls)
     return {"db": ctx.db, "collections": len(colls), "objects": objects, "ok": 1.0}
 
 
@@ -81,4 +112,4 @@ def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
 @command("commitTransaction", "abortTransaction")
 def cmd_end_transaction(ctx: Context, cmd: Doc) -> Doc:
     # The dispatcher completes these itself; reaching here means no transaction was open.
-    raise EngineError(50768, f"{next(iter(cmd))} must be run within a transaction")
+    raise EngineError(Code.Location50768, f"{next(iter(cmd))} must be run within a transaction")

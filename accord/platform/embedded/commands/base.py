@@ -9,7 +9,7 @@ from typing import Any
 
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import Engine, Txn
-from accord.platform.embedded.errors import EngineError, type_mismatch
+from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 
 Doc = dict[str, Any]
 SERVER_VERSION = "8.0.4"
@@ -25,12 +25,17 @@ class Context:
     in_transaction: bool
     session_key: bytes | None
     hello: Callable[[Doc], Doc]
+    # Whether the engine serves TEST_COMMANDS (--enable-test-commands).
+    test_commands: bool = False
 
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
+# Test commands (commands/testing.py): served only when the engine runs with
+# --enable-test-commands; CommandNotFound otherwise, as in mongod.
+TEST_COMMANDS: set[str] = set()
 # Commands allowed inside a multi-document transaction (as in mongod).
 TXN_COMMANDS = {
     "find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify",
@@ -55,7 +60,7 @@ _DB_BAD = re.compile(r'[/\\. "$\x00]')
 
 def check_db_name(name: Any) -> str:
     if not isinstance(name, str) or not name or len(name) >= 64 or _DB_BAD.search(name):
-        raise EngineError(73, f"Invalid database name: '{name}'")
+        raise EngineError(Code.InvalidNamespace, f"Invalid database name: '{name}'")
     return name
 
 
@@ -63,10 +68,11 @@ def coll_name(cmd: Doc, field_name: str) -> str:
     name = cmd.get(field_name)
     if not isinstance(name, str):
         raise EngineError(
-            73, f"collection name has invalid type {type(name).__name__}; expected a string"
+            Code.InvalidNamespace,
+            f"collection name has invalid type {type(name).__name__}; expected a string",
         )
     if not name or "\x00" in name or name.startswith(".") or "$" in name:
-        raise EngineError(73, f"Invalid collection name: '{name}'")
+        raise EngineError(Code.InvalidNamespace, f"Invalid collection name: '{name}'")
     return name
 
 

@@ -16,9 +16,9 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.commands.write import _write_coll
+from accord.platform.embedded.commands.write import write_collection
 from accord.platform.embedded.engine import Collection, Index
-from accord.platform.embedded.errors import EngineError, bad_value, type_mismatch
+from accord.platform.embedded.errors import Code, EngineError, bad_value, type_mismatch
 
 
 @command("create")
@@ -40,11 +40,10 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
         )
     }
     _check_validation_options(options)
-    if ctx.engine.get_collection(ns) is not None:
-        raise EngineError(48, f"Collection {ns} already exists.")
-    ctx.engine.create_collection(ns, options)
-    if ctx.in_transaction:
-        ctx.txn.created.append(ns)  # rolled back if the transaction aborts, as in mongod
+    if ctx.engine.get_collection(ns, ctx.txn) is not None:
+        raise EngineError(Code.NamespaceExists, f"Collection {ns} already exists.")
+    # In a transaction the collection is the transaction's until it commits, as in mongod.
+    ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
     return {"ok": 1.0}
 
 
@@ -68,7 +67,7 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "collMod")
     coll = ctx.engine.get_collection(ns)
     if coll is None:
-        raise EngineError(26, f"ns does not exist: {ns}")
+        raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     changes = {
         k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction")
     }
@@ -98,7 +97,7 @@ def _find_index(coll: Collection, name_or_key: Any) -> Index:
             isinstance(name_or_key, dict) and dict(index.key) == name_or_key
         ):
             return index
-    raise EngineError(27, f"index not found with name [{name_or_key}]")
+    raise EngineError(Code.IndexNotFound, f"index not found with name [{name_or_key}]")
 
 
 @command("drop")
@@ -120,7 +119,9 @@ def cmd_drop_database(ctx: Context, cmd: Doc) -> Doc:
 @command("renameCollection")
 def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
     if ctx.db != "admin":
-        raise EngineError(13, "renameCollection may only be run against the admin database.")
+        raise EngineError(
+            Code.Unauthorized, "renameCollection may only be run against the admin database."
+        )
     source, target = cmd.get("renameCollection"), cmd.get("to")
     if (
         not isinstance(source, str)
@@ -130,10 +131,10 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
     ):
         raise bad_value("renameCollection needs 'db.collection' source and 'to'")
     if ctx.engine.get_collection(source) is None:
-        raise EngineError(26, f"Source collection {source} does not exist")
+        raise EngineError(Code.NamespaceNotFound, f"Source collection {source} does not exist")
     if ctx.engine.get_collection(target) is not None:
         if not opt_bool(cmd, "dropTarget"):
-            raise EngineError(48, "target namespace exists")
+            raise EngineError(Code.NamespaceExists, "target namespace exists")
         ctx.engine.drop_collection(target)
     ctx.engine.rename_collection(source, target)
     return {"ok": 1.0}
@@ -156,17 +157,30 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
     specs = opt_list(cmd, "indexes")
     if not specs:
         raise bad_value("Must specify at least one index to create")
-    created_coll = ctx.engine.get_collection(ns) is None
-    coll = _write_coll(ctx, ns)
+    existing_coll = ctx.engine.get_collection(ns, ctx.txn)
+    created_coll = existing_coll is None
+    if (
+        ctx.in_transaction
+        and existing_coll is not None
+        and existing_coll.pending_owner is not ctx.txn
+    ):
+        raise EngineError(
+            Code.OperationNotSupportedInTransaction,
+            f"Cannot create new indexes on existing collection {ns} in a multi-document "
+            "transaction: create the collection in the same transaction, or create the index "
+            "outside it",
+        )
+    coll = write_collection(ctx, ns)
     before = len(coll.indexes)
     new_specs = []
     for raw in specs:
         if not isinstance(raw, dict) or not isinstance(raw.get("key"), dict) or not raw["key"]:
-            raise EngineError(9, "Index spec must have a non-empty 'key' object")
+            raise EngineError(Code.FailedToParse, "Index spec must have a non-empty 'key' object")
         unknown = set(raw) - _INDEX_OPTIONS
         if unknown:
             raise EngineError(
-                197, f"The field '{sorted(unknown)[0]}' is not valid for an index specification."
+                Code.InvalidIndexSpecificationOption,
+                f"The field '{sorted(unknown)[0]}' is not valid for an index specification.",
             )
         for field_name, direction in raw["key"].items():
             ok_number = (
@@ -176,7 +190,7 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
             )
             if not (ok_number or direction in ("text", "2d", "2dsphere", "hashed")):
                 raise EngineError(
-                    67,
+                    Code.CannotCreateIndex,
                     f"Values in the index key pattern can only be numbers > 0, numbers < 0, or strings. Bad value for {field_name!r}: {direction!r}",
                 )
         spec = {"v": 2, "key": raw["key"], "name": raw.get("name") or _index_name(raw["key"])}
@@ -194,11 +208,13 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
             eas = spec["expireAfterSeconds"]
             if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0:
                 raise EngineError(
-                    67, "TTL index 'expireAfterSeconds' option must be a non-negative number"
+                    Code.CannotCreateIndex,
+                    "TTL index 'expireAfterSeconds' option must be a non-negative number",
                 )
             if len(raw["key"]) != 1:
                 raise EngineError(
-                    67, "TTL indexes are single-field indexes, compound indexes do not support TTL."
+                    Code.CannotCreateIndex,
+                    "TTL indexes are single-field indexes, compound indexes do not support TTL.",
                 )
         if "partialFilterExpression" in spec:
             query.check_filter(spec["partialFilterExpression"])
@@ -207,22 +223,25 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
         if existing is not None:
             if dict(existing.key) != spec["key"]:
                 raise EngineError(
-                    86,
+                    Code.IndexKeySpecsConflict,
                     f"An existing index has the same name as the requested index but a different key. Requested index: {spec}, existing index: {existing.spec}",
                 )
             if _options(existing.spec) != _options(spec):
                 raise EngineError(
-                    85,
+                    Code.IndexOptionsConflict,
                     f"An equivalent index already exists with the same name but different options. Requested index: {spec}, existing index: {existing.spec}",
                 )
             continue
         if same_key is not None and _options(same_key.spec) != _options(spec):
             raise EngineError(
-                85,
+                Code.IndexOptionsConflict,
                 f"An equivalent index already exists with a different name and options. Requested index: {spec}, existing index: {same_key.spec}",
             )
         if same_key is not None:
-            raise EngineError(85, f"Index already exists with a different name: {same_key.name}")
+            raise EngineError(
+                Code.IndexOptionsConflict,
+                f"Index already exists with a different name: {same_key.name}",
+            )
         new_specs.append(spec)
     for spec in new_specs:
         index = Index.from_spec(spec)
@@ -246,7 +265,7 @@ def _check_no_pending_writes(ctx: Context, coll: Collection) -> None:
     for txn in ctx.engine.active.values():
         if txn is not ctx.txn and coll.ns in txn.writes:
             raise EngineError(
-                112,
+                Code.WriteConflict,
                 "Cannot build a unique index while a transaction writes to the collection",
                 labels=("TransientTransactionError",),
             )
@@ -261,7 +280,7 @@ def cmd_list_indexes(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "listIndexes")
     coll = ctx.engine.get_collection(ns)
     if coll is None:
-        raise EngineError(26, f"ns does not exist: {ns}")
+        raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     specs = [copy.deepcopy(i.spec) for i in coll.indexes.values()]
     return ctx.cursors.first_batch(
         ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key
@@ -274,7 +293,7 @@ def cmd_drop_indexes(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, field_name)
     coll = ctx.engine.get_collection(ns)
     if coll is None:
-        raise EngineError(26, f"ns not found {ns}")
+        raise EngineError(Code.NamespaceNotFound, f"ns not found {ns}")
     target = cmd.get("index")
     before = len(coll.indexes)
     if target == "*":
@@ -285,12 +304,11 @@ def cmd_drop_indexes(ctx: Context, cmd: Doc) -> Doc:
         names = [_find_index(coll, target).name]
     for name in names:
         if name == "_id_":
-            raise EngineError(72, "cannot drop _id index")
+            raise EngineError(Code.InvalidOptions, "cannot drop _id index")
         if name not in coll.indexes:
-            raise EngineError(27, f"index not found with name [{name}]")
+            raise EngineError(Code.IndexNotFound, f"index not found with name [{name}]")
     for name in names:
-        coll.indexes.pop(name)
-        coll.unique_maps.pop(name, None)
+        coll.drop_index(name)
     ctx.engine.save_catalog(coll)
     return {"nIndexesWas": before, "ok": 1.0}
 
@@ -300,7 +318,7 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
     filt = opt_doc(cmd, "filter")
     name_only = opt_bool(cmd, "nameOnly")
     out = []
-    for coll in ctx.engine.collections_in(ctx.db):
+    for coll in ctx.engine.collections_in(ctx.db, ctx.txn):
         info: Doc = {"name": coll.name, "type": "collection"}
         if not name_only:
             info.update(
@@ -321,7 +339,9 @@ ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 @command("listDatabases")
 def cmd_list_databases(ctx: Context, cmd: Doc) -> Doc:
     if ctx.db != "admin":
-        raise EngineError(13, "listDatabases may only be run against the admin database.")
+        raise EngineError(
+            Code.Unauthorized, "listDatabases may only be run against the admin database."
+        )
     filt = opt_doc(cmd, "filter")
     dbs = []
     for name in ctx.engine.database_names():

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import bson
+from bson.raw_bson import RawBSONDocument
 
-from accord.platform.embedded import query
+from accord.platform.embedded import planner, query
 from accord.platform.embedded.aggregate import Pipeline
 from accord.platform.embedded.commands.base import (
     Context,
@@ -21,38 +22,62 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.errors import EngineError, bad_value, failed_to_parse, type_mismatch
+from accord.platform.embedded.errors import (
+    Code,
+    EngineError,
+    bad_value,
+    failed_to_parse,
+    type_mismatch,
+)
+from accord.platform.embedded.paths import MISSING
+
+
+def find_hits(
+    ctx: Context, ns: str, filt: Doc | None = None, *, sort: Doc | None = None, skip: int = 0,
+    limit: int = 0, hint: Any = None,
+) -> planner.Execution:  # fmt: skip
+    """Run a query through the planner for the command's transaction (see ``planner``)."""
+    q = planner.Query(filt or {}, sort or None, skip, limit, hint)
+    return ctx.engine.find(ctx.txn, ns, q)
 
 
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
-    filt = filt or {}
-    query.check_filter(filt)
-    # Fast path: _id equality or $in is a point lookup, as the _id index makes it in mongod.
-    id_value = filt.get("_id")
-    if query.is_plain_equality(id_value) or query.is_plain_in(id_value):
-        ids = id_value["$in"] if isinstance(id_value, dict) else [id_value]
-        out = []
-        for key in dict.fromkeys(query.id_key(v) for v in ids):
-            doc = ctx.engine.get(ctx.txn, ns, key)
-            if doc is not None and query.matches(filt, doc):
-                out.append((key, doc))
-        coll = ctx.engine.get_collection(ns)
-        if coll is not None and len(out) > 1:
-            out.sort(key=lambda kd: coll.order.get(kd[0], len(coll.order)))
-        return out
-    found = ctx.engine.lookup(ctx.txn, ns, filt) if filt else None
-    if found is None:
-        found = ctx.engine.scan(ctx.txn, ns)
-    return [(k, d) for k, d in found if query.matches(filt, d)]
+    """``(id key, doc)`` of every document ``filt`` matches (fresh dicts, or the
+    transaction's own staged ones)."""
+    return [(h.key, h.doc) for h in find_hits(ctx, ns, filt).hits]
 
 
 def reader(ctx: Context) -> Callable[[str], list[Doc]]:
     return lambda name: [d for _, d in ctx.engine.scan(ctx.txn, f"{ctx.db}.{name}")]
 
 
+def reply_doc(hit: planner.Hit) -> Any:
+    """A result as the reply carries it: the stored BSON as is when there is one."""
+    if hit.raw is not None:
+        return RawBSONDocument(hit.raw)
+    return hit.doc
+
+
 @command("find")
 def cmd_find(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "find")
+    q, projection, batch_size, single_batch = parse_find(cmd)
+    run = ctx.engine.find(ctx.txn, ns, q)
+    if projection is not None:
+        filt = q.filter
+        docs = [
+            query.project(h.doc if h.raw is not None else copy.deepcopy(h.doc), projection, filt)
+            for h in run.hits
+        ]
+    else:
+        docs = [reply_doc(h) for h in run.hits]
+    if q.limit and (batch_size is None or batch_size > q.limit):
+        batch_size = q.limit
+    return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
+
+
+def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
+    """A find command's query, projection, batch size and single-batch flag."""
     filt = opt_doc(cmd, "filter")
     sort = opt_doc(cmd, "sort")
     projection = cmd.get("projection")
@@ -65,20 +90,13 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
         raise bad_value("batchSize must be non-negative")
     if cmd.get("tailable"):
         raise bad_value("tailable cursors are not supported by the embedded engine")
-    single_batch = opt_bool(cmd, "singleBatch") or limit < 0
-    limit = abs(limit)
-    docs = [d for _, d in visible_docs(ctx, ns, filt)]
-    if sort:
-        docs = query.sort_docs(docs, sort)
-    docs = docs[skip:]
-    if limit:
-        docs = docs[:limit]
     if projection is not None and not isinstance(projection, dict):
         raise type_mismatch("projection must be an object")
-    docs = [query.project(copy.deepcopy(d), projection, filt) for d in docs]
-    if limit and (batch_size is None or batch_size > limit):
-        batch_size = limit
-    return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
+    single_batch = opt_bool(cmd, "singleBatch") or limit < 0
+    if sort:
+        planner.check_sort(sort)
+    q = planner.Query(filt, sort or None, skip, abs(limit), cmd.get("hint"))
+    return q, projection, batch_size, single_batch
 
 
 @command("getMore")
@@ -103,12 +121,12 @@ def cmd_kill_cursors(ctx: Context, cmd: Doc) -> Doc:
 @command("count")
 def cmd_count(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "count")
-    n = len(visible_docs(ctx, ns, opt_doc(cmd, "query")))
-    n = max(0, n - (opt_int(cmd, "skip", 0) or 0))
+    skip = opt_int(cmd, "skip", 0) or 0
     limit = abs(opt_int(cmd, "limit", 0) or 0)
-    if limit:
-        n = min(n, limit)
-    return {"n": n, "ok": 1.0}
+    run = find_hits(
+        ctx, ns, opt_doc(cmd, "query"), skip=max(0, skip), limit=limit, hint=cmd.get("hint")
+    )
+    return {"n": len(run.hits), "ok": 1.0}
 
 
 @command("distinct")
@@ -120,11 +138,59 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
     seen: dict[bytes, Any] = {}
     for _, doc in visible_docs(ctx, ns, opt_doc(cmd, "query")):
         for value in query.path_values(doc, key, empty_array_as_null=False):
-            if value is query._MISSING:
+            if value is MISSING:
                 continue
             seen.setdefault(bson.encode({"": query.canonical(value)}), value)
     values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
     return {"values": [d["v"] for d in values], "ok": 1.0}
+
+
+def pipeline_query(pipeline: list[Any]) -> tuple[planner.Query, int]:
+    """The leading ``$match`` / ``$sort`` / ``$skip`` / ``$limit`` stages of a pipeline as
+    one planner query, and how many stages it covers."""
+    q = planner.Query({})
+    used = 0
+    for stage in pipeline:
+        if not isinstance(stage, dict) or len(stage) != 1:
+            break
+        ((name, spec),) = stage.items()
+        if name == "$match" and used == 0 and isinstance(spec, dict):
+            if "$where" in spec or "$text" in spec:
+                break
+            q.filter = spec
+        elif (
+            name == "$sort"
+            and q.sort is None
+            and not q.skip
+            and not q.limit
+            and isinstance(spec, dict)
+            and spec
+        ):
+            if any(
+                not isinstance(d, int) or isinstance(d, bool) or d not in (1, -1)
+                for d in spec.values()
+            ):
+                break
+            q.sort = spec
+        elif name == "$skip" and not q.limit and _count_arg(spec):
+            q.skip += int(spec)
+        elif name == "$limit" and _count_arg(spec) and spec > 0:
+            q.limit = int(spec) if not q.limit else min(q.limit, int(spec))
+        else:
+            break
+        used += 1
+    if used and q.limit == 0 and q.skip == 0 and q.sort is None and not q.filter:
+        return q, used  # a bare {} $match
+    return q, used
+
+
+def _count_arg(spec: Any) -> bool:
+    return (
+        isinstance(spec, int | float)
+        and not isinstance(spec, bool)
+        and spec >= 0
+        and float(spec).is_integer()
+    )
 
 
 @command("aggregate")
@@ -138,18 +204,19 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         )
     for stage in pipeline:
         if isinstance(stage, dict) and ("$out" in stage or "$merge" in stage):
-            raise EngineError(40324, "$out and $merge are not supported by the embedded engine")
+            raise EngineError(
+                Code.Location40324, "$out and $merge are not supported by the embedded engine"
+            )
     if target == 1:
         name, docs = None, []
         ns = f"{ctx.db}.$cmd.aggregate"
     else:
         name = coll_name(cmd, "aggregate")
         ns = f"{ctx.db}.{name}"
-        first = pipeline[0] if pipeline and isinstance(pipeline[0], dict) else {}
-        prefilter = first.get("$match") if isinstance(first.get("$match"), dict) else None
-        docs = [d for _, d in visible_docs(ctx, ns, prefilter)]
-        if prefilter is not None:
-            pipeline = pipeline[1:]
-    result = Pipeline(reader(ctx), name).run(docs, pipeline)
+        q, used = pipeline_query(pipeline)
+        q.hint = cmd.get("hint")
+        docs = [h.doc for h in ctx.engine.find(ctx.txn, ns, q).hits]
+        pipeline = pipeline[used:]
+    result = Pipeline(reader(ctx), name).run(docs, pipeline, owned=True)
     batch_size = opt_int(cursor_opts or {}, "batchSize")
     return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)

@@ -23,7 +23,7 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.errors import EngineError, type_mismatch
+from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 
 _plain_aggregate = COMMANDS["aggregate"]
 FIRST_ONLY = {"$vectorSearch", "$listSearchIndexes", "$search", "$searchMeta"}
@@ -34,7 +34,9 @@ def cmd_create_search_indexes(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "createSearchIndexes")
     specs = opt_list(cmd, "indexes")
     if not specs:
-        raise EngineError(2, "createSearchIndexes needs at least one index in 'indexes'")
+        raise EngineError(
+            Code.BadValue, "createSearchIndexes needs at least one index in 'indexes'"
+        )
     manager = vector_search.manager(ctx.engine)
     ctx.engine.ensure_collection(ns)
     created = []
@@ -43,7 +45,7 @@ def cmd_create_search_indexes(ctx: Context, cmd: Doc) -> Doc:
             raise type_mismatch("each search index specification must be an object")
         name = spec.get("name", "default")
         if not isinstance(name, str) or not name:
-            raise EngineError(2, "search index 'name' must be a non-empty string")
+            raise EngineError(Code.BadValue, "search index 'name' must be a non-empty string")
         index_type = spec.get("type", "search")
         index = manager.create(ns, name, index_type, opt_doc(spec, "definition"))
         created.append({"id": index.id, "name": index.name})
@@ -54,10 +56,12 @@ def _target(ctx: Context, cmd: Doc, verb: str) -> vector_search.SearchIndex:
     ns = ns_of(ctx, cmd, verb)
     name, id_ = cmd.get("name"), cmd.get("id")
     if (name is None) == (id_ is None):
-        raise EngineError(2, f"{verb} needs exactly one of 'name' or 'id'")
+        raise EngineError(Code.BadValue, f"{verb} needs exactly one of 'name' or 'id'")
     index = vector_search.manager(ctx.engine).find(ns, name=name, id_=id_)
     if index is None:
-        raise EngineError(27, f"Search index {name or id_!r} not found on collection {ns}")
+        raise EngineError(
+            Code.IndexNotFound, f"Search index {name or id_!r} not found on collection {ns}"
+        )
     return index
 
 
@@ -82,7 +86,9 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         for stage in pipeline[1:]:
             if isinstance(stage, dict) and FIRST_ONLY & set(stage):
                 name = sorted(FIRST_ONLY & set(stage))[0]
-                raise EngineError(40602, f"{name} is only valid as the first stage in a pipeline")
+                raise EngineError(
+                    Code.Location40602, f"{name} is only valid as the first stage in a pipeline"
+                )
     first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
     if not isinstance(first, dict) or len(first) != 1 or cmd.get("aggregate") == 1:
         return _plain_aggregate(ctx, cmd)

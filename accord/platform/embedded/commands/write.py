@@ -10,7 +10,7 @@ from typing import Any
 import bson
 from bson import ObjectId
 
-from accord.platform.embedded import query, update, validation
+from accord.platform.embedded import planner, query, update, validation
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
@@ -23,9 +23,15 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
-from accord.platform.embedded.commands.read import visible_docs
+from accord.platform.embedded.commands.read import find_hits
 from accord.platform.embedded.engine import Collection, duplicate_key
-from accord.platform.embedded.errors import EngineError, bad_value, failed_to_parse, type_mismatch
+from accord.platform.embedded.errors import (
+    Code,
+    EngineError,
+    bad_value,
+    failed_to_parse,
+    type_mismatch,
+)
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
@@ -34,7 +40,9 @@ def _check_field_names(doc: Doc, top: bool = True) -> None:
         if not isinstance(key, str):
             raise bad_value("field names must be strings")
         if top and key.startswith("$"):
-            raise EngineError(52, f"Document can't have $ prefixed field names: {key}")
+            raise EngineError(
+                Code.DollarPrefixedFieldName, f"Document can't have $ prefixed field names: {key}"
+            )
         if isinstance(value, dict):
             _check_field_names(value, top=False)
 
@@ -49,9 +57,9 @@ def prepare_new_doc(doc: Any) -> Doc:
     elif next(iter(doc)) != "_id":
         doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
     if isinstance(doc["_id"], list):
-        raise EngineError(2, "can't use an array for _id")
+        raise EngineError(Code.BadValue, "can't use an array for _id")
     if isinstance(doc["_id"], re.Pattern | bson.Regex):
-        raise EngineError(2, "can't use a regex for _id")
+        raise EngineError(Code.BadValue, "can't use a regex for _id")
     return doc
 
 
@@ -59,7 +67,8 @@ def _check_size(doc: Doc) -> None:
     size = len(bson.encode(doc))
     if size > MAX_BSON_SIZE:
         raise EngineError(
-            10334, f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)"
+            Code.BSONObjectTooLarge,
+            f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)",
         )
 
 
@@ -99,20 +108,19 @@ def replace_one(
 ) -> None:
     if query.canonical(new.get("_id")) != query.canonical(old.get("_id")):
         raise EngineError(
-            66, "Performing an update on the path '_id' would modify the immutable field '_id'"
+            Code.ImmutableField,
+            "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
     _check_size(new)
     _validate(coll, new, old, bypass)
     ctx.engine.write(ctx.txn, coll, key, new)
 
 
-def _write_coll(ctx: Context, ns: str) -> Collection:
-    coll = ctx.engine.get_collection(ns)
-    if coll is None:
-        coll = ctx.engine.create_collection(ns)
-        if ctx.in_transaction:
-            ctx.txn.created.append(ns)  # dropped again if the transaction aborts
-    return coll
+def write_collection(ctx: Context, ns: str) -> Collection:
+    """The collection a write goes to, created implicitly as mongod does (by the command's
+    transaction: durable with its commit, gone if it aborts inside a multi-document
+    transaction)."""
+    return ctx.engine.ensure_collection(ns, ctx.txn)
 
 
 @command("insert")
@@ -121,7 +129,7 @@ def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
     docs = opt_list(cmd, "documents")
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
-    coll = _write_coll(ctx, ns)
+    coll = write_collection(ctx, ns)
     n = 0
 
     def apply(i: int, doc: Any) -> None:
@@ -149,7 +157,7 @@ def each_statement(
         try:
             apply(i, statement)
         except EngineError as exc:
-            if exc.code == 112:
+            if exc.code == Code.WriteConflict:
                 raise
             errors.append(exc.to_write_error(i))
             if ordered or ctx.in_transaction:
@@ -166,12 +174,10 @@ def with_write_errors(reply: Doc, errors: list[Doc]) -> Doc:
 def _pick(
     ctx: Context, ns: str, filt: Doc, multi: bool, sort: Doc | None
 ) -> list[tuple[bytes, Doc]]:
-    found = visible_docs(ctx, ns, filt)
     if sort:
-        order = query.sort_docs([d for _, d in found], sort)
-        by_id = {id(d): (k, d) for k, d in found}
-        found = [by_id[id(d)] for d in order]
-    return found if multi else found[:1]
+        planner.check_sort(sort)
+    run = find_hits(ctx, ns, filt, sort=sort, limit=0 if multi else 1)
+    return [(h.key, h.doc) for h in run.hits]
 
 
 def update_docs(
@@ -213,7 +219,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     statements = opt_list(cmd, "updates")
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
-    coll = _write_coll(ctx, ns)
+    coll = write_collection(ctx, ns)
     n = modified = 0
     upserted: list[Doc] = []
 
@@ -245,7 +251,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "delete")
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
-    coll = ctx.engine.get_collection(ns)
+    coll = ctx.engine.get_collection(ns, ctx.txn)
     n = 0
 
     def apply(i: int, st: Any) -> None:
@@ -284,7 +290,7 @@ def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
         raise failed_to_parse("Either an update or remove=true must be specified")
     if remove and (new_flag or upsert):
         raise failed_to_parse("Cannot specify both remove=true and new=true or upsert=true")
-    coll = _write_coll(ctx, ns)
+    coll = write_collection(ctx, ns)
     last_error: Doc = {"n": 0}
     value: Doc | None = None
     if remove:
@@ -311,7 +317,7 @@ def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
 @command("bulkWrite")
 def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
     if ctx.db != "admin":
-        raise EngineError(13, "bulkWrite may only be run against the admin database")
+        raise EngineError(Code.Unauthorized, "bulkWrite may only be run against the admin database")
     ops = opt_list(cmd, "ops")
     ns_info = opt_list(cmd, "nsInfo")
     ordered = opt_bool(cmd, "ordered", True)
@@ -344,13 +350,13 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 raise failed_to_parse(f"invalid bulkWrite operation: {kind!r}")
             ns = namespaces[ns_index]
             if kind == "insert":
-                insert_one(ctx, _write_coll(ctx, ns), op.get("document"), bypass)  # type: ignore[arg-type]
+                insert_one(ctx, write_collection(ctx, ns), op.get("document"), bypass)  # type: ignore[arg-type]
                 counts["nInserted"] += 1
                 res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
             elif kind == "update":
                 filt = opt_doc(op, "filter")
                 n, m, up_id, _, _ = update_docs(
-                    ctx, _write_coll(ctx, ns), filt, op.get("updateMods"), multi=opt_bool(op, "multi"),
+                    ctx, write_collection(ctx, ns), filt, op.get("updateMods"), multi=opt_bool(op, "multi"),
                     upsert=opt_bool(op, "upsert"), array_filters=op.get("arrayFilters"),
                     sort=opt_doc(op, "sort") or None, bypass=bypass,
                 )  # fmt: skip
@@ -362,7 +368,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                     res["upserted"] = {"_id": up_id}
             else:
                 filt = opt_doc(op, "filter")
-                coll = ctx.engine.get_collection(ns)
+                coll = ctx.engine.get_collection(ns, ctx.txn)
                 n = 0
                 if coll is not None:
                     for key, _ in _pick(ctx, ns, filt, opt_bool(op, "multi"), None):
@@ -373,7 +379,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
             if not errors_only:
                 results.append(res)
         except EngineError as exc:
-            if exc.code == 112:
+            if exc.code == Code.WriteConflict:
                 raise
             counts["nErrors"] += 1
             err = {"ok": 0.0, "idx": idx, "code": exc.code, "errmsg": exc.errmsg, **exc.extra}

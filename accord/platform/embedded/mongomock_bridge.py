@@ -1,17 +1,24 @@
-"""Where mongomock's evaluators are wrong or missing for what the platform sends, mend them.
+"""The one module that touches mongomock: its evaluators, behind public functions.
 
-mongomock's filter matcher and aggregation expression parser are reused by the engine
-(DESIGN: "use mongomock's evaluators where they are right"). This module is the one place
-that patches its gaps, each checked by an engine test through pymongo:
+mongomock's filter matcher, aggregation stages and expression parser are reused by the
+engine (DESIGN: "use mongomock's evaluators where they are right"). They are reached
+through mongomock's private names, so this module is the only place that may use them
+(a test keeps it so), and pyproject pins the mongomock versions it was tested with.
+Every other engine module calls the functions below.
+
+It also patches mongomock's gaps, each checked by an engine test through pymongo:
 
 - BSON comparison order across numeric types (incl. Decimal128), used by ``$lt``/``$gt``,
   sorting and ``$min``/``$max``;
+- ``$in``/``$nin`` as a set of BSON sort keys (one hash probe per value, where mongomock
+  scanned the whole list per value), ``$eq``/``$ne`` by BSON equality (``1 != true``,
+  ``1 == Decimal128("1")``, field order counts), see ``bsonkey``;
 - ``$mod``, ``$size`` on non-arrays, ``$type`` aliases ("null", "regex", "timestamp", the
   numeric codes, int vs long by value);
 - expressions: ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
   ``$min``/``$max`` accumulators over mixed types.
 
-Imported once by ``query``; patching is idempotent.
+The patches are installed when this module is first imported.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import functools
 import math
 import numbers
 import re
+from collections.abc import Callable
 from typing import Any
 
 from bson.binary import Binary
@@ -29,8 +37,11 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 from mongomock import OperationFailure, filtering
 from mongomock import aggregate as mm_aggregate
+from mongomock import collection as mm_collection
 
-from accord.platform.embedded.update import bson_type_name, compare_values
+from accord.platform.embedded.bsonkey import InSet, sort_key
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.values import bson_type_name, compare_values
 
 _PATCHED = False
 
@@ -82,7 +93,41 @@ def _now() -> dt.datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-def apply() -> None:
+# $in lists compiled to sets, keyed by the list object (filters are evaluated under the
+# engine lock, one query at a time; the entry holds the list so its id stays unique).
+_IN_SETS: dict[int, tuple[Any, InSet]] = {}
+
+
+def _fast_in(doc_val: Any, search_val: Any) -> bool:
+    """mongomock's ``$in``/``$nin`` test with one hash probe per value instead of a scan
+    of the whole list (which made large ``$in`` filters quadratic)."""
+    if not isinstance(search_val, list | tuple):
+        raise OperationFailure("$in needs an array")
+    cached = _IN_SETS.get(id(search_val))
+    if cached is None or cached[0] is not search_val:
+        if len(_IN_SETS) > 256:
+            _IN_SETS.clear()
+        cached = (search_val, InSet(list(search_val)))
+        _IN_SETS[id(search_val)] = cached
+    return cached[1].contains(doc_val, missing=doc_val is filtering.NOTHING)
+
+
+def _bson_eq(doc_val: Any, search_val: Any) -> bool:
+    """BSON equality for ``$eq``/``$ne``: ``1 == 1.0 == Decimal128("1")``, but ``1 != true``
+    and ``{a, b} != {b, a}`` (mongomock used Python's ``==``, which says otherwise)."""
+    if doc_val is filtering.NOTHING:
+        return search_val is None
+    wanted = sort_key(search_val)
+    if sort_key(doc_val) == wanted:
+        return True
+    return (
+        isinstance(doc_val, list)
+        and isinstance(search_val, list)
+        and any(sort_key(v) == wanted for v in doc_val)
+    )
+
+
+def _apply() -> None:
     """Install the fixes into mongomock (idempotent)."""
     global _PATCHED
     if _PATCHED:
@@ -91,6 +136,11 @@ def apply() -> None:
     filtering.bson_compare = _bson_compare
     ops = filtering._filterer_inst._operator_map
     ops["$mod"] = filtering._not_nothing_and(filtering._list_expand(_mod))
+    # $in/$nin by hash probe, $eq/$ne by BSON equality (bsonkey), not Python's ==.
+    filtering._in_op = _fast_in
+    ops["$in"] = _fast_in
+    ops["$eq"] = filtering._list_expand(_bson_eq)
+    ops["$ne"] = filtering._list_expand(lambda dv, sv: not _bson_eq(dv, sv), negative=True)
     ops["$size"] = _size
     for name, fn in filtering.SORTING_OPERATOR_MAP.items():
         ops[name] = filtering._not_nothing_and(
@@ -156,3 +206,68 @@ def apply() -> None:
     parser._handle_type_operator = handle_type  # type: ignore[method-assign]
     parser._handle_arithmetic_operator = handle_arith  # type: ignore[method-assign]
     parser._parse_basic_expression = basic  # type: ignore[method-assign]
+
+
+_apply()
+
+__all__ = [
+    "OperationFailure",
+    "copy_only_fields",
+    "evaluate_expression",
+    "filter_applies",
+    "matches_filter",
+    "pipeline_stage",
+    "project_stage",
+    "resolve_key",
+]
+
+# A mongomock Stage handler: (documents, database, stage spec) -> documents.
+StageFn = Callable[[list[dict[str, Any]], Any, Any], list[dict[str, Any]]]
+
+
+def filter_applies(spec: dict[str, Any], doc: Any) -> bool:
+    """mongomock's filter matcher (raises mongomock's errors for bad filters)."""
+    return bool(filtering.filter_applies(spec, doc))
+
+
+def matches_filter(spec: dict[str, Any], doc: Any) -> bool:
+    """Evaluate a query filter against a document; matcher errors become BadValue."""
+    try:
+        return bool(filtering.filter_applies(spec, doc))
+    except OperationFailure as exc:
+        raise EngineError(Code.BadValue, str(exc)) from exc
+    except NotImplementedError as exc:
+        raise EngineError(Code.BadValue, f"not supported by the embedded engine: {exc}") from exc
+
+
+def resolve_key(key: str, doc: Any) -> Any:
+    """The value at a dotted path as mongomock's matcher sees it."""
+    return filtering.resolve_key(key, doc)
+
+
+def pipeline_stage(name: str) -> StageFn | None:
+    """mongomock's handler for an aggregation stage, or None if it has none."""
+    handler: StageFn | None = mm_aggregate._PIPELINE_HANDLERS.get(name)
+    return handler
+
+
+def evaluate_expression(
+    expression: Any, doc: dict[str, Any], variables: dict[str, Any] | None = None
+) -> Any:
+    """Evaluate an aggregation expression against ``doc`` with ``$$name`` variables."""
+    return mm_aggregate._Parser(doc, user_vars=variables).parse(expression)
+
+
+def project_stage(doc: dict[str, Any], projection: dict[str, Any]) -> dict[str, Any]:
+    """A ``$project`` stage applied to one document."""
+    out: dict[str, Any] = mm_aggregate._handle_project_stage([doc], None, projection)[0]
+    return out
+
+
+_PROJECTOR = object.__new__(mm_collection.Collection)
+
+
+def copy_only_fields(doc: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """mongomock's find projection (inclusion/exclusion, ``$slice``, ``$elemMatch``)."""
+    out: dict[str, Any] = _PROJECTOR._copy_only_fields(doc, fields, dict)  # type: ignore[attr-defined]
+    return out

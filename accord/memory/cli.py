@@ -1,0 +1,323 @@
+"""The memory commands of the ``accord`` CLI: ``accord memory ...``, ``accord serve``,
+``accord mcp``.
+
+They register themselves on the platform's typer app through the ``accord.cli`` entry
+point (pyproject.toml), so the platform names none of its parts. Heavy imports (the
+aggregator, FastAPI, uvicorn, mcp) happen inside the commands, so ``accord --help`` stays
+fast.
+
+Configuration: ``MONGODB_URI`` (else the embedded engine for ``--dbpath``),
+``ACCORD_DATABASE``, ``ACCORD_EMBEDDER`` (``hashing`` | ``voyage:<model>`` | a LangChain
+provider string), ``ACCORD_EMBEDDING_DIMS``; API keys for ``serve`` from
+``ACCORD_API_KEYS_FILE`` / ``ACCORD_API_KEYS``; the tenant of ``mcp`` from ``--tenant`` or
+``ACCORD_MCP_TENANT``. Every process that touches one database must use the same embedder
+and dimensions (a mismatch is refused with an error naming both).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+from rich.table import Table
+
+from accord.errors import AccordError, ConfigurationError
+
+memory_app = typer.Typer(
+    help="Long-term memory: the aggregator worker, its outbox, API keys.", no_args_is_help=True
+)
+console = Console(stderr=True)
+out = Console()
+
+
+class MemorySettings(BaseSettings):
+    """Memory configuration from the environment (``ACCORD_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ACCORD_", extra="ignore")
+
+    embedder: str | None = Field(default=None, description="hashing | voyage:<model> | ...")
+    embedding_dims: int | None = Field(default=None, gt=0, le=8192)
+    mcp_tenant: str | None = None
+
+
+URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
+DBPATH = typer.Option(
+    None, "--dbpath", help="Data directory of the embedded engine (default .accord/data)."
+)
+DB = typer.Option(None, "--db", help="Database (default: ACCORD_DATABASE or 'accord').")
+EVENT_IDS = typer.Argument(None, help="Dead events to retry.")
+KEYS_FILE = typer.Option(
+    None, "--keys-file", help="API keys (default: ACCORD_API_KEYS_FILE / ACCORD_API_KEYS)."
+)
+
+
+def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str, str]:
+    from accord.platform import connection
+    from accord.platform.settings import Settings
+
+    return connection.resolve_uri(uri, dbpath), db or Settings().database
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(2)
+
+
+def extractor_from(spec: str) -> Any:
+    """``rules`` (default) or ``llm:<provider:model>`` (LangChain's ``init_chat_model``)."""
+    from accord.memory.extraction import RuleExtractor
+
+    if spec == "rules":
+        return RuleExtractor()
+    if spec.startswith("llm:"):
+        from accord.memory.llm_extractor import LLMExtractor
+
+        try:
+            from langchain.chat_models import init_chat_model  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ConfigurationError(
+                "--extractor llm:... needs the langchain package and the provider's "
+                "integration (e.g. pip install langchain langchain-openai)"
+            ) from exc
+        return LLMExtractor(init_chat_model(spec[4:]))
+    raise ConfigurationError(f"--extractor is 'rules' or 'llm:<provider:model>', not {spec!r}")
+
+
+@memory_app.command("worker")
+def worker(
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+    extractor: str = typer.Option("rules", help="rules | llm:<provider:model>"),
+    lease: float = typer.Option(60.0, min=0.1, help="Seconds an event stays claimed."),
+    max_attempts: int = typer.Option(5, min=1, help="Claims before an event is dead."),
+    threshold: float = typer.Option(0.85, min=0.01, max=1.0, help="Merge similarity."),
+    poll: float = typer.Option(0.1, min=0.0, help="Seconds to wait when idle."),
+    drain: bool = typer.Option(False, "--drain", help="Exit when no event is available."),
+    max_events: int | None = typer.Option(None, min=1, help="Exit after this many events."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Log every event."),
+) -> None:
+    """Aggregate outbox events into long-term memory until stopped (SIGTERM/Ctrl-C finish
+    the current event first). Several workers may run at once."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from pymongo import MongoClient
+
+    from accord.memory.aggregator import Aggregator, AggregatorConfig, Outcome
+
+    settings = MemorySettings()
+    try:
+        resolved, database = _connect(uri, dbpath, db)
+        config = AggregatorConfig(
+            db_name=database, lease=lease, max_attempts=max_attempts, threshold=threshold,
+            poll_interval=poll,
+        )  # fmt: skip
+        client: MongoClient[Any] = MongoClient(resolved)
+        agg = Aggregator(
+            client, embedder=settings.embedder, dims=settings.embedding_dims,
+            extractor=extractor_from(extractor), config=config,
+        )  # fmt: skip
+        agg.setup()
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    counts: dict[str, int] = {}
+
+    def seen(outcome: Outcome) -> None:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        if verbose:
+            console.print(
+                f"{outcome.event_id} {outcome.status} {outcome.memories} {outcome.error or ''}"
+            )
+
+    console.print(f"accord memory worker {agg.worker_id} on {database} ({agg.extractor.name})")
+    agg.run(stop, max_events=max_events, until_idle=drain, on_outcome=seen)
+    console.print(f"worker {agg.worker_id} stopped: {json.dumps(counts, sort_keys=True)}")
+    client.close()
+
+
+@memory_app.command("status")
+def status(
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+    tenant: str | None = typer.Option(None, help="Only this tenant's events."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Backlog (pending, claimed, dead) and lag (step commit -> memories committed)."""
+    from pymongo import MongoClient
+
+    from accord.memory.aggregator import AggregatorConfig, aggregation_stats
+
+    try:
+        resolved, database = _connect(uri, dbpath, db)
+        client: MongoClient[Any] = MongoClient(resolved)
+        config = AggregatorConfig(db_name=database)
+        stats = aggregation_stats(client[database][config.outbox], tenant_id=tenant,
+                                  kinds=config.kinds)  # fmt: skip
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        out.print_json(json.dumps(stats.as_dict()))
+        return
+    table = Table("backlog", "pending", "claimed", "dead", "oldest pending", "lag p50", "lag p95",
+                  "samples")  # fmt: skip
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}s"
+
+    table.add_row(str(stats.backlog), str(stats.pending), str(stats.claimed), str(stats.dead),
+                  sec(stats.oldest_pending_age), sec(stats.lag_p50), sec(stats.lag_p95),
+                  str(stats.lag_samples))  # fmt: skip
+    out.print(table)
+
+
+@memory_app.command("dead")
+def dead(
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+    limit: int = typer.Option(20, min=1),
+) -> None:
+    """List dead-lettered events with their last error."""
+    from pymongo import MongoClient
+
+    try:
+        resolved, database = _connect(uri, dbpath, db)
+        client: MongoClient[Any] = MongoClient(resolved)
+        docs = list(client[database]["outbox"].find({"status": "dead"}).limit(limit))
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    table = Table("id", "kind", "tenant", "thread", "attempts", "error")
+    for d in docs:
+        table.add_row(d["_id"], d.get("kind", ""), d.get("tenant_id", ""),
+                      str(d.get("thread_id", "")), str(d.get("attempts", "")),
+                      str(d.get("error", ""))[:200])  # fmt: skip
+    out.print(table)
+
+
+@memory_app.command("requeue")
+def requeue(
+    event_ids: list[str] = EVENT_IDS,
+    all_dead: bool = typer.Option(False, "--all-dead", help="Retry every dead event."),
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+) -> None:
+    """Make dead events available again (attempts start over), e.g. after fixing the
+    extractor or the model configuration."""
+    from pymongo import MongoClient
+
+    from accord.memory.aggregator import requeue_plan
+    from accord.platform.synchronous.unit_of_work import UnitOfWork
+
+    if not event_ids and not all_dead:
+        raise _fail(ConfigurationError("name the events to requeue, or pass --all-dead"))
+    try:
+        resolved, database = _connect(uri, dbpath, db)
+        client: MongoClient[Any] = MongoClient(resolved)
+        result = UnitOfWork(client).execute(
+            requeue_plan(database, "outbox", None if all_dead else list(event_ids))
+        )
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    out.print(f"requeued {result['outbox:requeue'].modified} dead event(s)")
+
+
+@memory_app.command("api-key")
+def api_key(
+    tenant: str = typer.Option(..., help="The tenant the key may read and write."),
+    name: str = typer.Option(..., help="Who uses the key (shown in logs and audit)."),
+    read_only: bool = typer.Option(False, "--read-only", help="Only read."),
+) -> None:
+    """Create an API key for ``accord serve``: prints the key (once) and the entry to add
+    to the keys file (which holds only its SHA-256)."""
+    from accord.memory import model
+    from accord.memory.principals import hash_key, new_key
+
+    try:
+        model.check_tenant(tenant)
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    key = new_key()
+    scopes = '["read"]' if read_only else '["read", "write"]'
+    console.print("API key (shown once; give it to the client):")
+    out.print(key)
+    console.print("Add to the keys file (ACCORD_API_KEYS_FILE):")
+    out.print(
+        f'\n[[principals]]\nname = {json.dumps(name)}\ntenant = {json.dumps(tenant)}\n'
+        f'key_sha256 = "{hash_key(key)}"\nscopes = {scopes}',
+        markup=False, highlight=False,
+    )  # fmt: skip
+
+
+def serve(
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+    host: str = typer.Option("127.0.0.1", help="Address to bind; 127.0.0.1 unless you mean it."),
+    port: int = typer.Option(8000, min=0, max=65535),
+    keys_file: Path | None = KEYS_FILE,
+) -> None:
+    """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs)."""
+    import uvicorn
+
+    from accord.memory.http_api import create_app
+    from accord.memory.principals import ApiKeys
+
+    settings = MemorySettings()
+    try:
+        keys = ApiKeys.from_file(keys_file) if keys_file else ApiKeys.from_env()
+        resolved, database = _connect(uri, dbpath, db)
+        app = create_app(resolved, keys=keys, db_name=database, embedder=settings.embedder,
+                         dims=settings.embedding_dims)  # fmt: skip
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    console.print(
+        f"accord memory API on http://{host}:{port} ({len(keys)} API keys, db {database})"
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def mcp(
+    tenant: str | None = typer.Option(None, help="The tenant (default: ACCORD_MCP_TENANT)."),
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+    db: str | None = DB,
+) -> None:
+    """Serve accord memory to an MCP client over stdio (tools: search_memory, save_memory,
+    get_memory, delete_memory, list_namespaces)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout is the protocol
+    from accord.memory.mcp_server import create_server
+
+    settings = MemorySettings()
+    tenant = tenant or settings.mcp_tenant
+    try:
+        if not tenant:
+            raise ConfigurationError("give the tenant: --tenant or ACCORD_MCP_TENANT")
+        resolved, database = _connect(uri, dbpath, db)
+        server = create_server(resolved, tenant_id=tenant, db_name=database,
+                               embedder=settings.embedder, dims=settings.embedding_dims)  # fmt: skip
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    server.run("stdio")
+
+
+def register(app: typer.Typer) -> None:
+    """Entry point (``accord.cli``): add the memory commands to the ``accord`` app."""
+    app.add_typer(memory_app, name="memory")
+    app.command("serve")(serve)
+    app.command("mcp")(mcp)

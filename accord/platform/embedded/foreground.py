@@ -1,0 +1,64 @@
+"""Run one engine in the foreground until SIGTERM/SIGINT: what ``accord engine start
+--foreground`` (and so ``python -m accord.platform.embedded``) does."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from accord.errors import EngineStartError
+from accord.platform.embedded.server import EmbeddedServer
+
+# What a parent process reads on the engine's stdout to learn that it listens.
+READY_LINE = "accord-engine listening on"
+
+
+def serve(
+    dbpath: Path,
+    *,
+    host: str,
+    port: int,
+    sync: bool,
+    ttl_interval: float,
+    transaction_lifetime: float,
+    snapshot_history: float = 300.0,
+    repair: bool = False,
+    enable_test_commands: bool = False,
+) -> int:
+    """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
+
+    Exit code 2 means the engine could not start (data directory in use or unusable,
+    port taken); the reason is printed on stderr.
+    """
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    server = EmbeddedServer(
+        dbpath,
+        host=host,
+        port=port,
+        sync=sync,
+        ttl_interval=ttl_interval,
+        transaction_lifetime=transaction_lifetime,
+        snapshot_history=snapshot_history,
+        repair=repair,
+        enable_test_commands=enable_test_commands,
+    )
+
+    def _stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        server.start()
+    except EngineStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{READY_LINE} {server.address} dbpath={server.dbpath}", flush=True)
+    server.stopping.wait()
+    server.stop()
+    return 0

@@ -1,0 +1,220 @@
+"""Group commit: many waiting commits, one SQLite transaction, one fsync.
+
+A commit is installed in memory under the engine lock (invisible to readers) and
+``submit``ted here, in timestamp order. Its caller then ``wait``s without the engine
+lock. The first waiter to find no write in progress becomes the writer: it takes every
+queued batch, writes them in one SQLite transaction with one fsync, and then, under the
+engine lock, finalizes them in order (they become visible, observers run, waiters wake).
+Commits that arrive while a write is in progress form the next group. Readers never wait
+for any of this: they read at ``engine.visible``.
+
+If a write fails (disk full, I/O error), nothing of that batch is on disk; every commit
+not yet durable (that batch, and everything queued behind it, whose uniqueness checks
+may have relied on it) is rolled back in memory, newest first, and each waiter gets
+``CommitFailed`` naming the cause. No further batch is written until that is done, so
+memory and disk never disagree. The engine serves again as soon as a write succeeds.
+
+``flush`` (lock held) writes and finalizes everything queued: catalog changes use it so
+they reach disk in order with the commits before them.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.storage import CommitBatch
+
+if TYPE_CHECKING:
+    from accord.platform.embedded.engine import Collection, Engine
+    from accord.platform.embedded.versions import Record
+
+
+class CommitFailed(EngineError):
+    """A commit could not be made durable; nothing of it was applied."""
+
+    def __init__(self, cause: BaseException) -> None:
+        if _disk_full(cause):
+            code = Code.OutOfDiskSpace
+            msg = (
+                f"the commit could not be made durable because the disk is full ({cause}); "
+                "nothing was applied: free space on the data directory's disk and retry"
+            )
+        else:
+            code = Code.InternalError
+            msg = (
+                f"the commit could not be made durable ({type(cause).__name__}: {cause}); "
+                "nothing was applied: check the data directory's disk and retry"
+            )
+        super().__init__(code, msg)
+        self.cause = cause
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return False
+
+
+@dataclass(eq=False)
+class PendingCommit:
+    """One commit on its way to disk, and what undoing it in memory takes."""
+
+    ts: int
+    batch: CommitBatch
+    # (collection, record, created) per installed version, in install order.
+    undo: list[tuple[Collection, Record, bool]] = field(default_factory=list)
+    # (collection, key, old BSON, new BSON) for commit observers.
+    changes: list[tuple[Collection, bytes, bytes | None, bytes | None]] = field(
+        default_factory=list
+    )
+    # Collections whose creation this commit makes durable.
+    created: list[Collection] = field(default_factory=list)
+    # Session bookkeeping to undo if the commit fails (set by the dispatcher).
+    on_failure: list[Callable[[], None]] = field(default_factory=list)
+    state: str = "queued"  # queued | written | done | failed
+    error: CommitFailed | None = None
+
+    def forget(self) -> None:
+        """Drop what only an undo needed (and the callbacks' reference cycles)."""
+        self.undo, self.changes, self.created, self.on_failure = [], [], [], []
+        self.batch = CommitBatch(ts=self.batch.ts)
+
+
+class GroupCommitter:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: list[PendingCommit] = []
+        self._written: list[PendingCommit] = []
+        self._writing = False
+        self._broken = False
+        self._stats = {"batches": 0, "commits": 0, "largestBatch": 0, "failedBatches": 0,
+                       "writeMillis": 0.0}  # fmt: skip
+
+    def pending(self) -> bool:
+        with self._cv:
+            return bool(self._queue or self._written or self._writing)
+
+    def submit(self, item: PendingCommit) -> None:
+        """Queue an installed commit (engine lock held, so queue order is ts order)."""
+        with self._cv:
+            self._queue.append(item)
+
+    def wait(self, item: PendingCommit) -> None:
+        """Return once ``item`` is durable and visible (engine lock NOT held); raise
+        ``CommitFailed`` if it was rolled back."""
+        while True:
+            with self._cv:
+                while True:
+                    if item.state == "done":
+                        return
+                    if item.state == "failed":
+                        assert item.error is not None
+                        raise item.error
+                    if self._written:
+                        batch = None
+                        break
+                    if not self._writing and not self._broken and self._queue:
+                        batch, self._queue = self._queue, []
+                        self._writing = True
+                        break
+                    self._cv.wait()
+            if batch is not None:
+                self._write(batch)
+            with self.engine.locked("commit"):
+                self._finalize()
+
+    def flush(self) -> None:
+        """Write and finalize everything queued (engine lock held)."""
+        while True:
+            with self._cv:
+                while self._writing:
+                    self._cv.wait()
+                if self._queue and not self._broken:
+                    batch: list[PendingCommit] | None
+                    batch, self._queue = self._queue, []
+                    self._writing = True
+                elif self._written:
+                    batch = None
+                else:
+                    return
+            if batch is not None:
+                self._write(batch)
+            self._finalize()
+
+    def _write(self, batch: list[PendingCommit]) -> None:
+        """Write one group (we hold the writer role, not the engine lock)."""
+        started = time.perf_counter()
+        error: CommitFailed | None = None
+        try:
+            self.engine.storage.apply([item.batch for item in batch])
+        except Exception as exc:
+            error = CommitFailed(exc)
+        with self._cv:
+            self._writing = False
+            for item in batch:
+                item.state = "written"
+                item.error = error
+            if error is not None:
+                self._broken = True
+                self._stats["failedBatches"] += 1
+            else:
+                self._stats["batches"] += 1
+                self._stats["commits"] += len(batch)
+                self._stats["largestBatch"] = max(self._stats["largestBatch"], len(batch))
+            self._stats["writeMillis"] += (time.perf_counter() - started) * 1000
+            self._written.extend(batch)
+            self._cv.notify_all()
+
+    def _finalize(self) -> None:
+        """Make written commits visible, in order; roll back everything after a failed
+        write (engine lock held)."""
+        with self._cv:
+            written, self._written = self._written, []
+            failed: list[PendingCommit] = []
+            durable: list[PendingCommit] = []
+            for i, item in enumerate(written):
+                if item.error is not None:
+                    failed = written[i:]
+                    break
+                durable.append(item)
+            if failed:
+                cause = failed[0].error
+                failed += self._queue
+                self._queue = []
+        for item in durable:
+            self.engine.finalize(item)
+        if failed:
+            assert cause is not None
+            for item in reversed(failed):
+                self.engine.rollback(item)
+        with self._cv:
+            for item in durable:
+                item.state = "done"
+            for item in failed:
+                item.state = "failed"
+                item.error = item.error or cause
+            for item in durable + failed:
+                item.forget()
+            if failed:
+                self._broken = False
+            self._cv.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            out = dict(self._stats)
+        out["writeMillis"] = round(out["writeMillis"], 1)
+        out["commitsPerBatch"] = (
+            round(out["commits"] / out["batches"], 2) if out["batches"] else 0.0
+        )
+        return out

@@ -1,0 +1,93 @@
+"""How long the engine lock is held: the longest hold, and a histogram.
+
+The engine lock serialises commands; a long hold is a stall for every other client, so
+the engine measures it (``serverStatus().accordEngine.lock``, and the lock-hold
+benchmark). A condition wait releases the lock, so it ends one hold and the wake-up
+starts the next. Only the lock's owner calls these methods.
+
+Each hold is measured in wall time and in the holding thread's CPU time: on a busy
+machine a hold can be long because the process was not scheduled, which the CPU time
+tells apart from work done under the lock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+BUCKETS_MS = (1, 5, 10, 50, 100, 1000)
+
+
+class LockStats:
+    def __init__(self) -> None:
+        self._depth = 0
+        self._start = 0.0
+        self._cpu_start = 0.0
+        self._what = ""
+        self.reset()
+
+    def reset(self) -> None:
+        self.max_ms = 0.0
+        self.max_what = ""
+        self.max_cpu_ms = 0.0
+        self.max_cpu_what = ""
+        self.holds = 0
+        self.total_ms = 0.0
+        self.histogram = [0] * (len(BUCKETS_MS) + 1)
+
+    def enter(self) -> int:
+        self._depth += 1
+        if self._depth == 1:
+            self._start = time.perf_counter()
+            self._cpu_start = time.thread_time()
+            self._what = ""
+        return self._depth
+
+    def exit(self, token: int, what: str = "") -> None:
+        if what and token == 1:
+            self._what = what
+        self._depth -= 1
+        if self._depth == 0:
+            self._record(time.perf_counter() - self._start, time.thread_time() - self._cpu_start)
+
+    def pause(self) -> None:
+        if self._depth:
+            self._record(time.perf_counter() - self._start, time.thread_time() - self._cpu_start)
+
+    def resume(self) -> None:
+        if self._depth:
+            self._start = time.perf_counter()
+            self._cpu_start = time.thread_time()
+
+    def note(self, what: str) -> None:
+        """Name the current hold (shown with the longest one)."""
+        self._what = what
+
+    def _record(self, seconds: float, cpu_seconds: float) -> None:
+        ms = seconds * 1000.0
+        self.holds += 1
+        self.total_ms += ms
+        if ms > self.max_ms:
+            self.max_ms = ms
+            self.max_what = self._what
+        if cpu_seconds * 1000.0 > self.max_cpu_ms:
+            self.max_cpu_ms = cpu_seconds * 1000.0
+            self.max_cpu_what = self._what
+        for i, bound in enumerate(BUCKETS_MS):
+            if ms <= bound:
+                self.histogram[i] += 1
+                break
+        else:
+            self.histogram[-1] += 1
+
+    def report(self) -> dict[str, Any]:
+        labels = [f"le{b}ms" for b in BUCKETS_MS] + [f"gt{BUCKETS_MS[-1]}ms"]
+        return {
+            "holds": self.holds,
+            "maxHoldMillis": round(self.max_ms, 3),
+            "maxHoldBy": self.max_what,
+            "maxHoldCpuMillis": round(self.max_cpu_ms, 3),
+            "maxHoldCpuBy": self.max_cpu_what,
+            "totalHeldMillis": round(self.total_ms, 1),
+            "histogram": dict(zip(labels, self.histogram, strict=True)),
+        }

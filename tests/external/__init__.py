@@ -1,0 +1,1 @@
+"""Harnesses for the external contract suites (LangGraph's tests, pymongo's spec tests)."""
