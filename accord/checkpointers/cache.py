@@ -246,23 +246,26 @@ class ThreadCache:
             if early:
                 for k, w in early.items():
                     entry.writes.setdefault(k, w)
-            current = t.namespaces.get(ns)
-            if current is not None and current.checkpoint_id > entry.checkpoint_id:
-                self._threads.move_to_end(key)
-                return
-            if current is not None:
-                t.size -= current.size
-                self._bytes -= current.size
-            t.namespaces[ns] = entry
-            t.namespaces.move_to_end(ns)
-            t.size += entry.size
-            self._bytes += entry.size
-            while len(t.namespaces) > MAX_NAMESPACES:
-                _, old = t.namespaces.popitem(last=False)
-                t.size -= old.size
-                self._bytes -= old.size
+            self._place(t, ns, entry)
             self._threads.move_to_end(key)
             self._evict()
+
+    def _place(self, t: _Thread, ns: str, entry: Entry) -> None:
+        """Make ``entry`` the latest of ``ns`` unless the cached one is newer."""
+        current = t.namespaces.get(ns)
+        if current is not None and current.checkpoint_id > entry.checkpoint_id:
+            return
+        if current is not None:
+            t.size -= current.size
+            self._bytes -= current.size
+        t.namespaces[ns] = entry
+        t.namespaces.move_to_end(ns)
+        t.size += entry.size
+        self._bytes += entry.size
+        while len(t.namespaces) > MAX_NAMESPACES:
+            _, old = t.namespaces.popitem(last=False)
+            t.size -= old.size
+            self._bytes -= old.size
 
     def store_read(
         self, tenant_id: str, thread_id: str, ns: str, entry: Entry, epoch: int | None
@@ -277,20 +280,7 @@ class ThreadCache:
             if t is None:
                 return
             entry.current = epoch is not None and t.epoch == epoch and t.version is not None
-            current = t.namespaces.get(ns)
-            if current is not None and current.checkpoint_id > entry.checkpoint_id:
-                return
-            if current is not None:
-                t.size -= current.size
-                self._bytes -= current.size
-            t.namespaces[ns] = entry
-            t.namespaces.move_to_end(ns)
-            t.size += entry.size
-            self._bytes += entry.size
-            while len(t.namespaces) > MAX_NAMESPACES:
-                _, old = t.namespaces.popitem(last=False)
-                t.size -= old.size
-                self._bytes -= old.size
+            self._place(t, ns, entry)
             self._evict()
 
     def stamp(self, tenant_id: str, thread_id: str, version: str) -> None:

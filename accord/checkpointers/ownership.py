@@ -29,8 +29,8 @@ only while no live run holds the thread.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import secrets
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -65,7 +65,8 @@ def calling_loop() -> Any | None:
     Duck-typed on purpose (no import of LangGraph's private modules): a frame of a method
     named ``__enter__``/``__aenter__`` whose ``self`` has LangGraph's loop attributes.
     """
-    frame: Any = sys._getframe(2)
+    here = inspect.currentframe()  # this function's frame
+    frame: Any = here.f_back.f_back if here is not None and here.f_back is not None else None
     for _ in range(_FRAMES):
         if frame is None:
             return None
@@ -290,6 +291,14 @@ class ActiveRun:
             return False
         current = checkpoint.get("id")
         return isinstance(current, str) and current >= checkpoint_id
+
+    def delta_channels(self, ns: str) -> bool:
+        """Whether the graph of ``ns`` has LangGraph DeltaChannels (its loop's channel
+        specs): LangGraph then saves a checkpoint only after its tasks' writes."""
+        specs = getattr(self.loops.get(ns), "specs", None)
+        if not isinstance(specs, Mapping):
+            return False
+        return any(type(spec).__name__ == "DeltaChannel" for spec in specs.values())
 
     def put_error(self, ns: str, checkpoint_id: str) -> BaseException | None:
         with self._mutex:

@@ -7,7 +7,9 @@
   saver (or component) owns it;
 * concurrent ``setup()`` on a fresh database is idempotent;
 * failures reach the caller as accord errors, within the saver's time bound;
-* ``list(None)`` over threads that hold an identical message.
+* ``list(None)`` over threads that hold an identical message;
+* a commit whose reply is lost (the connection closes after the server committed) is
+  retried and applied once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import AccordError, DatabaseError, InvalidInputError, TransactionTimeout
 from accord.platform import runs
 from tests.checkpointers.conftest import config, make_saver
+from tests.checkpointers.lossy_proxy import LossyProxy, uri_through
 
 
 class Fan(TypedDict):
@@ -300,3 +303,40 @@ def test_list_all_threads_with_identical_messages(saver: Any) -> None:
     assert len(tuples) == 2
     for tup in tuples:
         assert tup.checkpoint["channel_values"]["messages"] == [same]
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_commit_whose_reply_is_lost_is_applied_once(
+    client: MongoClient, mongo_uri: str, db_name: str, kind: str, durability: str
+) -> None:
+    """The server commits a step's transaction but the connection closes before its reply
+    reaches the saver (``UnknownTransactionCommitResult``): the commit is retried, and the
+    step (checkpoint, messages, business writes) exists once, neither lost nor doubled."""
+    port = int(mongo_uri.split(":")[2].split("/")[0])
+    proxy = LossyProxy(port, drop="commitTransaction", times=3).start()
+    try:
+        with make_saver(kind, uri_through(proxy), db_name) as saver:
+
+            def node(state: Fan) -> dict[str, Any]:
+                business.update_one("counts", {"_id": "c"}, {"$inc": {"n": 1}}, upsert=True)
+                business.insert_one("once", {"_id": f"step-{len(state['log'])}"})
+                return {"log": ["x"]}
+
+            g = StateGraph(Fan)
+            g.add_node("n", node)
+            g.add_edge(START, "n")
+            graph = g.compile(checkpointer=saver)
+            for i in range(3):
+                out = graph.invoke({"log": [f"in{i}"]}, config("lost"), durability=durability)
+            assert proxy.dropped == 3
+            assert out["log"] == ["in0", "x", "in1", "x", "in2", "x"]
+            db = client[db_name]
+            assert db.counts.find_one({"_id": "c"})["n"] == 3
+            assert sorted(d["_id"] for d in db.once.find()) == ["step-1", "step-3", "step-5"]
+            history = list(graph.get_state_history(config("lost")))
+            assert (
+                len(history) == 9
+                and len({s.config["configurable"]["checkpoint_id"] for s in history}) == 9
+            )
+    finally:
+        proxy.close()

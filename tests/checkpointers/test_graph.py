@@ -286,3 +286,21 @@ def test_delta_channel_graph_matches_in_memory_saver(saver: Any) -> None:
         .values["items"]
         == results[0]
     )
+
+
+def test_business_writes_in_a_delta_channel_graph_are_refused(
+    client: MongoClient, saver: Any
+) -> None:
+    """LangGraph records a DeltaChannel graph's task writes before their checkpoint is
+    saved, so staged business writes could not be exactly once there: refused, clearly."""
+
+    def add(state: D) -> dict[str, Any]:
+        business.insert_one("orders", {"_id": "o"})
+        return {"items": ["x"]}
+
+    g = StateGraph(D)
+    g.add_node("add", add)
+    g.add_edge(START, "add")
+    with pytest.raises(ConfigurationError, match="DeltaChannel"):
+        g.compile(checkpointer=saver).invoke({"items": []}, {"configurable": {"thread_id": "dz"}})
+    assert client[saver.db_name].orders.count_documents({}) == 0

@@ -6,6 +6,7 @@ Every test runs for both savers (``saver`` / ``saver_factory`` are parametrized)
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage
@@ -321,3 +322,26 @@ def test_message_refs_of_the_earlier_layout_still_read(
     fresh.put(head.config, cp, generate_metadata(step=2), {"messages": "9"})
     assert [mid for mid, _ in _messages_at(fresh, "old")] == ["m0", "m1", "m2", "m3"]
     assert blobs.find_one({"thread_id": "old", "version": "9"})["seq"] == 0
+
+
+def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any) -> None:
+    """MongoDBSaver's ``checkpoint_collection_name``, ``writes_collection_name`` and
+    ``ttl``: the names are used; a thread not written for ``ttl`` seconds is deleted by
+    the sweep (a thread written since, or held by a run, is not)."""
+    s = saver_factory(
+        checkpoint_collection_name="my_checkpoints", writes_collection_name="my_writes", ttl=1
+    )
+    db = client[s.db_name]
+    ids = _chain(s, "old", [{"v": 1}, {"v": 2}])
+    s.put_writes(config("old", ids[-1]), [("v", 3)], "task")
+    assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 2
+    assert db.my_writes.count_documents({"thread_id": "old"}) == 1
+    assert "checkpoints" not in db.list_collection_names()
+    time.sleep(1.2)
+    _chain(s, "fresh", [{"v": 1}])  # written just now
+    assert s.sweep() == 1
+    assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 0
+    assert db.checkpoint_blobs.count_documents({"thread_id": "old"}) == 0
+    assert s.get_tuple(config("old")) is None
+    assert s.get_tuple(config("fresh")) is not None
+    assert s.sweep() == 0

@@ -51,6 +51,7 @@ from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import (
     AccordError,
     BusinessWriteError,
+    ConfigurationError,
     InvalidInputError,
     TaskWriteError,
     WriteRefused,
@@ -807,21 +808,30 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
     ) -> None:
         ns = scope.checkpoint_ns
         what = f"record of task {task_id!r}"
+        # With DeltaChannels LangGraph saves a checkpoint only once its tasks' writes are
+        # recorded, so those writes cannot wait for it.
+        delta = run is not None and run.delta_channels(ns)
+        if staged and delta:
+            raise ConfigurationError(
+                f"Task {task_id!r} of thread {scope.thread_id!r} staged business writes in a "
+                f"graph with DeltaChannels: LangGraph records such a graph's task writes "
+                f"before their checkpoint is saved, so business writes could be applied twice "
+                f"after a crash. Nothing of the task was committed; stage business writes in "
+                f"graphs without DeltaChannel."
+            )
         if run is not None and not run.is_saved(ns, checkpoint_id):
             # "async" durability: the put of this checkpoint may still be in flight here,
             # or due (LangGraph's loop is running its tasks)
-            expected = run.expects(ns, checkpoint_id)
+            expected = run.expects(ns, checkpoint_id) and not delta
             if expected or run.putting(ns):
                 self._wait_for_put(scope, run, checkpoint_id, task_id, expected=expected)
         business = list(staged)
         for attempt in range(_ATTEMPTS):
-            # A run's task writes, and business writes, commit only with their checkpoint
-            # stored: a crash can then never leave writes of a checkpoint that was never
-            # saved, nor business writes of a task whose checkpoint a resume redoes.
+            # Business writes commit only with their checkpoint stored, so that a crash can
+            # never leave business writes of a task whose checkpoint a resume redoes (the
+            # wait above makes that the usual order for every task write).
             saved = None
-            if (run is not None and not run.is_saved(ns, checkpoint_id)) or (
-                run is None and business
-            ):
+            if business and (run is None or not run.is_saved(ns, checkpoint_id)):
                 saved = plans.saved_guard(self.target, scope, checkpoint_id, _not_saved)
             version = runs.new_version()
             plan = plans.writes_plan(
