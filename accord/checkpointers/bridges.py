@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
@@ -145,12 +146,41 @@ async def _collect(aiter: AsyncIterator[Any]) -> builtins.list[Any]:
     return [item async for item in aiter]
 
 
+async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args)`` in a thread of its own (not the loop's bounded default executor: a
+    graph's parallel tasks may each wait there for the checkpoint their writes belong to,
+    and the put of that checkpoint must still find a thread)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            result = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(_settle, fut, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, fut, result, None)
+
+    threading.Thread(target=run, name="accord-call", daemon=True).start()
+    return await fut
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
 class AnswersAsyncCalls:
-    """Mixin of ``AccordSaver``: LangGraph's async methods, in a worker thread."""
+    """Mixin of ``AccordSaver``: LangGraph's async methods, each in a thread of its own."""
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         caller = ownership.calling_loop()
-        return await asyncio.to_thread(self._get_tuple, config, caller)  # type: ignore[attr-defined]
+        return await in_thread(self._get_tuple, config, caller)  # type: ignore[attr-defined]
 
     async def alist(
         self,
@@ -163,7 +193,7 @@ class AnswersAsyncCalls:
         def run() -> builtins.list[CheckpointTuple]:
             return builtins.list(self.list(config, filter=filter, before=before, limit=limit))  # type: ignore[attr-defined]
 
-        for item in await asyncio.to_thread(run):
+        for item in await in_thread(run):
             yield item
 
     async def aput(
@@ -173,7 +203,7 @@ class AnswersAsyncCalls:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self._put, config, checkpoint, metadata, new_versions)  # type: ignore[attr-defined,no-any-return]
+        return await in_thread(self._put, config, checkpoint, metadata, new_versions)  # type: ignore[attr-defined,no-any-return]
 
     async def aput_writes(
         self,
@@ -182,24 +212,24 @@ class AnswersAsyncCalls:
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self._put_writes, config, writes, task_id, task_path)  # type: ignore[attr-defined]
+        await in_thread(self._put_writes, config, writes, task_id, task_path)  # type: ignore[attr-defined]
 
     async def adelete_thread(self, thread_id: str, **kwargs: Any) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id, **kwargs)  # type: ignore[attr-defined]
+        await in_thread(self.delete_thread, thread_id, **kwargs)  # type: ignore[attr-defined]
 
     async def acopy_thread(
         self, source_thread_id: str, target_thread_id: str, **kwargs: Any
     ) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id, **kwargs)  # type: ignore[attr-defined]
+        await in_thread(self.copy_thread, source_thread_id, target_thread_id, **kwargs)  # type: ignore[attr-defined]
 
     async def aprune(self, thread_ids: Sequence[str], **kwargs: Any) -> None:
-        await asyncio.to_thread(self.prune, thread_ids, **kwargs)  # type: ignore[attr-defined]
+        await in_thread(self.prune, thread_ids, **kwargs)  # type: ignore[attr-defined]
 
     async def adelete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids, **kwargs)  # type: ignore[attr-defined]
+        await in_thread(self.delete_for_runs, run_ids, **kwargs)  # type: ignore[attr-defined]
 
     async def asweep(self) -> int:
-        return await asyncio.to_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]
+        return await in_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]
 
 
 #: background tasks (kept so they are not collected before they finish)
@@ -245,7 +275,7 @@ def on_loop_exit(
                 if is_coro:
                     await release(run)
                 else:
-                    await asyncio.to_thread(release, run)
+                    await in_thread(release, run)
             except Exception:
                 if exc is None:
                     raise  # the run's outcome: a queued save failed

@@ -405,11 +405,98 @@ class BarrierSaver(AccordSaver):
         return super().get_tuple(config)
 
 
+class AsyncBarrierSaver(AsyncAccordSaver):
+    """:class:`BarrierSaver` for the async saver (the barrier waits in a thread)."""
+
+    barrier_dir: Path | None = None
+    role = ""
+    waited = False
+
+    async def aget_tuple(self, config: Any) -> Any:
+        if not self.waited and self.barrier_dir is not None:
+            self.waited = True
+            await asyncio.to_thread(file_barrier, self.barrier_dir, "claim", self.role)
+        return await super().aget_tuple(config)
+
+
 def race(args: argparse.Namespace) -> int:
+    if args.saver == "async":
+        return asyncio.run(arace(args))
     client: MongoClient = MongoClient(args.uri)
     saver = BarrierSaver(client, db_name=args.db, lease_seconds=args.lease)
     saver.barrier_dir = Path(args.barrier) if args.barrier else None
     saver.role = args.role
+    graph, nodes = _race_graph(args, saver)
+    result = _race_result(
+        args,
+        lambda: graph.invoke(_race_input(args), _race_config(args), durability=args.durability),
+        nodes,
+    )
+    Path(args.result).write_text(json.dumps(result))
+    client.close()
+    return 0
+
+
+async def arace(args: argparse.Namespace) -> int:
+    client: AsyncMongoClient = AsyncMongoClient(args.uri)
+    saver = AsyncBarrierSaver(client, db_name=args.db, lease_seconds=args.lease)
+    saver.barrier_dir = Path(args.barrier) if args.barrier else None
+    saver.role = args.role
+    graph, nodes = _race_graph(args, saver)
+    started = time.monotonic()
+    try:
+        await graph.ainvoke(_race_input(args), _race_config(args), durability=args.durability)
+        result: dict[str, Any] = {"outcome": "finished"}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = _race_error(exc)
+    result.update(
+        role=args.role,
+        durability=args.durability,
+        saver=args.saver,
+        seconds=time.monotonic() - started,
+        nodes=nodes["node_start"],
+    )
+    Path(args.result).write_text(json.dumps(result))
+    await client.close()
+    return 0
+
+
+def _race_input(args: argparse.Namespace) -> Any:
+    return None if args.turn == 0 else {"messages": [human(args.turn)]}
+
+
+def _race_config(args: argparse.Namespace) -> RunnableConfig:
+    return {"configurable": {"thread_id": args.thread}}
+
+
+def _race_error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "outcome": "error",
+        "type": type(exc).__name__,
+        "concurrent": isinstance(exc, ConcurrentRunError),
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _race_result(args: argparse.Namespace, invoke: Any, nodes: Counter[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        invoke()
+        result: dict[str, Any] = {"outcome": "finished"}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = _race_error(exc)
+    result.update(
+        role=args.role,
+        durability=args.durability,
+        saver=args.saver,
+        seconds=time.monotonic() - started,
+        nodes=nodes["node_start"],
+    )
+    return result
+
+
+def _race_graph(args: argparse.Namespace, saver: Any) -> tuple[Any, Counter[str]]:
     nodes = Counter[str]()
     hold = Path(args.hold) if args.hold else None
 
@@ -422,30 +509,7 @@ def race(args: argparse.Namespace) -> int:
             wait_for(hold.parent, hold.name, timeout=120.0)
 
     graph = build_graph(FakeChatModel(args.latency), on_point).compile(checkpointer=saver)
-    cfg: RunnableConfig = {"configurable": {"thread_id": args.thread}}
-    inputs = None if args.turn == 0 else {"messages": [human(args.turn)]}
-    result: dict[str, Any]
-    started = time.monotonic()
-    try:
-        graph.invoke(inputs, cfg, durability=args.durability)
-        result = {"outcome": "finished"}
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
-        result = {
-            "outcome": "error",
-            "type": type(exc).__name__,
-            "concurrent": isinstance(exc, ConcurrentRunError),
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-        }
-    result.update(
-        role=args.role,
-        durability=args.durability,
-        seconds=time.monotonic() - started,
-        nodes=nodes["node_start"],
-    )
-    Path(args.result).write_text(json.dumps(result))
-    client.close()
-    return 0
+    return graph, nodes
 
 
 # --- helpers for the parents ---------------------------------------------------------------
@@ -494,6 +558,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--result", required=True)
     r.add_argument("--turn", type=int, required=True, help="0 = resume with invoke(None)")
     r.add_argument("--hold", help="the first node waits until this file exists")
+    r.add_argument("--saver", choices=("sync", "async"), default="sync")
     args = p.parse_args(argv)
     return run(args) if args.mode == "run" else race(args)
 

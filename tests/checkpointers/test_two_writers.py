@@ -64,11 +64,12 @@ RESUME_ROUNDS: list[tuple[str, str]] = [("sync", "sync"), ("async", "async"), ("
 
 def spawn(uri: str, db_name: str, thread: str, turn: int, durability: str, workdir: Path,
           role: str, *, barrier: bool = True, hold: Path | None = None,
-          lease: float = 30.0) -> subprocess.Popen[str]:  # fmt: skip
+          lease: float = 30.0, saver: str = "sync") -> subprocess.Popen[str]:  # fmt: skip
     args = [
         "race", "--uri", uri, "--db", db_name, "--thread", thread,
         "--durability", durability, "--turn", str(turn), "--role", role,
         "--result", str(workdir / f"result-{role}.json"), "--lease", str(lease),
+        "--saver", saver,
     ]  # fmt: skip
     if barrier:
         args += ["--barrier", str(workdir / "barrier")]
@@ -99,12 +100,14 @@ def collect(procs: dict[str, subprocess.Popen[str]], workdir: Path) -> list[dict
 
 
 def race(uri: str, db_name: str, thread: str, turn: int, durabilities: tuple[str, str],
-         workdir: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """Run two writers on ``thread`` at once (``turn`` 0: resume with ``invoke(None)``)."""
+         workdir: Path, savers: tuple[str, str] = ("sync", "async"),
+         ) -> list[dict[str, Any]]:  # fmt: skip
+    """Run two writers on ``thread`` at once (``turn`` 0: resume with ``invoke(None)``),
+    ``a`` on the first of ``savers``, ``b`` on the second (AccordSaver / AsyncAccordSaver)."""
     (workdir / "barrier").mkdir(parents=True)
     procs = {
-        role: spawn(uri, db_name, thread, turn, durability, workdir, role)
-        for role, durability in zip("ab", durabilities, strict=True)
+        role: spawn(uri, db_name, thread, turn, durability, workdir, role, saver=kind)
+        for role, durability, kind in zip("ab", durabilities, savers, strict=True)
     }
     return collect(procs, workdir)
 
@@ -185,8 +188,9 @@ def test_two_processes_start_or_extend_the_same_thread(
     saver = AccordSaver(client, db_name=race_db)
     thread = f"race-{uuid.uuid4().hex[:6]}"
     for i, (turn, durabilities) in enumerate(NEW_RUN_ROUNDS):
-        results = race(mongo_uri, race_db, thread, turn, durabilities, tmp_path / f"r{i}")
-        check_round(client, saver, thread, results, f"round {i} {durabilities}", i + 1)
+        savers = ("sync", "async") if i % 2 == 0 else ("async", "sync")
+        results = race(mongo_uri, race_db, thread, turn, durabilities, tmp_path / f"r{i}", savers)
+        check_round(client, saver, thread, results, f"round {i} {durabilities} {savers}", i + 1)
 
 
 def test_two_processes_resume_the_same_interrupted_thread(
@@ -202,21 +206,29 @@ def test_two_processes_resume_the_same_interrupted_thread(
         # a new turn stopped after its first step
         graph.invoke({"messages": [human(i + 1)]}, cfg, interrupt_after=["model"])
         assert not finished(graph.get_state(cfg))
-        results = race(mongo_uri, race_db, thread, 0, durabilities, tmp_path / f"r{i}")
-        check_round(client, saver, thread, results, f"round {i} {durabilities}", i + 1)
+        savers = ("async", "sync") if i % 2 == 0 else ("sync", "async")
+        results = race(mongo_uri, race_db, thread, 0, durabilities, tmp_path / f"r{i}", savers)
+        check_round(client, saver, thread, results, f"round {i} {durabilities} {savers}", i + 1)
 
 
+@pytest.mark.parametrize("first_saver", ["sync", "async"])
 def test_a_second_process_is_refused_while_the_first_runs(
-    mongo_uri: str, client: MongoClient, race_db: str, tmp_path: Path
+    mongo_uri: str, client: MongoClient, race_db: str, tmp_path: Path, first_saver: str
 ) -> None:
-    """The first worker is inside its first node; a second worker started now is refused
-    before it runs any node; then the first finishes the turn."""
+    """The first worker is inside its first node; a second worker (on the other saver)
+    started now is refused before it runs any node; then the first finishes the turn."""
     saver = AccordSaver(client, db_name=race_db)
     thread = f"live-{uuid.uuid4().hex[:6]}"
     hold = tmp_path / "go"
-    first = spawn(mongo_uri, race_db, thread, 1, "async", tmp_path, "a", barrier=False, hold=hold)
+    second_saver = "async" if first_saver == "sync" else "sync"
+    first = spawn(
+        mongo_uri, race_db, thread, 1, "async", tmp_path, "a", barrier=False, hold=hold,
+        saver=first_saver,
+    )  # fmt: skip
     kill_worker.wait_for(tmp_path, "go.a.in-node", timeout=60)
-    second = spawn(mongo_uri, race_db, thread, 1, "sync", tmp_path, "b", barrier=False)
+    second = spawn(
+        mongo_uri, race_db, thread, 1, "sync", tmp_path, "b", barrier=False, saver=second_saver
+    )
     [late] = collect({"b": second}, tmp_path)
     hold.touch()
     [done] = collect({"a": first}, tmp_path)
@@ -224,9 +236,9 @@ def test_a_second_process_is_refused_while_the_first_runs(
     assert "being run by run" in late["message"], late["message"]
 
 
-@pytest.mark.embedded_only
+@pytest.mark.parametrize("stale_saver", ["sync", "async"])
 def test_a_stale_owner_paused_past_its_lease_is_refused_at_commit(
-    mongo_uri: str, client: MongoClient, race_db: str, tmp_path: Path
+    mongo_uri: str, client: MongoClient, race_db: str, tmp_path: Path, stale_saver: str
 ) -> None:
     """SIGSTOP the owner inside a node for longer than its lease (1 s); another worker
     takes the thread over and finishes the turn; SIGCONT: the paused worker's next
@@ -236,7 +248,7 @@ def test_a_stale_owner_paused_past_its_lease_is_refused_at_commit(
     hold = tmp_path / "go"
     stale = spawn(
         mongo_uri, race_db, thread, 1, "sync", tmp_path, "a", barrier=False, hold=hold,
-        lease=1.0,
+        lease=1.0, saver=stale_saver,
     )  # fmt: skip
     kill_worker.wait_for(tmp_path, "go.a.in-node", timeout=60)  # inside its first node
     # let the step's background saves finish: a worker paused in the middle of a commit
