@@ -140,6 +140,7 @@ def run(rate: int, workers: int, seconds: float) -> dict[str, Any]:
                 for d in outbox.find({"status": "done"}, {"created_at": 1, "done_at": 1})
             ]
             dead = outbox.count_documents({"status": "dead"})
+            load = os.getloadavg()[0]
             memories = client[DB].long_term_memory.count_documents({})
             client.close()
         finally:
@@ -152,7 +153,7 @@ def run(rate: int, workers: int, seconds: float) -> dict[str, Any]:
         "rate": rate, "workers": workers, "steps": total, "achieved": total / produced_s,
         "p50": percentile(lags, 0.5), "p95": percentile(lags, 0.95), "max": max(lags),
         "done": len(lags), "dead": dead, "drain": drain_s, "memories": memories,
-        "late_steps": behind,
+        "late_steps": behind, "load": load,
     }  # fmt: skip
 
 
@@ -168,17 +169,19 @@ def report(seconds: float = SECONDS) -> str:
         "the rule extractor keeps); aggregator workers in their own processes "
         "(rule extractor, hashing embedder, consolidation), engine in its own process "
         "(`--no-sync`). Lag = `done_at - created_at` of each event. Target: p95 <= 1 s at "
-        "20 steps/s.",
+        "20 steps/s. `load avg`: the machine's 1-minute load average at the end of the row "
+        "(2 cores; other sessions share them).",
         "",
         "| steps/s | workers | steps | achieved steps/s | lag p50 ms | lag p95 ms | lag max ms "
-        "| p95 vs 20/s, 1 worker | backlog drained in s | memories | dead |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| p95 vs 20/s, 1 worker | backlog drained in s | memories | dead | load avg |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {r['rate']} | {r['workers']} | {r['steps']} | {r['achieved']:.1f} | "
             f"{r['p50'] * 1000:.0f} | {r['p95'] * 1000:.0f} | {r['max'] * 1000:.0f} | "
-            f"{r['p95'] / base['p95']:.2f}x | {r['drain']:.2f} | {r['memories']} | {r['dead']} |"
+            f"{r['p95'] / base['p95']:.2f}x | {r['drain']:.2f} | {r['memories']} | {r['dead']} | "
+            f"{r['load']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

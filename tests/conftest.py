@@ -37,7 +37,11 @@ def mongo_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from accord.platform.embedded import EmbeddedServer
 
     dbpath: Path = tmp_path_factory.mktemp("engine")
-    server = EmbeddedServer(dbpath=dbpath, port=0, sync=False, ttl_interval=1.0)
+    # Test commands on, as in mongod test deployments: tests may use fail points
+    # (tests/failpoints.py); each one clears what it sets.
+    server = EmbeddedServer(
+        dbpath=dbpath, port=0, sync=False, ttl_interval=1.0, enable_test_commands=True
+    )
     server.start()
     try:
         yield server.uri

@@ -230,6 +230,7 @@ class Aggregator:
         self.worker_id = worker_id or default_worker_id()
         self.on_stage = on_stage
         self._db = client[self.config.db_name]
+        self._next_expired_check = 0.0
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -249,13 +250,25 @@ class Aggregator:
     # -- the loop ---------------------------------------------------------------------------
 
     def claim(self) -> outbox.ClaimedEvent | None:
-        """Claim the oldest available event, or None."""
+        """Claim an event, or None: one whose worker's lease ran out (looked for at most
+        every ``min(1 s, lease / 4)``), else the one available longest. Both claims are
+        served in index order, so their cost does not grow with the backlog."""
+        now = time.monotonic()
+        if now >= self._next_expired_check:
+            self._next_expired_check = now + min(1.0, self.config.lease / 4)
+            event = self._claim("expired")
+            if event is not None:
+                return event
+        return self._claim("available")
+
+    def _claim(self, which: outbox.ClaimWhich) -> outbox.ClaimedEvent | None:
         plan = outbox.claim_plan(
             self.config.db_name,
             self.config.outbox,
             owner=self.worker_id,
             lease=timedelta(seconds=self.config.lease),
             kinds=self.config.kinds,
+            which=which,
         )
         doc = self.uow.execute(plan).found["claim"][0]
         return None if doc is None else outbox.ClaimedEvent.from_document(doc)

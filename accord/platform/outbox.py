@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pymongo import ASCENDING, IndexModel
 
@@ -137,6 +137,12 @@ class ClaimedEvent:
         )
 
 
+#: What a claim takes: ``available`` (pending events whose backoff has passed, in the
+#: order they became available), ``expired`` (claimed events whose worker's lease ran
+#: out), or ``any`` (either, oldest first).
+ClaimWhich = Literal["any", "available", "expired"]
+
+
 def claim_plan(
     db: str,
     collection: str,
@@ -145,26 +151,38 @@ def claim_plan(
     lease: timedelta,
     kinds: Iterable[str] | None = None,
     at: datetime | None = None,
+    which: ClaimWhich = "any",
 ) -> Plan:
-    """A plan that claims the oldest available event (of ``kinds``, if given).
+    """A plan that claims one event (of ``kinds``, if given): see :data:`ClaimWhich`.
 
     ``PlanResult.found["claim"][0]`` is the claimed event's document, or None when no
     event is available. Several workers may claim concurrently: each event goes to one.
+
+    ``available`` and ``expired`` are each served in index order by the ``status_available``
+    index, so their cost does not grow with the backlog; ``any`` (an ``$or`` sorted by
+    creation) examines every open event. A consumer under load claims ``available``
+    events and looks for ``expired`` ones from time to time (the memory aggregator does
+    so at least once a second).
     """
     at = at or now()
-    filt: dict[str, Any] = {
-        # Redundant with the $or, but lets an index on status bound the scan to the open
+    # An event without available_at (a producer that writes its own documents, e.g. the
+    # checkpointer's documented event shape) is available at once.
+    available: dict[str, Any] = {"status": PENDING, "available_at": {"$not": {"$gt": at}}}
+    expired: dict[str, Any] = {"status": CLAIMED, "lease_until": {"$lt": at}}
+    sort: list[tuple[str, int]]
+    if which == "available":
+        filt, sort = available, [("available_at", ASCENDING), ("created_at", ASCENDING)]
+    elif which == "expired":
+        filt, sort = expired, [("lease_until", ASCENDING)]
+    elif which == "any":
+        # The status condition is redundant with the $or, but bounds the scan to the open
         # events (done ones pile up until retention removes them).
-        "status": {"$in": [PENDING, CLAIMED]},
-        "$or": [
-            # An event without available_at (a producer that writes its own documents,
-            # e.g. the checkpointer's documented event shape) is available at once.
-            {"status": PENDING, "available_at": {"$not": {"$gt": at}}},
-            {"status": CLAIMED, "lease_until": {"$lt": at}},
-        ],
-    }
+        filt = {"status": {"$in": [PENDING, CLAIMED]}, "$or": [available, expired]}
+        sort = [("created_at", ASCENDING)]
+    else:
+        raise ValueError(f"which is 'any', 'available' or 'expired', not {which!r}")
     if kinds is not None:
-        filt["kind"] = {"$in": sorted(set(kinds))}
+        filt = {**filt, "kind": {"$in": sorted(set(kinds))}}
     update = {
         "$set": {
             "status": CLAIMED,
@@ -174,7 +192,7 @@ def claim_plan(
         },
         "$inc": {"attempts": 1},
     }
-    op = Op("find_one_and_update", filt, update, sort=[("created_at", ASCENDING)])
+    op = Op("find_one_and_update", filt, update, sort=sort)
     return Plan(
         PlanContext(tenant_id="*", principal=owner, operation="outbox.claim"),
         [Group("claim", db, collection, OUTBOX.name, [op])],

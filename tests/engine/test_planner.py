@@ -89,16 +89,23 @@ def test_backward_scan_for_the_opposite_order(checkpoints) -> None:  # type: ign
 
 
 @embedded_only
-def test_mixed_direction_sort_needs_matching_index(db) -> None:  # type: ignore[no-untyped-def]
+def test_every_direction_combination_walks_the_index(db) -> None:  # type: ignore[no-untyped-def]
     db.c.create_index([("a", 1), ("b", -1)])
-    db.c.insert_many([{"a": i % 3, "b": i} for i in range(30)])
+    db.c.insert_many([{"a": i % 3, "b": i % 7, "n": i} for i in range(60)])
     plan, _ = _explain(db.c.find().sort([("a", -1), ("b", 1)]))
     assert _stage(plan, "IXSCAN")["direction"] == "backward"  # type: ignore[index]
-    assert _stage(plan, "SORT") is None
-    plan, _ = _explain(db.c.find().sort([("a", 1), ("b", 1)]))
-    assert _stage(plan, "SORT") is not None  # neither direction of the index fits
-    got = [(d["a"], d["b"]) for d in db.c.find().sort([("a", -1), ("b", 1)])]
-    assert got == sorted(got, key=lambda ab: (-ab[0], ab[1]))
+    for da in (1, -1):
+        for db_ in (1, -1):
+            cursor = db.c.find().sort([("a", da), ("b", db_)])
+            plan, stats = _explain(cursor.clone())
+            assert _stage(plan, "SORT") is None, (da, db_)
+            assert stats["totalKeysExamined"] == 60
+            got = [(d["a"], d["b"]) for d in cursor]
+            assert got == sorted(got, key=lambda ab: (da * ab[0], db_ * ab[1])), (da, db_)
+    limited = db.c.find({"a": 1}).sort("b", 1).limit(2)
+    plan, stats = _explain(limited.clone())
+    assert _stage(plan, "SORT") is None and stats["totalKeysExamined"] == 2
+    assert [d["b"] for d in limited] == [0, 0]
 
 
 @embedded_only

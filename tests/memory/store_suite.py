@@ -1,22 +1,17 @@
 """LangGraph's own store tests (``tests/test_store.py`` of the installed
 langgraph-checkpoint's source distribution) with ``InMemoryStore`` swapped for accord's.
 
-The sdist is fetched from PyPI once (``pip download --no-binary``) into ``.accord-cache``
-(or found in ``$ACCORD_SDIST_DIR``), for exactly the installed version, so the tests are the
-ones the installed code was released with. (external-suites is building the project-wide
-fetcher; this one is replaced by it when it lands.)
+The sdist is fetched for exactly the installed version by the project's shared fetcher
+(:func:`tests.external.sdist.fetch_sdist`: ``pip download --no-binary`` once, cached under
+``.accord/external/``), so the tests are the ones the installed code was released with.
 
 Tests excluded, each with the reason (also listed in docs/memory.md):
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
-import os
-import subprocess
 import sys
-import tarfile
 import types
 import uuid
 from pathlib import Path
@@ -24,9 +19,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.external.sdist import fetch_sdist
+
 PACKAGE = "langgraph-checkpoint"
-ARCHIVE_PREFIX = "langgraph_checkpoint"
 
 #: name -> why it is not run against accord's store.
 EXCLUDED = {
@@ -42,24 +37,7 @@ EXCLUDED = {
 
 def sdist_tests() -> Path:
     """The ``tests`` directory of the installed langgraph-checkpoint's sdist."""
-    version = importlib.metadata.version(PACKAGE)
-    name = f"{ARCHIVE_PREFIX}-{version}"
-    for base in filter(None, [os.environ.get("ACCORD_SDIST_DIR"), "/tmp/sdist",
-                              str(ROOT / ".accord-cache" / "sdist")]):  # fmt: skip
-        if (Path(base) / name / "tests" / "test_store.py").exists():
-            return Path(base) / name / "tests"
-    cache = ROOT / ".accord-cache" / "sdist"
-    cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / f"{name}.tar.gz"
-    if not archive.exists():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-             ":all:", "--dest", str(cache), f"{PACKAGE}=={version}"],
-            check=True,
-        )  # fmt: skip
-    with tarfile.open(archive) as tar:
-        tar.extractall(cache, filter="data")
-    return cache / name / "tests"
+    return fetch_sdist(PACKAGE) / "tests"
 
 
 #: The server the stores use: set by tests/memory/conftest.py's session fixture.

@@ -137,3 +137,27 @@ def test_an_event_without_available_at_is_claimable(
     assert event is not None and event.id == "e1" and event.attempts == 1
     runner.execute(outbox.release_plan(db_name, "outbox", event, "boom", max_attempts=5))
     assert claim(runner, db_name, "w") is None  # released with a backoff: not yet available
+
+
+def test_claim_available_or_expired(runner: Runner, client: MongoClient, db_name: str) -> None:
+    """``which="available"`` takes pending events in the order they became available;
+    ``which="expired"`` only events whose worker's lease ran out."""
+    enqueue(runner, db_name, 3)
+
+    def take(which: str, lease: float = 30.0) -> outbox.ClaimedEvent | None:
+        plan = outbox.claim_plan(db_name, "outbox", owner="w", which=which,  # type: ignore[arg-type]
+                                 lease=timedelta(seconds=lease))  # fmt: skip
+        doc = runner.execute(plan).found["claim"][0]
+        return None if doc is None else outbox.ClaimedEvent.from_document(doc)
+
+    assert take("expired") is None
+    first = take("available", lease=0.05)
+    assert first is not None and first.document["n"] == 0
+    threading.Event().wait(0.1)
+    second = take("available")
+    assert second is not None and second.document["n"] == 1  # not the expired one
+    again = take("expired")
+    assert again is not None and again.id == first.id and again.attempts == 2
+    assert take("expired") is None
+    with pytest.raises(ValueError, match="which is"):
+        take("oldest")

@@ -16,6 +16,7 @@ from accord.platform.embedded import mongomock_bridge, query
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.variables import bind_pipeline
 
 Doc = dict[str, Any]
 # Reads the documents of another collection of the same database (for $lookup).
@@ -147,7 +148,7 @@ class Pipeline:
                     name: mongomock_bridge.evaluate_expression(expr, doc)
                     for name, expr in let.items()
                 }
-                bound = _bind_variables(sub_pipeline, variables)
+                bound = bind_pipeline(sub_pipeline, variables)
                 matched = Pipeline(self.reader, spec.get("from")).run(matched, bound)
             new = dict(doc)
             new[spec["as"]] = copy.deepcopy(matched)
@@ -158,23 +159,6 @@ class Pipeline:
 def _values_or_null(doc: Doc, path: str) -> list[Any]:
     values = [v for v in query.path_values(doc, path) if v is not MISSING]
     return values or [None]
-
-
-def _bind_variables(node: Any, variables: dict[str, Any]) -> Any:
-    """Substitute ``$$name`` references with the values of ``let`` variables."""
-    if isinstance(node, str) and node.startswith("$$"):
-        name, _, rest = node[2:].partition(".")
-        if name in variables:
-            value = variables[name]
-            for part in rest.split(".") if rest else []:
-                value = value.get(part) if isinstance(value, dict) else None
-            return {"$literal": value}
-        return node
-    if isinstance(node, list):
-        return [_bind_variables(n, variables) for n in node]
-    if isinstance(node, dict):
-        return {k: _bind_variables(v, variables) for k, v in node.items()}
-    return node
 
 
 def _unwind(spec: Any, docs: list[Doc]) -> list[Doc]:

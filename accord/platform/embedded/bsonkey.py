@@ -8,8 +8,8 @@ types are ranked as mongod canonicalises them, documents compare element by elem
 compare in C, which is what makes ordered indexes (``sortedcontainers``) and sorts fast;
 a property test pins ``sort_key`` to ``compare_values``.
 
-Also here: ``Desc`` (inverts the order of one index field), the bracket sentinels an
-index scan uses for open bounds, and ``InSet``, the O(1)-per-value ``$in`` test.
+Also here: the sentinels an index scan uses for open bounds (``LOW``/``HIGH``, below and
+above every key), type brackets, and ``InSet``, the O(1)-per-value ``$in`` test.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
+
+from accord.platform.embedded.collation import CollatedStr
 
 # mongod's canonical type ranks (bsontypes.h canonicalizeBSONType).
 MINKEY, NULL, NUMBER, STRING, OBJECT, ARRAY, BINDATA = -1, 5, 10, 15, 20, 25, 30
@@ -84,6 +86,8 @@ def _slow_key(value: Any) -> tuple[Any, ...]:
         return (BOOL, bool(value))
     if isinstance(value, Code):  # a str subclass: before str
         return (CODE, str(value))
+    if isinstance(value, CollatedStr):  # a command's collation is active: its key decides
+        return (STRING, value.collation_key)
     if isinstance(value, str):
         return (STRING, str(value))
     if isinstance(value, int):
@@ -132,49 +136,8 @@ def bracket(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return (rank - 0.5,), (rank + 0.5,)
 
 
-class Desc:
-    """Wraps one field's key so that a descending index field orders in reverse."""
-
-    __slots__ = ("k",)
-
-    def __init__(self, k: Any) -> None:
-        self.k = k
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Desc) and self.k == other.k
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Desc):
-            return NotImplemented
-        return bool(other.k < self.k)
-
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Desc):
-            return NotImplemented
-        return bool(other.k <= self.k)
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Desc):
-            return NotImplemented
-        return bool(other.k > self.k)
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Desc):
-            return NotImplemented
-        return bool(other.k >= self.k)
-
-    def __hash__(self) -> int:
-        return hash(self.k) ^ 0x5F3759DF
-
-    def __repr__(self) -> str:
-        return f"Desc({self.k!r})"
-
-
 class _Extreme:
-    """Orders below (``LOW``) or above (``HIGH``) every key, ``Desc`` or not."""
+    """Orders below (``LOW``) or above (``HIGH``) every key."""
 
     __slots__ = ("_high",)
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import bson
 from bson.timestamp import Timestamp
 
-from accord.platform.embedded import commands
+from accord.platform.embedded import collation, commands
 from accord.platform.embedded.commands import (
     COMMANDS,
     TEST_COMMANDS,
@@ -36,7 +37,15 @@ from accord.platform.embedded.engine import (
     timestamp_to_ts,
     ts_to_timestamp,
 )
-from accord.platform.embedded.errors import TRANSIENT, Code, EngineError, type_mismatch
+from accord.platform.embedded.errors import (
+    STATE_CHANGE_CODES,
+    TRANSIENT,
+    Code,
+    EngineError,
+    server_error_labels,
+    type_mismatch,
+)
+from accord.platform.embedded.failpoints import CloseConnection, FailPoints
 from accord.platform.embedded.group_commit import PendingCommit
 
 log = logging.getLogger("accord.engine")
@@ -59,13 +68,49 @@ _NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
 class _Call:
     """What one command leaves for after the engine lock is released."""
 
-    __slots__ = ("ticket", "op_ts")
+    __slots__ = ("ticket", "op_ts", "close_after")
 
     def __init__(self) -> None:
         # A commit to wait for before the reply may be sent (group commit).
         self.ticket: PendingCommit | None = None
         # The cluster time the command read at or committed at (operationTime).
         self.op_ts: int | None = None
+        # A fail point wants the connection closed once the command is durable (why).
+        self.close_after: str | None = None
+
+
+@dataclass
+class Connection:
+    """One client connection, as the dispatcher needs to know it."""
+
+    id: int = 0
+    # The handshake's client.application.name (failCommand's appName matches it).
+    app_name: str | None = None
+
+
+HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
+
+
+def _labelled(
+    reply: Doc, cmd: Doc, override: tuple[str, ...] | None, topology_version: Doc | None = None
+) -> Doc:
+    """Add the error labels mongod would add (or, from a fail point, exactly ``override``),
+    and for a state-change error the server's ``topologyVersion`` as mongod does."""
+    code = None if reply.get("ok") else reply.get("code")
+    wce = reply.get("writeConcernError")
+    wc_code = wce.get("code") if isinstance(wce, dict) else None
+    if topology_version is not None and (code or wc_code) in STATE_CHANGE_CODES:
+        reply["topologyVersion"] = topology_version
+    if override is not None:
+        labels = list(override)
+    else:
+        labels = list(reply.get("errorLabels", []))
+        labels += [x for x in server_error_labels(cmd, code, wc_code) if x not in labels]
+    if labels:
+        reply["errorLabels"] = labels
+    else:
+        reply.pop("errorLabels", None)
+    return reply
 
 
 def no_such_transaction(number: int) -> EngineError:
@@ -86,29 +131,63 @@ class Dispatcher:
         *,
         txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
         test_commands: bool = False,
+        topology_version: Doc | None = None,
     ) -> None:
         self.engine = engine
         # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
         self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
         self.hello = hello
-        # mongod's enableTestCommands: the TEST_COMMANDS are served only when it is set.
+        # mongod's enableTestCommands: configureFailPoint and the other TEST_COMMANDS.
         self.test_commands = test_commands
+        self.failpoints = FailPoints()
+        # What hello reports; state-change errors carry it too (see _labelled).
+        self.topology_version = topology_version
 
-    def execute(self, cmd: Doc) -> Doc:
+    def execute(self, cmd: Doc, conn: Connection | None = None) -> Doc:
+        """The reply to ``cmd``; raises ``CloseConnection`` when a fail point says so."""
+        conn = conn or Connection()
+        name = next(iter(cmd), "")
+        action = self.failpoints.on_command(name, conn.app_name)
+        if action is not None:
+            if action.block_ms:
+                time.sleep(action.block_ms / 1000)
+            if action.close_connection:
+                raise CloseConnection(f"failCommand closed the connection on {name}")
+            if action.error_code is not None:
+                reply = action.error_reply()
+                reply = _labelled(reply, cmd, action.error_labels, self.topology_version)
+                return self._stamp(reply, _Call())
+        if name in HELLO_COMMANDS:
+            client = cmd.get("client")
+            app = client.get("application") if isinstance(client, dict) else None
+            if isinstance(app, dict) and isinstance(app.get("name"), str):
+                conn.app_name = app["name"]  # the handshake names the application
+            return self.hello(cmd)
         call = _Call()
+        reply = self._reply(cmd, call)
+        if action is not None and action.write_concern_error is not None and reply.get("ok"):
+            # A copy: the reply may be the one stored for a retried write, which has no error.
+            reply = {**reply, "writeConcernError": action.write_concern_error}
+            reply = _labelled(reply, cmd, action.error_labels, self.topology_version)
+        if call.close_after is not None:
+            raise CloseConnection(call.close_after)
+        return self._stamp(reply, call)
+
+    def _reply(self, cmd: Doc, call: _Call) -> Doc:
         try:
-            reply = self._execute(cmd, call)
+            return self._execute(cmd, call)
+        except CloseConnection:
+            raise
         except EngineError as exc:
-            reply = exc.to_reply()
+            return _labelled(exc.to_reply(), cmd, None, self.topology_version)
         except RecursionError:
-            reply = EngineError(Code.BadValue, "document nested too deeply").to_reply()
+            return EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
             log.exception("internal error executing %r", next(iter(cmd), None))
-            reply = EngineError(
+            return EngineError(
                 Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
             ).to_reply()
-        return self._stamp(reply, call)
 
     def _stamp(self, reply: Doc, call: _Call) -> Doc:
         """Add ``operationTime`` and ``$clusterTime`` as a replica-set member does."""
@@ -131,13 +210,22 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.locked(name):
+        with self.engine.locked(name), collation.active(self._collation(db, name, cmd)):
             reply = self._run(name, handler, db, cmd, call)
         if call.ticket is not None:
             # Acknowledge only once durable; the lock is free for others meanwhile.
             self.engine.wait_durable(call.ticket)
             call.op_ts = call.ticket.ts
         return reply
+
+    def _collation(self, db: str, name: str, cmd: Doc) -> collation.Collation | None:
+        """The command's ``collation``, else its collection's default (None: binary)."""
+        spec = cmd.get("collation")
+        target = cmd.get(name)
+        if spec is None and isinstance(target, str):
+            coll = self.engine.get_collection(f"{db}.{target}")
+            spec = coll.options.get("collation") if coll is not None else None
+        return collation.parse(spec)
 
     def _run(self, name: str, handler: commands.Handler, db: str, cmd: Doc, call: _Call) -> Doc:
         engine = self.engine
@@ -159,16 +247,18 @@ class Dispatcher:
                 name, handler, db, cmd, session, txn_number, autocommit, read_concern, call
             )
         if name in ("commitTransaction", "abortTransaction"):
-            raise EngineError(Code.Location50768, f"{name} must be run within a transaction")
+            raise EngineError(
+                Code.NotARetryableWriteCommand, f"{name} must be run within a transaction"
+            )
         snapshot_at = self._read_point(name, read_concern)
         if txn_number is not None and name in WRITE_COMMANDS:
             if session is None:
                 raise EngineError(
-                    Code.Location50768,
+                    Code.NotARetryableWriteCommand,
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number, call)
-        if name in WRITE_COMMANDS:
+        if name in WRITE_COMMANDS or commands.writes_output(name, cmd):
             return self._autocommit(handler, db, cmd, session, None, call)
         view = engine.begin(explicit=False, snapshot=snapshot_at)
         call.op_ts = view.snapshot
@@ -221,16 +311,19 @@ class Dispatcher:
         return Context(
             engine=self.engine, cursors=self.cursors, db=db, txn=txn, in_transaction=in_txn,
             session_key=session.key if session else None, hello=self.hello,
-            test_commands=self.test_commands,
+            failpoints=self.failpoints, test_commands=self.test_commands,
         )  # fmt: skip
 
     # -- autocommit writes ------------------------------------------------------------------
 
     def _autocommit(
         self, handler: commands.Handler, db: str, cmd: Doc, session: Session | None,
-        record: tuple[bytes, int] | None, call: _Call,
+        record: tuple[bytes, int] | None, call: _Call, fail_before_commit: int | None = None,
     ) -> Doc:  # fmt: skip
-        """Run a write command in its own transaction, waiting out conflicting transactions."""
+        """Run a write command in its own transaction, waiting out conflicting transactions.
+
+        ``fail_before_commit`` (a fail point's error code) aborts the write after it ran.
+        """
         deadline = time.monotonic() + WRITE_WAIT_S
         while True:
             txn = self.engine.begin(explicit=False)
@@ -251,6 +344,12 @@ class Dispatcher:
             except BaseException:
                 self.engine.abort(txn, "write failed")
                 raise
+            if fail_before_commit is not None:
+                self.engine.abort(txn, "failed by the onPrimaryTransactionalWrite fail point")
+                raise EngineError(
+                    fail_before_commit,
+                    "Failing write due to failpoint. The write must not be reflected.",
+                )
             stored = None
             if record is not None:
                 stored = (record[0], record[1], {"kind": "retry", "reply": reply})
@@ -272,7 +371,20 @@ class Dispatcher:
             if ticket is not None and ticket.state not in ("done", "failed"):
                 call.ticket = ticket  # the first attempt is not durable yet: wait for it
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
-        reply = self._autocommit(handler, db, cmd, session, (session.key, number), call)
+        action = self.failpoints.on_transactional_write()
+        fail_code = action.fail_before_commit_code if action else None
+        try:
+            reply = self._autocommit(
+                handler, db, cmd, session, (session.key, number), call, fail_code
+            )
+        except EngineError:
+            if action is not None and action.close_connection:
+                raise CloseConnection("onPrimaryTransactionalWrite failed the write") from None
+            raise
+        if action is not None and action.close_connection:
+            # The write commits (durably, before the close) and its reply is lost: the
+            # client must retry to learn it.
+            call.close_after = "onPrimaryTransactionalWrite closed the connection"
         session.retry_number, session.retry_reply = number, reply
         ticket = call.ticket
         if ticket is not None:
@@ -295,7 +407,9 @@ class Dispatcher:
         if autocommit is not False:
             raise EngineError(Code.InvalidOptions, "autocommit must be false when specified")
         if session is None or number is None:
-            raise EngineError(Code.Location50768, "a transaction requires both lsid and txnNumber")
+            raise EngineError(
+                Code.NotARetryableWriteCommand, "a transaction requires both lsid and txnNumber"
+            )
         engine = self.engine
         if cmd.get("startTransaction"):
             if number < session.txn_number or number <= session.retry_number:
@@ -305,7 +419,9 @@ class Dispatcher:
                 )
             if number == session.txn_number:
                 raise EngineError(
-                    Code.NoSuchTransaction if session.txn_state != "in_progress" else 50911,
+                    Code.NoSuchTransaction
+                    if session.txn_state != "in_progress"
+                    else Code.Location50911,
                     f"Cannot start a transaction with txnNumber {number}: it was already started on this session.",
                 )
             if session.txn is not None and session.txn_state == "in_progress":

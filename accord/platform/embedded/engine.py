@@ -67,6 +67,7 @@ from accord.platform.embedded.versions import Record, decode, encode
 log = logging.getLogger("accord.engine")
 
 Doc = dict[str, Any]
+Key = tuple[Any, ...]
 TXN_LIFETIME_LIMIT_S = 60.0
 SESSION_TIMEOUT_MINUTES = 30
 # mongod's minSnapshotHistoryWindowInSeconds default.
@@ -118,7 +119,7 @@ class Collection:
         self.records: dict[bytes, Record] = {}
         self.indexes: dict[str, Index] = {}
         # Unique index name -> encoded key -> id key of the latest committed owner.
-        self.unique_maps: dict[str, dict[bytes, bytes]] = {}
+        self.unique_maps: dict[str, dict[Key, bytes]] = {}
         self._rids = itertools.count(1)
         # A collection created inside a transaction is that transaction's until it commits.
         self.pending_owner: Txn | None = None
@@ -163,13 +164,13 @@ class Collection:
                     if data is not None:
                         doc = decode(data)
                         for k in index.key_tuples(doc, query.matches):
-                            entries.append((*index.directed(k), record.rid, ts, record))
+                            entries.append((*k, record.rid, ts, record))
             index.entries.update(entries)
         self.indexes[index.name] = index
         self._refresh()
 
-    def _unique_owners(self, index: Index) -> dict[bytes, bytes]:
-        owners: dict[bytes, bytes] = {}
+    def _unique_owners(self, index: Index) -> dict[Key, bytes]:
+        owners: dict[Key, bytes] = {}
         for key, record in self.records.items():
             if record.data is None:
                 continue
@@ -215,11 +216,9 @@ class Collection:
         return sum(1 for r in self.records.values() if r.data_at(snapshot) is not None)
 
 
-def unique_keys(index: Index, doc: Doc) -> list[bytes]:
-    """Keys of ``doc`` in a unique index (encoded; as mongod's duplicate check sees them)."""
-    if index.partial is not None and not query.matches(index.partial, doc):
-        return []
-    return query.index_keys(doc, index.fields, sparse=index.sparse)
+def unique_keys(index: Index, doc: Doc) -> list[Key]:
+    """Keys of ``doc`` in a unique index, as mongod's duplicate check sees them."""
+    return index.unique_keys(doc, query.matches)
 
 
 @dataclass
@@ -232,7 +231,7 @@ class Txn:
     session: Session | None = None
     txn_number: int | None = None
     writes: dict[str, dict[bytes, Doc | None]] = field(default_factory=dict)
-    claims: set[tuple[str, str, bytes]] = field(default_factory=set)
+    claims: set[tuple[str, str, Key]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     aborted_reason: str | None = None
     # Collections this transaction created (invisible to others until it commits).
@@ -280,7 +279,7 @@ class Engine:
         self.active: dict[int, Txn] = {}
         self.locks: dict[tuple[str, bytes], Txn] = {}
         # (ns, unique index, key) -> (transaction, id key of its document with that key)
-        self.claims: dict[tuple[str, str, bytes], tuple[Txn, bytes]] = {}
+        self.claims: dict[tuple[str, str, Key], tuple[Txn, bytes]] = {}
         self.sessions: dict[bytes, Session] = {}
         self.commit_observers: list[CommitObserver] = []
         # Records that got a new version, in commit order: (commit ts, collection, record).
@@ -306,21 +305,27 @@ class Engine:
             ]
             records = coll.records
             entries: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in secondary}
-            owners: dict[str, dict[bytes, bytes]] = {i.name: {} for i in secondary if i.unique}
+            owners: dict[str, dict[Key, bytes]] = {i.name: {} for i in secondary if i.unique}
             rids = coll._rids
+            plan = [
+                (index, index.orderable_or_hashed, entries[index.name], owners.get(index.name))
+                for index in secondary
+            ]
+            matches = query.matches
             for key, data in self.storage.load_documents(ns):
                 record = Record(key, next(rids), 0, data)
                 records[key] = record
-                if secondary:
+                if plan:
                     doc = decode(data)
-                    for index in secondary:
-                        if index.orderable_or_hashed:
-                            out = entries[index.name]
-                            for k in index.key_tuples(doc, query.matches):
-                                out.append((*index.directed(k), record.rid, 0, record))
-                        if index.unique:
-                            for unique in unique_keys(index, doc):
-                                owners[index.name][unique] = key
+                    for index, maintained, out, unique in plan:
+                        keys, arrays = index.keys_of(doc, matches)
+                        if maintained:
+                            rid = record.rid
+                            for k in keys:
+                                out.append((*k, rid, 0, record))
+                        if unique is not None:
+                            for k in index.unique_keys(doc, matches) if arrays else keys:
+                                unique[k] = key
             for index in secondary:
                 index.entries.update(entries[index.name])
                 coll.indexes[index.name] = index
@@ -837,7 +842,7 @@ class Engine:
         still has it, or owned by a committed document this transaction did not change
         away from it, is a duplicate key.
         """
-        wanted: list[tuple[tuple[str, str, bytes], Index]] = []
+        wanted: list[tuple[tuple[str, str, Key], Index]] = []
         for name, owners in coll.unique_maps.items():
             index = coll.indexes[name]
             for k in unique_keys(index, doc):

@@ -20,6 +20,7 @@ class Code(IntEnum):
     InternalError = 1
     BadValue = 2
     NoSuchKey = 4
+    GraphContainsCycle = 5
     HostUnreachable = 6
     HostNotFound = 7
     UnknownError = 8
@@ -29,6 +30,7 @@ class Code(IntEnum):
     TypeMismatch = 14
     AuthenticationFailed = 18
     IllegalOperation = 20
+    LockTimeout = 24
     NamespaceNotFound = 26
     IndexNotFound = 27
     PathNotViable = 28
@@ -57,6 +59,7 @@ class Code(IntEnum):
     CommandNotSupported = 115
     DocumentValidationFailure = 121
     CommandFailed = 125
+    ReadConcernMajorityNotAvailableYet = 134
     ViewDepthLimitExceeded = 165
     CommandNotSupportedOnView = 166
     OptionNotSupportedOnView = 167
@@ -76,9 +79,11 @@ class Code(IntEnum):
     ExceededTimeLimit = 262
     OperationNotSupportedInTransaction = 263
     FailPointSetFailed = 266
+    PreparedTransactionInProgress = 267
     IndexBuildAborted = 276
     TransactionExceededLifetimeLimitSeconds = 290
     APIStrictError = 323
+    SocketException = 9001
     NotWritablePrimary = 10107
     BSONObjectTooLarge = 10334
     DuplicateKey = 11000
@@ -87,8 +92,15 @@ class Code(IntEnum):
     InterruptedDueToReplStateChange = 11602
     NotPrimaryNoSecondaryOk = 13435
     NotPrimaryOrSecondary = 13436
-    OutOfDiskSpace = 14031
     KeyTooLong = 17280
+    MergeStageNoMatchingDocument = 13113
+    OutOfDiskSpace = 14031
+    IDLDuplicateField = 40413
+    IDLFailedToParse = 40414
+    IDLUnknownField = 40415
+    ClientMarkedKilled = 46841
+    NotARetryableWriteCommand = 50768
+    BackupCursorOpenConflictWithCheckpoint = 50915
     # Assertion codes (mongod reports them as Location<code>):
     Location15947 = 15947  # $facet: fields must be specified in an object
     Location15958 = 15958  # $limit / $skip: bad argument
@@ -108,15 +120,65 @@ class Code(IntEnum):
     Location40324 = 40324  # unrecognized pipeline stage name
     Location40352 = 40352  # FieldPath cannot be constructed with empty string
     Location40353 = 40353  # FieldPath must not end with a '.'
-    Location40415 = 40415  # unknown field in a command
     Location40571 = 40571  # OP_MSG requests require a $db argument
+    Location40601 = 40601  # stage only valid as the last stage of a pipeline
     Location40602 = 40602  # stage only valid as the first stage of a pipeline
-    Location50768 = 50768  # transaction fields used outside a transaction
     Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51183 = 51183  # $merge 'on' fields need a unique index
+    Location51185 = 51185  # $merge 'on' field missing, repeated or an array
     Location51091 = 51091  # invalid regular expression
 
 
 TRANSIENT = "TransientTransactionError"
+RETRYABLE_WRITE = "RetryableWriteError"
+
+# error_codes.yml's RetriableError category: a retryable write (or a transaction's commit
+# or abort) that fails with one of these may be retried by the driver.
+RETRYABLE_CODES = frozenset({
+    Code.HostUnreachable, Code.HostNotFound, Code.NetworkTimeout, Code.ShutdownInProgress,
+    Code.ReadConcernMajorityNotAvailableYet, Code.PrimarySteppedDown, Code.ExceededTimeLimit,
+    Code.SocketException, Code.NotWritablePrimary, Code.InterruptedAtShutdown,
+    Code.InterruptedDueToReplStateChange, Code.NotPrimaryNoSecondaryOk,
+    Code.NotPrimaryOrSecondary, Code.BackupCursorOpenConflictWithCheckpoint,
+})  # fmt: skip
+# NotPrimaryError and ShutdownError categories: a reply with one of these carries the
+# server's topologyVersion, so a driver can tell a stale error from a real state change.
+STATE_CHANGE_CODES = frozenset({
+    Code.NotWritablePrimary, Code.NotPrimaryNoSecondaryOk, Code.NotPrimaryOrSecondary,
+    Code.InterruptedDueToReplStateChange, Code.PrimarySteppedDown, Code.ShutdownInProgress,
+    Code.InterruptedAtShutdown,
+})  # fmt: skip
+# Errors after which a whole transaction may be retried (besides the retryable ones).
+_TRANSIENT_CODES = frozenset({
+    Code.WriteConflict, Code.LockTimeout, Code.PreparedTransactionInProgress,
+    Code.SnapshotTooOld, Code.SnapshotUnavailable,
+})  # fmt: skip
+
+
+def server_error_labels(cmd: dict[str, Any], code: int | None, wc_code: int | None) -> list[str]:
+    """The labels mongod adds to a reply (its ErrorLabelBuilder).
+
+    ``code`` is the command's error code (None if it succeeded), ``wc_code`` that of its
+    ``writeConcernError``. Inside a transaction (``autocommit`` present) transient errors
+    get TransientTransactionError; a retryable write (``txnNumber`` without ``autocommit``)
+    or a transaction's commit/abort failing with a retryable code gets RetryableWriteError.
+    """
+    name = next(iter(cmd), "")
+    has_txn_number = cmd.get("txnNumber") is not None
+    in_transaction = has_txn_number and "autocommit" in cmd
+    commit_or_abort = name in ("commitTransaction", "abortTransaction")
+    if code is not None and in_transaction:
+        transient = code in _TRANSIENT_CODES
+        if commit_or_abort:
+            transient |= code == Code.NoSuchTransaction and wc_code is None
+        else:
+            transient |= code in RETRYABLE_CODES or code == Code.NoSuchTransaction
+        if transient:
+            return [TRANSIENT]
+    retryable = (has_txn_number and "autocommit" not in cmd) or (in_transaction and commit_or_abort)
+    if retryable and (code in RETRYABLE_CODES or wc_code in RETRYABLE_CODES):
+        return [RETRYABLE_WRITE]
+    return []
 
 
 def code_name(code: int) -> str:

@@ -1,8 +1,10 @@
 """Ordered indexes: entries in BSON order in a ``sortedcontainers.SortedList``.
 
 An entry is ``(*key, rid, ts, record)``: the index key of one version of one document
-(one ``sort_key`` per indexed field, ``Desc``-wrapped for a descending field), the
-record's natural-order id, the commit timestamp of that version, and the record. A
+(one ``sort_key`` per indexed field), the record's natural-order id, the commit timestamp
+of that version, and the record. Entries are always kept in ascending order of every
+field, whatever the key pattern says: tuples of plain values compare in C, and a scan
+serves any combination of directions (``walk``), so a descending field costs nothing. A
 document has entries for every version an open snapshot may still read, so one index
 serves every snapshot: a scan yields an entry only if its version is the one the reader
 sees (``record.at(snapshot)[0] == ts``). Garbage collection removes the entries of the
@@ -27,7 +29,10 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from accord.platform.embedded import bsonkey
-from accord.platform.embedded.bsonkey import HIGH, NULL_KEY, Desc, sort_key
+from accord.platform.embedded.bsonkey import ARRAY, HIGH, NULL_KEY, sort_key
+from accord.platform.embedded.collation import Collation, key_values
+from accord.platform.embedded.collation import active as collation_active
+from accord.platform.embedded.collation import parse as parse_collation
 from accord.platform.embedded.versions import Record
 
 Doc = dict[str, Any]
@@ -36,6 +41,10 @@ Key = tuple[Any, ...]
 Range = tuple[tuple[Any, ...], tuple[Any, ...]]
 ORDERED_KINDS = (1, -1)
 _MISSING = object()
+
+
+def _always(partial: Any, doc: Any) -> bool:
+    return True
 
 
 def _is_direction(value: Any) -> bool:
@@ -67,28 +76,24 @@ class Index:
     multikey: bool = False
     # Whether entries are maintained (the _id index builds them lazily).
     built: bool = True
+    # The index's collation: strings equal under it have equal keys (unique indexes).
+    collation: Collation | None = None
 
-    @property
-    def fields(self) -> list[str]:
-        return [f for f, _ in self.key]
-
-    @property
-    def directions(self) -> list[int]:
-        return [1 if not _is_direction(d) or d > 0 else -1 for _, d in self.key]
+    def __post_init__(self) -> None:
+        # The key pattern never changes: derive what every key extraction needs once.
+        # orderable: plain ascending/descending fields (not text, 2d, 2dsphere, hashed);
+        # orderable_or_hashed: the engine keeps entries (text and geo indexes have none).
+        self.fields = [f for f, _ in self.key]
+        self.directions = [1 if not _is_direction(d) or d > 0 else -1 for _, d in self.key]
+        self._top_level = ["." not in f for f in self.fields]
+        # Top-level fields only, no sparse or partial rule: the fast path of keys_of.
+        self._plain = all(self._top_level) and not self.sparse and self.partial is None
+        self.orderable = all(_is_direction(d) for _, d in self.key)
+        self.orderable_or_hashed = all(_is_direction(d) or d == "hashed" for _, d in self.key)
 
     @property
     def is_id(self) -> bool:
         return self.name == "_id_"
-
-    @property
-    def orderable(self) -> bool:
-        """Plain ascending/descending key (not text, 2d, 2dsphere, hashed)."""
-        return all(_is_direction(d) for _, d in self.key)
-
-    @property
-    def orderable_or_hashed(self) -> bool:
-        """Whether the engine keeps entries for it (text and geo indexes have none)."""
-        return all(_is_direction(d) or d == "hashed" for _, d in self.key)
 
     @property
     def plannable(self) -> bool:
@@ -107,6 +112,7 @@ class Index:
             partial=spec.get("partialFilterExpression"),
             expire_after=spec.get("expireAfterSeconds"),
             spec=spec,
+            collation=parse_collation(spec.get("collation")),
         )
         if index.is_id:
             index.built = False
@@ -118,30 +124,67 @@ class Index:
         """The undirected keys of ``doc`` (one ``sort_key`` per field), deduplicated;
         empty when a sparse or partial index leaves the document out. ``matches`` is the
         filter evaluator (for partial indexes)."""
+        return self.keys_of(doc, matches)[0]
+
+    def keys_of(self, doc: Doc, matches: Any = None) -> tuple[list[Key], bool]:
+        """``(key_tuples, whether an indexed path crossed an array)``."""
+        if self._plain:
+            # A missing field keys as null, like None; an array needs the general path.
+            key = tuple(map(sort_key, map(doc.get, self.fields)))
+            for k in key:
+                if k[0] == ARRAY:
+                    break
+            else:
+                return [key], False
         if self.partial is not None and (matches is None or not matches(self.partial, doc)):
-            return []
+            return [], False
         per_field: list[list[Key]] = []
         present = False
         multi = False
-        for path in self.fields:
+        for path, top in zip(self.fields, self._top_level, strict=True):
+            value = doc.get(path, _MISSING) if top else _MISSING
+            if top and type(value) is not list:
+                # The common case: a top-level scalar (or missing) field.
+                if value is _MISSING:
+                    per_field.append([NULL_KEY])
+                else:
+                    present = True
+                    per_field.append([sort_key(value)])
+                continue
             keys, found, arrays = path_keys(doc, path)
             present = present or found
             multi = multi or arrays
             per_field.append(keys)
         if self.sparse and not present:
-            return []
+            return [], multi
         if multi:
             self.multikey = True
         if len(per_field) == 1:
-            return [(k,) for k in dict.fromkeys(per_field[0])]
-        return list(dict.fromkeys(itertools.product(*per_field)))
+            only = per_field[0]
+            return ([(only[0],)] if len(only) == 1 else [(k,) for k in dict.fromkeys(only)]), multi
+        if all(len(keys) == 1 for keys in per_field):
+            return [tuple(keys[0] for keys in per_field)], multi
+        return list(dict.fromkeys(itertools.product(*per_field))), multi
 
-    def directed(self, key: Key) -> Key:
-        """A key in entry order (descending fields wrapped)."""
-        dirs = self.directions
-        if all(d > 0 for d in dirs):
-            return key
-        return tuple(k if d > 0 else Desc(k) for k, d in zip(key, dirs, strict=True))
+    def unique_keys(self, doc: Doc, matches: Any = None) -> list[Key]:
+        """Keys of ``doc`` for the duplicate check: as ``key_tuples``, except that a path
+        through arrays reads each numeric part as a position only and skips elements
+        without the field (the index entries keep those extra keys; a duplicate check
+        must not). Under the index's collation, strings it holds equal give equal keys."""
+        if self.collation is not None:
+            if self.partial is not None:
+                with collation_active(self.collation):
+                    if matches is None or not matches(self.partial, doc):
+                        return []
+            doc = key_values(doc, self.collation)
+            matches = _always  # the partial filter was checked on the real values
+        keys, arrays = self.keys_of(doc, matches)
+        if not arrays:
+            return keys
+        per_field = [path_keys(doc, path, superset=False)[0] for path in self.fields]
+        if self.sparse and all(keys == [NULL_KEY] for keys in per_field):
+            return []
+        return list(dict.fromkeys(itertools.product(*per_field)))
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -150,14 +193,14 @@ class Index:
             return
         rid = record.rid
         for k in keys:
-            self.entries.add((*self.directed(k), rid, ts, record))
+            self.entries.add((*k, rid, ts, record))
 
     def remove_version(self, record: Record, ts: int, keys: list[Key]) -> None:
         if not self.built:
             return
         rid = record.rid
         for k in keys:
-            self.entries.discard((*self.directed(k), rid, ts, record))
+            self.entries.discard((*k, rid, ts, record))
 
     def add_record(self, record: Record, id_value: Any) -> None:
         """The ``_id`` index: one entry per record."""
@@ -185,17 +228,20 @@ class Index:
         return total
 
     def scan(
-        self, ranges: list[Range], *, reverse: bool, snapshot: int, stats: ScanStats,
-        skip: dict[bytes, Any] | None = None,
+        self, ranges: list[Range], *, snapshot: int, stats: ScanStats,
+        skip: dict[bytes, Any] | None = None, order: tuple[int, list[int]] | None = None,
     ) -> Iterator[tuple[Record, bytes]]:  # fmt: skip
-        """The documents a reader at ``snapshot`` sees, in entry order within each range
-        (ranges must be in entry order; ``reverse`` walks everything backwards). Records
-        in ``skip`` (the reader's own writes) are left out; each record is yielded once."""
+        """The documents a reader at ``snapshot`` sees, within ``ranges`` (ascending,
+        disjoint). ``order`` is ``(position, directions)``: from the index field at
+        ``position`` on, walk the fields in those directions (1 ascending, -1 descending);
+        None walks ascending. Records in ``skip`` (the reader's own writes) are left out;
+        each record is yielded once."""
         entries = self.entries
         id_level = self.is_id
         seen: set[int] | None = set() if (self.multikey or len(ranges) > 1) else None
-        for lo, hi in reversed(ranges) if reverse else ranges:
-            for entry in entries.irange(lo, hi, inclusive=(True, False), reverse=reverse):
+        pos, dirs = order if order is not None else (0, [1])
+        for lo, hi in reversed(ranges) if dirs[0] < 0 else ranges:
+            for entry in walk(entries, lo, hi, pos, dirs):
                 stats.keys_examined += 1
                 record: Record = entry[-1]
                 if skip and record.key in skip:
@@ -216,13 +262,46 @@ class Index:
                 yield record, data
 
 
-def path_keys(doc: Any, path: str) -> tuple[list[Key], bool, bool]:
+def walk(
+    entries: SortedList, lo: tuple[Any, ...], hi: tuple[Any, ...], pos: int, dirs: list[int]
+) -> Iterator[tuple[Any, ...]]:
+    """Entries in ``[lo, hi)`` ordered by the fields from ``pos`` on, each in its direction
+    in ``dirs``. One direction throughout is a plain walk, forwards or backwards; mixed
+    directions walk the groups of equal leading field in the first direction and each
+    group recursively (two bisections per group)."""
+    first = dirs[0]
+    if all(d == first for d in dirs):
+        yield from entries.irange(lo, hi, inclusive=(True, False), reverse=first < 0)
+        return
+    rest = dirs[1:]
+    if first > 0:
+        cur = lo
+        while True:
+            head = next(entries.irange(cur, hi, inclusive=(True, False)), None)
+            if head is None:
+                return
+            prefix = head[: pos + 1]
+            end = (*prefix, HIGH)
+            yield from walk(entries, max(lo, prefix), min(hi, end), pos + 1, rest)
+            cur = end
+    else:
+        cur = hi
+        while True:
+            tail = next(entries.irange(lo, cur, inclusive=(True, False), reverse=True), None)
+            if tail is None:
+                return
+            prefix = tail[: pos + 1]
+            yield from walk(entries, max(lo, prefix), min(hi, (*prefix, HIGH)), pos + 1, rest)
+            cur = prefix
+
+
+def path_keys(doc: Any, path: str, *, superset: bool = True) -> tuple[list[Key], bool, bool]:
     """Index keys of one field path: ``(keys, present, through_array)``.
 
     Arrays are expanded as a multikey index does (an empty array and a missing value key
-    as null). Where a path crosses an array, both readings of a numeric part (position
-    and field name) contribute keys, and array elements without the field key as null:
-    extra keys only cost a re-check, a missing one would lose a match.
+    as null). With ``superset``, where a path crosses an array both readings of a numeric
+    part (position and field name) contribute keys, and array elements without the field
+    key as null: extra keys only cost a re-check, a missing one would lose a match.
     """
     current: list[Any] = [doc]
     arrays = False
@@ -235,10 +314,13 @@ def path_keys(doc: Any, path: str) -> tuple[list[Key], bool, bool]:
                 arrays = True
                 if part.isdigit() and int(part) < len(value):
                     nxt.append(value[int(part)])
+                    if not superset:
+                        continue
                 for element in value:
-                    nxt.append(
-                        element.get(part, _MISSING) if isinstance(element, dict) else _MISSING
-                    )
+                    if isinstance(element, dict):
+                        nxt.append(element.get(part, _MISSING))
+                    elif superset:
+                        nxt.append(_MISSING)
             else:
                 nxt.append(_MISSING)
         current = nxt

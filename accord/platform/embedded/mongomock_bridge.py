@@ -15,7 +15,8 @@ It also patches mongomock's gaps, each checked by an engine test through pymongo
   ``1 == Decimal128("1")``, field order counts), see ``bsonkey``;
 - ``$mod``, ``$size`` on non-arrays, ``$type`` aliases ("null", "regex", "timestamp", the
   numeric codes, int vs long by value);
-- expressions: ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
+- expressions: ``$getField``/``$setField``/``$unsetField`` (field names with ``$`` or
+  dots), ``$type``, ``$add`` with a date, the ``$$NOW``/``$$CLUSTER_TIME`` variables,
   ``$min``/``$max`` accumulators over mixed types.
 
 The patches are installed when this module is first imported.
@@ -27,6 +28,8 @@ import datetime as dt
 import functools
 import math
 import numbers
+import operator
+import random
 import re
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +41,7 @@ from bson.timestamp import Timestamp
 from mongomock import OperationFailure, filtering
 from mongomock import aggregate as mm_aggregate
 from mongomock import collection as mm_collection
+from sentinels import NOTHING
 
 from accord.platform.embedded.bsonkey import InSet, sort_key
 from accord.platform.embedded.errors import Code, EngineError
@@ -86,6 +90,95 @@ def _extreme(values: Any, sign: int) -> Any:
         return None
     key = functools.cmp_to_key(compare_values)
     return max(present, key=key) if sign > 0 else min(present, key=key)
+
+
+def _field_argument(parser: Any, operator: str, spec: Any) -> tuple[str, Any]:
+    """The field name and input object of ``$getField``/``$setField``/``$unsetField``."""
+    if operator == "$getField" and not (isinstance(spec, dict) and "field" in spec):
+        spec = {"field": spec}  # the short form: {$getField: <field name>}
+    if not isinstance(spec, dict) or "field" not in spec:
+        raise OperationFailure(f"{operator} requires 'field' to be specified")
+    allowed = {"field", "input", "value"} if operator == "$setField" else {"field", "input"}
+    unknown = set(spec) - allowed
+    if unknown:
+        raise OperationFailure(f"{operator} found an unknown argument: {sorted(unknown)[0]}")
+    field = spec["field"]
+    if isinstance(field, str) and field.startswith("$"):
+        raise OperationFailure(
+            f"{operator} requires 'field' to evaluate to a constant, but got a non-constant "
+            "argument (use {$literal: ...} for a name that starts with '$')"
+        )
+    name = parser.parse(field)
+    if not isinstance(name, str):
+        raise OperationFailure(
+            f"{operator} requires 'field' to evaluate to type String, but got "
+            f"{bson_type_name(name)}"
+        )
+    if operator != "$getField" and "input" not in spec:
+        raise OperationFailure(f"{operator} requires 'input' to be specified")
+    try:
+        value = parser.parse(spec.get("input", "$$CURRENT"))
+    except KeyError:
+        value = None  # a missing input behaves as null
+    return name, value
+
+
+def _get_field(parser: Any, spec: Any) -> Any:
+    name, value = _field_argument(parser, "$getField", spec)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise OperationFailure(
+            f"$getField requires 'input' to evaluate to type Object, but got {bson_type_name(value)}"
+        )
+    if name not in value:
+        raise KeyError(name)  # missing, as mongomock represents it
+    return value[name]
+
+
+def _set_field(parser: Any, spec: Any, *, remove: bool = False) -> Any:
+    operator = "$unsetField" if remove else "$setField"
+    name, value = _field_argument(parser, operator, spec)
+    if not remove and "value" not in spec:
+        raise OperationFailure("$setField requires 'value' to be specified")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise OperationFailure(
+            f"{operator} requires 'input' to evaluate to type Object, but got "
+            f"{bson_type_name(value)}"
+        )
+    out = dict(value)
+    if not remove and spec["value"] != "$$REMOVE":
+        try:
+            out[name] = parser.parse(spec["value"])
+            return out
+        except KeyError:
+            pass  # a missing value removes the field, as $$REMOVE does
+    out.pop(name, None)
+    return out
+
+
+_SYSTEM_VARIABLES = {"ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "DESCEND", "PRUNE", "KEEP"}
+_COMPARE: dict[str, Callable[[int, int], bool]] = {
+    "$eq": operator.eq, "$ne": operator.ne, "$gt": operator.gt,
+    "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le,
+}  # fmt: skip
+_RANDOM = random.Random()
+
+
+def _rand(parser: Any, spec: Any) -> float:
+    if spec != {}:
+        raise OperationFailure("$rand does not currently accept arguments")
+    return _RANDOM.random()
+
+
+_FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "$rand": _rand,
+    "$getField": _get_field,
+    "$setField": _set_field,
+    "$unsetField": lambda parser, spec: _set_field(parser, spec, remove=True),
+}
 
 
 def _now() -> dt.datetime:
@@ -201,8 +294,40 @@ def _apply() -> None:
     def basic(self: Any, expression: Any) -> Any:
         if expression in ("$$NOW", "$$CLUSTER_TIME"):
             return _now() if expression == "$$NOW" else Timestamp(int(_now().timestamp()), 1)
+        if isinstance(expression, str) and expression.startswith("$$"):
+            name = expression[2:].split(".", 1)[0]
+            if name not in _SYSTEM_VARIABLES and name not in self._user_vars:
+                raise OperationFailure(
+                    f"Use of undefined variable: {name}", code=Code.Location17276
+                )
         return original_basic(self, expression)
 
+    original_parse = parser.parse
+
+    def parse(self: Any, expression: Any) -> Any:
+        if isinstance(expression, dict) and len(expression) == 1:
+            ((name, arg),) = expression.items()
+            if name in _FIELD_OPERATORS:
+                return _FIELD_OPERATORS[name](self, arg)
+        return original_parse(self, expression)
+
+    def handle_comparison(self: Any, operator: str, values: Any) -> Any:
+        # BSON order with a missing operand below null (mongomock uses Python's == and
+        # raises on a missing field).
+        if not isinstance(values, list) or len(values) != 2:
+            count = len(values) if isinstance(values, list) else 1
+            raise OperationFailure(
+                f"Expression {operator} takes exactly 2 arguments. {count} were passed in."
+            )
+        a, b = (self._parse_or_nothing(v) for v in values)
+        if a is NOTHING or b is NOTHING:
+            c = (a is not NOTHING) - (b is not NOTHING)
+        else:
+            c = compare_values(a, b)
+        return c if operator == "$cmp" else _COMPARE[operator](c, 0)
+
+    parser.parse = parse  # type: ignore[method-assign]
+    parser._handle_comparison_operator = handle_comparison  # type: ignore[method-assign]
     parser._handle_type_operator = handle_type  # type: ignore[method-assign]
     parser._handle_arithmetic_operator = handle_arith  # type: ignore[method-assign]
     parser._parse_basic_expression = basic  # type: ignore[method-assign]

@@ -5,8 +5,9 @@
 - ``IDHACK``: ``_id`` equality or ``$in``, answered from the record map;
 - ``IXSCAN``: ranges of one index, from equality, ``$in`` and range predicates on a prefix
   of its fields (each ``$in`` point times the next field's intervals); it provides the
-  sort when the sort fields follow the index's equality-bound prefix in index order (or
-  all reversed) and the index is not multikey;
+  sort when the sort fields follow the index's equality-bound prefix in index order, in
+  any directions (entries are stored ascending and walked as the sort asks), and the
+  index is not multikey;
 - ``OR``: a top-level ``$or`` whose every clause has an index plan, run as the union of
   the clause plans;
 - ``COLLSCAN``: everything in natural order.
@@ -34,8 +35,8 @@ from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.regex import Regex
 
-from accord.platform.embedded import query
-from accord.platform.embedded.bsonkey import HIGH, Desc, bracket, sort_key
+from accord.platform.embedded import collation, query
+from accord.platform.embedded.bsonkey import HIGH, bracket, sort_key
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.indexes import Index, Range, ScanStats
 from accord.platform.embedded.versions import decode
@@ -251,6 +252,8 @@ class Plan:
     ranges: list[Range] = field(default_factory=list)
     reverse: bool = False
     provides_sort: bool = False
+    # How an index plan walks its ranges to provide the sort (see indexes.walk).
+    order: tuple[int, list[int]] | None = None
     # Index entries inside the ranges (None: not counted, there was nothing to compare).
     keys: int | None = 0
     # Per index field: its intervals (None: unbounded), for explain.
@@ -380,50 +383,45 @@ def index_ranges(index: Index, conj: Conjunction) -> Bounds:
         if len(ivs) == 1 and not index.multikey:
             const.add(name)
         pointed.add(name)
-        points = sorted((iv.lo for iv in ivs), reverse=dirs[i] < 0)
-        wrapped = points if dirs[i] > 0 else [Desc(p) for p in points]
-        prefixes = [(*p, w) for p in prefixes for w in wrapped]
-        intervals[name] = ivs if dirs[i] > 0 else ivs[::-1]
+        points = sorted(iv.lo for iv in ivs)
+        prefixes = [(*p, point) for p in prefixes for point in points]
+        intervals[name] = ivs if dirs[i] > 0 else ivs[::-1]  # shown in key-pattern order
     if last is None:
         return Bounds([(p, (*p, HIGH)) for p in prefixes], const, pointed, intervals, bounded)
-    d = dirs[last_pos]
-    ordered = sorted(last, key=lambda iv: iv.lo, reverse=d < 0)
+    if dirs[last_pos] < 0:
+        intervals[fields[last_pos]] = last[::-1]
+    ordered = sorted(last, key=lambda iv: iv.lo)
     ranges: list[Range] = []
     for p in prefixes:
         for iv in ordered:
-            if d > 0:
-                lo = (*p, iv.lo) if iv.lo_incl else (*p, iv.lo, HIGH)
-                hi = (*p, iv.hi, HIGH) if iv.hi_incl else (*p, iv.hi)
-            else:
-                lo = (*p, Desc(iv.hi)) if iv.hi_incl else (*p, Desc(iv.hi), HIGH)
-                hi = (*p, Desc(iv.lo), HIGH) if iv.lo_incl else (*p, Desc(iv.lo))
+            lo = (*p, iv.lo) if iv.lo_incl else (*p, iv.lo, HIGH)
+            hi = (*p, iv.hi, HIGH) if iv.hi_incl else (*p, iv.hi)
             ranges.append((lo, hi))
     return Bounds(ranges, const, pointed, intervals, bounded)
 
 
-def _sort_order(index: Index, sort: Doc, const: set[str]) -> bool | None:
-    """None if the index cannot provide ``sort``; else whether to walk it backwards."""
+def _sort_order(index: Index, sort: Doc, const: set[str]) -> tuple[int, list[int]] | None:
+    """How to walk ``index`` to get ``sort``: ``(field position, directions)``, or None
+    if it cannot (the sort fields, less those the filter pins to one value, must be
+    consecutive index fields after a prefix of pinned fields; entries are stored
+    ascending, so any directions can be walked)."""
     if index.multikey or not index.orderable:
         return None
     items = [(f, d) for f, d in sort.items() if f not in const]
     if not items:
-        return False
-    fields, dirs = index.fields, index.directions
+        return (0, [1])
+    fields = index.fields
     if items[0][0] not in fields:
         return None
     pos = fields.index(items[0][0])
     if any(f not in const for f in fields[:pos]) or pos + len(items) > len(fields):
         return None
-    reverse: bool | None = None
+    dirs: list[int] = []
     for j, (f, d) in enumerate(items):
         if fields[pos + j] != f or d not in (1, -1):
             return None
-        r = d != dirs[pos + j]
-        if reverse is None:
-            reverse = r
-        elif reverse != r:
-            return None
-    return reverse
+        dirs.append(int(d))
+    return pos, dirs
 
 
 def _id_points(conj: Conjunction) -> list[Any] | None:
@@ -446,7 +444,10 @@ def _index_plan(index: Index, conj: Conjunction, q: Query) -> Plan | None:
     plan = Plan("IXSCAN", 0.0, index=index, ranges=b.ranges, keys=None, bounds=b.intervals)
     plan.exact = not index.multikey and conj.only_points_on(b.pointed)
     if q.sort and order is not None:
-        plan.provides_sort, plan.reverse = True, order
+        plan.provides_sort, plan.order = True, order
+        pos, dirs = order
+        # explain's direction is relative to the key pattern, as mongod reports it.
+        plan.reverse = dirs[0] != index.directions[pos]
     return plan
 
 
@@ -519,6 +520,9 @@ def plan(coll: Collection, q: Query) -> Plan:
     natural_reverse = q.sort is not None and q.sort.get("$natural") == -1
     if q.sort is not None and "$natural" in q.sort:
         return Plan("COLLSCAN", collscan_cost, reverse=natural_reverse, provides_sort=True)
+    if collation.current() is not None:
+        # Index bounds and orders are binary: a collated comparison needs every document.
+        return Plan("COLLSCAN", collscan_cost)
     hint = _resolve_hint(coll, q.hint)
     if hint == "$natural":
         return Plan("COLLSCAN", collscan_cost)
@@ -653,7 +657,7 @@ def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Ite
         return
     assert plan.index is not None
     for record, data in plan.index.scan(
-        plan.ranges, reverse=plan.reverse, snapshot=snap, stats=stats, skip=own
+        plan.ranges, snapshot=snap, stats=stats, skip=own, order=plan.order
     ):
         yield Hit(record.key, data, None, record.rid)
     for key, doc in list(own.items()):

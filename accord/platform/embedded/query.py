@@ -19,7 +19,7 @@ import bson
 from bson.int64 import Int64
 from bson.regex import Regex
 
-from accord.platform.embedded import mongomock_bridge
+from accord.platform.embedded import collation, mongomock_bridge
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
@@ -100,11 +100,15 @@ def check_filter(spec: Any, *, top: bool = True) -> None:
 def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
+    if collation.current() is not None:
+        spec, doc = collation.collate_filter(spec), collation.collate(doc)
     try:
         return mongomock_bridge.filter_applies(_normalised(spec), doc)
     except EngineError:
         raise
-    except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
+    except OperationFailure as exc:
+        raise EngineError(exc.code or Code.BadValue, f"cannot evaluate filter: {exc}") from exc
+    except (NotImplementedError, TypeError, ValueError, KeyError) as exc:
         raise bad_value(f"cannot evaluate filter: {exc}") from exc
 
 
@@ -117,6 +121,7 @@ def sort_value(doc: dict[str, Any], key: str, direction: int) -> Any:
         return _EMPTY_ARRAY
     if not values:
         return None
+    values = [collation.collate(v) for v in values]
     if len(values) == 1:
         return values[0]
     key_fn = functools.cmp_to_key(compare_values)

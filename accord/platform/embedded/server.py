@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import itertools
 import logging
 import os
 import socket
@@ -24,9 +25,10 @@ from accord.errors import DataDirLockedError, EngineStartError
 from accord.platform.embedded import vector_search, wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
-from accord.platform.embedded.dispatch import Dispatcher
+from accord.platform.embedded.dispatch import Connection, Dispatcher
 from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
 from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.failpoints import CloseConnection
 from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
@@ -42,6 +44,7 @@ class _Handler(socketserver.BaseRequestHandler):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(READ_TIMEOUT_S)
         owner = self.server.owner
+        conn = Connection(id=next(owner.connection_ids))
         try:
             while not owner.stopping.is_set():
                 header = _recv_exact(sock, wire.HEADER.size)
@@ -69,7 +72,10 @@ class _Handler(socketserver.BaseRequestHandler):
                         )
                         continue
                     return
-                reply = owner.handle(request)
+                try:
+                    reply = owner.handle(request, conn)
+                except CloseConnection:
+                    return  # a fail point: the client sees the connection drop, no reply
                 if request.more_to_come:
                     continue  # unacknowledged write: the client expects no reply
                 try:
@@ -137,6 +143,7 @@ class EmbeddedServer:
         self.ttl_interval = ttl_interval
         self.transaction_lifetime = transaction_lifetime
         self.enable_test_commands = enable_test_commands
+        self.connection_ids = itertools.count(1)
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
@@ -145,6 +152,8 @@ class EmbeddedServer:
         self._threads: list[threading.Thread] = []
         self._serving = False
         self._process_id = bson.ObjectId()
+        # The topology never changes: one process id, counter 0.
+        self.topology_version = {"processId": self._process_id, "counter": bson.Int64(0)}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -197,6 +206,7 @@ class EmbeddedServer:
             self.hello,
             txn_lifetime=self.transaction_lifetime,
             test_commands=self.enable_test_commands,
+            topology_version=self.topology_version,
         )
         try:
             self._tcp = _TCPServer(
@@ -287,13 +297,10 @@ class EmbeddedServer:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def handle(self, request: wire.Request) -> dict[str, Any]:
-        cmd = request.command
-        name = next(iter(cmd), "")
-        if name in ("hello", "isMaster", "ismaster"):
-            return self.hello(cmd)
+    def handle(self, request: wire.Request, conn: Connection | None = None) -> dict[str, Any]:
+        """The reply to one request; raises ``CloseConnection`` if a fail point says so."""
         assert self.dispatcher is not None
-        return self.dispatcher.execute(cmd)
+        return self.dispatcher.execute(request.command, conn)
 
     def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         # Awaitable hello (streaming monitor): the topology never changes, so hold the
@@ -305,7 +312,7 @@ class EmbeddedServer:
         name = next(iter(cmd), "hello")
         me = self.address
         reply: dict[str, Any] = {
-            "isWritablePrimary": True, "topologyVersion": {"processId": self._process_id, "counter": bson.Int64(0)},
+            "isWritablePrimary": True, "topologyVersion": self.topology_version,
             "hosts": [me], "setName": REPLICA_SET, "setVersion": 1, "primary": me, "me": me,
             "electionId": bson.ObjectId("7fffffff0000000000000001"),
             "lastWrite": {"lastWriteDate": dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)},

@@ -39,29 +39,12 @@ def _expired(engine: Engine, coll: Collection, index: Index, now: dt.datetime) -
     """Id keys of documents ``index`` says have expired (lock held)."""
     assert index.expire_after is not None
     cutoff = now - dt.timedelta(seconds=float(index.expire_after))
-    if index.directions[0] < 0:
-        return _expired_by_scan(engine, coll, index, cutoff)
     # Every date key from the first date up to the cutoff (dates form one type bracket).
     ranges = [(((DATE - 0.5,),), (sort_key(cutoff), HIGH))]
     view = engine.begin(explicit=False)
     try:
-        found = index.scan(ranges, reverse=False, snapshot=view.snapshot, stats=ScanStats())
+        found = index.scan(ranges, snapshot=view.snapshot, stats=ScanStats())
         return list(dict.fromkeys(record.key for record, _ in found))
-    finally:
-        engine.abort(view, "ttl scan finished")
-
-
-def _expired_by_scan(
-    engine: Engine, coll: Collection, index: Index, cutoff: dt.datetime
-) -> list[bytes]:
-    view = engine.begin(explicit=False)
-    try:
-        out = []
-        for key, doc in engine.scan(view, coll.ns):
-            instant = _expiry_instant(query.path_values(doc, index.fields[0]))
-            if instant is not None and instant <= cutoff:
-                out.append(key)
-        return out
     finally:
         engine.abort(view, "ttl scan finished")
 

@@ -26,6 +26,8 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from accord.platform.embedded.collation import CollatedStr
+
 __all__ = [
     "INT32_MAX",
     "INT32_MIN",
@@ -206,7 +208,10 @@ def compare_values(a: Any, b: Any, *, ignore_field_order: bool = False) -> int:
     if ra == 50:
         return _cmp((a.pattern, str(a.flags)), (b.pattern, str(b.flags)))
     if ra in (15, 60):
-        return _cmp(str(a), str(b))
+        # A CollatedStr (a command's collation is active) compares by its collation key.
+        ka = a.collation_key if isinstance(a, CollatedStr) else str(a)
+        kb = b.collation_key if isinstance(b, CollatedStr) else str(b)
+        return _cmp(ka, kb)
     try:
         return _cmp(a, b)
     except TypeError:

@@ -931,10 +931,15 @@ class SearchIndexes:
             return
         horizon = self.engine.oldest_snapshot()
         latest = []
-        for key, doc, ts, has_history in self.engine.latest_documents(state.index.ns):
+        fresh = []
+        for key, doc, ts, _has_history in self.engine.latest_documents(state.index.ns):
             latest.append((key, doc))
-            if ts > horizon or has_history:
-                changes.append((ts, key))
+            if ts > horizon:  # a reader may still see an older version of it
+                fresh.append((ts, key))
+        if fresh:  # keep the log in commit order: searches read it from the newest end
+            merged = sorted([*(c for c in changes if c[0] > horizon), *fresh])
+            changes.clear()
+            changes.extend(merged)
         for m in state.matrices.values():
             m.load(latest)
         self.build_seconds[(state.index.ns, state.index.name)] = time.perf_counter() - started
@@ -1000,8 +1005,13 @@ class SearchIndexes:
             if norm == 0.0:
                 raise plan_error("Cosine similarity cannot be calculated against a zero vector.")
             qv = qv / norm
-        # Documents this transaction sees differently from the newest commit.
-        divergent: set[bytes] = {k for ts, k in self.changes.get(ns, ()) if ts > txn.snapshot}
+        # Documents this transaction sees differently from the newest commit: the log is in
+        # commit order, so only its entries newer than the snapshot are read.
+        divergent: set[bytes] = set()
+        for ts, k in reversed(self.changes.get(ns, ())):
+            if ts <= txn.snapshot:
+                break
+            divergent.add(k)
         divergent.update(txn.writes.get(ns, {}))
         mask = matrix.mask(q.filter)
         for key in divergent:

@@ -6,7 +6,16 @@ bookkeeping happens before and after, in ``dispatch``. Importing this package re
 every handler in ``COMMANDS``.
 """
 
-from accord.platform.embedded.commands import admin, catalog, explain, read, search, testing, write
+from accord.platform.embedded.commands import (
+    admin,
+    catalog,
+    explain,
+    output,
+    read,
+    search,
+    testing,
+    write,
+)
 from accord.platform.embedded.commands.base import (
     COMMANDS,
     MAX_WIRE_VERSION,
@@ -17,6 +26,7 @@ from accord.platform.embedded.commands.base import (
     Context,
     Handler,
     check_db_name,
+    writes_output,
 )
 
 __all__ = [
@@ -32,8 +42,10 @@ __all__ = [
     "catalog",
     "check_db_name",
     "explain",
+    "output",
     "read",
     "search",
     "testing",
     "write",
+    "writes_output",
 ]

@@ -38,11 +38,38 @@ def cmd_build_info(ctx: Context, cmd: Doc) -> Doc:
 @command("endSessions", "killSessions")
 def cmd_end_sessions(ctx: Context, cmd: Doc) -> Doc:
     name = "endSessions" if "endSessions" in cmd else "killSessions"
-    for lsid in cmd.get(name) or []:
-        if isinstance(lsid, dict) and "id" in lsid:
-            key = bson.encode({"id": lsid["id"]})
-            ctx.engine.end_session(key)
-            ctx.cursors.kill_session(key)
+    lsids = cmd.get(name)
+    if not isinstance(lsids, list):
+        raise EngineError(
+            Code.TypeMismatch,
+            f"BSON field '{name}.{name}' is the wrong type '{type(lsids).__name__}', "
+            "expected type 'array'",
+        )
+    for lsid in lsids:
+        if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
+            raise EngineError(Code.TypeMismatch, f"each entry of '{name}' must be {{id: UUID}}")
+    for lsid in lsids:
+        key = bson.encode({"id": lsid["id"]})
+        ctx.engine.end_session(key)
+        ctx.cursors.kill_session(key)
+    return {"ok": 1.0}
+
+
+@command("killAllSessions")
+def cmd_kill_all_sessions(ctx: Context, cmd: Doc) -> Doc:
+    """Abort every session's open transaction and close its cursors (no users: all of them)."""
+    users = cmd.get("killAllSessions")
+    if not isinstance(users, list):
+        raise EngineError(
+            Code.TypeMismatch,
+            "BSON field 'killAllSessions.killAllSessions' is the wrong type, expected type 'array'",
+        )
+    for key, session in list(ctx.engine.sessions.items()):
+        if key == ctx.session_key:
+            continue  # the session running this command
+        if session.txn is not None and session.txn_state == "in_progress":
+            ctx.engine.abort(session.txn, "killed by killAllSessions")
+        ctx.cursors.kill_session(key)
     return {"ok": 1.0}
 
 
@@ -112,4 +139,6 @@ def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
 @command("commitTransaction", "abortTransaction")
 def cmd_end_transaction(ctx: Context, cmd: Doc) -> Doc:
     # The dispatcher completes these itself; reaching here means no transaction was open.
-    raise EngineError(Code.Location50768, f"{next(iter(cmd))} must be run within a transaction")
+    raise EngineError(
+        Code.NotARetryableWriteCommand, f"{next(iter(cmd))} must be run within a transaction"
+    )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import Engine, Txn
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
+from accord.platform.embedded.failpoints import FailPoints
 
 Doc = dict[str, Any]
 SERVER_VERSION = "8.0.4"
@@ -25,12 +26,27 @@ class Context:
     in_transaction: bool
     session_key: bytes | None
     hello: Callable[[Doc], Doc]
+    failpoints: FailPoints = field(default_factory=FailPoints)
     # Whether the engine serves TEST_COMMANDS (--enable-test-commands).
     test_commands: bool = False
 
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}
+# Aggregation stages that write their input to a collection ($out, $merge; commands/output).
+OutputStage = Callable[[Context, list[Doc], Any], None]
+PIPELINE_OUTPUTS: dict[str, OutputStage] = {}
+
+
+def writes_output(name: str, cmd: Doc) -> bool:
+    """True for an aggregate whose last stage writes ($out, $merge): it runs as a write."""
+    if name != "aggregate":
+        return False
+    pipeline = cmd.get("pipeline")
+    last = pipeline[-1] if isinstance(pipeline, list) and pipeline else None
+    return isinstance(last, dict) and len(last) == 1 and next(iter(last)) in PIPELINE_OUTPUTS
+
+
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
 # Test commands (commands/testing.py): served only when the engine runs with

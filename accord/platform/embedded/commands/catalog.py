@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from accord.platform.embedded import query, validation
+from accord.platform.embedded import collation, query, validation
+from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
+    coll_name,
     command,
     ns_of,
     opt_bool,
@@ -37,9 +39,29 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
             "max",
             "clusteredIndex",
             "expireAfterSeconds",
+            "collation",
         )
     }
+    if "viewOn" in cmd or "pipeline" in cmd:
+        if set(options) - {"collation"}:
+            raise EngineError(
+                Code.InvalidOptions,
+                f"a view cannot have the options {sorted(set(options) - {'collation'})}",
+            )
+        options.update(
+            views.check_definition(
+                ctx, coll_name(cmd, "create"), cmd.get("viewOn"), cmd.get("pipeline")
+            )
+        )
+        if ctx.in_transaction:
+            raise EngineError(
+                Code.OperationNotSupportedInTransaction, "Cannot create a view in a transaction"
+            )
     _check_validation_options(options)
+    if "collation" in options:
+        default = collation.parse(options.pop("collation"))
+        if default is not None:
+            options["collation"] = default.spec()
     if ctx.engine.get_collection(ns, ctx.txn) is not None:
         raise EngineError(Code.NamespaceExists, f"Collection {ns} already exists.")
     # In a transaction the collection is the transaction's until it commits, as in mongod.
@@ -204,6 +226,11 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
         ):
             if opt in raw:
                 spec[opt] = raw[opt]
+        # An index's collation (or, without one, the collection's default) decides which
+        # strings are equal keys; "simple" is binary and not recorded, as in mongod.
+        index_collation = collation.parse(spec.pop("collation", coll.options.get("collation")))
+        if index_collation is not None:
+            spec["collation"] = index_collation.spec()
         if "expireAfterSeconds" in spec:
             eas = spec["expireAfterSeconds"]
             if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0:
@@ -281,6 +308,7 @@ def cmd_list_indexes(ctx: Context, cmd: Doc) -> Doc:
     coll = ctx.engine.get_collection(ns)
     if coll is None:
         raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
+    views.refuse_write(coll, "listIndexes")
     specs = [copy.deepcopy(i.spec) for i in coll.indexes.values()]
     return ctx.cursors.first_batch(
         ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key
@@ -294,6 +322,7 @@ def cmd_drop_indexes(ctx: Context, cmd: Doc) -> Doc:
     coll = ctx.engine.get_collection(ns)
     if coll is None:
         raise EngineError(Code.NamespaceNotFound, f"ns not found {ns}")
+    views.refuse_write(coll, "dropIndexes")
     target = cmd.get("index")
     before = len(coll.indexes)
     if target == "*":
@@ -319,7 +348,14 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
     name_only = opt_bool(cmd, "nameOnly")
     out = []
     for coll in ctx.engine.collections_in(ctx.db, ctx.txn):
-        info: Doc = {"name": coll.name, "type": "collection"}
+        if views.is_view(coll):
+            info: Doc = {"name": coll.name, "type": "view"}
+            if not name_only:
+                info.update({"options": copy.deepcopy(coll.options), "info": {"readOnly": True}})
+            if query.matches(filt, info):
+                out.append(info)
+            continue
+        info = {"name": coll.name, "type": "collection"}
         if not name_only:
             info.update(
                 {

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import hashlib
+import time
 from collections.abc import Callable
 from typing import Any
 
 import bson
 from bson.raw_bson import RawBSONDocument
 
-from accord.platform.embedded import planner, query
+from accord.platform.embedded import collation, planner, query
 from accord.platform.embedded.aggregate import Pipeline
+from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
+    PIPELINE_OUTPUTS,
     Context,
     Doc,
     coll_name,
@@ -30,6 +35,12 @@ from accord.platform.embedded.errors import (
     type_mismatch,
 )
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.variables import (
+    bind_expression,
+    bind_filter,
+    bind_pipeline,
+    evaluate_let,
+)
 
 
 def find_hits(
@@ -38,7 +49,29 @@ def find_hits(
 ) -> planner.Execution:  # fmt: skip
     """Run a query through the planner for the command's transaction (see ``planner``)."""
     q = planner.Query(filt or {}, sort or None, skip, limit, hint)
-    return ctx.engine.find(ctx.txn, ns, q)
+    return run_query(ctx, ns, q)
+
+
+def run_query(ctx: Context, ns: str, q: planner.Query) -> planner.Execution:
+    """``q`` on a collection through the planner, or on a view through its pipeline."""
+    coll = ctx.engine.get_collection(ns, ctx.txn)
+    if not views.is_view(coll):
+        return ctx.engine.find(ctx.txn, ns, q)
+    assert coll is not None
+    query.check_filter(q.filter)
+    source, pipeline = views.resolve(ctx, coll)
+    docs = [h.doc for h in run_query(ctx, source, planner.Query({})).hits]
+    docs = Pipeline(reader(ctx), source.split(".", 1)[1]).run(docs, pipeline, owned=True)
+    docs = [d for d in docs if query.matches(q.filter, d)]
+    if q.sort:
+        docs = query.sort_docs(docs, q.sort)
+    docs = docs[q.skip :]
+    if q.limit:
+        docs = docs[: q.limit]
+    hits = [planner.Hit(b"", None, d, float(i)) for i, d in enumerate(docs)]  # no keys: read-only
+    return planner.Execution(
+        hits, planner.Plan("VIEW", 0.0), planner.ScanStats(), bool(q.sort), 0.0
+    )
 
 
 def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[bytes, Doc]]:
@@ -48,7 +81,8 @@ def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[b
 
 
 def reader(ctx: Context) -> Callable[[str], list[Doc]]:
-    return lambda name: [d for _, d in ctx.engine.scan(ctx.txn, f"{ctx.db}.{name}")]
+    """Documents of another collection (or view) of the database, for $lookup."""
+    return lambda name: [d for _, d in visible_docs(ctx, f"{ctx.db}.{name}")]
 
 
 def reply_doc(hit: planner.Hit) -> Any:
@@ -62,7 +96,7 @@ def reply_doc(hit: planner.Hit) -> Any:
 def cmd_find(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "find")
     q, projection, batch_size, single_batch = parse_find(cmd)
-    run = ctx.engine.find(ctx.txn, ns, q)
+    run = run_query(ctx, ns, q)
     if projection is not None:
         filt = q.filter
         docs = [
@@ -78,9 +112,10 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
 
 def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
     """A find command's query, projection, batch size and single-batch flag."""
-    filt = opt_doc(cmd, "filter")
+    let = evaluate_let(cmd.get("let"))
+    filt = bind_filter(opt_doc(cmd, "filter"), let)
     sort = opt_doc(cmd, "sort")
-    projection = cmd.get("projection")
+    projection = bind_expression(cmd.get("projection"), let)
     skip = opt_int(cmd, "skip", 0) or 0
     limit = opt_int(cmd, "limit", 0) or 0
     batch_size = opt_int(cmd, "batchSize")
@@ -140,9 +175,25 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
         for value in query.path_values(doc, key, empty_array_as_null=False):
             if value is MISSING:
                 continue
-            seen.setdefault(bson.encode({"": query.canonical(value)}), value)
+            dedupe = bson.encode({"": query.canonical(collation.key_values(value))})
+            seen.setdefault(dedupe, value)
     values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
     return {"values": [d["v"] for d in values], "ok": 1.0}
+
+
+def _local_sessions(ctx: Context, spec: Any) -> list[Doc]:
+    """``$listLocalSessions``: the sessions this engine knows, as mongod's session cache lists them."""
+    if not isinstance(spec, dict):
+        raise type_mismatch("$listLocalSessions needs an object")
+    now, mono = dt.datetime.now(dt.UTC).replace(tzinfo=None), time.monotonic()
+    anonymous = bson.Binary(hashlib.sha256(b"").digest())
+    out = []
+    for key, session in ctx.engine.sessions.items():
+        last_use = now - dt.timedelta(seconds=mono - session.last_used)
+        last_use = last_use.replace(microsecond=last_use.microsecond // 1000 * 1000)
+        lsid = bson.decode(key)
+        out.append({"_id": {"id": lsid["id"], "uid": anonymous}, "lastUse": last_use})
+    return out
 
 
 def pipeline_query(pipeline: list[Any]) -> tuple[planner.Query, int]:
@@ -196,27 +247,45 @@ def _count_arg(spec: Any) -> bool:
 @command("aggregate")
 def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
     target = cmd.get("aggregate")
-    pipeline = opt_list(cmd, "pipeline")
+    pipeline = bind_pipeline(opt_list(cmd, "pipeline"), evaluate_let(cmd.get("let")))
     cursor_opts = cmd.get("cursor")
     if not isinstance(cursor_opts, dict) and not cmd.get("explain"):
         raise failed_to_parse(
             "The 'cursor' option is required, except for aggregate with the explain argument"
         )
-    for stage in pipeline:
-        if isinstance(stage, dict) and ("$out" in stage or "$merge" in stage):
-            raise EngineError(
-                Code.Location40324, "$out and $merge are not supported by the embedded engine"
-            )
+    output = None
+    for position, stage in enumerate(pipeline):
+        name = next(iter(stage), None) if isinstance(stage, dict) and len(stage) == 1 else None
+        if name in PIPELINE_OUTPUTS:
+            if position != len(pipeline) - 1:
+                raise EngineError(
+                    Code.Location40601, f"{name} can only be the final stage in the pipeline"
+                )
+            if ctx.in_transaction:
+                raise EngineError(
+                    Code.OperationNotSupportedInTransaction,
+                    f"{name} cannot be used in a transaction",
+                )
+            if opt_doc(cmd, "readConcern").get("level") == "linearizable":
+                raise EngineError(
+                    Code.InvalidOptions, f"{name} cannot be used with a 'linearizable' read concern"
+                )
+            output, pipeline = (name, stage[name]), pipeline[:-1]
     if target == 1:
         name, docs = None, []
         ns = f"{ctx.db}.$cmd.aggregate"
+        if pipeline and isinstance(pipeline[0], dict) and "$listLocalSessions" in pipeline[0]:
+            docs, pipeline = _local_sessions(ctx, pipeline[0]["$listLocalSessions"]), pipeline[1:]
     else:
         name = coll_name(cmd, "aggregate")
         ns = f"{ctx.db}.{name}"
         q, used = pipeline_query(pipeline)
         q.hint = cmd.get("hint")
-        docs = [h.doc for h in ctx.engine.find(ctx.txn, ns, q).hits]
+        docs = [h.doc for h in run_query(ctx, ns, q).hits]
         pipeline = pipeline[used:]
     result = Pipeline(reader(ctx), name).run(docs, pipeline, owned=True)
+    if output is not None:
+        PIPELINE_OUTPUTS[output[0]](ctx, result, output[1])
+        result = []  # an aggregate that writes returns an empty cursor
     batch_size = opt_int(cursor_opts or {}, "batchSize")
     return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from accord.platform.embedded.commands.base import TEST_COMMANDS, Handler, command
+from accord.platform.embedded.commands.base import TEST_COMMANDS, Context, Doc, Handler, command
+from accord.platform.embedded.errors import Code, EngineError
 
 
 def test_command(*names: str) -> Callable[[Handler], Handler]:
@@ -22,3 +23,13 @@ def test_command(*names: str) -> Callable[[Handler], Handler]:
         return command(*names)(fn)
 
     return register
+
+
+@test_command("configureFailPoint")
+def cmd_configure_fail_point(ctx: Context, cmd: Doc) -> Doc:
+    """mongod's configureFailPoint (see ``failpoints``): admin database only."""
+    if ctx.db != "admin":
+        raise EngineError(
+            Code.Unauthorized, "configureFailPoint may only be run against the admin database."
+        )
+    return ctx.failpoints.configure(cmd)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import bson
 from bson import ObjectId
 
-from accord.platform.embedded import planner, query, update, validation
+from accord.platform.embedded import collation, planner, query, update, validation
+from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
@@ -32,19 +34,30 @@ from accord.platform.embedded.errors import (
     failed_to_parse,
     type_mismatch,
 )
+from accord.platform.embedded.variables import bind_filter, bind_pipeline, evaluate_let
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
-def _check_field_names(doc: Doc, top: bool = True) -> None:
-    for key, value in doc.items():
+def _check_field_names(doc: Doc) -> None:
+    """MongoDB 5.0+ storage rules: ``$``-prefixed and dotted field names are allowed, except
+    inside ``_id``."""
+    for key in doc:
         if not isinstance(key, str):
             raise bad_value("field names must be strings")
-        if top and key.startswith("$"):
+    id_value = doc.get("_id")
+    if isinstance(id_value, dict):
+        _check_id_field_names(id_value)
+
+
+def _check_id_field_names(value: Doc) -> None:
+    for key, sub in value.items():
+        if key.startswith("$"):
             raise EngineError(
-                Code.DollarPrefixedFieldName, f"Document can't have $ prefixed field names: {key}"
+                Code.DollarPrefixedFieldName,
+                f"_id fields may not contain '$'-prefixed fields: {key} is not valid for storage.",
             )
-        if isinstance(value, dict):
-            _check_field_names(value, top=False)
+        if isinstance(sub, dict):
+            _check_id_field_names(sub)
 
 
 def prepare_new_doc(doc: Any) -> Doc:
@@ -119,7 +132,8 @@ def replace_one(
 def write_collection(ctx: Context, ns: str) -> Collection:
     """The collection a write goes to, created implicitly as mongod does (by the command's
     transaction: durable with its commit, gone if it aborts inside a multi-document
-    transaction)."""
+    transaction); never a view."""
+    views.refuse_write(ctx.engine.get_collection(ns, ctx.txn))
     return ctx.engine.ensure_collection(ns, ctx.txn)
 
 
@@ -213,6 +227,18 @@ def update_docs(
     return 1, 0, new["_id"], None, new
 
 
+def statement_collation(statement: Doc) -> AbstractContextManager[None]:
+    """The collation of one update/delete statement: its own ``collation``, else the
+    command's or the collection's (already active)."""
+    spec = statement.get("collation")
+    return collation.active(collation.parse(spec)) if spec is not None else nullcontext()
+
+
+def bind_update(upd: Any, let: Doc) -> Any:
+    """An update with ``let`` variables bound (only a pipeline update has expressions)."""
+    return bind_pipeline(upd, let) if isinstance(upd, list) else upd
+
+
 @command("update")
 def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "update")
@@ -220,6 +246,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
+    let = evaluate_let(cmd.get("let"))
     n = modified = 0
     upserted: list[Doc] = []
 
@@ -230,10 +257,13 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
         filt = st["q"]
         if not isinstance(filt, dict):
             raise type_mismatch("update 'q' must be an object")
-        sn, sm, up_id, _, _ = update_docs(
-            ctx, coll, filt, st["u"], multi=opt_bool(st, "multi"), upsert=opt_bool(st, "upsert"),
-            array_filters=st.get("arrayFilters"), sort=opt_doc(st, "sort") or None, bypass=bypass,
-        )  # fmt: skip
+        filt = bind_filter(filt, let)
+        with statement_collation(st):
+            sn, sm, up_id, _, _ = update_docs(
+                ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi"),
+                upsert=opt_bool(st, "upsert"), array_filters=st.get("arrayFilters"),
+                sort=opt_doc(st, "sort") or None, bypass=bypass,
+            )  # fmt: skip
         n += sn
         modified += sm
         if up_id is not None:
@@ -252,6 +282,8 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
     coll = ctx.engine.get_collection(ns, ctx.txn)
+    views.refuse_write(coll)
+    let = evaluate_let(cmd.get("let"))
     n = 0
 
     def apply(i: int, st: Any) -> None:
@@ -261,13 +293,16 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
         filt = st["q"]
         if not isinstance(filt, dict):
             raise type_mismatch("delete 'q' must be an object")
+        filt = bind_filter(filt, let)
         limit = opt_int(st, "limit")
         if limit not in (0, 1):
             raise failed_to_parse("The limit field in delete objects must be 0 or 1")
         if coll is None:
             query.check_filter(filt)
             return
-        for key, _ in _pick(ctx, ns, filt, limit == 0, None):
+        with statement_collation(st):
+            picked = _pick(ctx, ns, filt, limit == 0, None)
+        for key, _ in picked:
             ctx.engine.write(ctx.txn, coll, key, None)
             n += 1
 
@@ -279,10 +314,11 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
 def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
     name_field = "findAndModify" if "findAndModify" in cmd else "findandmodify"
     ns = ns_of(ctx, cmd, name_field)
-    filt = opt_doc(cmd, "query")
+    let = evaluate_let(cmd.get("let"))
+    filt = bind_filter(opt_doc(cmd, "query"), let)
     sort = opt_doc(cmd, "sort") or None
     remove = opt_bool(cmd, "remove")
-    upd = cmd.get("update")
+    upd = bind_update(cmd.get("update"), let)
     new_flag = opt_bool(cmd, "new")
     upsert = opt_bool(cmd, "upsert")
     fields = cmd.get("fields")
@@ -323,6 +359,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
     ordered = opt_bool(cmd, "ordered", True)
     errors_only = opt_bool(cmd, "errorsOnly")
     bypass = opt_bool(cmd, "bypassDocumentValidation")
+    let = evaluate_let(cmd.get("let"))
     namespaces: list[str] = []
     for entry in ns_info:
         ns = entry.get("ns") if isinstance(entry, dict) else None
@@ -354,12 +391,14 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 counts["nInserted"] += 1
                 res: Doc = {"ok": 1.0, "idx": idx, "n": 1}
             elif kind == "update":
-                filt = opt_doc(op, "filter")
-                n, m, up_id, _, _ = update_docs(
-                    ctx, write_collection(ctx, ns), filt, op.get("updateMods"), multi=opt_bool(op, "multi"),
-                    upsert=opt_bool(op, "upsert"), array_filters=op.get("arrayFilters"),
-                    sort=opt_doc(op, "sort") or None, bypass=bypass,
-                )  # fmt: skip
+                filt = bind_filter(opt_doc(op, "filter"), let)
+                with statement_collation(op):
+                    n, m, up_id, _, _ = update_docs(
+                        ctx, write_collection(ctx, ns), filt, bind_update(op.get("updateMods"), let),
+                        multi=opt_bool(op, "multi"), upsert=opt_bool(op, "upsert"),
+                        array_filters=op.get("arrayFilters"), sort=opt_doc(op, "sort") or None,
+                        bypass=bypass,
+                    )  # fmt: skip
                 counts["nMatched"] += n if up_id is None else 0
                 counts["nModified"] += m
                 res = {"ok": 1.0, "idx": idx, "n": n, "nModified": m}
@@ -367,11 +406,14 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                     counts["nUpserted"] += 1
                     res["upserted"] = {"_id": up_id}
             else:
-                filt = opt_doc(op, "filter")
+                filt = bind_filter(opt_doc(op, "filter"), let)
                 coll = ctx.engine.get_collection(ns, ctx.txn)
+                views.refuse_write(coll)
                 n = 0
                 if coll is not None:
-                    for key, _ in _pick(ctx, ns, filt, opt_bool(op, "multi"), None):
+                    with statement_collation(op):
+                        picked = _pick(ctx, ns, filt, opt_bool(op, "multi"), None)
+                    for key, _ in picked:
                         ctx.engine.write(ctx.txn, coll, key, None)
                         n += 1
                 counts["nDeleted"] += n
