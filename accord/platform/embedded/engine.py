@@ -146,7 +146,7 @@ class Collection:
     def secondary(self) -> list[Index]:
         return self._secondary
 
-    def _refresh(self) -> None:
+    def refresh_indexes(self) -> None:
         self._secondary = [
             i for i in self.indexes.values() if not i.is_id and i.orderable_or_hashed
         ]
@@ -167,7 +167,7 @@ class Collection:
                             entries.append((*k, record.rid, ts, record))
             index.entries.update(entries)
         self.indexes[index.name] = index
-        self._refresh()
+        self.refresh_indexes()
 
     def _unique_owners(self, index: Index) -> dict[Key, bytes]:
         owners: dict[Key, bytes] = {}
@@ -193,7 +193,7 @@ class Collection:
     def drop_index(self, name: str) -> None:
         self.indexes.pop(name)
         self.unique_maps.pop(name, None)
-        self._refresh()
+        self.refresh_indexes()
 
     def build_id_index(self) -> None:
         """Build the ordered ``_id`` index (ranges and sorts on ``_id``) on first use."""
@@ -306,14 +306,13 @@ class Engine:
             records = coll.records
             entries: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in secondary}
             owners: dict[str, dict[Key, bytes]] = {i.name: {} for i in secondary if i.unique}
-            rids = coll._rids
             plan = [
                 (index, index.orderable_or_hashed, entries[index.name], owners.get(index.name))
                 for index in secondary
             ]
             matches = query.matches
             for key, data in self.storage.load_documents(ns):
-                record = Record(key, next(rids), 0, data)
+                record = Record(key, coll.next_rid(), 0, data)
                 records[key] = record
                 if plan:
                     doc = decode(data)
@@ -331,7 +330,7 @@ class Engine:
                 coll.indexes[index.name] = index
                 if index.unique:
                     coll.unique_maps[index.name] = owners[index.name]
-            coll._refresh()
+            coll.refresh_indexes()
             self.collections[ns] = coll
         for lsid, number, reply in self.storage.load_txn_records():
             session = self.session(lsid)

@@ -9,7 +9,6 @@ extraction).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import re
 from collections.abc import Iterable
@@ -303,18 +302,6 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
         else:
             out.append(value)
     return out
-
-
-def index_keys(doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False) -> list[bytes]:
-    """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
-    per_field = [path_values(doc, f) for f in fields]
-    if sparse and all(all(v is MISSING for v in vals) for vals in per_field):
-        return []
-    normalised = [[None if v is MISSING else canonical(v) for v in vals] for vals in per_field]
-    keys = []
-    for combo in itertools.product(*normalised):
-        keys.append(bson.encode({str(i): v for i, v in enumerate(combo)}))
-    return list(dict.fromkeys(keys))
 
 
 def key_value(doc: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:

@@ -344,6 +344,7 @@ class EmbeddedServer:
                         more = engine.collect_garbage()
                     time.sleep(0.001)  # let waiting commands in between passes
                 engine.compact_heap()
+                engine.storage.checkpoint()
                 if time.monotonic() - last_ttl >= self.ttl_interval:
                     last_ttl = time.monotonic()
                     expire_once(engine, stopping=self.stopping)
