@@ -6,7 +6,9 @@ do, appends its answer to the thread's messages, and stages one business write (
 line) with :mod:`accord.checkpointers.business`. accord commits the step's state, its
 message and its business write in one transaction. A worker process runs the thread and
 is killed with SIGKILL after step 3; a new process resumes the thread from the last
-committed step, and every order line exists exactly once.
+committed step, and every order line exists exactly once. The dead worker still held the
+thread (a run's lease, renewed while it works): the new worker is refused until that
+lease expires (2 s here), as a second live worker would be, then takes the thread over.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import operator
 import subprocess
 import sys
+import time
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -23,8 +26,11 @@ from langgraph.graph.message import add_messages
 from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver, business
+from accord.errors import ConcurrentRunError
 
 STEPS = 5
+#: the demo's lease: how long a killed worker keeps the thread
+LEASE_SECONDS = 2.0
 DB = "accord_demo_agent"
 ITEMS = ["coffee beans", "filters", "grinder", "kettle", "mugs"]
 
@@ -69,7 +75,7 @@ def build_graph(saver: AccordSaver, thread: str) -> Any:
 def run_worker(uri: str, thread: str) -> None:
     """Child process: run (or resume) the thread until the graph ends."""
     client: MongoClient = MongoClient(uri)
-    saver = AccordSaver(client, db_name=DB)
+    saver = AccordSaver(client, db_name=DB, lease_seconds=LEASE_SECONDS)
     graph = build_graph(saver, thread)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
@@ -78,7 +84,16 @@ def run_worker(uri: str, thread: str) -> None:
         if started
         else {"messages": [HumanMessage("Order my kitchen kit.", id="human-1")], "step": 0}
     )
-    graph.invoke(inputs, config, durability="sync")
+    deadline = time.monotonic() + 10 * LEASE_SECONDS
+    while True:
+        try:
+            graph.invoke(inputs, config, durability="sync")
+            break
+        except ConcurrentRunError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
+            time.sleep(LEASE_SECONDS / 2)
     print("worker: finished", flush=True)
     client.close()
 

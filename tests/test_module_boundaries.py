@@ -21,10 +21,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "accord"
 ALLOWED = {
     ROOT / "platform" / "embedded" / "mongomock_bridge.py",
-    # Known violation outside the engine: aio.py imports saver.py's private constants and
-    # helpers. The checkpointer's work (async source, generated sync twin) replaces the pair;
-    # delete this entry then, and the test holds it.
-    ROOT / "checkpointers" / "aio.py",
 }
 
 
