@@ -332,7 +332,10 @@ class Engine:
                             for k in keys:
                                 out.append((*k, rid, 0, record))
                         if unique is not None:
-                            for k in index.unique_keys(doc, matches) if arrays else keys:
+                            # The duplicate check's own keys where they differ from the
+                            # entries' (paths through arrays; strings under a collation).
+                            checked = arrays or index.collation is not None
+                            for k in index.unique_keys(doc, matches) if checked else keys:
                                 unique[k] = key
             for index in secondary:
                 index.entries.update(entries[index.name])
