@@ -27,12 +27,15 @@ from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver, business
 from accord.errors import ConcurrentRunError
+from accord.runtime import Accord
 
 STEPS = 5
 #: the demo's lease: how long a killed worker keeps the thread
 LEASE_SECONDS = 2.0
 DB = "accord_demo_agent"
 ITEMS = ["coffee beans", "filters", "grinder", "kettle", "mugs"]
+#: The user's opening message: a request, and a preference long-term memory should keep.
+REQUEST = "I prefer deliveries on Saturday mornings. Order my kitchen kit."
 
 
 class OrderState(TypedDict):
@@ -74,16 +77,12 @@ def build_graph(saver: AccordSaver, thread: str) -> Any:
 
 def run_worker(uri: str, thread: str) -> None:
     """Child process: run (or resume) the thread until the graph ends."""
-    client: MongoClient = MongoClient(uri)
-    saver = AccordSaver(client, db_name=DB, lease_seconds=LEASE_SECONDS)
+    accord = Accord(uri, db_name=DB)
+    saver = accord.checkpointer(lease_seconds=LEASE_SECONDS)
     graph = build_graph(saver, thread)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
-    inputs = (
-        None
-        if started
-        else {"messages": [HumanMessage("Order my kitchen kit.", id="human-1")], "step": 0}
-    )
+    inputs = None if started else {"messages": [HumanMessage(REQUEST, id="human-1")], "step": 0}
     deadline = time.monotonic() + 10 * LEASE_SECONDS
     while True:
         try:
@@ -95,7 +94,7 @@ def run_worker(uri: str, thread: str) -> None:
             print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
             time.sleep(LEASE_SECONDS / 2)
     print("worker: finished", flush=True)
-    client.close()
+    accord.close()
 
 
 def main(uri: str, console: Any) -> None:
@@ -140,7 +139,36 @@ def main(uri: str, console: Any) -> None:
         f"  total: ${state.values['total_cents'] / 100:.2f}; the resumed run continued after "
         f"the last committed step ({len(committed)}) instead of starting over"
     )
+    show_memory(uri, console)
     client.close()
+
+
+def show_memory(uri: str, console: Any) -> None:
+    """Aggregate the thread's committed steps into long-term memory and search it."""
+    console.print(
+        "\n[bold]Long-term memory[/bold], derived from the committed messages through the outbox"
+    )
+    with Accord(uri, db_name=DB) as accord:
+        aggregator = accord.aggregator()
+        backlog = aggregator.stats().backlog
+        done = aggregator.drain()
+        console.print(
+            f"  outbox events the steps committed: {backlog}; aggregated: {done}; "
+            f"dead-lettered: {aggregator.stats().dead}"
+        )
+        question = "when should deliveries come"
+        for memory in accord.memory().search(("memories",), query=question, limit=2):
+            source = memory.provenance
+            console.print(
+                f"  {memory.kind} {memory.namespace}: {memory.text!r} (score "
+                f"{memory.score:.2f}; from thread {source.get('thread_id')}, messages "
+                f"{source.get('message_ids')})"
+            )
+        # what a node sees through `get_store()` when the graph is compiled with it
+        hits = accord.store().search(("memories",), query=question, limit=1)
+        console.print(f"  through the LangGraph store: {[hit.value for hit in hits]}")
+        again = aggregator.drain()
+        console.print(f"  a second pass finds nothing left to do ({again} events): exactly once")
 
 
 if __name__ == "__main__":

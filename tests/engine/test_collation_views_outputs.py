@@ -222,3 +222,66 @@ def test_out_must_be_last_and_not_in_a_transaction(client, db) -> None:
         with pytest.raises(OperationFailure):
             list(db["src"].aggregate([{"$out": "x"}], session=session))
         session.abort_transaction()
+
+
+# -- collection layouts, validate, returnKey --------------------------------------------------
+
+
+def test_clustered_collections_report_their_index(db) -> None:
+    db.create_collection("cl", clusteredIndex={"key": {"_id": 1}, "unique": True, "name": "by id"})
+    db["cl"].insert_one({"_id": 1})
+    (index,) = list(db["cl"].list_indexes())
+    assert index["name"] == "by id" and index["clustered"] is True and index["unique"] is True
+    (info,) = list(db.list_collections(filter={"name": "cl"}))
+    assert info["options"]["clusteredIndex"]["name"] == "by id" and "idIndex" not in info
+    with pytest.raises(OperationFailure):
+        db.create_collection("cl2", clusteredIndex={"key": {"a": 1}, "unique": True})
+
+
+def test_time_series_collections_need_their_time_field(db) -> None:
+    import datetime as dt
+
+    c = db.create_collection(
+        "ts", timeseries={"timeField": "t", "metaField": "m", "granularity": "minutes"}
+    )
+    c.insert_one({"t": dt.datetime(2024, 1, 1), "m": {"sensor": 1}, "v": 2})
+    with pytest.raises(OperationFailure):
+        c.insert_one({"m": 1, "v": 3})  # no time field
+    (info,) = list(db.list_collections(filter={"name": "ts"}))
+    assert info["type"] == "timeseries"
+    assert info["options"]["timeseries"]["bucketMaxSpanSeconds"] == 86400
+    for bad in (
+        {"metaField": "m"},
+        {"timeField": "t", "granularity": "days"},
+        {"timeField": "t", "bucketMaxSpanSeconds": 10, "bucketRoundingSeconds": 20},
+    ):
+        with pytest.raises(OperationFailure):
+            db.create_collection("bad_ts", timeseries=bad)
+
+
+def test_collection_expiry_keys_on_the_time_field(db) -> None:
+    db.create_collection("exp", timeseries={"timeField": "t"}, expireAfterSeconds=60)
+    assert [i["key"] for i in db["exp"].list_indexes()][-1] == {"t": 1}
+    with pytest.raises(OperationFailure):
+        db.create_collection("plain_exp", expireAfterSeconds=60)
+
+
+def test_validate_checks_documents_and_indexes(db) -> None:
+    c = db["val"]
+    c.create_index("a", unique=True)
+    c.insert_many([{"a": i} for i in range(5)])
+    result = db.validate_collection("val")
+    assert result["valid"] is True and result["nrecords"] == 5
+    assert result["keysPerIndex"]["a_1"] == 5
+    with pytest.raises(OperationFailure):
+        db.validate_collection("missing")
+
+
+def test_return_key_and_show_record_id(db) -> None:
+    c = db["rk"]
+    c.insert_many([{"_id": i, "x": i * 10} for i in range(3)])
+    keys = list(c.find({}, sort=[("_id", 1)], return_key=True))
+    assert keys == [{"_id": 0}, {"_id": 1}, {"_id": 2}]
+    assert list(c.find({"x": 10}, return_key=True)) == [{}]  # a collection scan has no key
+    shown = list(c.find({"_id": 1}, show_record_id=True))
+    assert shown[0]["x"] == 10 and "$recordId" in shown[0]

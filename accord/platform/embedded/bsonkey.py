@@ -33,6 +33,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded.collation import CollatedStr
+from accord.platform.embedded.limits import regex_search
 
 # mongod's canonical type ranks (bsontypes.h canonicalizeBSONType).
 MINKEY, NULL, NUMBER, STRING, OBJECT, ARRAY, BINDATA = -1, 5, 10, 15, 20, 25, 30
@@ -190,6 +191,6 @@ class InSet:
                 return True
             if self.regexes and isinstance(v, str):
                 for rx in self.regexes:
-                    if rx.search(v):
+                    if regex_search(rx, v):  # bounded: see limits
                         return True
         return False

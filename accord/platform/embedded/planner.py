@@ -232,14 +232,21 @@ class Conjunction:
 
 def _is_point_cond(cond: Any) -> bool:
     if not _is_operator_doc(cond):
-        return not _unusable(cond)
+        return not _inexact(cond)
     for op, arg in cond.items():
-        if op == "$eq" and not _unusable(arg):
+        if op == "$eq" and not _inexact(arg):
             continue
-        if op == "$in" and isinstance(arg, list) and not any(_unusable(v) for v in arg):
+        if op == "$in" and isinstance(arg, list) and not any(_inexact(v) for v in arg):
             continue
         return False
     return True
+
+
+def _inexact(value: Any) -> bool:
+    """Points whose index entries are not exactly the matching documents: besides the
+    unusable values, null (its key also stands for a path through a scalar, ``{a: 0}``
+    keys ``a.x`` as null, which ``{"a.x": null}`` does not match)."""
+    return value is None or _unusable(value)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import bson
 from bson.int64 import Int64
 from bson.regex import Regex
 
-from accord.platform.embedded import collation, mongomock_bridge
+from accord.platform.embedded import collation, limits, mongomock_bridge
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
@@ -99,6 +99,7 @@ def check_filter(spec: Any, *, top: bool = True) -> None:
 def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
+    limits.check()  # maxTimeMS, once per document examined
     if collation.current() is not None:
         spec, doc = collation.collate_filter(spec), collation.collate(doc)
     try:
@@ -150,6 +151,7 @@ def _native_kind(value: Any) -> str | None:
 
 def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Stable multi-key sort in BSON order; the last key is applied first."""
+    limits.check()
     for key, direction in reversed(list(spec.items())):
         if isinstance(direction, dict):
             raise bad_value(f"unsupported sort specification for {key!r}: {direction}")
