@@ -608,6 +608,8 @@ def report(turns: int = TURNS) -> str:
     for name, n, phase, cmds, size in rows:
         lines.append(f"| {name} | {n:,} | {phase} | {cmds} | {size:,} |")
 
+    lines += ["", *targets(runs, calls, rows)]
+
     for r in runs:
         if r.error:
             lines += [
@@ -621,6 +623,57 @@ def report(turns: int = TURNS) -> str:
                 "```",
             ]
     return "\n".join(lines) + "\n"
+
+
+def targets(
+    runs: list[Run], calls: dict[str, float], rows: list[tuple[str, int, str, int, int]]
+) -> list[str]:
+    """Issue 6's targets for the accord savers, each with its measured value."""
+    by = {r.name: r for r in runs}
+    mdb = by["MongoDBSaver"]
+    if mdb.error or mdb.counter is None:
+        return ["(targets not computed: MongoDBSaver failed)"]
+    turns = len(mdb.latencies)
+    mdb_med = statistics.median(mdb.latencies[WARMUP:])
+    mdb_read = mdb.counter.reply_bytes / turns
+    out = [
+        "**Targets** (issue 6; measured in this run; `get_tuple` from the table above, "
+        f"cold reads at {SCALING[0]:,} vs {SCALING[1]:,} checkpoints):",
+        "",
+        "| saver | target | measured | met |",
+        "| --- | --- | ---: | --- |",
+    ]
+
+    def row(name: str, target: str, measured: str, met: bool) -> None:
+        out.append(f"| {name} | {target} | {measured} | {'yes' if met else '**no**'} |")
+
+    for r in runs:
+        if r.error or r.counter is None or r.name == "MongoDBSaver":
+            continue
+        ratio = statistics.median(r.latencies[WARMUP:]) / mdb_med
+        row(r.name, "median time per invoke <= 1.0x MongoDBSaver", f"{ratio:.2f}x", ratio <= 1.0)
+        for what in ("put", "put_writes"):
+            per = r.counter.by_purpose[what] / turns / calls[what]
+            row(r.name, f"round trips per `{what}` <= 2", f"{per:.2f}", per <= 2.0)
+        read = r.counter.reply_bytes / turns
+        row(
+            r.name,
+            "bytes read per invoke <= MongoDBSaver's",
+            f"{read / 1024:.1f} KiB vs {mdb_read / 1024:.1f} KiB",
+            read <= mdb_read,
+        )
+    cold = {n: (cmds, size) for name, n, phase, cmds, size in rows
+            if name == "AccordSaver" and phase == "cold"}  # fmt: skip
+    if len(cold) == 2:
+        (c0, b0), (c1, b1) = cold[SCALING[0]], cold[SCALING[1]]
+        row(
+            "AccordSaver",
+            "`get_tuple` (latest): same reads and bytes (within 1%) at "
+            f"{SCALING[0]:,} and {SCALING[1]:,} checkpoints",
+            f"{c0} / {c1} commands, {b0:,} / {b1:,} bytes",
+            c0 == c1 and abs(b1 - b0) <= 0.01 * b0,
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -63,24 +63,11 @@ class AnswersSyncCalls:
     timeout: float
 
     def _on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        loop = self.loop
-        if loop is None or loop.is_closed() or not loop.is_running():
+        try:
+            loop = self._serving_loop()
+        except AccordError:
             coro.close()
-            raise AccordError(
-                "AsyncAccordSaver runs on the event loop it was created (or set up) on, and "
-                "that loop is not running, so this synchronous call cannot be served. Use "
-                "the async methods (graph.ainvoke / astream / aget_state), or AccordSaver "
-                "for synchronous code."
-            )
-        if running_loop() is loop:
-            coro.close()
-            raise AccordError(
-                "Synchronous calls to AsyncAccordSaver (get_tuple, put, graph.invoke, "
-                "graph.get_state...) are served from other threads only: this one runs the "
-                "saver's event loop, which the call would block. Use the async methods here "
-                "(await graph.ainvoke(...), await graph.aget_state(...)), or run the sync "
-                "call in a thread (asyncio.to_thread)."
-            )
+            raise
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             # every coroutine bounds itself; this bound only catches a loop that stalls
@@ -92,6 +79,26 @@ class AnswersSyncCalls:
                 f"{self.timeout * 4:g}s: its event loop is blocked or overloaded. Nothing "
                 f"more is known about the call's outcome; retry, or use the async methods."
             ) from None
+
+    def _serving_loop(self) -> asyncio.AbstractEventLoop:
+        """The saver's loop, if a sync call from this thread can be served on it."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            raise AccordError(
+                "AsyncAccordSaver runs on the event loop it was created (or set up) on, and "
+                "that loop is not running, so this synchronous call cannot be served. Use "
+                "the async methods (graph.ainvoke / astream / aget_state), or AccordSaver "
+                "for synchronous code."
+            )
+        if running_loop() is loop:
+            raise AccordError(
+                "Synchronous calls to AsyncAccordSaver (get_tuple, put, graph.invoke, "
+                "graph.get_state...) are served from other threads only: this one runs the "
+                "saver's event loop, which the call would block. Use the async methods here "
+                "(await graph.ainvoke(...), await graph.aget_state(...)), or run the sync "
+                "call in a thread (asyncio.to_thread)."
+            )
+        return loop
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         caller = ownership.calling_loop()
@@ -115,7 +122,18 @@ class AnswersSyncCalls:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return self._on_loop(self._put(config, checkpoint, metadata, new_versions))  # type: ignore[attr-defined,no-any-return]
+        # Serialized on this thread, now, and under "async" durability queued from here
+        # too: LangGraph calls the next put only when this one returns, and meanwhile keeps
+        # changing the objects it handed over for it (a fan-in barrier's set), so no hop
+        # to the loop before returning.
+        loop = self._serving_loop()
+        prepared = self._prepare_put(config, checkpoint, metadata, new_versions)  # type: ignore[attr-defined]
+        job, run, deferred = prepared
+        if deferred and run is not None:
+            if self._queue_put(job, run):  # type: ignore[attr-defined]
+                loop.call_soon_threadsafe(in_background, self._drain, run)  # type: ignore[attr-defined]
+            return self._returned_config(job.scope, job.checkpoint_id)  # type: ignore[attr-defined,no-any-return]
+        return self._on_loop(self._save_put(prepared))  # type: ignore[attr-defined,no-any-return]
 
     def put_writes(
         self,
@@ -203,7 +221,14 @@ class AnswersAsyncCalls:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await in_thread(self._put, config, checkpoint, metadata, new_versions)  # type: ignore[attr-defined,no-any-return]
+        # Serialized on the loop, now: it moves on (and changes the objects it handed over)
+        # while a thread starts. Under "async" durability the save is only queued, which
+        # does not block, so it is done here too and the put returns at once (LangGraph
+        # calls the next put only then).
+        prepared = self._prepare_put(config, checkpoint, metadata, new_versions)  # type: ignore[attr-defined]
+        if prepared[2] and prepared[1] is not None:
+            return self._save_put(prepared)  # type: ignore[attr-defined,no-any-return]
+        return await in_thread(self._save_put, prepared)  # type: ignore[attr-defined,no-any-return]
 
     async def aput_writes(
         self,

@@ -1,10 +1,10 @@
 """Faults found by fault and bad-input testing (issue 6), each for both savers.
 
 * a fan-out/fan-in barrier (``add_edge([a, b], "join")``) saved with the value it had
-  when LangGraph handed it over, not a later one, under "async" durability;
+  when LangGraph handed it over, not a later one, under "sync" and "async" durability;
 * business writes cannot move a document to another tenant, or remove its tenant;
 * business writes cannot target any accord-owned collection of the database, whichever
-  saver (or component) owns it;
+  saver (or component: long-term memory) owns it;
 * concurrent ``setup()`` on a fresh database is idempotent;
 * failures reach the caller as accord errors, within the saver's time bound;
 * ``list(None)`` over threads that hold an identical message;
@@ -30,7 +30,9 @@ from pymongo.errors import PyMongoError
 from accord.checkpointers import CollectionNames, business
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import AccordError, DatabaseError, InvalidInputError, TransactionTimeout
-from accord.platform import runs
+from accord.memory.embedders import HashingEmbedder
+from accord.memory.synchronous.service import MemoryService
+from accord.platform import artifacts, runs
 from tests.checkpointers.conftest import config, make_saver
 from tests.checkpointers.lossy_proxy import LossyProxy, uri_through
 
@@ -80,14 +82,16 @@ def _barrier_history(saver: Any, thread: str) -> tuple[list[Any], list[Any]]:
     ]
 
 
+@pytest.mark.parametrize("durability", ["sync", "async"])
 def test_fan_in_barrier_is_saved_as_handed_over(
-    saver: Any, monkeypatch: pytest.MonkeyPatch
+    saver: Any, monkeypatch: pytest.MonkeyPatch, durability: str
 ) -> None:
     """LangGraph hands ``put`` live objects (the barrier's set of seen nodes) and keeps
     changing them while an "async" save is in flight: the saved checkpoints must equal
     InMemorySaver's, run after run, and the thread must reach ``join``. The writes of
     ``first`` are slowed down (as a loaded database would), so the put waiting for them
-    is still waiting when ``a`` and ``b`` add themselves to the barrier."""
+    is still waiting when ``a`` and ``b`` add themselves to the barrier. Under "sync"
+    durability LangGraph waits for each put: the same history, and no waits to hide it."""
     put_writes = saver.put_writes
 
     def slow_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
@@ -104,7 +108,7 @@ def test_fan_in_barrier_is_saved_as_handed_over(
         out = (
             _fan_graph()
             .compile(checkpointer=saver)
-            .invoke({"log": []}, config(thread), durability="async")
+            .invoke({"log": []}, config(thread), durability=durability)
         )
         assert sorted(out["log"]) == sorted(["first", *["a", "b", "join"] * 3, "after"])
         assert _barrier_history(saver, thread) == expected, i
@@ -173,9 +177,12 @@ def test_business_writes_cannot_leave_their_tenant(
 def test_business_writes_cannot_target_another_components_collections(
     client: MongoClient, mongo_uri: str, db_name: str, kind: str
 ) -> None:
-    """Two savers with different collection names on one database: neither may stage
-    business writes into the other's collections (nor the run registry, the outbox, the
-    catalog), because every component records its collections in the catalog."""
+    """Every accord-owned collection of the database is reserved, whichever component
+    (or application) configured its name: a second saver with other names (all six of
+    its artifact classes), the long-term memory service's three collections (set up
+    after this saver started: it re-reads the catalog), this saver's own collections,
+    and the catalog. Each is in the platform's catalog; none may receive a business
+    write, and nothing is written to it."""
     other_names = CollectionNames(
         checkpoints="b_checkpoints",
         blobs="b_blobs",
@@ -188,7 +195,31 @@ def test_business_writes_cannot_target_another_components_collections(
         make_saver(kind, mongo_uri, db_name) as first,
         make_saver(kind, mongo_uri, db_name, collections=other_names),
     ):
-        for target in ("b_checkpoints", "b_runs", "b_outbox", "accord_catalog", "runs"):
+        memory = MemoryService(
+            client,
+            db_name=db_name,
+            embedder=HashingEmbedder(16),
+            memory_collection="m_memories",
+            history_collection="m_history",
+            vectors_collection="m_vectors",
+        )
+        memory.setup()
+        cataloged = {d["_id"]: d["artifact"] for d in client[db_name].accord_catalog.find()}
+        owned_classes = {c.name for c in artifacts.CLASSES.values() if c.default_collection}
+        targets = [
+            *other_names.all().values(),
+            *CollectionNames().all().values(),
+            "m_memories",
+            "m_history",
+            "m_vectors",
+            artifacts.CATALOG_COLLECTION,
+        ]
+        # every artifact class that has collections so far is covered (audit records
+        # and checkpoint heads have no component writing them yet)
+        covered = {cataloged.get(t, "catalog") for t in targets}
+        assert owned_classes - covered <= {"audit", "checkpoint_head"}, owned_classes - covered
+        for target in targets:
+            before = client[db_name][target].count_documents({})
 
             def node(state: Fan, target: str = target) -> dict[str, Any]:
                 business.insert_one(target, {"x": 1})
@@ -197,9 +228,12 @@ def test_business_writes_cannot_target_another_components_collections(
             g = StateGraph(Fan)
             g.add_node("n", node)
             g.add_edge(START, "n")
-            with pytest.raises(InvalidInputError, match="accord"):
+            with pytest.raises(InvalidInputError, match="accord") as info:
                 g.compile(checkpointer=first).invoke({"log": []}, config(f"c-{target}"))
-            assert client[db_name][target].count_documents({"x": 1}) == 0
+            assert repr(target) in str(info.value), str(info.value)
+            assert client[db_name][target].count_documents({"x": 1}) == 0, target
+            if target not in (CollectionNames().all().values()):
+                assert client[db_name][target].count_documents({}) == before, target
 
 
 def test_concurrent_setup_is_idempotent(client: MongoClient, mongo_uri: str, kind: str) -> None:

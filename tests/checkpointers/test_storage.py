@@ -5,16 +5,22 @@ Every test runs for both savers (``saver`` / ``saver_factory`` are parametrized)
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import time
+import uuid
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+from langgraph.checkpoint.mongodb import MongoDBSaver
 from langgraph.checkpoint.serde.base import CipherProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from pymongo import MongoClient
 
+from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.checkpointers.chains import PAGE
 from accord.checkpointers.reads import ReadBatch
 from tests.checkpointers.conftest import config
@@ -345,3 +351,60 @@ def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any)
     assert s.get_tuple(config("old")) is None
     assert s.get_tuple(config("fresh")) is not None
     assert s.sweep() == 0
+
+
+def _params(fn: Any) -> list[str]:
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+
+
+@pytest.mark.parametrize("saver_class", [AccordSaver, AsyncAccordSaver])
+def test_mongodbsaver_signatures(saver_class: Any) -> None:
+    """A call written for MongoDBSaver (positional or by name) means the same here: its
+    constructor's and ``from_conn_string``'s parameters, in its order."""
+    assert _params(saver_class.__init__)[:6] == _params(MongoDBSaver.__init__)[:6]
+    assert _params(saver_class.from_conn_string)[:5] == _params(MongoDBSaver.from_conn_string)[:5]
+
+
+def test_mongodbsaver_calls_work_unchanged(client: MongoClient, mongo_uri: str) -> None:
+    """``AccordSaver(client, "db", "my_checkpoints", "my_writes", ttl)`` and
+    ``from_conn_string(uri, "db", checkpoint_collection_name=..., ...)``, as written for
+    MongoDBSaver, for both savers: the names and the ttl are used."""
+    dbs = ["mdbargs_" + uuid.uuid4().hex[:8] for _ in range(3)]
+    try:
+        positional = AccordSaver(client, dbs[0], "my_checkpoints", "my_writes", 60)
+        positional.setup()
+        with AccordSaver.from_conn_string(
+            mongo_uri,
+            dbs[1],
+            checkpoint_collection_name="my_checkpoints",
+            writes_collection_name="my_writes",
+            ttl=60,
+        ) as from_string:
+            for s in (positional, from_string):
+                assert s.ttl == 60
+                ids = _chain(s, "t", [{"v": 1}])
+                s.put_writes(config("t", ids[-1]), [("v", 2)], "task")
+
+        async def run_async() -> None:
+            async with AsyncAccordSaver.from_conn_string(
+                mongo_uri, dbs[2], "my_checkpoints", "my_writes", 60
+            ) as a:
+                assert a.ttl == 60
+                cp = generate_checkpoint(channel_values={"v": 1}, channel_versions={"v": "1"})
+                cfg = await a.aput(config("t"), cp, generate_metadata(), {"v": "1"})
+                await a.aput_writes(cfg, [("v", 2)], "task")
+
+        asyncio.run(run_async())
+        for name in dbs:
+            db = client[name]
+            assert db.my_checkpoints.count_documents({"thread_id": "t"}) == 1, name
+            assert db.my_writes.count_documents({"thread_id": "t"}) == 1, name
+            assert "checkpoints" not in db.list_collection_names(), name
+            assert "checkpoint_writes" not in db.list_collection_names(), name
+    finally:
+        for name in dbs:
+            client.drop_database(name)

@@ -30,6 +30,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_serializable_checkpoint_metadata,
 )
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
@@ -105,12 +106,24 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
     def __init__(
         self,
         client: AsyncMongoClient[Any],
-        *,
         db_name: str = "accord",
+        checkpoint_collection_name: str | None = None,
+        writes_collection_name: str | None = None,
+        ttl: int | float | None = None,
+        serde: SerializerProtocol | None = None,
+        *,
         uow: AsyncUnitOfWork | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(db_name=db_name, **kwargs)
+        # positional arguments in MongoDBSaver's order, so a call written for it works
+        super().__init__(
+            db_name=db_name,
+            checkpoint_collection_name=checkpoint_collection_name,
+            writes_collection_name=writes_collection_name,
+            ttl=ttl,
+            serde=serde,
+            **kwargs,
+        )
         self.client = client
         self.db = client[self.db_name]
         self.uow = uow or AsyncUnitOfWork(
@@ -127,12 +140,27 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
     @classmethod
     @contextlib.asynccontextmanager
     async def from_conn_string(
-        cls, conn_string: str, *, db_name: str = "accord", **kwargs: Any
+        cls,
+        conn_string: str,
+        db_name: str = "accord",
+        checkpoint_collection_name: str | None = None,
+        writes_collection_name: str | None = None,
+        ttl: int | float | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[AsyncAccordSaver]:
-        """Connect, run :meth:`setup`, yield the saver, close the client on exit."""
+        """Connect, run :meth:`setup`, yield the saver, close the client on exit. The
+        arguments are MongoDBSaver.from_conn_string's, in its order, plus the saver's
+        keywords."""
         client: AsyncMongoClient[Any] = AsyncMongoClient(conn_string)
         try:
-            saver = cls(client, db_name=db_name, **kwargs)
+            saver = cls(
+                client,
+                db_name,
+                checkpoint_collection_name,
+                writes_collection_name,
+                ttl,
+                **kwargs,
+            )
             await saver.setup()
             yield saver
         finally:
@@ -562,6 +590,20 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._capture_loop()
+        return await self._save_put(self._prepare_put(config, checkpoint, metadata, new_versions))
+
+    def _prepare_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[_PutJob, ActiveRun | None, bool]:
+        """Validate and serialize a put, on the caller's thread and before anything waits:
+        LangGraph keeps changing the objects it handed over (a fan-in barrier's set of
+        seen nodes) once it moves on. The bridges call it before handing the save to the
+        saver's loop or to a thread. Returns the job, the run it belongs to, and whether
+        it is saved in the background ("async" durability)."""
         scope = self._scope(config)
         conf = validation.configurable(config)
         parent_id = validation.optional_identifier(conf.get("checkpoint_id"), "checkpoint_id")
@@ -575,8 +617,6 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         if deferred and run is not None and run.failure is not None:
             run.surfaced = True
             raise _again(run.failure)
-        # Serialize now: LangGraph keeps changing the objects it handed over (a fan-in
-        # barrier's set of seen nodes) once it moves on.
         parent = None
         if parent_id is not None:
             queued = run.queued.get(ns) if run is not None else None
@@ -596,20 +636,34 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             (checkpoint, metadata, new_versions),
             parent,
         )
-        if run is not None:
-            run.put_started(ns)
+        return job, run, deferred
+
+    async def _save_put(self, prepared: tuple[_PutJob, ActiveRun | None, bool]) -> RunnableConfig:
+        """Commit a put made by :meth:`_prepare_put`, or queue it ("async" durability)."""
+        job, run, deferred = prepared
         if deferred and run is not None:
-            # "async" durability: LangGraph does not wait for this put, and calls the next
-            # one only when this one returns, with a checkpoint it made earlier whose live
-            # objects it keeps changing. So return now (serialized) and commit in order in
-            # the background; failures surface at the next put and at the run's end.
-            if job.docs.entry is not None:
-                run.queued[ns] = job.docs.entry
-            if run.enqueue(job):
+            if self._queue_put(job, run):
                 bridges.in_background(self._drain, run)
-            return self._returned_config(scope, checkpoint_id)
+            return self._returned_config(job.scope, job.checkpoint_id)
+        if run is not None:
+            run.put_started(job.scope.checkpoint_ns)
         await self._commit_put(run, job)
-        return self._returned_config(scope, checkpoint_id)
+        return self._returned_config(job.scope, job.checkpoint_id)
+
+    def _queue_put(self, job: _PutJob, run: ActiveRun) -> bool:
+        """ "async" durability: LangGraph does not wait for this put, and calls the next one
+        only when this one returns, with a checkpoint it made earlier whose live objects
+        (a fan-in barrier's set of seen nodes) it keeps changing meanwhile. So the put is
+        queued, serialized, and returns at once; the run's saves commit in order in the
+        background, and failures surface at the next put and at the run's end.
+        Thread-safe: the bridges call it on the caller's thread, with no hop to the
+        saver's loop or to a thread before the put returns. True when the caller must
+        start the run's drainer."""
+        ns = job.scope.checkpoint_ns
+        run.put_started(ns)
+        if job.docs.entry is not None:
+            run.queued[ns] = job.docs.entry
+        return run.enqueue(job)
 
     def _deferred(self, run: ActiveRun, ns: str) -> bool:
         """Whether the run's loop of ``ns`` does not wait for its puts ("async")."""
