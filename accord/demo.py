@@ -7,7 +7,10 @@ It starts (or reuses) the embedded engine for ``./.accord/demo`` through
    a second session cannot see uncommitted writes, two writers conflict;
 2. the checkpointer (:mod:`accord.demo_agent`): a LangGraph agent whose worker is
    SIGKILLed mid-run resumes in a new process at the last committed step, with every
-   business write and message exactly once.
+   business write and message exactly once;
+3. long-term memory: the aggregator turns the outbox events of those step transactions
+   into memories (the user's stated preference, with the thread and message it came
+   from), found through the memory service and the LangGraph store.
 """
 
 from __future__ import annotations

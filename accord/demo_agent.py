@@ -6,7 +6,9 @@ do, appends its answer to the thread's messages, and stages one business write (
 line) with :mod:`accord.checkpointers.business`. accord commits the step's state, its
 message and its business write in one transaction. A worker process runs the thread and
 is killed with SIGKILL after step 3; a new process resumes the thread from the last
-committed step, and every order line exists exactly once.
+committed step, and every order line exists exactly once. The dead worker still held the
+thread (a run's lease, renewed while it works): the new worker is refused until that
+lease expires (2 s here), as a second live worker would be, then takes the thread over.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import operator
 import subprocess
 import sys
+import time
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -23,10 +26,16 @@ from langgraph.graph.message import add_messages
 from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver, business
+from accord.errors import ConcurrentRunError
+from accord.runtime import Accord
 
 STEPS = 5
+#: the demo's lease: how long a killed worker keeps the thread
+LEASE_SECONDS = 2.0
 DB = "accord_demo_agent"
 ITEMS = ["coffee beans", "filters", "grinder", "kettle", "mugs"]
+#: The user's opening message: a request, and a preference long-term memory should keep.
+REQUEST = "I prefer deliveries on Saturday mornings. Order my kitchen kit."
 
 
 class OrderState(TypedDict):
@@ -68,19 +77,24 @@ def build_graph(saver: AccordSaver, thread: str) -> Any:
 
 def run_worker(uri: str, thread: str) -> None:
     """Child process: run (or resume) the thread until the graph ends."""
-    client: MongoClient = MongoClient(uri)
-    saver = AccordSaver(client, db_name=DB)
+    accord = Accord(uri, db_name=DB)
+    saver = accord.checkpointer(lease_seconds=LEASE_SECONDS)
     graph = build_graph(saver, thread)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
-    inputs = (
-        None
-        if started
-        else {"messages": [HumanMessage("Order my kitchen kit.", id="human-1")], "step": 0}
-    )
-    graph.invoke(inputs, config, durability="sync")
+    inputs = None if started else {"messages": [HumanMessage(REQUEST, id="human-1")], "step": 0}
+    deadline = time.monotonic() + 10 * LEASE_SECONDS
+    while True:
+        try:
+            graph.invoke(inputs, config, durability="sync")
+            break
+        except ConcurrentRunError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
+            time.sleep(LEASE_SECONDS / 2)
     print("worker: finished", flush=True)
-    client.close()
+    accord.close()
 
 
 def main(uri: str, console: Any) -> None:
@@ -125,7 +139,36 @@ def main(uri: str, console: Any) -> None:
         f"  total: ${state.values['total_cents'] / 100:.2f}; the resumed run continued after "
         f"the last committed step ({len(committed)}) instead of starting over"
     )
+    show_memory(uri, console)
     client.close()
+
+
+def show_memory(uri: str, console: Any) -> None:
+    """Aggregate the thread's committed steps into long-term memory and search it."""
+    console.print(
+        "\n[bold]Long-term memory[/bold], derived from the committed messages through the outbox"
+    )
+    with Accord(uri, db_name=DB) as accord:
+        aggregator = accord.aggregator()
+        backlog = aggregator.stats().backlog
+        done = aggregator.drain()
+        console.print(
+            f"  outbox events the steps committed: {backlog}; aggregated: {done}; "
+            f"dead-lettered: {aggregator.stats().dead}"
+        )
+        question = "when should deliveries come"
+        for memory in accord.memory().search(("memories",), query=question, limit=2):
+            source = memory.provenance
+            console.print(
+                f"  {memory.kind} {memory.namespace}: {memory.text!r} (score "
+                f"{memory.score:.2f}; from thread {source.get('thread_id')}, messages "
+                f"{source.get('message_ids')})"
+            )
+        # what a node sees through `get_store()` when the graph is compiled with it
+        hits = accord.store().search(("memories",), query=question, limit=1)
+        console.print(f"  through the LangGraph store: {[hit.value for hit in hits]}")
+        again = aggregator.drain()
+        console.print(f"  a second pass finds nothing left to do ({again} events): exactly once")
 
 
 if __name__ == "__main__":

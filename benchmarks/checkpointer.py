@@ -6,14 +6,21 @@ interleaved (turn i runs on every saver before turn i+1), so machine noise hits 
 savers alike. Measured:
 
 * round trips: MongoDB commands started per ``invoke`` (pymongo command monitoring on each
-  saver's own client), split by command name;
+  saver's own client), split by command name and by what they were sent for;
+* bytes read: BSON bytes of the replies per ``invoke``;
 * latency: median wall time of one ``invoke``, as ratios to InMemorySaver and MongoDBSaver;
 * storage: BSON bytes of every document in the saver's collections after 50, 100 and 200
-  turns of one thread (InMemorySaver: bytes of the serialized payloads it keeps in memory).
+  turns of one thread (InMemorySaver: bytes of the serialized payloads it keeps in memory);
+* ``get_tuple`` of the latest checkpoint on threads of 10 and 5,000 checkpoints: reads
+  and bytes, cold (a saver that never saw the thread) and warm (it read it before).
+
+``AsyncAccordSaver`` runs ``ainvoke`` on an event loop in a thread of its own (the
+caller waits for each invoke), so its row includes that hand-off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import subprocess
 import sys
@@ -27,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from langchain_core.messages import AIMessage, HumanMessage
@@ -35,9 +43,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.mongodb import MongoDBSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from pymongo import MongoClient, monitoring
+from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from accord.checkpointers import AccordSaver
+from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.platform.connection import read_lock
 
 TURNS = 200
@@ -79,56 +87,96 @@ def human(n: int) -> dict[str, Any]:
 # --- measurement helpers -------------------------------------------------------------------
 
 
-SAVER_METHODS = ("get_tuple", "put", "put_writes", "list")
-_current = threading.local()
+#: what a command was sent for, by the collections it touches (see ``CommandCounter``)
+PURPOSES = ("get_tuple", "put", "put_writes", "lease")
 
 
 class CommandCounter(monitoring.CommandListener):
-    """Counts commands started on one client while enabled: by command name, and by the
-    saver method (outermost ``get_tuple``/``put``/``put_writes``/``list`` call on the
-    sending thread) they were sent for."""
+    """Counts commands started on one client while enabled, by command name and by what
+    they were sent for, told from the command itself (savers commit in background
+    threads and tasks, so the calling thread says nothing): a write touching the
+    checkpoints collection is a ``put``, one touching pending writes a ``put_writes``,
+    one on the run registry alone a lease claim/release (``lease``), a read a
+    ``get_tuple``; ``commitTransaction`` counts for what its transaction wrote. Also
+    sums the BSON bytes of the replies."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: str, writes: str) -> None:
+        self.checkpoints = checkpoints
+        self.writes = writes
         self.counts: Counter[str] = Counter()
-        self.by_method: Counter[str] = Counter()
-        self.calls: Counter[str] = Counter()
+        self.by_purpose: Counter[str] = Counter()
+        self.reply_bytes = 0
         self.enabled = False
+        self._txn: dict[Any, str] = {}
         self._lock = threading.Lock()
 
+    def _purpose(self, name: str, cmd: dict[str, Any]) -> str:
+        if name == "bulkWrite":
+            namespaces = {ns["ns"].split(".", 1)[1] for ns in cmd.get("nsInfo", ())}
+        elif name in ("update", "insert", "delete", "findAndModify"):
+            namespaces = {cmd.get(name)}
+        elif name in ("find", "aggregate", "getMore", "count"):
+            return "get_tuple"
+        else:
+            return "other"
+        if self.checkpoints in namespaces:
+            return "put"
+        if self.writes in namespaces:
+            return "put_writes"
+        if namespaces == {"runs"}:
+            return "lease"
+        return "other"
+
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if self.enabled:
-            with self._lock:
-                self.counts[event.command_name] += 1
-                self.by_method[getattr(_current, "method", None) or "other"] += 1
-
-    def instrument(self, saver: BaseCheckpointSaver) -> None:
-        """Wrap the saver's public sync methods (on the instance) to label commands."""
-        for name in SAVER_METHODS:
-            setattr(saver, name, self._wrap(name, getattr(saver, name)))
-
-    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        counter = self
-
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            outer = getattr(_current, "method", None)
-            if outer is None:
-                _current.method = name
-                if counter.enabled:
-                    with counter._lock:
-                        counter.calls[name] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if outer is None:
-                    _current.method = None
-
-        return wrapped
+        if not self.enabled:
+            return
+        cmd = event.command
+        lsid = str(cmd.get("lsid"))
+        with self._lock:
+            self.counts[event.command_name] += 1
+            if event.command_name in ("commitTransaction", "abortTransaction"):
+                purpose = self._txn.pop(lsid, "other")
+            else:
+                purpose = self._purpose(event.command_name, cmd)
+                if cmd.get("autocommit") is False:
+                    self._txn[lsid] = purpose
+            self.by_purpose[purpose] += 1
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        if self.enabled:
+            size = len(bson.encode(event.reply))
+            with self._lock:
+                self.reply_bytes += size
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
+
+
+class LoopThread:
+    """An event loop in a daemon thread: AsyncAccordSaver's home in this benchmark."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=600)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+class AsyncGraph:
+    """``invoke`` of a graph compiled with AsyncAccordSaver: ``ainvoke`` on its loop."""
+
+    def __init__(self, graph: Any, home: LoopThread) -> None:
+        self.graph = graph
+        self.home = home
+
+    def invoke(self, inputs: Any, config: Any) -> Any:
+        return self.home.run(self.graph.ainvoke(inputs, config))
 
 
 def mongo_bytes(client: MongoClient, db_name: str) -> dict[str, int]:
@@ -195,6 +243,8 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
         proc, port = start_engine(tmp)
         uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
         clients: list[MongoClient] = []
+        aclients: list[AsyncMongoClient[Any]] = []
+        home: LoopThread | None = None
 
         def client_with(counter: CommandCounter | None) -> MongoClient:
             c: MongoClient = MongoClient(uri, event_listeners=[counter] if counter else [])
@@ -208,7 +258,7 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
             memory = InMemorySaver()
             runs.append(Run("InMemorySaver", memory, lambda: memory_bytes(memory)))
 
-            mongo_counter = CommandCounter()
+            mongo_counter = CommandCounter("checkpoints", "checkpoint_writes")
             mongo = MongoDBSaver(client_with(mongo_counter), db_name="bench_mongodbsaver")
             runs.append(
                 Run(
@@ -219,7 +269,7 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
                 )
             )
 
-            accord_counter = CommandCounter()
+            accord_counter = CommandCounter("checkpoints", "checkpoint_writes")
             accord_run = Run(
                 "AccordSaver",
                 None,
@@ -234,12 +284,37 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
                 accord_run.failed_turn = 0
             runs.append(accord_run)
 
+            home = LoopThread()
+            async_counter = CommandCounter("checkpoints", "checkpoint_writes")
+            async_run = Run(
+                "AsyncAccordSaver",
+                None,
+                lambda: mongo_bytes(plain, "bench_accord_async"),
+                async_counter,
+            )
+
+            async def start_async() -> AsyncAccordSaver:
+                aclient: AsyncMongoClient[Any] = AsyncMongoClient(
+                    uri, event_listeners=[async_counter]
+                )
+                aclients.append(aclient)
+                saver = AsyncAccordSaver(aclient, db_name="bench_accord_async")
+                await saver.setup()
+                return saver
+
+            try:
+                async_run.saver = home.run(start_async())
+            except Exception:
+                async_run.error = traceback.format_exc(limit=-8)
+                async_run.failed_turn = 0
+            runs.append(async_run)
+
             for run in runs:
                 if run.error or run.saver is None:
                     continue
-                if run.counter:
-                    run.counter.instrument(run.saver)
                 run.graph = build_graph().compile(checkpointer=run.saver)
+                if isinstance(run.saver, AsyncAccordSaver):
+                    run.graph = AsyncGraph(run.graph, home)
                 if run.counter:
                     run.counter.enabled = True  # setup/index creation is not counted
 
@@ -274,7 +349,11 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
                     run.counter.enabled = False
                 if not run.error:
                     try:
-                        run.checkpoints = sum(1 for _ in run.saver.list(THREAD))
+                        if isinstance(run.saver, AsyncAccordSaver):
+                            assert home is not None
+                            run.checkpoints = home.run(_count(run.saver))
+                        else:
+                            run.checkpoints = sum(1 for _ in run.saver.list(THREAD))
                     except Exception:
                         run.error = traceback.format_exc(limit=-8)
                         run.failed_turn = turns
@@ -284,8 +363,86 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
         finally:
             for c in clients:
                 c.close()
+            if home is not None:
+                for ac in aclients:
+                    home.run(ac.close())
+                home.close()
             proc.terminate()
             proc.wait()
+
+
+async def _count(saver: AsyncAccordSaver) -> int:
+    return len([t async for t in saver.alist(THREAD)])
+
+
+# --- get_tuple on long threads --------------------------------------------------------------
+
+SCALING = (10, 5000)
+
+
+def _fill(saver: Any, thread: str, n: int) -> None:
+    """``n`` chained checkpoints of a state of constant size, through ``put``."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    parent: str | None = None
+    version: Any = None
+    for i in range(n):
+        version = saver.get_next_version(version, None)
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"counter": i, "note": "x" * 200}
+        cp["channel_versions"] = {"counter": version, "note": version}
+        conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+        if parent:
+            conf["checkpoint_id"] = parent
+        saver.put(
+            {"configurable": conf},
+            cp,
+            {"source": "loop", "step": i},
+            {"counter": version, "note": version},
+        )
+        parent = cp["id"]
+
+
+def scaling() -> list[tuple[str, int, str, int, int]]:
+    """(saver, checkpoints, cold/warm, commands, reply bytes) of one latest ``get_tuple``."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_engine(tmp)
+        uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
+        plain: MongoClient = MongoClient(uri)
+        try:
+            for name, make in (
+                ("AccordSaver", lambda c: AccordSaver(c, db_name="scale_accord")),
+                ("MongoDBSaver", lambda c: MongoDBSaver(c, db_name="scale_mongodbsaver")),
+            ):
+                writer = make(plain)
+                if hasattr(writer, "setup"):
+                    writer.setup()
+                for n in SCALING:
+                    _fill(writer, f"t{n}", n)
+                counter = CommandCounter("checkpoints", "checkpoint_writes")
+                reader_client: MongoClient = MongoClient(uri, event_listeners=[counter])
+                reader = make(reader_client)
+                for n in SCALING:
+                    cfg = {"configurable": {"thread_id": f"t{n}"}}
+                    for phase in ("cold", "warm"):
+                        counter.counts.clear()
+                        counter.reply_bytes = 0
+                        counter.enabled = True
+                        tup = reader.get_tuple(cfg)
+                        counter.enabled = False
+                        assert (
+                            tup is not None and tup.checkpoint["channel_values"]["counter"] == n - 1
+                        )
+                        out.append(
+                            (name, n, phase, sum(counter.counts.values()), counter.reply_bytes)
+                        )
+                reader_client.close()
+        finally:
+            plain.close()
+            proc.terminate()
+            proc.wait()
+    return out
 
 
 # --- report --------------------------------------------------------------------------------
@@ -338,36 +495,36 @@ def report(turns: int = TURNS) -> str:
         cells = " | ".join(f"{r.counter.counts[c] / turns:.2f}" for c in names)
         lines.append(f"| {r.name} | {total:.2f} | {per_step:.2f} | {cells} |")
 
-    methods = [
-        m
-        for m in (*SAVER_METHODS, "other")
-        if any(r.counter and r.counter.by_method[m] for r in ok)
-    ]
+    mem = by["InMemorySaver"].saver
+    tasks = (
+        len({(k, task) for k, ws in mem.writes.items() for task, _ in ws})  # type: ignore[union-attr]
+        if not by["InMemorySaver"].error
+        else 0
+    )
+    calls = {"get_tuple": 1.0, "put": ref_steps, "put_writes": tasks / turns, "lease": 1.0}
     lines += [
         "",
-        "Same commands by the saver method they were sent for: saver calls per `invoke`, "
-        "and commands per call (`other`: sent outside any saver call).",
+        f"The same commands by what they were sent for (a write touching the checkpoints "
+        f"collection: a `put`; pending writes: a `put_writes`; the run registry alone: the "
+        f"run's lease claim and release; a read: a `get_tuple`; a `commitTransaction` counts "
+        f"for its transaction), per `invoke` and per call (LangGraph makes "
+        f"{calls['put']:.0f} `put`s, {calls['put_writes']:.0f} `put_writes` and 1 `get_tuple` "
+        f"per invoke), and the bytes of the replies read per `invoke`:",
         "",
-        "| saver | "
-        + " | ".join(
-            f"`{m}` calls | cmds / `{m}`" if m != "other" else "other cmds / invoke"
-            for m in methods
-        )
-        + " |",
-        "| --- |" + " ---: |" * sum(2 if m != "other" else 1 for m in methods),
+        "| saver | `get_tuple` cmds | `put` cmds | per `put` | `put_writes` cmds | per `put_writes` | lease cmds | other | KiB read / invoke |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in ok:
         if r.counter is None:
             continue
-        cells = []
-        for m in methods:
-            if m == "other":
-                cells.append(f"{r.counter.by_method[m] / turns:.2f}")
-                continue
-            calls = r.counter.calls[m]
-            cells.append(f"{calls / turns:.2f}")
-            cells.append(f"{r.counter.by_method[m] / calls:.2f}" if calls else "-")
-        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+        p = {k: r.counter.by_purpose[k] / turns for k in (*PURPOSES, "other")}
+        per_put = p["put"] / calls["put"] if calls["put"] else float("nan")
+        per_writes = p["put_writes"] / calls["put_writes"] if calls["put_writes"] else float("nan")
+        lines.append(
+            f"| {r.name} | {p['get_tuple']:.2f} | {p['put']:.2f} | {per_put:.2f} | "
+            f"{p['put_writes']:.2f} | {per_writes:.2f} | {p['lease']:.2f} | {p['other']:.2f} | "
+            f"{r.counter.reply_bytes / turns / 1024:.1f} |"
+        )
 
     lines += [
         "",
@@ -437,6 +594,22 @@ def report(turns: int = TURNS) -> str:
                 f"{_kib(at.get(s2))} | {g2} |"
             )
 
+    rows = scaling()
+    lines += [
+        "",
+        f"**`get_tuple` of the latest checkpoint** on threads of {SCALING[0]:,} and "
+        f"{SCALING[1]:,} checkpoints (a state of constant size: an int and a 200-char "
+        "string, written through `put`), read by a saver that never saw the thread "
+        "(cold), then again (warm): commands and reply bytes.",
+        "",
+        "| saver | checkpoints | read | commands | bytes read |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    for name, n, phase, cmds, size in rows:
+        lines.append(f"| {name} | {n:,} | {phase} | {cmds} | {size:,} |")
+
+    lines += ["", *targets(runs, calls, rows)]
+
     for r in runs:
         if r.error:
             lines += [
@@ -450,6 +623,57 @@ def report(turns: int = TURNS) -> str:
                 "```",
             ]
     return "\n".join(lines) + "\n"
+
+
+def targets(
+    runs: list[Run], calls: dict[str, float], rows: list[tuple[str, int, str, int, int]]
+) -> list[str]:
+    """Issue 6's targets for the accord savers, each with its measured value."""
+    by = {r.name: r for r in runs}
+    mdb = by["MongoDBSaver"]
+    if mdb.error or mdb.counter is None:
+        return ["(targets not computed: MongoDBSaver failed)"]
+    turns = len(mdb.latencies)
+    mdb_med = statistics.median(mdb.latencies[WARMUP:])
+    mdb_read = mdb.counter.reply_bytes / turns
+    out = [
+        "**Targets** (issue 6; measured in this run; `get_tuple` from the table above, "
+        f"cold reads at {SCALING[0]:,} vs {SCALING[1]:,} checkpoints):",
+        "",
+        "| saver | target | measured | met |",
+        "| --- | --- | ---: | --- |",
+    ]
+
+    def row(name: str, target: str, measured: str, met: bool) -> None:
+        out.append(f"| {name} | {target} | {measured} | {'yes' if met else '**no**'} |")
+
+    for r in runs:
+        if r.error or r.counter is None or r.name == "MongoDBSaver":
+            continue
+        ratio = statistics.median(r.latencies[WARMUP:]) / mdb_med
+        row(r.name, "median time per invoke <= 1.0x MongoDBSaver", f"{ratio:.2f}x", ratio <= 1.0)
+        for what in ("put", "put_writes"):
+            per = r.counter.by_purpose[what] / turns / calls[what]
+            row(r.name, f"round trips per `{what}` <= 2", f"{per:.2f}", per <= 2.0)
+        read = r.counter.reply_bytes / turns
+        row(
+            r.name,
+            "bytes read per invoke <= MongoDBSaver's",
+            f"{read / 1024:.1f} KiB vs {mdb_read / 1024:.1f} KiB",
+            read <= mdb_read,
+        )
+    cold = {n: (cmds, size) for name, n, phase, cmds, size in rows
+            if name == "AccordSaver" and phase == "cold"}  # fmt: skip
+    if len(cold) == 2:
+        (c0, b0), (c1, b1) = cold[SCALING[0]], cold[SCALING[1]]
+        row(
+            "AccordSaver",
+            "`get_tuple` (latest): same reads and bytes (within 1%) at "
+            f"{SCALING[0]:,} and {SCALING[1]:,} checkpoints",
+            f"{c0} / {c1} commands, {b0:,} / {b1:,} bytes",
+            c0 == c1 and abs(b1 - b0) <= 0.01 * b0,
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -32,3 +32,11 @@ def test_demo_runs_and_resumes_the_killed_agent_exactly_once(tmp_path: Path) -> 
     assert "SIGKILL the worker" in out
     assert "order lines: 5 (each exactly once: True)" in out
     assert "messages in order: ['human-1', 'ai-1', 'ai-2', 'ai-3', 'ai-4', 'ai-5']" in out
+    # long-term memory: the user's preference, derived through the outbox, with provenance
+    assert "dead-lettered: 0" in out
+    assert (
+        "preference ('memories',): 'User prefers deliveries on Saturday mornings'" in out
+        and "from thread order-42, messages ['human-1']" in out
+    )
+    assert "through the LangGraph store: [{'content': 'User prefers deliveries" in out
+    assert "a second pass finds nothing left to do (0 events)" in out

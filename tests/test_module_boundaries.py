@@ -6,6 +6,9 @@
   mongomock (whose versions pyproject pins for that reason).
 - ``import accord.platform`` (and the CLI) must not load the embedded engine or mongomock:
   a user on Atlas never pays for them.
+- ``accord.platform`` never imports LangGraph or LangChain (memory, governance and durable
+  execution build on it without them), and only ``accord.runtime`` imports
+  ``accord.governance`` (the composition root hands governance's hooks to the others).
 """
 
 from __future__ import annotations
@@ -18,10 +21,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "accord"
 ALLOWED = {
     ROOT / "platform" / "embedded" / "mongomock_bridge.py",
-    # Known violation outside the engine: aio.py imports saver.py's private constants and
-    # helpers. The checkpointer's work (async source, generated sync twin) replaces the pair;
-    # delete this entry then, and the test holds it.
-    ROOT / "checkpointers" / "aio.py",
 }
 
 
@@ -100,3 +99,44 @@ def test_the_engine_does_load_them() -> None:
     # The check above would pass vacuously if the module names were wrong.
     loaded = _loaded_after("from accord.platform.embedded import EmbeddedServer")
     assert "mongomock" in loaded and "accord.platform.embedded.server" in loaded
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path`` (accord uses no relative ones)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def _importers(paths: list[Path], prefixes: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path}:{line}: {module}"
+        for path in paths
+        for line, module in _imported_modules(path)
+        if module == prefixes[0] or module.startswith(prefixes)
+    ]
+
+
+def test_the_platform_never_imports_langgraph_or_langchain() -> None:
+    platform = sorted((ROOT / "platform").rglob("*.py"))
+    assert len(platform) > 20  # the glob found the package
+    for name in ("langgraph", "langchain", "langchain_core"):
+        assert _importers(platform, (name, f"{name}.")) == []
+
+
+def test_only_the_runtime_imports_governance() -> None:
+    others = [p for p in sorted(ROOT.rglob("*.py")) if p != ROOT / "runtime.py"]
+    others = [p for p in others if ROOT / "governance" not in p.parents]
+    assert _importers(others, ("accord.governance", "accord.governance.")) == []
+
+
+def test_the_import_checker_sees_both_forms(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("import langgraph.graph\nfrom accord.governance.audit import x\n")
+    assert _importers([sample], ("langgraph", "langgraph.")) != []
+    assert _importers([sample], ("accord.governance", "accord.governance.")) != []

@@ -64,6 +64,11 @@ REPLACEMENTS: dict[str, str] = {
     "asearch": "search",
     "adelete": "delete",
     "alist_namespaces": "list_namespaces",
+    # accord.checkpointers: twin-specific helpers (accord/checkpointers/bridges.py,
+    # ownership.Signal)
+    "new_async_lock": "new_thread_lock",
+    "asweep": "sweep",
+    "await_for": "wait_for",
     # accord's embedders (accord.memory.embedders)
     "aembed_documents": "embed_documents",
     "aembed_query": "embed_query",

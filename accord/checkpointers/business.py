@@ -21,7 +21,9 @@ records the task as finished (``put_writes``). Consequences:
   applied twice: exactly once per task, as long as the task's writes are committed;
 * staged writes are invisible (to the node too) until the transaction commits.
 
-Documents get the run's ``tenant_id`` and filters are scoped to it. Staging requires
+Documents get the run's ``tenant_id`` and filters are scoped to it; no update may change
+or remove ``tenant_id`` (operators naming it, ``$rename`` onto or from it, pipeline
+stages that could drop it are refused when staged). Staging requires
 the graph to be compiled with an accord saver and ``durability`` ``"sync"`` or
 ``"async"`` (LangGraph's default); under ``"exit"`` LangGraph never records tasks
 individually, so staging raises instead of silently dropping writes.
@@ -35,9 +37,11 @@ from typing import Any
 
 from langgraph.config import get_config
 
+from accord.checkpointers.plans import business_op
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
 from accord.errors import ConfigurationError, InvalidInputError
+from accord.platform.tenancy import op_problem
 
 # LangGraph's configurable keys for the running task (langgraph._internal._constants).
 _SEND = "__pregel_send"
@@ -157,8 +161,14 @@ def _stage(kind: str, collection: str, **fields: Any) -> None:
     if "filter" in op:
         op["filter"]["tenant_id"] = tenant
     identifier(tenant, "tenant_id")
+    # refused here, in the node, rather than when the task's writes are committed
+    problem = op_problem(business_op(op), tenant)
+    if problem is not None:
+        raise InvalidInputError(
+            f"business {kind} on {name!r} refused: {problem}. Business writes may only touch "
+            f"the run's tenant's documents and never change 'tenant_id'."
+        )
     info = getattr(conf.get(_RUNTIME), "execution_info", None)
-    thread_id = conf.get("thread_id")
-    if info is not None and isinstance(thread_id, str):
-        saver.note_staged(tenant, thread_id, info.checkpoint_id, info.task_id)
+    if info is not None and isinstance(conf.get("thread_id"), str):
+        saver.note_staged(config, info.checkpoint_id, info.task_id)
     send([(BUSINESS_CHANNEL, op)])

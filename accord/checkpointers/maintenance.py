@@ -1,4 +1,10 @@
-"""Pure helpers of the maintenance operations (delete, copy, prune, delete_for_runs)."""
+"""Pure helpers of the maintenance operations (delete, copy, prune, delete_for_runs).
+
+The savers run them as plans through the unit of work: in one transaction when the
+thread fits one (:data:`BATCH` documents per collection), else in batches, ordered so
+that a reader never sees a checkpoint whose values are gone and a crash half-way leaves
+nothing a re-run would not finish.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +13,18 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from pymongo import ReplaceOne
-
-from accord.checkpointers import schema
+from accord.checkpointers import chains, schema
 from accord.checkpointers.storage import Scope, now
+from accord.platform.plan import Op
 
+#: Documents per collection deleted or copied in one transaction.
+BATCH = 1000
 
-def thread_deletes(names: schema.CollectionNames, scope: Scope) -> list[tuple[str, dict[str, Any]]]:
-    """(collection, filter) pairs that delete a thread, head first so that a concurrent
-    writer's compare-and-set fails instead of writing into a half-deleted thread."""
-    f = scope.thread_filter
-    return [
-        (names.heads, f),
-        (names.checkpoints, f),
-        (names.writes, f),
-        (names.blobs, f),
-        (names.messages, f),
-        (names.outbox, {**f, "status": "pending"}),
-    ]
+#: Collections of a thread's data, in the order they are deleted: checkpoints first (so
+#: no reader sees a checkpoint without its values), then what they point to.
+THREAD_DATA = ("checkpoints", "writes", "blobs", "messages")
+#: ... and the order they are copied: values first, checkpoints last.
+COPY_ORDER = ("blobs", "messages", "writes", "checkpoints")
 
 
 def rekey(kind: str, doc: Mapping[str, Any], thread_id: str) -> dict[str, Any]:
@@ -42,17 +42,13 @@ def rekey(kind: str, doc: Mapping[str, Any], thread_id: str) -> dict[str, Any]:
         )
     elif kind == "messages":
         d["_id"] = schema.message_doc_id(t, thread_id, d["key"], d["chunk"])
-    elif kind == "heads":
-        d["_id"] = schema.head_id(t, thread_id, ns)
     else:
         raise ValueError(kind)
     return d
 
 
-def upsert_all(collection: Any, docs: list[dict[str, Any]]) -> Any:
-    return collection.bulk_write(
-        [ReplaceOne({"_id": d["_id"]}, d, upsert=True) for d in docs], ordered=False
-    )
+def replace_ops(docs: Iterable[Mapping[str, Any]]) -> list[Op]:
+    return [Op("replace", {"_id": d["_id"]}, dict(d), upsert=True) for d in docs]
 
 
 def by_scope(docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
@@ -82,11 +78,33 @@ def gc_cutoff() -> datetime:
     return now()
 
 
-def head_doc(scope: Scope, checkpoint_id: str, run_id: Any) -> dict[str, Any]:
-    return {
-        "_id": scope.head_id,
-        **scope.ns_filter,
-        "checkpoint_id": checkpoint_id,
-        "run_id": run_id if isinstance(run_id, str) else None,
-        "updated_at": now(),
-    }
+def referenced_blobs(
+    checkpoint_docs: Iterable[Mapping[str, Any]], links: Mapping[str, str | None]
+) -> set[str]:
+    """Blob keys the remaining checkpoints read, with their message-ref chains
+    (``links``: key -> ``prev``/``base`` of each message-ref blob)."""
+    referenced: set[str] = set()
+    for d in checkpoint_docs:
+        referenced.update(d.get("blobs") or ())
+    return chains.chain_closure(referenced, links)
+
+
+def garbage(
+    scope: Scope, keep_blobs: set[str], keep_messages: set[str], cutoff: datetime
+) -> list[tuple[str, dict[str, Any]]]:
+    """(collection key, filter) deleting a namespace's unreferenced values and the
+    thread's unreferenced messages created before ``cutoff``."""
+    return [
+        (
+            "blobs",
+            {**scope.ns_filter, "key": {"$nin": sorted(keep_blobs)}, "created_at": {"$lt": cutoff}},
+        ),
+        (
+            "messages",
+            {
+                **scope.thread_filter,
+                "key": {"$nin": sorted(keep_messages)},
+                "created_at": {"$lt": cutoff},
+            },
+        ),
+    ]

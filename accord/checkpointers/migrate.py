@@ -10,14 +10,11 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
-from accord.checkpointers.ownership import BRANCH_MARKER
-from accord.checkpointers.saver import AccordSaver
-
 VersionMap = dict[str, dict[Any, str]]  # channel -> source version -> accord version
 
 
 def migrate_threads(
-    source: BaseCheckpointSaver, target: AccordSaver, thread_ids: Iterable[str]
+    source: BaseCheckpointSaver, target: BaseCheckpointSaver, thread_ids: Iterable[str]
 ) -> dict[str, int]:
     """Copy every checkpoint (all namespaces, forks included) and pending write of the
     given threads from ``source`` to ``target``; returns checkpoints copied per thread.
@@ -46,7 +43,11 @@ def migrate_threads(
 
 
 def _copy_one(
-    target: AccordSaver, thread_id: str, ns: str, tup: CheckpointTuple, maps: dict[str, VersionMap]
+    target: BaseCheckpointSaver,
+    thread_id: str,
+    ns: str,
+    tup: CheckpointTuple,
+    maps: dict[str, VersionMap],
 ) -> None:
     cid = tup.checkpoint["id"]
     parent = (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id")
@@ -69,13 +70,13 @@ def _copy_one(
     maps[cid] = vmap
     conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
     if parent:
-        conf.update({"checkpoint_id": parent, BRANCH_MARKER: parent})
+        conf["checkpoint_id"] = parent
     metadata = {k: v for k, v in (tup.metadata or {}).items() if k != "writes"}
     target.put({"configurable": conf}, checkpoint, metadata, new_versions)  # type: ignore[arg-type]
     writes: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for task_id, channel, value in tup.pending_writes or ():
         writes[task_id].append((channel, value))
-    wconf = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid, BRANCH_MARKER: cid}
+    wconf = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
     for task_id, task_writes in writes.items():
         target.put_writes({"configurable": wconf}, task_writes, task_id)
 

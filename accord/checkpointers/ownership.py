@@ -1,147 +1,382 @@
-"""Single writer per thread: who may extend a thread's checkpoint chain.
+"""Who may write a thread: explicit ownership through the run registry.
 
-Each (tenant, thread, namespace) has a *head* document naming the checkpoint that may be
-extended. Every ``put`` compares-and-sets it inside the step transaction:
+A LangGraph invocation (``invoke``/``stream``/``ainvoke``/...) is a *run*. Its first
+saver call is the ``get_tuple`` its loop makes on entry (``PregelLoop.__enter__`` /
+``__aenter__``), before any node runs. There the saver *claims* the thread in the run
+registry (:mod:`accord.platform.runs`): it gets a lease and a fencing number, or
+:class:`~accord.errors.ConcurrentRunError` when another live run holds the thread, so a
+second worker is refused before it runs anything. The run is identified by LangGraph's
+``run_id`` when the caller gave one, else by an id minted for this invocation.
 
-* ``put`` whose parent is the head advances it. Two workers that loaded the same head race
-  on that compare-and-set; exactly one transaction commits, the other gets
-  :class:`~accord.errors.ConcurrentRunError` and none of its documents are written.
-* A parent that is *not* the head is a stale writer, unless the caller branched on purpose:
-  LangGraph's own fork/update checkpoints (``metadata.source`` ``"fork"``/``"update"``),
-  or a config that came from an *addressed* read (``get_tuple`` with a ``checkpoint_id``,
-  or ``list``), which carries :data:`BRANCH_MARKER` naming the checkpoint it read. That is
-  how time travel and ``update_state`` keep working while a stale worker cannot.
-* No parent while a head exists starts a new root. LangGraph only does that for a thread
-  it believes empty (``source="input"``, ``step=-1``), so that case means two workers both
-  started the thread: the second is refused. Other parent-less puts (tools, migrations,
-  the conformance suite) are allowed.
+Every later call of the run (its ``put``/``put_writes``, in whatever order LangGraph
+makes them, in any namespace: subgraphs, forks, replays, re-rooted subgraphs) is
+recognised by the run's *anchor*: the ``RunControl`` object LangGraph creates per
+top-level invocation and hands to every nested loop and task through the ``Runtime`` in
+``config["configurable"]["__pregel_runtime"]``. Those calls commit with the owner guard
+(``runs.owner_guard``): refused at commit if the run was fenced out (its lease expired
+and another run took the thread). Nothing is added to the configs LangGraph gets back.
 
-``put_writes`` must target the head (or the addressed checkpoint named by the marker):
-a stale worker's task results never commit, and neither do the business writes staged
-with them.
+The run ends when its loop exits: the saver registers the release on the loop's exit
+stack when it claims, so it runs after LangGraph's background saves have finished. A
+run that dies simply stops renewing (the saver renews held leases in the background,
+since one step can last longer than a lease) and its lease expires.
+
+Calls that belong to no run (``graph.get_state``/``update_state``, a migration, direct
+API use) are *ad hoc*: reads are never refused; a write commits with the free guard,
+only while no live run holds the thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import inspect
+import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from accord.errors import ConcurrentRunError
+from accord.platform.runs import Holder, Lease
 
-#: configurable key set on configs returned by addressed reads; see the module docstring.
-BRANCH_MARKER = "__accord_branch_from"
+#: LangGraph's configurable key of the invocation's ``Runtime`` (langgraph._internal._constants).
+RUNTIME_KEY = "__pregel_runtime"
 
 #: What to do about a ConcurrentRunError; every message ends with it.
 WHAT_TO_DO = (
-    "Only one worker may advance a thread at a time: reload the thread's latest state "
-    "(graph.get_state(config) or saver.get_tuple(config) without a checkpoint_id) and "
-    "retry from there, and make sure a single worker runs this thread."
+    "Only one run may write a thread at a time: wait for the other run to finish (or its "
+    "lease to expire, if its worker died), reload the thread's latest state "
+    "(graph.get_state(config)) and retry, and make sure a single worker runs this thread."
 )
 
-EXPLICIT_BRANCH_SOURCES = frozenset({"fork", "update"})
+#: How many frames above a saver's entry point to look for LangGraph's loop (the loop's
+#: ``__enter__`` calls ``get_tuple`` directly, or through ``checkpoint_superseded``).
+_FRAMES = 4
+
+
+def calling_loop() -> Any | None:
+    """LangGraph's ``PregelLoop`` whose ``__enter__``/``__aenter__`` is calling the saver
+    (``get_tuple``/``aget_tuple``), or None for any other caller (``graph.get_state``,
+    direct use). Call it first thing in the saver's entry point.
+
+    Duck-typed on purpose (no import of LangGraph's private modules): a frame of a method
+    named ``__enter__``/``__aenter__`` whose ``self`` has LangGraph's loop attributes.
+    """
+    here = inspect.currentframe()  # this function's frame
+    frame: Any = here.f_back.f_back if here is not None and here.f_back is not None else None
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code.co_name in ("__enter__", "__aenter__"):
+            obj = frame.f_locals.get("self")
+            if (
+                obj is not None
+                and type(obj).__module__.startswith("langgraph.")
+                and hasattr(obj, "checkpoint_config")
+                and hasattr(obj, "stack")
+                and hasattr(obj, "is_nested")
+            ):
+                return obj
+        frame = frame.f_back
+    return None
+
+
+def anchor_of(config: Mapping[str, Any] | None) -> Any | None:
+    """The run tree's anchor in ``config``: LangGraph's per-invocation ``RunControl``
+    (shared by nested loops and tasks), else the ``Runtime`` itself, else None."""
+    conf = (config or {}).get("configurable") or {}
+    runtime = conf.get(RUNTIME_KEY) if isinstance(conf, Mapping) else None
+    if runtime is None:
+        return None
+    control = getattr(runtime, "control", None)
+    return control if control is not None else runtime
+
+
+def langgraph_run_id(config: Mapping[str, Any] | None) -> str | None:
+    """The run id the caller gave LangGraph (``config["run_id"]`` or metadata), if any."""
+    config = config or {}
+    for value in (config.get("run_id"), (config.get("metadata") or {}).get("run_id")):
+        if value is not None and str(value):
+            return str(value)
+    return None
+
+
+def mint_run_id() -> str:
+    # not uuid4(): applications (and LangGraph's tests) may make uuid4 deterministic, and
+    # the saver must not consume their sequence
+    return f"accord-{secrets.token_hex(16)}"
+
+
+class Signal:
+    """A condition that threads and coroutines can both wait on.
+
+    LangGraph runs sync nodes and background saves in threads, async ones on the event
+    loop; the orderings below (a put waiting for task writes, writes waiting for their
+    checkpoint) cross both. ``notify`` wakes every waiter; waiters re-check their
+    predicate.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._futures: list[tuple[Any, Any]] = []
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+            futures, self._futures = self._futures, []
+        for loop, fut in futures:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, fut)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
+
+    async def await_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                if predicate():
+                    return True
+                fut = loop.create_future()
+                self._futures.append((loop, fut))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, min(left, 0.5))
+
+
+def _resolve(fut: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 @dataclass(frozen=True)
-class HeadPlan:
-    """How a put transaction updates the head document.
+class FailedTask:
+    """A ``put_writes`` of the run that raised: its task is not recorded."""
 
-    ``expected`` is the head checkpoint id to compare-and-set against; ``None`` means the
-    head document must not exist yet (create it).
+    task_id: str
+    node: str | None
+    error: BaseException
+
+
+class ActiveRun:
+    """What this process knows about one run that holds one thread.
+
+    ``saved``: checkpoints of the thread the run committed or loaded, per namespace
+    (bounded); ``inflight``: its puts in progress per namespace; ``failed_puts``: why a
+    put failed; ``failed_tasks``: tasks whose writes failed, per (namespace, checkpoint):
+    the run must not save a checkpoint on top of them. ``lock`` serializes the run's
+    commits (they all update the thread's registry document, and concurrent ones would
+    only conflict there).
     """
 
-    expected: str | None
-    create: bool
+    _SAVED = 4096
+
+    def __init__(self, lease: Lease, anchor: Any, lock: Any) -> None:
+        self.lease = lease
+        #: held so that ``id(anchor)`` (part of the saver's key for this run) is not reused
+        self.anchor = anchor
+        self.lock = lock
+        self.signal = Signal()
+        self.saved: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.inflight: dict[str, int] = {}
+        self.failed_puts: dict[tuple[str, str], BaseException] = {}
+        self.failed_tasks: dict[tuple[str, str], dict[str, FailedTask]] = {}
+        #: tasks of this run that staged business writes not recorded yet
+        self.staged = StagedTasks()
+        #: LangGraph's loop of each namespace of the run (root and subgraphs), as seen
+        #: when it loaded its checkpoint: its current checkpoint is one whose put is due
+        self.loops: dict[str, Any] = {}
+        #: set when a heartbeat finds the lease taken over: commits fail fast
+        self.lost: Holder | None = None
+        self.ended = False
+        #: when the lease was last renewed (by a commit or a heartbeat), monotonic clock
+        self.renewed = time.monotonic()
+        #: puts accepted but not committed yet ("async" durability), committed in order
+        #: by one drainer at a time
+        self.jobs: deque[Any] = deque()
+        #: per namespace, the cache entry of the latest queued put (the next put's base)
+        self.queued: dict[str, Any] = {}
+        self.draining = False
+        #: the first failure of a queued put: later puts of the run are refused with it
+        self.failure: BaseException | None = None
+        #: whether ``failure`` was raised to LangGraph already (else: at the run's end)
+        self.surfaced = False
+        self._mutex = threading.Lock()
+
+    def enqueue(self, job: Any) -> bool:
+        """Queue a put; True when the caller must start a drainer."""
+        with self._mutex:
+            self.jobs.append(job)
+            if self.draining:
+                return False
+            self.draining = True
+            return True
+
+    def next_job(self) -> Any | None:
+        """The next queued put, or None (then the drainer stops)."""
+        with self._mutex:
+            if self.jobs:
+                return self.jobs.popleft()
+            self.draining = False
+        self.signal.notify()
+        return None
+
+    def idle(self) -> bool:
+        with self._mutex:
+            return not self.draining and not self.jobs
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    def mark_saved(self, ns: str, checkpoint_id: str) -> None:
+        with self._mutex:
+            self.saved[(ns, checkpoint_id)] = None
+            self.saved.move_to_end((ns, checkpoint_id))
+            while len(self.saved) > self._SAVED:
+                self.saved.popitem(last=False)
+        self.signal.notify()
+
+    def is_saved(self, ns: str, checkpoint_id: str) -> bool:
+        with self._mutex:
+            return (ns, checkpoint_id) in self.saved
+
+    def put_started(self, ns: str) -> None:
+        with self._mutex:
+            self.inflight[ns] = self.inflight.get(ns, 0) + 1
+
+    def put_ended(self, ns: str, checkpoint_id: str, error: BaseException | None) -> None:
+        with self._mutex:
+            self.inflight[ns] -= 1
+            if not self.inflight[ns]:
+                del self.inflight[ns]
+            if error is not None:
+                self.failed_puts[(ns, checkpoint_id)] = error
+        if error is None:
+            self.mark_saved(ns, checkpoint_id)
+        else:
+            self.signal.notify()
+
+    def putting(self, ns: str) -> bool:
+        with self._mutex:
+            return ns in self.inflight
+
+    def putting_any(self) -> bool:
+        with self._mutex:
+            return bool(self.inflight)
+
+    def expects(self, ns: str, checkpoint_id: str) -> bool:
+        """Whether the put of ``checkpoint_id`` is due: LangGraph's loop of ``ns`` has
+        reached it (it saves every checkpoint it creates, in order, so one it has reached
+        and that is not saved yet is queued behind the previous put: "async"
+        durability). Checkpoint ids are time-ordered (uuid6)."""
+        loop = self.loops.get(ns)
+        checkpoint = getattr(loop, "checkpoint", None)
+        if not isinstance(checkpoint, Mapping):
+            return False
+        current = checkpoint.get("id")
+        return isinstance(current, str) and current >= checkpoint_id
+
+    def delta_channels(self, ns: str) -> bool:
+        """Whether the graph of ``ns`` has LangGraph DeltaChannels (its loop's channel
+        specs): LangGraph then saves a checkpoint only after its tasks' writes."""
+        specs = getattr(self.loops.get(ns), "specs", None)
+        if not isinstance(specs, Mapping):
+            return False
+        return any(type(spec).__name__ == "DeltaChannel" for spec in specs.values())
+
+    def put_error(self, ns: str, checkpoint_id: str) -> BaseException | None:
+        with self._mutex:
+            return self.failed_puts.get((ns, checkpoint_id))
+
+    def task_failed(
+        self, ns: str, checkpoint_id: str, failed: FailedTask | None, task_id: str
+    ) -> None:
+        """Record (``failed``) or clear (None: a later attempt succeeded) a task failure."""
+        key = (ns, checkpoint_id)
+        with self._mutex:
+            if failed is not None:
+                self.failed_tasks.setdefault(key, {})[task_id] = failed
+            elif key in self.failed_tasks:
+                self.failed_tasks[key].pop(task_id, None)
+                if not self.failed_tasks[key]:
+                    del self.failed_tasks[key]
+
+    def failed_task_of(self, ns: str, checkpoint_id: str) -> FailedTask | None:
+        with self._mutex:
+            tasks = self.failed_tasks.get((ns, checkpoint_id))
+            return next(iter(tasks.values())) if tasks else None
 
 
-def fast_plan(parent_id: str | None) -> HeadPlan | None:
-    """The optimistic plan used before reading anything: the parent is the head."""
-    return HeadPlan(expected=parent_id, create=False) if parent_id is not None else None
+class StagedTasks:
+    """Tasks that staged business writes not recorded yet, per (tenant, thread,
+    checkpoint). A ``put`` of the next checkpoint waits for them: under LangGraph's
+    "async" durability the next checkpoint is saved while the previous step's task
+    writes are still being committed, and the checkpoint must never commit before the
+    business writes of the tasks it says have run."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[tuple[str, str, str], set[str]] = {}
+        self._mutex = threading.Lock()
+        self.signal = Signal()
+
+    def add(self, key: tuple[str, str, str], task_id: str) -> None:
+        with self._mutex:
+            self._tasks.setdefault(key, set()).add(task_id)
+
+    def done(self, key: tuple[str, str, str], task_id: str) -> None:
+        with self._mutex:
+            tasks = self._tasks.get(key)
+            if tasks is not None:
+                tasks.discard(task_id)
+                if not tasks:
+                    del self._tasks[key]
+        self.signal.notify()
+
+    def pending(self, key: tuple[str, str, str]) -> bool:
+        with self._mutex:
+            return key in self._tasks
 
 
-def decide_put(
-    head: Mapping[str, Any] | None,
-    *,
-    thread_id: str,
-    checkpoint_ns: str,
-    checkpoint_id: str,
-    parent_id: str | None,
-    marker: Any,
-    source: Any,
-    step: Any,
-) -> HeadPlan:
-    """Decide, from the current head document, whether this put may proceed."""
-    if head is None:
-        return HeadPlan(expected=None, create=True)
-    current = head.get("checkpoint_id")
-    if current in (checkpoint_id, parent_id):
-        # Idempotent re-put of the head itself, or the fast path lost a benign race.
-        return HeadPlan(expected=current, create=False)
-    if parent_id is None:
-        if source == "input" and step == -1:
-            raise ConcurrentRunError(
-                f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) already has checkpoint "
-                f"{current!r} (run {head.get('run_id')!r}), but this worker started it as a new "
-                f"thread with checkpoint {checkpoint_id!r}: another worker started the same "
-                f"thread at the same time. Nothing of this step was written. {WHAT_TO_DO}"
-            )
-        return HeadPlan(expected=current, create=False)
-    if source in EXPLICIT_BRANCH_SOURCES or (marker is not None and marker == parent_id):
-        return HeadPlan(expected=current, create=False)
-    raise ConcurrentRunError(
-        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) was advanced by another writer: "
-        f"its head is {current!r} (run {head.get('run_id')!r}), but this step (checkpoint "
-        f"{checkpoint_id!r}) extends {parent_id!r}. Nothing of this step was written. "
-        f"{WHAT_TO_DO} To branch from an older checkpoint on purpose, pass its checkpoint_id "
-        f"(time travel) instead."
+# --- errors -----------------------------------------------------------------------------
+
+
+def held_by_another(thread_id: str, holder: Holder, *, at: datetime) -> ConcurrentRunError:
+    """A run (or an ad-hoc write) found the thread held by another live run."""
+    return ConcurrentRunError(
+        f"Thread {thread_id!r} is being run by {holder.describe()}: this run was refused "
+        f"before it ran any node, and nothing of it was written. {WHAT_TO_DO}"
     )
 
 
-def check_put_writes(
-    head: Mapping[str, Any] | None,
-    *,
-    checkpoint_id: str,
-    marker: Any,
-    writer: str,
-) -> str:
-    """Classify a ``put_writes`` against the thread's head.
-
-    ``"ok"``: the checkpoint is the head, or was addressed on purpose: write.
-    ``"mine"``: the head belongs to this same writer, which moved on (LangGraph's "async"
-    durability saves the next checkpoint concurrently with the previous step's writes), or
-    there is no head yet: write only if the checkpoint is saved.
-    ``"foreign"``: another writer owns the head: refuse if the checkpoint is saved (this
-    worker lost the thread); if it is not saved yet, wait for this process's own put of it.
-    """
-    if head is not None and (head.get("checkpoint_id") == checkpoint_id or marker == checkpoint_id):
-        return "ok"
-    if head is None or head.get("writer") == writer:
-        return "mine"
-    return "foreign"
-
-
-def lost_thread(
-    head: Mapping[str, Any], *, thread_id: str, checkpoint_ns: str, checkpoint_id: str
-) -> ConcurrentRunError:
+def adhoc_refused(thread_id: str, what: str, holder: Holder) -> ConcurrentRunError:
     return ConcurrentRunError(
-        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) moved on to checkpoint "
-        f"{head.get('checkpoint_id')!r} (run {head.get('run_id')!r}) written by another worker "
-        f"while this worker ran a task of checkpoint {checkpoint_id!r}. The task's writes and "
-        f"business writes were not committed. {WHAT_TO_DO}"
+        f"Thread {thread_id!r} is being run by {holder.describe()}, so this {what} (which "
+        f"belongs to no run) was refused and nothing of it was written. {WHAT_TO_DO}"
     )
 
 
-def not_saved(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> ConcurrentRunError:
+def fenced_out(thread_id: str, run_id: str, what: str, holder: Holder | None) -> ConcurrentRunError:
+    """A run's commit was refused: its lease was taken over (or the thread deleted)."""
+    now_holder = f" It is now held by {holder.describe()}." if holder and holder.run_id else ""
     return ConcurrentRunError(
-        f"Checkpoint {checkpoint_id!r} of thread {thread_id!r} (namespace {checkpoint_ns!r}) "
-        f"was never saved (another worker advanced the thread first), so the writes and "
-        f"business writes of this task of it were not committed. {WHAT_TO_DO}"
-    )
-
-
-def kept_moving(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> ConcurrentRunError:
-    return ConcurrentRunError(
-        f"Thread {thread_id!r} (namespace {checkpoint_ns!r}) kept moving while this worker "
-        f"tried to save checkpoint {checkpoint_id!r}: its head changed at every attempt, so "
-        f"another worker is advancing it. Nothing of this step was written. {WHAT_TO_DO}"
+        f"Run {run_id!r} lost thread {thread_id!r}: its lease expired (the worker paused or "
+        f"was cut off longer than the lease) and another run took the thread, or the "
+        f"thread was deleted, so this {what} was refused and nothing of it was written."
+        f"{now_holder} {WHAT_TO_DO}"
     )

@@ -6,12 +6,13 @@ document carries ``tenant_id`` and every index leads with it, so no query crosse
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, fields
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
+
+from accord.platform import artifacts, outbox
+from accord.platform.ids import doc_id
 
 #: Size of one payload chunk. MongoDB documents are capped at 16 MiB; 8 MiB chunks leave
 #: room for the key fields and keep every op of a client-level bulkWrite under the cap.
@@ -33,8 +34,8 @@ class CollectionNames:
         blobs: one channel value at one version (chunked when large).
         writes: pending writes of tasks (LangGraph ``put_writes``).
         messages: short-term memory, one document per message revision.
-        heads: one document per (tenant, thread, namespace): the checkpoint that may be
-            extended; the single-writer guard compares-and-sets it in every ``put``.
+        runs: the run registry (``accord.platform.runs``): one document per (tenant,
+            thread) naming the run that may write it, its lease and fencing number.
         outbox: events for asynchronous work (memory aggregation), written in the same
             transaction as the step.
     """
@@ -43,31 +44,31 @@ class CollectionNames:
     blobs: str = "checkpoint_blobs"
     writes: str = "checkpoint_writes"
     messages: str = "short_term_memory"
-    heads: str = "checkpoint_heads"
+    runs: str = "runs"
     outbox: str = "outbox"
 
     def all(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def owned(self) -> dict[str, str]:
+        """Collection name -> artifact class (what ``setup()`` records in the catalog)."""
+        return {getattr(self, key): cls for key, cls in ARTIFACTS.items()}
 
-def doc_id(*parts: Any) -> str:
-    """Deterministic ``_id`` for the natural key ``parts``.
 
-    Deterministic ids make every insert idempotent (a retried or replayed transaction
-    upserts the same documents). Hashing keeps ids short and unambiguous whatever
-    characters thread ids or channel names contain.
-    """
-    raw = json.dumps(parts, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.blake2b(raw.encode("utf-8"), digest_size=16).hexdigest()
+#: Artifact class of each collection (``accord.platform.artifacts``).
+ARTIFACTS = {
+    "checkpoints": artifacts.CHECKPOINT.name,
+    "blobs": artifacts.CHECKPOINT_BLOB.name,
+    "writes": artifacts.CHECKPOINT_WRITE.name,
+    "messages": artifacts.SHORT_TERM_MEMORY.name,
+    "runs": artifacts.RUN.name,
+    "outbox": artifacts.OUTBOX.name,
+}
 
 
 def blob_key(channel: str, version: Any) -> str:
     """Key of one channel value at one version, unique within (tenant, thread, ns)."""
     return doc_id("b", channel, version)
-
-
-def head_id(tenant_id: str, thread_id: str, checkpoint_ns: str) -> str:
-    return doc_id("h", tenant_id, thread_id, checkpoint_ns)
 
 
 def checkpoint_doc_id(
@@ -141,17 +142,8 @@ def index_models(names: CollectionNames) -> dict[str, list[IndexModel]]:
                 [t, ("thread_id", ASCENDING), ("created_at", ASCENDING)], name="thread_created"
             ),
         ],
-        "heads": [
-            IndexModel(
-                [t, ("thread_id", ASCENDING), ("checkpoint_ns", ASCENDING)], name="thread_ns"
-            ),
-        ],
-        "outbox": [
-            IndexModel(
-                [t, ("status", ASCENDING), ("created_at", ASCENDING)], name="tenant_status_created"
-            ),
-            IndexModel([t, ("thread_id", ASCENDING)], name="thread"),
-        ],
+        "runs": [IndexModel([("expire_at", ASCENDING)], name="expire_at")],
+        "outbox": list(outbox.INDEXES),
     }
 
 

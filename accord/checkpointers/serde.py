@@ -88,6 +88,20 @@ class RevisionCache:
             OrderedDict()
         )
 
+    def remember(self, message: Any, revision: str) -> None:
+        """Record the revision of a message the saver just deserialized (it knows it)."""
+        if not isinstance(message, BaseMessage):
+            return
+        with self._lock:
+            self._entries[id(message)] = (
+                weakref.ref(message),
+                message.id,
+                message.content,
+                revision,
+            )
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
     def revision(self, message: BaseMessage) -> str:
         k = id(message)
         with self._lock:

@@ -8,7 +8,7 @@ strings; metadata filters may not carry operators either. Every refusal raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -140,14 +140,14 @@ def bson_safe(value: Any) -> bool:
     return False
 
 
-def collection_name(value: Any, reserved: set[str]) -> str:
+def collection_name(value: Any, reserved: Set[str]) -> str:
     """Validate a business collection name."""
     name = identifier(value, "collection")
     if name.startswith("system.") or "$" in name or len(name) > 200:
         raise InvalidInputError(f"{name!r} is not a valid business collection name.")
     if name in reserved:
         raise InvalidInputError(
-            f"{name!r} belongs to the checkpointer; business writes must target the "
-            f"application's own collections."
+            f"{name!r} is one of accord's own collections; business writes must target "
+            f"the application's own collections."
         )
     return name

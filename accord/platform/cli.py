@@ -56,6 +56,13 @@ def engine_start(
         help="Seconds of history kept for snapshot reads at a past cluster time "
         "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
     ),
+    max_conns: int = typer.Option(
+        1000,
+        "--max-conns",
+        min=1,
+        help="Most client connections open at once; more are closed on arrival "
+        "(mongod's net.maxIncomingConnections).",
+    ),
     repair: bool = typer.Option(
         False,
         "--repair",
@@ -82,6 +89,7 @@ def engine_start(
             transaction_lifetime=transaction_lifetime,
             snapshot_history=snapshot_history_window,
             repair=repair,
+            max_connections=max_conns,
             enable_test_commands=enable_test_commands,
         )
         raise typer.Exit(code)
@@ -96,6 +104,8 @@ def engine_start(
         str(transaction_lifetime),
         "--snapshot-history-window",
         str(snapshot_history_window),
+        "--max-conns",
+        str(max_conns),
     ]
     if repair:
         options.append("--repair")

@@ -146,6 +146,8 @@ def translate(exc: BaseException, groups: Sequence[Group], offset: int = 0) -> B
     ``offset`` in the failed command); see the module docstring."""
     if retryable(exc):
         return exc
+    if isinstance(exc, PyMongoError) and exc.timeout:
+        return exc  # the time bound ran out: execute() reports it as TransactionTimeout
     info: Mapping[str, Any]
     where: tuple[Group, int | None] | None
     if isinstance(exc, ClientBulkWriteException):

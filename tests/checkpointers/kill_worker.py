@@ -4,11 +4,19 @@ Run as a script (``python tests/checkpointers/kill_worker.py MODE ...``); the pa
 ``test_kill_suite.py`` and ``test_two_writers.py``, which also import the graph from here
 to run the uninterrupted reference in-process.
 
-The graph: a turn starts with a human message; ``model`` (a deterministic fake model)
-runs :data:`MODEL_STEPS` times in a loop, then ``finish`` runs once. EVERY step appends
-one AIMessage with a deterministic id (``ai-<n>``) and stages two business writes: an
-insert into ``ledger`` (``_id`` ``<thread>-<n>``) and an ``$inc``/``$push`` on the
-thread's ``counters`` document.
+The graphs (``--graph``): a turn starts with a human message; ``model`` (a deterministic
+fake model) runs :data:`MODEL_STEPS` times in a loop, then ``finish`` runs once. EVERY
+model/finish step appends one AIMessage with a deterministic id (``ai-<n>``) and stages
+two business writes: an insert into ``ledger`` (``_id`` ``<thread>-<n>``) and an
+``$inc``/``$push`` on the thread's ``counters`` document. In the ``fanout`` graph each
+model step also fans out to ``audit_a`` and ``audit_b`` (each ``$inc`` on the thread's
+``audits`` document) which fan in to ``join`` (``add_edge([a, b], "join")``: a barrier
+channel; ``join`` inserts ``joins`` ``<thread>-<n>``) before the next model step.
+
+``--saver sync`` drives the graph with ``invoke`` on ``AccordSaver``; ``--saver async``
+with ``ainvoke`` on ``AsyncAccordSaver``. Workers hold the thread with a short lease
+(``--lease``): a worker that starts while a killed one's lease is still live waits for it
+to expire (ConcurrentRunError, retried), as a restarted worker would.
 
 ``run`` mode resumes the thread where it is (or starts it) and drives it to the end.
 ``ACCORD_KILL_AT=<point>:<n>`` makes the process SIGKILL itself at the n-th occurrence of
@@ -26,14 +34,16 @@ Every session that starts a transaction is appended to the ``--lsid-file`` befor
 command leaves the process, so the parent can end a dead worker's open transaction
 (``killSessions``) instead of waiting out ``transactionLifetimeLimitSeconds``.
 
-``race`` mode (two-writers test) waits at a file barrier right after LangGraph loaded the
-thread's head (and, with ``--writes``, lines up the two writers' first ``put_writes``; see
-:class:`BarrierSaver`), then drives the thread and records the outcome as JSON.
+``race`` mode (two-writers test) waits at a file barrier right before LangGraph loads
+the thread (so two writers claim it at the same moment; see :class:`BarrierSaver`),
+optionally holds its first node until a file exists (``--hold``), then drives the thread
+and records the outcome (and how many nodes it ran) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
@@ -54,9 +64,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import StateSnapshot
-from pymongo import MongoClient, monitoring
+from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from accord.checkpointers import AccordSaver, business
+from accord.checkpointers import AccordSaver, AsyncAccordSaver, business
 from accord.errors import ConcurrentRunError
 
 #: model steps per turn; ``finish`` adds one more step
@@ -110,7 +120,7 @@ def steps_this_turn(messages: list[AnyMessage]) -> int:
     return count
 
 
-def build_graph(model: FakeChatModel, on_point: Any = None) -> StateGraph:
+def build_graph(model: FakeChatModel, on_point: Any = None, *, fanout: bool = False) -> StateGraph:
     hook = on_point or (lambda point: None)
 
     def step(state: State, config: RunnableConfig, *, final: bool) -> dict[str, Any]:
@@ -144,8 +154,40 @@ def build_graph(model: FakeChatModel, on_point: Any = None) -> StateGraph:
     g.add_node("model", model_node)
     g.add_node("finish", finish_node)
     g.add_edge(START, "model")
-    g.add_conditional_edges("model", route, ["model", "finish"])
     g.add_edge("finish", END)
+    if not fanout:
+        g.add_conditional_edges("model", route, ["model", "finish"])
+        return g
+
+    def audit(side: str) -> Any:
+        def node(state: State, config: RunnableConfig) -> dict[str, Any]:
+            hook("node_start")
+            business.update_one(
+                "audits",
+                {"_id": config["configurable"]["thread_id"]},
+                {"$inc": {side: 1}},
+                upsert=True,
+            )
+            hook("node_end")
+            return {}
+
+        return node
+
+    def join(state: State, config: RunnableConfig) -> dict[str, Any]:
+        hook("node_start")
+        thread = config["configurable"]["thread_id"]
+        n = sum(isinstance(m, AIMessage) for m in state["messages"])
+        business.insert_one("joins", {"_id": f"{thread}-{n}", "thread": thread, "step": n})
+        hook("node_end")
+        return {}
+
+    g.add_node("audit_a", audit("a"))
+    g.add_node("audit_b", audit("b"))
+    g.add_node("join", join)
+    g.add_edge("model", "audit_a")
+    g.add_edge("model", "audit_b")
+    g.add_edge(["audit_a", "audit_b"], "join")
+    g.add_conditional_edges("join", route, ["model", "finish"])
     return g
 
 
@@ -224,6 +266,52 @@ class KillingSaver(AccordSaver):
         return out
 
 
+class AsyncKillingSaver(AsyncAccordSaver):
+    """AsyncAccordSaver with kill points around ``aput_writes`` and ``aput``."""
+
+    switch: KillSwitch
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        self.switch.hit("put_writes_before")
+        await super().aput_writes(config, writes, task_id, task_path)
+        self.switch.hit("put_writes_after")
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        self.switch.hit("put_before")
+        out = await super().aput(config, checkpoint, metadata, new_versions)
+        self.switch.hit("put_after")
+        return out
+
+
+#: how long a worker waits for a killed worker's lease to expire
+LEASE_WAIT = 60.0
+
+
+def invoke_waiting(graph: Any, inputs: Any, cfg: RunnableConfig, durability: str) -> Any:
+    """``graph.invoke``, retried while a dead worker's lease is still live."""
+    deadline = time.monotonic() + LEASE_WAIT
+    while True:
+        try:
+            return graph.invoke(inputs, cfg, durability=durability)
+        except ConcurrentRunError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+async def ainvoke_waiting(graph: Any, inputs: Any, cfg: RunnableConfig, durability: str) -> Any:
+    deadline = time.monotonic() + LEASE_WAIT
+    while True:
+        try:
+            return await graph.ainvoke(inputs, cfg, durability=durability)
+        except ConcurrentRunError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 def human(turn: int) -> HumanMessage:
     return HumanMessage(f"turn {turn}: keep the ledger", id=f"human-{turn}")
 
@@ -239,22 +327,50 @@ def finished(state: StateSnapshot) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.saver == "async":
+        return asyncio.run(arun(args))
     switch = KillSwitch(os.environ.get("ACCORD_KILL_AT"))
     client: MongoClient = MongoClient(
         args.uri, event_listeners=[TxnWatcher(switch, args.lsid_file)]
     )
-    saver = KillingSaver(client, db_name=args.db)
+    saver = KillingSaver(client, db_name=args.db, lease_seconds=args.lease)
     saver.switch = switch
-    graph = build_graph(FakeChatModel(args.latency), switch.hit).compile(checkpointer=saver)
+    model = FakeChatModel(args.latency)
+    graph = build_graph(model, switch.hit, fanout=args.graph == "fanout").compile(
+        checkpointer=saver
+    )
     cfg: RunnableConfig = {"configurable": {"thread_id": args.thread}}
     print("READY", flush=True)
     if saver.get_tuple(cfg) is None:
-        graph.invoke({"messages": [human(1)]}, cfg, durability=args.durability)
+        invoke_waiting(graph, {"messages": [human(1)]}, cfg, args.durability)
     elif not finished(graph.get_state(cfg)):
-        graph.invoke(None, cfg, durability=args.durability)
+        invoke_waiting(graph, None, cfg, args.durability)
     state = graph.get_state(cfg)
     print(json.dumps({"finished": finished(state), "messages": len(state.values["messages"])}))
     client.close()
+    return 0
+
+
+async def arun(args: argparse.Namespace) -> int:
+    switch = KillSwitch(os.environ.get("ACCORD_KILL_AT"))
+    client: AsyncMongoClient = AsyncMongoClient(
+        args.uri, event_listeners=[TxnWatcher(switch, args.lsid_file)]
+    )
+    saver = AsyncKillingSaver(client, db_name=args.db, lease_seconds=args.lease)
+    saver.switch = switch
+    model = FakeChatModel(args.latency)
+    graph = build_graph(model, switch.hit, fanout=args.graph == "fanout").compile(
+        checkpointer=saver
+    )
+    cfg: RunnableConfig = {"configurable": {"thread_id": args.thread}}
+    print("READY", flush=True)
+    if await saver.aget_tuple(cfg) is None:
+        await ainvoke_waiting(graph, {"messages": [human(1)]}, cfg, args.durability)
+    elif not finished(await graph.aget_state(cfg)):
+        await ainvoke_waiting(graph, None, cfg, args.durability)
+    state = await graph.aget_state(cfg)
+    print(json.dumps({"finished": finished(state), "messages": len(state.values["messages"])}))
+    await client.close()
     return 0
 
 
@@ -266,8 +382,8 @@ def file_barrier(directory: Path, name: str, role: str, parties: int = 2) -> Non
     wait_for(directory, f"{name}-*", parties)
 
 
-def wait_for(directory: Path, pattern: str, count: int = 1) -> None:
-    deadline = time.monotonic() + 60.0
+def wait_for(directory: Path, pattern: str, count: int = 1, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
     while len(list(directory.glob(pattern))) < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the other writer never got to {pattern!r}")
@@ -275,77 +391,125 @@ def wait_for(directory: Path, pattern: str, count: int = 1) -> None:
 
 
 class BarrierSaver(AccordSaver):
-    """Lines two writers up at chosen points.
+    """Waits at a file barrier right before LangGraph loads the thread (its first
+    ``get_tuple``), so that two writers claim the thread at the same moment."""
 
-    Always: both wait once LangGraph has loaded the thread's head, so both start their
-    run from the same checkpoint. ``writes="together"``: both also wait before their
-    first ``put_writes``, so both finished the same task before either records it.
-    ``writes="a_first"``: writer ``a`` records its first task, then writer ``b`` records
-    the same task and saves its next checkpoint, and only then may ``a`` save its own.
-    """
-
-    barrier_dir: Path
-    role: str
-    writes = "free"
-    waited_head = False
-    first_writes = True
-    first_put = True
+    barrier_dir: Path | None = None
+    role = ""
+    waited = False
 
     def get_tuple(self, config: Any) -> Any:
-        tup = super().get_tuple(config)
-        if not self.waited_head and "checkpoint_id" not in config["configurable"]:
-            self.waited_head = True
-            file_barrier(self.barrier_dir, "head", self.role)
-        return tup
+        if not self.waited and self.barrier_dir is not None:
+            self.waited = True
+            file_barrier(self.barrier_dir, "claim", self.role)
+        return super().get_tuple(config)
 
-    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
-        first, self.first_writes = self.first_writes, False
-        if first and self.writes == "together":
-            file_barrier(self.barrier_dir, "writes", self.role)
-        if first and self.writes == "a_first" and self.role == "b":
-            wait_for(self.barrier_dir, "a-recorded")
-        super().put_writes(config, writes, task_id, task_path)
-        if first and self.writes == "a_first" and self.role == "a":
-            (self.barrier_dir / "a-recorded").touch()
 
-    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        first, self.first_put = self.first_put, False
-        if not first or self.writes != "a_first":
-            return super().put(config, checkpoint, metadata, new_versions)
-        if self.role == "a":
-            wait_for(self.barrier_dir, "b-put")
-            return super().put(config, checkpoint, metadata, new_versions)
-        try:
-            return super().put(config, checkpoint, metadata, new_versions)
-        finally:
-            (self.barrier_dir / "b-put").touch()
+class AsyncBarrierSaver(AsyncAccordSaver):
+    """:class:`BarrierSaver` for the async saver (the barrier waits in a thread)."""
+
+    barrier_dir: Path | None = None
+    role = ""
+    waited = False
+
+    async def aget_tuple(self, config: Any) -> Any:
+        if not self.waited and self.barrier_dir is not None:
+            self.waited = True
+            await asyncio.to_thread(file_barrier, self.barrier_dir, "claim", self.role)
+        return await super().aget_tuple(config)
 
 
 def race(args: argparse.Namespace) -> int:
+    if args.saver == "async":
+        return asyncio.run(arace(args))
     client: MongoClient = MongoClient(args.uri)
-    saver = BarrierSaver(client, db_name=args.db)
-    saver.barrier_dir, saver.role = Path(args.barrier), args.role
-    saver.writes = args.writes
-    graph = build_graph(FakeChatModel(args.latency)).compile(checkpointer=saver)
-    cfg: RunnableConfig = {"configurable": {"thread_id": args.thread}}
-    inputs = None if args.turn == 0 else {"messages": [human(args.turn)]}
-    result: dict[str, Any]
-    started = time.monotonic()
-    try:
-        graph.invoke(inputs, cfg, durability=args.durability)
-        result = {"outcome": "finished"}
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
-        result = {
-            "outcome": "error",
-            "type": type(exc).__name__,
-            "concurrent": isinstance(exc, ConcurrentRunError),
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-        }
-    result.update(role=args.role, durability=args.durability, seconds=time.monotonic() - started)
+    saver = BarrierSaver(client, db_name=args.db, lease_seconds=args.lease)
+    saver.barrier_dir = Path(args.barrier) if args.barrier else None
+    saver.role = args.role
+    graph, nodes = _race_graph(args, saver)
+    result = _race_result(
+        args,
+        lambda: graph.invoke(_race_input(args), _race_config(args), durability=args.durability),
+        nodes,
+    )
     Path(args.result).write_text(json.dumps(result))
     client.close()
     return 0
+
+
+async def arace(args: argparse.Namespace) -> int:
+    client: AsyncMongoClient = AsyncMongoClient(args.uri)
+    saver = AsyncBarrierSaver(client, db_name=args.db, lease_seconds=args.lease)
+    saver.barrier_dir = Path(args.barrier) if args.barrier else None
+    saver.role = args.role
+    graph, nodes = _race_graph(args, saver)
+    started = time.monotonic()
+    try:
+        await graph.ainvoke(_race_input(args), _race_config(args), durability=args.durability)
+        result: dict[str, Any] = {"outcome": "finished"}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = _race_error(exc)
+    result.update(
+        role=args.role,
+        durability=args.durability,
+        saver=args.saver,
+        seconds=time.monotonic() - started,
+        nodes=nodes["node_start"],
+    )
+    Path(args.result).write_text(json.dumps(result))
+    await client.close()
+    return 0
+
+
+def _race_input(args: argparse.Namespace) -> Any:
+    return None if args.turn == 0 else {"messages": [human(args.turn)]}
+
+
+def _race_config(args: argparse.Namespace) -> RunnableConfig:
+    return {"configurable": {"thread_id": args.thread}}
+
+
+def _race_error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "outcome": "error",
+        "type": type(exc).__name__,
+        "concurrent": isinstance(exc, ConcurrentRunError),
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _race_result(args: argparse.Namespace, invoke: Any, nodes: Counter[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        invoke()
+        result: dict[str, Any] = {"outcome": "finished"}
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result = _race_error(exc)
+    result.update(
+        role=args.role,
+        durability=args.durability,
+        saver=args.saver,
+        seconds=time.monotonic() - started,
+        nodes=nodes["node_start"],
+    )
+    return result
+
+
+def _race_graph(args: argparse.Namespace, saver: Any) -> tuple[Any, Counter[str]]:
+    nodes = Counter[str]()
+    hold = Path(args.hold) if args.hold else None
+
+    def on_point(point: str) -> None:
+        if point != "node_start":
+            return
+        nodes[point] += 1
+        if hold is not None and nodes[point] == 1:
+            Path(f"{hold}.{args.role}.in-node").touch()
+            wait_for(hold.parent, hold.name, timeout=120.0)
+
+    graph = build_graph(FakeChatModel(args.latency), on_point).compile(checkpointer=saver)
+    return graph, nodes
 
 
 # --- helpers for the parents ---------------------------------------------------------------
@@ -383,13 +547,18 @@ def main(argv: list[str]) -> int:
         s.add_argument("--thread", required=True)
         s.add_argument("--durability", choices=("sync", "async"), default="async")
         s.add_argument("--latency", type=float, default=0.0)
-    sub.choices["run"].add_argument("--lsid-file")
+        s.add_argument("--lease", type=float, default=30.0, help="lease seconds")
+    w = sub.choices["run"]
+    w.add_argument("--lsid-file")
+    w.add_argument("--saver", choices=("sync", "async"), default="sync")
+    w.add_argument("--graph", choices=("chain", "fanout"), default="chain")
     r = sub.choices["race"]
-    r.add_argument("--barrier", required=True)
+    r.add_argument("--barrier", help="claim at the same moment as the other writer")
     r.add_argument("--role", required=True)
     r.add_argument("--result", required=True)
     r.add_argument("--turn", type=int, required=True, help="0 = resume with invoke(None)")
-    r.add_argument("--writes", choices=("free", "together", "a_first"), default="free")
+    r.add_argument("--hold", help="the first node waits until this file exists")
+    r.add_argument("--saver", choices=("sync", "async"), default="sync")
     args = p.parse_args(argv)
     return run(args) if args.mode == "run" else race(args)
 

@@ -22,14 +22,8 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ClientBulkWriteException, OperationFailure, PyMongoError
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver, business
-from accord.checkpointers.ops import (
-    BusinessOpFailed,
-    Group,
-    Op,
-    translate_write_error,
-)
 from accord.errors import AccordError, BusinessWriteError, TaskWriteError
-from tests.checkpointers.conftest import unique_db
+from tests.checkpointers.conftest import make_saver, unique_db
 
 
 class State(TypedDict):
@@ -127,21 +121,37 @@ class TopLevelErrors:
 
 
 @pytest.mark.parametrize(
-    ("durability", "mode"),
-    [("sync", "client"), ("async", "client"), ("sync", "collection"), ("async", "top-level")],
+    ("kind", "durability", "mode"),
+    [
+        ("sync", "sync", "client"),
+        ("sync", "async", "client"),
+        ("sync", "sync", "collection"),
+        ("sync", "async", "top-level"),
+        ("async", "sync", "client"),
+        ("async", "async", "client"),
+        ("async", "async", "collection"),
+    ],
 )
 def test_failed_business_write_records_nothing_and_resume_reruns_the_task(
-    client: MongoClient, db_name: str, durability: str, mode: str
+    client: MongoClient, mongo_uri: str, db_name: str, kind: str, durability: str, mode: str
 ) -> None:
+    """Both savers (the async one driven by sync graphs through its sync methods)."""
     db = client[db_name]
     db.ledger.insert_one({"_id": "taken", "tenant_id": "default"})
     proxy = TopLevelErrors(client)
-    saver = AccordSaver(
-        proxy if mode == "top-level" else client,  # type: ignore[arg-type]
-        db_name=db_name,
-        client_bulk=False if mode == "collection" else None,
-    )
-    saver.setup()
+    if mode == "top-level":
+        saver: Any = AccordSaver(proxy, db_name=db_name)  # type: ignore[arg-type]
+        saver.setup()
+        _run_failure(db, saver, durability, proxy)
+        return
+    with make_saver(
+        kind, mongo_uri, db_name, client_bulk=False if mode == "collection" else None
+    ) as saver:
+        _run_failure(db, saver, durability, proxy)
+
+
+def _run_failure(db: Any, saver: Any, durability: str, proxy: TopLevelErrors) -> None:
+    mode = "top-level" if isinstance(saver.client, TopLevelErrors) else "other"
     graph = chain().compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": "t"}}
 
@@ -163,9 +173,7 @@ def test_failed_business_write_records_nothing_and_resume_reruns_the_task(
     assert [s.metadata["step"] for s in graph.get_state_history(cfg)] == [2, 1, 0, -1]
 
 
-def test_a_sibling_task_that_succeeded_is_not_rerun(
-    client: MongoClient, saver: AccordSaver
-) -> None:
+def test_a_sibling_task_that_succeeded_is_not_rerun(client: MongoClient, saver: Any) -> None:
     """Parallel tasks: ``a`` fails, ``c`` (same step) commits; the resume runs only ``a``."""
 
     def c(state: State) -> dict[str, Any]:
@@ -225,65 +233,3 @@ def test_async_saver_failed_business_write(
         asyncio.run(main())
     finally:
         client.drop_database(name)
-
-
-# --- the error translation, unit level ------------------------------------------------------
-
-
-def _groups() -> list[Group]:
-    own = Group("writes", "app", "checkpoint_writes", [Op("insert", doc={"_id": 1})])
-    ledger = Group(
-        "business:0",
-        "app",
-        "ledger",
-        [Op("insert", doc={"_id": "x"}), Op("insert", doc={"_id": "taken"})],
-        sources=[
-            {"op": "insert_one", "collection": "ledger", "node": "n", "document": {"_id": "x"}},
-            {"op": "insert_one", "collection": "ledger", "node": "n", "document": {"_id": "taken"}},
-        ],
-    )
-    return [own, ledger]
-
-
-DUP = "E11000 duplicate key error collection: app.ledger index: _id_ dup key: { _id: 'taken' }"
-
-
-def test_write_error_of_a_business_op_names_the_op() -> None:
-    exc = ClientBulkWriteException(
-        {"error": None, "writeErrors": [{"idx": 2, "code": 11000, "errmsg": DUP,
-                                         "keyValue": {"_id": "taken"}}]},
-        True,
-    )  # fmt: skip
-    out = translate_write_error(exc, _groups())
-    assert isinstance(out, BusinessOpFailed)
-    assert out.group.collection == "ledger" and out.index == 1
-    assert out.source is not None and out.source["document"] == {"_id": "taken"}
-    # batches: the index counts from the batch's first op
-    out = translate_write_error(
-        ClientBulkWriteException({"writeErrors": [{"idx": 0, "code": 11000, "errmsg": DUP}]}, True),
-        _groups(),
-        offset=2,
-    )
-    assert isinstance(out, BusinessOpFailed) and out.index == 1
-
-
-def test_top_level_error_is_attributed_by_namespace() -> None:
-    top = OperationFailure(DUP, 11000, {"code": 11000, "errmsg": DUP, "keyValue": {"_id": "t"}})
-    out = translate_write_error(ClientBulkWriteException({"error": top}, True), _groups())
-    assert isinstance(out, BusinessOpFailed) and out.group.collection == "ledger"
-    assert out.index is None and out.info["keyValue"] == {"_id": "t"}  # which op: unknown
-    # an error in one of the checkpointer's own collections is not a business error
-    own = DUP.replace("app.ledger", "app.checkpoint_writes")
-    top = OperationFailure(own, 11000, {"code": 11000, "errmsg": own})
-    assert translate_write_error(ClientBulkWriteException({"error": top}, True), _groups()) is top
-
-
-def test_write_conflict_is_retried_whatever_its_shape() -> None:
-    labelled = OperationFailure("conflict", 112, {"errorLabels": ["TransientTransactionError"]})
-    out = translate_write_error(ClientBulkWriteException({"error": labelled}, True), _groups())
-    assert out is labelled
-    as_write_error = ClientBulkWriteException(
-        {"writeErrors": [{"idx": 0, "code": 112, "errmsg": "WriteConflict"}]}, True
-    )
-    out = translate_write_error(as_write_error, _groups())
-    assert isinstance(out, OperationFailure) and out.has_error_label("TransientTransactionError")

@@ -14,7 +14,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from pymongo import AsyncMongoClient, MongoClient
 
-from accord.checkpointers import AccordSaver, AsyncAccordSaver, business
+from accord.checkpointers import AsyncAccordSaver, business
 from accord.errors import ConfigurationError
 from tests.checkpointers.conftest import unique_db
 
@@ -80,10 +80,9 @@ def _sync_build() -> StateGraph:
     ("durability", "client_bulk"), [("sync", None), ("async", None), ("async", False)]
 )
 def test_sync_graph_business_writes_and_resume(
-    client: MongoClient, db_name: str, durability: str, client_bulk: bool | None
+    client: MongoClient, saver_factory: Any, durability: str, client_bulk: bool | None
 ) -> None:
-    saver = AccordSaver(client, db_name=db_name, client_bulk=client_bulk)
-    saver.setup()
+    saver = saver_factory(client_bulk=client_bulk)
     graph = _sync_build().compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": "t1"}}
     db = client[saver.db_name]
@@ -120,7 +119,7 @@ def test_sync_graph_business_writes_and_resume(
     assert db.outbox.count_documents({"thread_id": "t1", "kind": "writes"}) >= 4
 
 
-def test_message_edits_and_removals_round_trip(saver: AccordSaver) -> None:
+def test_message_edits_and_removals_round_trip(saver: Any, saver_factory: Any) -> None:
     def step(state: State) -> dict[str, Any]:
         last = state["messages"][-1].content
         if last == "edit":
@@ -146,14 +145,14 @@ def test_message_edits_and_removals_round_trip(saver: AccordSaver) -> None:
     )
     assert all(mid != "ai-0" for mid, _ in expected_history[2])
     # every historic checkpoint reassembles exactly its own version of the channel
-    fresh = AccordSaver(saver.client, db_name=saver.db_name)
+    fresh = saver_factory(setup=False)
     history = list(g.compile(checkpointer=fresh).get_state_history(cfg))
     seen = {tuple((m.id, m.content) for m in s.values.get("messages", [])) for s in history}
     for snapshot in expected_history:
         assert tuple(snapshot) in seen
 
 
-def test_time_travel_fork_and_update_state(saver: AccordSaver) -> None:
+def test_time_travel_fork_and_update_state(saver: Any) -> None:
     graph = _sync_build().compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": "tt"}}
     graph.invoke({"messages": [HumanMessage("hi", id="h-1")]}, cfg)
@@ -188,7 +187,7 @@ def test_business_writes_need_accord_saver_and_durability() -> None:
         business.insert_one("orders", {"x": 1})
 
 
-def test_exit_durability_refuses_business_writes(saver: AccordSaver) -> None:
+def test_exit_durability_refuses_business_writes(saver: Any) -> None:
     graph = _sync_build().compile(checkpointer=saver)
     with pytest.raises(ConfigurationError, match="durability"):
         graph.invoke(
@@ -198,7 +197,7 @@ def test_exit_durability_refuses_business_writes(saver: AccordSaver) -> None:
         )
 
 
-def test_failed_task_commits_no_business_writes(client: MongoClient, saver: AccordSaver) -> None:
+def test_failed_task_commits_no_business_writes(client: MongoClient, saver: Any) -> None:
     attempts = {"n": 0}
 
     def flaky(state: State) -> dict[str, Any]:
@@ -260,7 +259,7 @@ class D(TypedDict):
     items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
 
 
-def test_delta_channel_graph_matches_in_memory_saver(saver: AccordSaver) -> None:
+def test_delta_channel_graph_matches_in_memory_saver(saver: Any) -> None:
     """LangGraph's DeltaChannel (beta) rebuilds state from ancestor writes through
     get_delta_channel_history: the result must match InMemorySaver's, and prune must not
     cut the history it depends on."""
@@ -287,3 +286,21 @@ def test_delta_channel_graph_matches_in_memory_saver(saver: AccordSaver) -> None
         .values["items"]
         == results[0]
     )
+
+
+def test_business_writes_in_a_delta_channel_graph_are_refused(
+    client: MongoClient, saver: Any
+) -> None:
+    """LangGraph records a DeltaChannel graph's task writes before their checkpoint is
+    saved, so staged business writes could not be exactly once there: refused, clearly."""
+
+    def add(state: D) -> dict[str, Any]:
+        business.insert_one("orders", {"_id": "o"})
+        return {"items": ["x"]}
+
+    g = StateGraph(D)
+    g.add_node("add", add)
+    g.add_edge(START, "add")
+    with pytest.raises(ConfigurationError, match="DeltaChannel"):
+        g.compile(checkpointer=saver).invoke({"items": []}, {"configurable": {"thread_id": "dz"}})
+    assert client[saver.db_name].orders.count_documents({}) == 0

@@ -1,8 +1,13 @@
 """Acceptance kill suite: SIGKILL the worker anywhere, resume in a new process, lose nothing.
 
-A real LangGraph StateGraph (``kill_worker.build_graph``: 12 ``model`` steps and a
-``finish`` step, each appending one message and staging business writes) runs in a child
-process on :class:`~accord.checkpointers.AccordSaver`. The parent SIGKILLs the child at
+Real LangGraph StateGraphs (``kill_worker.build_graph``: 12 ``model`` steps and a
+``finish`` step, each appending one message and staging business writes; the ``fanout``
+variant fans every model step out to two nodes joined by a barrier,
+``add_edge([a, b], "join")``, each with business writes) run in a child process on
+:class:`~accord.checkpointers.AccordSaver` (``invoke``) or
+:class:`~accord.checkpointers.AsyncAccordSaver` (``ainvoke``), under both durability
+modes. A worker that restarts while the killed one's lease is still live waits for it to
+expire (leases are 1 s here). The parent SIGKILLs the child at
 named points (``ACCORD_KILL_AT``: before/after a node, inside ``put_writes``, between
 ``put_writes`` and ``put``, around ``put``, inside the transaction before and after the
 commit) and at random moments, then resumes the thread in a new process until it
@@ -11,9 +16,9 @@ embedded engine in its own process; only workers are killed, never the server).
 
 After every kill: business writes are all-or-nothing per step and never ahead of the
 saved state by more than the one task whose writes committed; the history is one chain.
-At the end: the graph finished, every business write exists exactly once, every message
-exists exactly once and in order (state and short-term memory), and the final state equals
-an uninterrupted run's.
+At the end: the graph finished (a fan-in ``join`` was never skipped), every business
+write exists exactly once, every message exists exactly once and in order (state and
+short-term memory), and the final state equals an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -50,18 +55,22 @@ from tests.checkpointers.kill_worker import (
     start_engine,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 WORKER = Path(__file__).with_name("kill_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("ACCORD_KILL_SEED", "20240611"))
-MIN_KILLS = 30
+MIN_KILLS = 36
 #: random-time kills: threads x kills per thread
 RANDOM_THREADS, RANDOM_KILLS_PER_THREAD = 4, 2
 #: seconds after the worker is ready within which random kills land
 RANDOM_WINDOW = 0.4
 #: the fake model's "thinking" time in random scenarios, so a run outlasts the window
 RANDOM_LATENCY = 0.03
+#: lease of the workers: a restarted worker waits at most this long for a dead one's
+LEASE = 1.0
+#: (saver, durability) combinations every kill point runs under
+COMBOS = [("sync", "sync"), ("sync", "async"), ("async", "sync"), ("async", "async")]
 NAMES = CollectionNames()
 
 
@@ -87,6 +96,8 @@ class Scenario:
     #: one entry per killed worker: an ``ACCORD_KILL_AT`` value, or ``"random"``
     kills: list[str]
     latency: float = 0.0
+    saver: str = "sync"
+    graph: str = "chain"
 
 
 @dataclass
@@ -99,16 +110,24 @@ class Outcome:
 
 
 def scenarios(rng: random.Random) -> list[Scenario]:
+    """Every kill point under two (saver, durability) pairs that cover both savers and
+    both durabilities (alternating which), on the chain and the fan-out/fan-in graph;
+    then random-time kills under every pair."""
     out = []
-    for point in KILL_POINTS:
-        for durability in ("sync", "async"):
+    for p, point in enumerate(KILL_POINTS):
+        pair = (COMBOS[0], COMBOS[3]) if p % 2 == 0 else (COMBOS[1], COMBOS[2])
+        for c, (saver, durability) in enumerate(pair):
+            graph = ("chain", "fanout")[(p // 2 + c) % 2]
             # n <= 6 leaves the 13-step graph enough events for a second kill
             kills = [f"{point}:{rng.randint(1, 6)}" for _ in range(2)]
-            out.append(Scenario(f"{point}-{durability}", durability, kills))
+            name = f"{point}-{saver}-{durability}-{graph}"
+            out.append(Scenario(name, durability, kills, saver=saver, graph=graph))
     for i in range(RANDOM_THREADS):
-        durability = ("sync", "async")[i % 2]
+        saver, durability = COMBOS[i % len(COMBOS)]
+        graph = ("chain", "fanout")[i % 2]
         kills = ["random"] * RANDOM_KILLS_PER_THREAD
-        out.append(Scenario(f"random-{i}-{durability}", durability, kills, RANDOM_LATENCY))
+        name = f"random-{i}-{saver}-{durability}-{graph}"
+        out.append(Scenario(name, durability, kills, RANDOM_LATENCY, saver, graph))
     return out
 
 
@@ -128,7 +147,8 @@ class Harness:
         return subprocess.Popen(
             [sys.executable, str(WORKER), "run", "--uri", self.uri, "--db", self.db_name,
              "--thread", sc.thread, "--durability", sc.durability, "--latency", str(sc.latency),
-             "--lsid-file", str(self.lsid_file(sc))],
+             "--lsid-file", str(self.lsid_file(sc)), "--saver", sc.saver, "--graph", sc.graph,
+             "--lease", str(LEASE)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         )  # fmt: skip
 
@@ -229,6 +249,13 @@ class Harness:
             assert latest is not None
             pending = [v for _, ch, v in latest.pending_writes or [] if ch == "messages"]
             assert any(m.id == f"ai-{k}" for v in pending for m in v), f"{where}: {pending}"
+        if sc.graph == "fanout":
+            # every side of a fan-out and every join at most once per model step
+            audits = self.db.audits.find_one({"_id": sc.thread}) or {}
+            joins = sorted(d["step"] for d in self.db.joins.find({"thread": sc.thread}))
+            assert joins == sorted(set(joins)) and set(joins) <= set(steps), f"{where}: {joins}"
+            for side in ("a", "b"):
+                assert audits.get(side, 0) <= k, f"{where}: audits {audits}"
         self.check_chain(sc.thread)
         self.check_memory(sc.thread, exact=None)
         return k == saved + 1
@@ -258,8 +285,11 @@ class Harness:
             )
         return f"history of {thread}:\n" + "\n".join(rows)
 
-    def check_final(self, sc: Scenario, reference: dict[str, Any]) -> None:
-        graph = build_graph(FakeChatModel()).compile(checkpointer=self.saver)
+    def check_final(self, sc: Scenario, references: dict[str, dict[str, Any]]) -> None:
+        reference = references[sc.graph]
+        graph = build_graph(FakeChatModel(), fanout=sc.graph == "fanout").compile(
+            checkpointer=self.saver
+        )
         state = graph.get_state({"configurable": {"thread_id": sc.thread}})
         assert finished(state), f"{sc.thread}: graph did not finish\n{self.describe(sc.thread)}"
         messages = state.values["messages"]
@@ -279,12 +309,22 @@ class Harness:
             f"{len(reference['history'])}"
         )
         self.check_memory(sc.thread, exact=expected_ids)
+        if sc.graph == "fanout":
+            # the barrier never lost or repeated a join: one per model step, and both
+            # sides of every fan-out exactly once
+            joins = sorted(d["step"] for d in self.db.joins.find({"thread": sc.thread}))
+            assert joins == list(range(1, STEPS_PER_TURN)), f"{sc.thread}: joins {joins}"
+            audits = self.db.audits.find_one({"_id": sc.thread})
+            assert audits is not None, sc.thread
+            assert audits["a"] == audits["b"] == STEPS_PER_TURN - 1, f"{sc.thread}: {audits}"
 
 
-def reference_run(h: Harness) -> dict[str, Any]:
+def reference_run(h: Harness, graph_kind: str) -> dict[str, Any]:
     """The same graph, uninterrupted, in this process."""
-    thread = "reference"
-    graph = build_graph(FakeChatModel()).compile(checkpointer=h.saver)
+    thread = f"reference-{graph_kind}"
+    graph = build_graph(FakeChatModel(), fanout=graph_kind == "fanout").compile(
+        checkpointer=h.saver
+    )
     cfg: RunnableConfig = {"configurable": {"thread_id": thread}}
     out = graph.invoke({"messages": [human(1)]}, cfg)
     messages = out["messages"]
@@ -302,23 +342,30 @@ def test_sigkilled_workers_resume_exactly_once(server_uri: str, tmp_path: Path) 
     started = time.monotonic()
     try:
         h.saver.setup()
-        reference = reference_run(h)
+        references = {kind: reference_run(h, kind) for kind in ("chain", "fanout")}
         plan = scenarios(rng)
         with ThreadPoolExecutor(max_workers=3) as pool:
             outcomes = list(pool.map(h.drive, plan))
         for sc in plan:
-            h.check_final(sc, reference)
+            h.check_final(sc, references)
         kills = [k for o in outcomes for k in o.kills]
         by_point = Counter(k.split(":")[0] for k in kills)
         ahead = sum(o.ahead for o in outcomes)
+        by_combo = Counter(
+            f"{sc.saver}/{sc.durability}/{sc.graph}"
+            for sc, o in zip(plan, outcomes, strict=True)
+            for _ in o.kills
+        )
         summary = (
             f"{len(kills)} kills in {sum(o.workers for o in outcomes)} worker processes, "
             f"{time.monotonic() - started:.1f}s: {dict(sorted(by_point.items()))}; "
+            f"by saver/durability/graph {dict(sorted(by_combo.items()))}; "
             f"{ahead} left a recorded task without its next checkpoint"
         )
         print(summary)
         assert len(kills) >= MIN_KILLS, summary
         assert set(by_point) >= set(KILL_POINTS) | {"random"}, summary
+        assert len(by_combo) == 8, summary  # both savers, durabilities and graphs killed
         assert ahead, f"no kill landed between put_writes and put: {summary}"
     finally:
         h.client.drop_database(db_name)

@@ -11,7 +11,6 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from pymongo import MongoClient
 
-from accord.checkpointers import AccordSaver
 from accord.checkpointers.migrate import migrate_threads
 from tests.checkpointers.conftest import config, unique_db
 
@@ -21,7 +20,7 @@ class S(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
-def test_migrate_from_mongodbsaver(client: MongoClient, saver: AccordSaver) -> None:
+def test_migrate_from_mongodbsaver(client: MongoClient, saver: Any) -> None:
     def bot(state: S) -> dict[str, Any]:
         return {
             "messages": [

@@ -1,8 +1,14 @@
-"""Single writer per thread: the loser of a race gets ConcurrentRunError, nothing half-written."""
+"""Explicit ownership: one run writes a thread at a time (run registry, lease, fence).
+
+Every test runs for both savers (``kind``). Two processes on one thread are in
+``test_two_writers.py``; here two runs race in threads of one process, on two saver
+instances (two workers) or one.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, TypedDict
 
 import pytest
@@ -10,188 +16,271 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.graph import START, StateGraph
 from pymongo import MongoClient
 
-from accord.checkpointers import AccordSaver
-from accord.checkpointers.ownership import BRANCH_MARKER
 from accord.errors import ConcurrentRunError
+from accord.platform import runs
 from tests.checkpointers.conftest import config
-
-
-def _counts(client: MongoClient, db_name: str) -> dict[str, int]:
-    db = client[db_name]
-    return {name: db[name].count_documents({}) for name in db.list_collection_names()}
-
-
-def _put(
-    saver: AccordSaver, thread: str, parent: str | None, value: str, **md: Any
-) -> dict[str, Any]:
-    cp = generate_checkpoint(
-        channel_values={"v": value}, channel_versions={"v": saver.get_next_version(None, None)}
-    )
-    meta = generate_metadata(**md)
-    return saver.put(config(thread, parent), cp, meta, cp["channel_versions"])
-
-
-def test_second_writer_from_same_head_loses(client: MongoClient, saver: AccordSaver) -> None:
-    other = AccordSaver(client, db_name=saver.db_name)  # a second worker
-    head = _put(saver, "t", None, "root", source="input", step=-1)["configurable"]["checkpoint_id"]
-    # both workers loaded the head; the first to commit wins
-    won = _put(saver, "t", head, "a", step=0)["configurable"]["checkpoint_id"]
-    before = _counts(client, saver.db_name)
-    with pytest.raises(ConcurrentRunError, match="advanced by another writer"):
-        _put(other, "t", head, "b", step=0)
-    assert _counts(client, saver.db_name) == before  # nothing of the loser was written
-    # the loser's task writes against its stale checkpoint are refused too
-    with pytest.raises(ConcurrentRunError):
-        other.put_writes(config("t", head), [("v", "late")], "task-b")
-    assert _counts(client, saver.db_name) == before
-    # the winner keeps going
-    _put(saver, "t", won, "a2", step=1)
-    assert [t.checkpoint["channel_values"]["v"] for t in saver.list(config("t"))] == [
-        "a2",
-        "a",
-        "root",
-    ]
-
-
-def test_two_workers_starting_a_new_thread(client: MongoClient, saver: AccordSaver) -> None:
-    other = AccordSaver(client, db_name=saver.db_name)
-    _put(saver, "fresh", None, "first", source="input", step=-1)
-    with pytest.raises(ConcurrentRunError, match="started it as a new thread"):
-        _put(other, "fresh", None, "second", source="input", step=-1)
-    assert len(list(saver.list(config("fresh")))) == 1
-
-
-def test_explicit_forks_are_allowed(saver: AccordSaver) -> None:
-    c0 = _put(saver, "f", None, "0", source="input", step=-1)["configurable"]["checkpoint_id"]
-    c1 = _put(saver, "f", c0, "1", step=0)["configurable"]["checkpoint_id"]
-    _put(saver, "f", c1, "2", step=1)
-    # a stale parent without intent is refused...
-    with pytest.raises(ConcurrentRunError):
-        _put(saver, "f", c0, "stale", step=1)
-    # ...but LangGraph's fork/update checkpoints and addressed reads branch on purpose
-    _put(saver, "f", c0, "fork", source="fork", step=1)
-    addressed = saver.get_tuple(config("f", c1))
-    assert addressed is not None and addressed.config["configurable"][BRANCH_MARKER] == c1
-    cp = generate_checkpoint(channel_values={"v": "from-c1"}, channel_versions={"v": "9"})
-    saver.put(addressed.config, cp, generate_metadata(step=2), {"v": "9"})
-    latest = saver.get_tuple(config("f"))
-    assert latest is not None and latest.checkpoint["channel_values"]["v"] == "from-c1"
-    assert latest.config["configurable"][BRANCH_MARKER] is None
 
 
 class S(TypedDict):
     n: int
 
 
-def test_two_graph_runs_on_one_thread(client: MongoClient, saver: AccordSaver) -> None:
-    """Two workers drive the same thread at once: one wins, the history stays one chain."""
-    barrier = threading.Barrier(2, timeout=10)
+def _counts(client: MongoClient, db_name: str) -> dict[str, int]:
+    db = client[db_name]
+    return {
+        name: db[name].count_documents({})
+        for name in db.list_collection_names()
+        if name not in ("runs", "accord_catalog")
+    }
 
-    class Worker(AccordSaver):
-        def get_tuple(self, config: Any) -> Any:
-            tup = super().get_tuple(config)
-            if "checkpoint_id" not in config["configurable"]:
-                barrier.wait()  # both runs loaded the same head before either writes
-            return tup
 
+class Gate:
+    """A node that signals it started, then waits until released."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self, state: S) -> dict[str, Any]:
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(60)
+        return {"n": state["n"] + 1}
+
+
+def _graph(node: Any) -> StateGraph:
     g = StateGraph(S)
-    g.add_node("step", lambda s: {"n": s["n"] + 1})
+    g.add_node("step", node)
     g.add_edge(START, "step")
-    cfg = {"configurable": {"thread_id": "race"}}
-    g.compile(checkpointer=saver).invoke({"n": 0}, cfg)
-    results: list[Any] = []
+    return g
 
-    def run(durability: str) -> None:
-        worker = Worker(client, db_name=saver.db_name)
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
         try:
-            results.append(
-                g.compile(checkpointer=worker).invoke({"n": 10}, cfg, durability=durability)
-            )
-        except Exception as exc:  # noqa: BLE001
-            results.append(exc)
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001
+            out.append(exc)
 
-    threads = [threading.Thread(target=run, args=(d,)) for d in ("sync", "async")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    errors = [r for r in results if isinstance(r, Exception)]
-    assert len(errors) == 1 and isinstance(errors[0], ConcurrentRunError), results
-    assert [r for r in results if not isinstance(r, Exception)] == [{"n": 11}]
-    # one chain: every checkpoint's parent is the next older one
-    history = list(saver.list(cfg))
-    assert len(history) == 6  # three per run: input, __start__, step
-    for newer, older in zip(history, history[1:], strict=False):
-        assert newer.parent_config is not None
-        assert (
-            newer.parent_config["configurable"]["checkpoint_id"]
-            == older.config["configurable"]["checkpoint_id"]
-        )
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
 
 
-# --- every ConcurrentRunError says what happened and what to do -----------------------------
-
-
-def _says_what_and_what_to_do(exc: BaseException, thread: str, *checkpoints: str) -> None:
+def _says_what_and_what_to_do(exc: BaseException, thread: str) -> None:
     message = str(exc)
     assert repr(thread) in message, message
-    for cid in checkpoints:
-        assert repr(cid) in message, (cid, message)
+    assert "nothing of" in message, message
+    assert "Only one run may write a thread at a time" in message, message
     assert "reload the thread's latest state" in message and "retry" in message, message
-    assert "Only one worker may advance a thread at a time" in message, message
 
 
-def test_every_concurrent_run_error_says_what_happened_and_what_to_do(
-    client: MongoClient, saver: AccordSaver, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_second_run_is_refused_before_it_runs_any_node(
+    client: MongoClient, saver: Any, saver_factory: Any, durability: str
 ) -> None:
-    other = AccordSaver(client, db_name=saver.db_name)
-    c0 = _put(saver, "m", None, "0", source="input", step=-1)["configurable"]["checkpoint_id"]
-    c1 = _put(other, "m", c0, "1", step=0)["configurable"]["checkpoint_id"]
+    """Two workers (saver instances) on one thread: while the first run works, the second
+    is refused when LangGraph loads the thread, before any of its nodes runs, and
+    nothing of it is written; once the first run ends, the thread is free again."""
+    first, second = Gate(), Gate()
+    second.release.set()
+    other = saver_factory()
+    cfg = {"configurable": {"thread_id": "busy"}}
+    t, out = _in_thread(
+        lambda: (
+            _graph(first).compile(checkpointer=saver).invoke({"n": 0}, cfg, durability=durability)
+        )
+    )
+    assert first.started.wait(30)
+    with pytest.raises(ConcurrentRunError) as info:
+        _graph(second).compile(checkpointer=other).invoke({"n": 100}, cfg, durability=durability)
+    assert second.calls == 0  # refused before running any node
+    _says_what_and_what_to_do(info.value, "busy")
+    assert "being run by run" in str(info.value) and "held by" in str(info.value)
+    # the same worker cannot start a second run on it either
+    with pytest.raises(ConcurrentRunError):
+        _graph(second).compile(checkpointer=saver).invoke({"n": 100}, cfg, durability=durability)
+    first.release.set()
+    t.join(30)
+    assert out == [{"n": 1}]
+    # released at the end of the run: the other worker continues the thread
+    assert _graph(second).compile(checkpointer=other).invoke(None, cfg) == {"n": 1}
+    assert _graph(second).compile(checkpointer=other).invoke({"n": 5}, cfg) == {"n": 6}
+    assert second.calls == 1
+    # nothing of the refused runs (input n=100) was ever written
+    history = list(_graph(second).compile(checkpointer=other).get_state_history(cfg))
+    assert history and all(s.values.get("n") != 100 for s in history)
+
+
+def test_writes_that_belong_to_no_run_wait_for_the_run(
+    client: MongoClient, saver: Any, saver_factory: Any
+) -> None:
+    """While a run holds the thread, ``update_state`` or a direct ``put`` (which belong to
+    no run) are refused; reads work; after the run, both work."""
+    gate = Gate()
+    cfg = {"configurable": {"thread_id": "adhoc"}}
+    graph = _graph(gate).compile(checkpointer=saver)
+    gate.release.set()
+    graph.invoke({"n": 0}, cfg, durability="sync")  # a first turn
+    gate.release.clear()
+    gate.started.clear()
+    t, out = _in_thread(lambda: graph.invoke({"n": 10}, cfg, durability="sync"))
+    assert gate.started.wait(30)
+    other = saver_factory()
+    other_graph = _graph(gate).compile(checkpointer=other)
+    assert other_graph.get_state(cfg).values == {"n": 10}  # reads are never refused
     before = _counts(client, saver.db_name)
-
-    # 1. a stale parent: the thread was advanced by another writer (put)
-    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "1"})
     with pytest.raises(ConcurrentRunError) as info:
-        saver.put(config("m", c0), cp, generate_metadata(step=0), {"v": "1"})
-    _says_what_and_what_to_do(info.value, "m", c1, c0, cp["id"])
+        other_graph.update_state(cfg, {"n": 99})
+    _says_what_and_what_to_do(info.value, "adhoc")
+    cp = generate_checkpoint(channel_values={"n": 1}, channel_versions={"n": "1"})
+    with pytest.raises(ConcurrentRunError):
+        other.put(config("adhoc"), cp, generate_metadata(), {"n": "1"})
+    with pytest.raises(ConcurrentRunError):
+        other.put_writes(config("adhoc", cp["id"]), [("n", 1)], "task")
+    assert _counts(client, saver.db_name) == before
+    gate.release.set()
+    t.join(30)
+    assert out == [{"n": 11}]
+    other_graph.update_state(cfg, {"n": 99})
+    assert other_graph.get_state(cfg).values == {"n": 99}
 
-    # 2. two workers start the same new thread
-    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "1"})
-    with pytest.raises(ConcurrentRunError) as info:
-        saver.put(config("m"), cp, generate_metadata(source="input", step=-1), {"v": "1"})
-    _says_what_and_what_to_do(info.value, "m", c1, cp["id"])
 
-    # 3. task writes of a checkpoint the thread moved past (another worker's head)
-    with pytest.raises(ConcurrentRunError) as info:
-        saver.put_writes(config("m", c0), [("v", "late")], "task-1")
-    _says_what_and_what_to_do(info.value, "m", c0, c1)
+def test_a_stale_owner_is_refused_at_commit(
+    client: MongoClient, saver_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose worker stops renewing (paused past its lease) loses the thread to the
+    next run; when it wakes up, its commits are refused by the fence: nothing of it is
+    written after the takeover."""
+    stale = saver_factory(lease_seconds=1.0)
+    # the paused worker's heartbeat is paused too
+    monkeypatch.setattr(stale, "_renew_leases", _no_heartbeat(stale))
+    gate = Gate()
+    cfg = {"configurable": {"thread_id": "stale"}}
+    t, out = _in_thread(
+        lambda: _graph(gate).compile(checkpointer=stale).invoke({"n": 0}, cfg, durability="sync")
+    )
+    assert gate.started.wait(30)
+    time.sleep(1.5)  # past the lease
+    fresh = saver_factory()
+    new = Gate()
+    new.release.set()
+    assert _graph(new).compile(checkpointer=fresh).invoke({"n": 50}, cfg) == {"n": 51}
+    history = [s.values for s in _graph(new).compile(checkpointer=fresh).get_state_history(cfg)]
+    gate.release.set()  # the stale run wakes up and tries to record its step
+    t.join(30)
+    assert len(out) == 1 and isinstance(out[0], ConcurrentRunError), out
+    message = str(out[0])
+    assert "lost thread 'stale'" in message and "lease expired" in message, message
+    _says_what_and_what_to_do(out[0], "stale")
+    graph = _graph(new).compile(checkpointer=fresh)
+    assert graph.get_state(cfg).values == {"n": 51}
+    assert [s.values for s in graph.get_state_history(cfg)] == history
 
-    # 4. task writes of a checkpoint that was never saved
-    monkeypatch.setattr("accord.checkpointers.saver._IDLE_GRACE_SECONDS", 0.05)
-    with pytest.raises(ConcurrentRunError) as info:
-        saver.put_writes(config("m", "never-saved"), [("v", "late")], "task-2")
-    _says_what_and_what_to_do(info.value, "m", "never-saved")
 
-    # 5. the head keeps moving at every attempt
-    monkeypatch.setattr(AccordSaver, "_head_ok", staticmethod(lambda plan, counts: False))
-    cp = generate_checkpoint(channel_values={"v": "x"}, channel_versions={"v": "2"})
-    with pytest.raises(ConcurrentRunError) as info:
-        other.put(config("m", c1), cp, generate_metadata(step=1), {"v": "2"})
-    _says_what_and_what_to_do(info.value, "m", cp["id"])
-    assert "kept moving" in str(info.value)
+def _no_heartbeat(saver: Any) -> Any:
+    if hasattr(saver, "_on_loop"):  # AsyncAccordSaver
 
-    assert _counts(client, saver.db_name) == before  # none of them wrote anything
+        async def nothing() -> None:
+            return None
+
+        return nothing
+    return lambda: None
+
+
+def test_the_lease_is_renewed_while_a_long_step_runs(saver_factory: Any) -> None:
+    """A step longer than the lease: the heartbeat keeps the thread held, so another
+    worker is still refused after several lease periods, and the run completes."""
+    long = saver_factory(lease_seconds=1.0)
+    other = saver_factory()
+    gate = Gate()
+    cfg = {"configurable": {"thread_id": "long"}}
+    t, out = _in_thread(
+        lambda: _graph(gate).compile(checkpointer=long).invoke({"n": 0}, cfg, durability="sync")
+    )
+    assert gate.started.wait(30)
+    time.sleep(2.5)  # 2.5 lease periods without a commit
+    idle = Gate()
+    idle.release.set()
+    with pytest.raises(ConcurrentRunError):
+        _graph(idle).compile(checkpointer=other).invoke({"n": 100}, cfg)
+    assert idle.calls == 0
+    gate.release.set()
+    t.join(30)
+    assert out == [{"n": 1}]
+
+
+def test_one_saver_serves_many_threads_and_sequential_runs(saver: Any) -> None:
+    """Runs on different threads never block each other; consecutive runs on one thread
+    (the normal case) never see a previous run as a live owner."""
+    cfgs = [{"configurable": {"thread_id": f"t{i}"}} for i in range(3)]
+    gates = [Gate() for _ in cfgs]
+    started = [
+        _in_thread(lambda g=g, c=c: _graph(g).compile(checkpointer=saver).invoke({"n": 0}, c))
+        for g, c in zip(gates, cfgs, strict=True)
+    ]
+    for g in gates:
+        assert g.started.wait(30)
+        g.release.set()
+    for t, out in started:
+        t.join(30)
+        assert out == [{"n": 1}]
+    free = Gate()
+    free.release.set()
+    graph = _graph(free).compile(checkpointer=saver)
+    for i in range(5):
+        assert graph.invoke({"n": i}, cfgs[0]) == {"n": i + 1}
+
+
+def test_returned_configs_are_exactly_langgraphs(saver: Any) -> None:
+    """No extra keys in any config accord hands back (state, history, tuples, put)."""
+    free = Gate()
+    free.release.set()
+    graph = _graph(free).compile(checkpointer=saver)
+    cfg = {"configurable": {"thread_id": "cfg"}}
+    graph.invoke({"n": 0}, cfg)
+    keys = {"thread_id", "checkpoint_ns", "checkpoint_id"}
+    state = graph.get_state(cfg)
+    assert set(state.config["configurable"]) == keys
+    for snap in graph.get_state_history(cfg):
+        assert set(snap.config["configurable"]) == keys
+        if snap.parent_config:
+            assert set(snap.parent_config["configurable"]) == keys
+    tup = saver.get_tuple(cfg)
+    assert set(tup.config["configurable"]) == keys
+    cp = generate_checkpoint(channel_values={"n": 1}, channel_versions={"n": "1"})
+    assert set(saver.put(cfg, cp, generate_metadata(), {"n": "1"})["configurable"]) == keys
+
+
+def test_run_registry_document(client: MongoClient, saver: Any) -> None:
+    """The registry records the run, its fence and lease; a released lease has no expiry."""
+    free = Gate()
+    free.release.set()
+    graph = _graph(free).compile(checkpointer=saver)
+    cfg = {"configurable": {"thread_id": "reg"}}
+    run_id = "11111111-1111-1111-1111-111111111111"
+    graph.invoke({"n": 0}, {**cfg, "run_id": run_id})
+    doc = client[saver.db_name].runs.find_one({"_id": runs.run_doc_id("default", "reg")})
+    assert doc is not None and doc["run_id"] == run_id  # LangGraph's run id when given
+    graph.invoke({"n": 0}, cfg)
+    doc = client[saver.db_name].runs.find_one({"_id": runs.run_doc_id("default", "reg")})
+    assert doc is not None and doc["fence"] == 2 and doc["lease_expires"] is None
+    assert doc["run_id"].startswith("accord-")  # minted: the second run gave no run_id
+    assert doc["thread_id"] == "reg" and doc["tenant_id"] == "default"
 
 
 def test_concurrent_run_errors_are_built_in_one_place() -> None:
     """Every ConcurrentRunError of the checkpointer comes from ownership.py's builders (whose
-    messages the test above checks) or repeats one of their messages."""
+    messages the tests above check) or repeats one of their messages (failures.py)."""
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2] / "accord" / "checkpointers"
     sites = {
-        p.name: p.read_text().count("ConcurrentRunError(")
-        for p in root.glob("*.py")
+        p.relative_to(root).as_posix(): p.read_text().count("ConcurrentRunError(")
+        for p in root.rglob("*.py")
         if "ConcurrentRunError(" in p.read_text()
     }
-    assert sites == {"ownership.py": 5, "base.py": 1}, sites
+    assert sites == {"ownership.py": 3, "failures.py": 1}, sites

@@ -1,25 +1,34 @@
-"""Storage model: chunked large values, messages stored once, encryption, maintenance."""
+"""Storage model: chunked large values, messages stored once, encryption, maintenance.
+
+Every test runs for both savers (``saver`` / ``saver_factory`` are parametrized).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
+import time
+import uuid
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+from langgraph.checkpoint.mongodb import MongoDBSaver
 from langgraph.checkpoint.serde.base import CipherProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from pymongo import MongoClient
 
-from accord.checkpointers import AccordSaver
-from accord.checkpointers.base import ReadBatch
-from accord.checkpointers.storage import PAGE
+from accord.checkpointers import AccordSaver, AsyncAccordSaver
+from accord.checkpointers.chains import PAGE
+from accord.checkpointers.reads import ReadBatch
 from tests.checkpointers.conftest import config
 
 MB = 1024 * 1024
 
 
-def _chain(saver: AccordSaver, thread: str, values: list[dict[str, Any]], **kw: Any) -> list[str]:
+def _chain(saver: Any, thread: str, values: list[dict[str, Any]], **kw: Any) -> list[str]:
     """Put one checkpoint per entry of ``values`` (channel -> value), each child of the last."""
     ids: list[str] = []
     versions: dict[str, Any] = {}
@@ -39,7 +48,7 @@ def _chain(saver: AccordSaver, thread: str, values: list[dict[str, Any]], **kw: 
     return ids
 
 
-def test_40mb_value_round_trips(client: MongoClient, saver: AccordSaver) -> None:
+def test_40mb_value_round_trips(client: MongoClient, saver: Any) -> None:
     big = os.urandom(40 * MB)
     ids = _chain(saver, "big", [{"blob": big, "small": "x"}])
     tup = saver.get_tuple(config("big"))
@@ -52,7 +61,7 @@ def test_40mb_value_round_trips(client: MongoClient, saver: AccordSaver) -> None
     assert tup is not None and tup.pending_writes == [("task-1", "blob", big)]
 
 
-def test_only_changed_channels_get_blobs(client: MongoClient, saver: AccordSaver) -> None:
+def test_only_changed_channels_get_blobs(client: MongoClient, saver: Any) -> None:
     _chain(saver, "inc", [{"a": 1, "b": "big" * 1000}, {"a": 2}, {"a": 3}])
     blobs = client[saver.db_name].checkpoint_blobs
     assert blobs.count_documents({"channel": "b"}) == 1
@@ -62,7 +71,7 @@ def test_only_changed_channels_get_blobs(client: MongoClient, saver: AccordSaver
 
 
 def test_messages_stored_once_and_reassembled_exactly(
-    client: MongoClient, saver: AccordSaver
+    client: MongoClient, saver: Any, saver_factory: Any
 ) -> None:
     msgs: list[Any] = []
     steps = []
@@ -86,7 +95,7 @@ def test_messages_stored_once_and_reassembled_exactly(
             (type(m), m.id, m.content) for m in expected["messages"]
         ]
     # a fresh saver (no cache) reads the same and writes no duplicates
-    fresh = AccordSaver(client, db_name=saver.db_name)
+    fresh = saver_factory(setup=False)
     more = [*removed, HumanMessage("new", id="hx")]
     cp = generate_checkpoint(
         channel_values={"messages": more}, channel_versions={"messages": "9" * 40}
@@ -95,7 +104,7 @@ def test_messages_stored_once_and_reassembled_exactly(
     assert stm.count_documents({"thread_id": "chat"}) == 102
 
 
-def test_message_bytes_grow_linearly(client: MongoClient, saver: AccordSaver) -> None:
+def test_message_bytes_grow_linearly(client: MongoClient, saver: Any) -> None:
     msgs: list[Any] = []
     steps = []
     for i in range(100):
@@ -119,9 +128,8 @@ class XorCipher(CipherProtocol):
         return bytes(b ^ 0x5A for b in ciphertext)
 
 
-def test_encrypted_serializer(client: MongoClient, db_name: str) -> None:
-    saver = AccordSaver(client, db_name=db_name, serde=EncryptedSerializer(XorCipher()))
-    saver.setup()
+def test_encrypted_serializer(client: MongoClient, db_name: str, saver_factory: Any) -> None:
+    saver = saver_factory(serde=EncryptedSerializer(XorCipher()))
     secret = "top-secret-value"
     ids = _chain(saver, "enc", [{"v": secret, "messages": [HumanMessage(secret, id="m1")]}])
     saver.put_writes(config("enc", ids[0]), [("v", secret)], "t1")
@@ -137,7 +145,7 @@ def test_encrypted_serializer(client: MongoClient, db_name: str) -> None:
     assert "text" not in db.short_term_memory.find_one()
 
 
-def test_tenants_are_isolated(client: MongoClient, saver: AccordSaver) -> None:
+def test_tenants_are_isolated(client: MongoClient, saver: Any) -> None:
     _chain(saver, "same", [{"v": "default"}])
     _chain(saver, "same", [{"v": "acme"}], tenant_id="acme")
     a = saver.get_tuple(config("same", tenant_id="acme"))
@@ -149,11 +157,11 @@ def test_tenants_are_isolated(client: MongoClient, saver: AccordSaver) -> None:
     saver.delete_thread("same")
     assert saver.get_tuple(config("same")) is None
     assert saver.get_tuple(config("same", tenant_id="acme")) is not None
-    for name in ("checkpoints", "checkpoint_blobs", "checkpoint_heads"):
+    for name in ("checkpoints", "checkpoint_blobs"):
         assert client[saver.db_name][name].count_documents({"tenant_id": {"$nin": ["acme"]}}) == 0
 
 
-def test_prune_and_delete_for_runs_collect_garbage(client: MongoClient, saver: AccordSaver) -> None:
+def test_prune_and_delete_for_runs_collect_garbage(client: MongoClient, saver: Any) -> None:
     db = client[saver.db_name]
     m1, m2, m3 = HumanMessage("1", id="1"), HumanMessage("2", id="2"), HumanMessage("3", id="3")
     _chain(
@@ -180,7 +188,7 @@ def test_prune_and_delete_for_runs_collect_garbage(client: MongoClient, saver: A
     ]
 
 
-def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: AccordSaver) -> None:
+def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: Any) -> None:
     ids = _chain(saver, "src", [{"messages": [HumanMessage("hi", id="1")]}])
     saver.copy_thread("src", "dst")
     tup = saver.get_tuple(config("dst"))
@@ -190,14 +198,14 @@ def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: Accord
     saver.put(config("dst", ids[-1]), cp, generate_metadata(step=1), {"v": "1"})
 
 
-def _messages_at(saver: AccordSaver, thread: str, cid: str | None = None) -> list[Any]:
+def _messages_at(saver: Any, thread: str, cid: str | None = None) -> list[Any]:
     tup = saver.get_tuple(config(thread, cid))
     assert tup is not None
     return [(m.id, m.content) for m in tup.checkpoint["channel_values"]["messages"]]
 
 
 def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
-    client: MongoClient, saver: AccordSaver
+    client: MongoClient, saver: Any, saver_factory: Any
 ) -> None:
     """A message channel is stored as segments (the keys appended since the previous
     version) chained down to a snapshot: every checkpoint reassembles exactly, through
@@ -260,7 +268,7 @@ def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
     assert fork_blob is not None and fork_blob["seq"] == 0  # a new chain
 
     # a saver with a cold cache continues the chain of the head it reads
-    fresh = AccordSaver(client, db_name=saver.db_name)
+    fresh = saver_factory(setup=False)
     head = fresh.get_tuple(config("chains"))
     assert head is not None
     more = [*head.checkpoint["channel_values"]["messages"], HumanMessage("cold", id="c")]
@@ -282,13 +290,13 @@ def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
     # pruning keeps exactly the chain the remaining checkpoint needs
     saver.prune(["chains"])
     assert _messages_at(fresh, "chains") == latest
-    assert _messages_at(AccordSaver(client, db_name=saver.db_name), "chains") == latest
+    assert _messages_at(saver_factory(setup=False), "chains") == latest
     kept = list(blobs.find({"thread_id": "chains", "channel": "messages"}))
     assert len(kept) == new_blob["seq"] + 1
 
 
 def test_message_refs_of_the_earlier_layout_still_read(
-    client: MongoClient, saver: AccordSaver
+    client: MongoClient, saver: Any, saver_factory: Any
 ) -> None:
     """Blobs written before chains (a snapshot, then deltas on it) read back, and the
     next change starts a chain."""
@@ -307,7 +315,7 @@ def test_message_refs_of_the_earlier_layout_still_read(
         },
     )
     client[saver.db_name].checkpoints.update_many({"thread_id": "old"}, {"$unset": {"chains": ""}})
-    fresh = AccordSaver(client, db_name=saver.db_name)
+    fresh = saver_factory(setup=False)
     assert [mid for mid, _ in _messages_at(fresh, "old", ids[0])] == ["m0", "m1"]
     head = fresh.get_tuple(config("old"))
     assert head is not None and [x.id for x in head.checkpoint["channel_values"]["messages"]] == [
@@ -320,3 +328,83 @@ def test_message_refs_of_the_earlier_layout_still_read(
     fresh.put(head.config, cp, generate_metadata(step=2), {"messages": "9"})
     assert [mid for mid, _ in _messages_at(fresh, "old")] == ["m0", "m1", "m2", "m3"]
     assert blobs.find_one({"thread_id": "old", "version": "9"})["seq"] == 0
+
+
+def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any) -> None:
+    """MongoDBSaver's ``checkpoint_collection_name``, ``writes_collection_name`` and
+    ``ttl``: the names are used; a thread not written for ``ttl`` seconds is deleted by
+    the sweep (a thread written since, or held by a run, is not)."""
+    s = saver_factory(
+        checkpoint_collection_name="my_checkpoints", writes_collection_name="my_writes", ttl=1
+    )
+    db = client[s.db_name]
+    ids = _chain(s, "old", [{"v": 1}, {"v": 2}])
+    s.put_writes(config("old", ids[-1]), [("v", 3)], "task")
+    assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 2
+    assert db.my_writes.count_documents({"thread_id": "old"}) == 1
+    assert "checkpoints" not in db.list_collection_names()
+    time.sleep(1.2)
+    _chain(s, "fresh", [{"v": 1}])  # written just now
+    assert s.sweep() == 1
+    assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 0
+    assert db.checkpoint_blobs.count_documents({"thread_id": "old"}) == 0
+    assert s.get_tuple(config("old")) is None
+    assert s.get_tuple(config("fresh")) is not None
+    assert s.sweep() == 0
+
+
+def _params(fn: Any) -> list[str]:
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+
+
+@pytest.mark.parametrize("saver_class", [AccordSaver, AsyncAccordSaver])
+def test_mongodbsaver_signatures(saver_class: Any) -> None:
+    """A call written for MongoDBSaver (positional or by name) means the same here: its
+    constructor's and ``from_conn_string``'s parameters, in its order."""
+    assert _params(saver_class.__init__)[:6] == _params(MongoDBSaver.__init__)[:6]
+    assert _params(saver_class.from_conn_string)[:5] == _params(MongoDBSaver.from_conn_string)[:5]
+
+
+def test_mongodbsaver_calls_work_unchanged(client: MongoClient, mongo_uri: str) -> None:
+    """``AccordSaver(client, "db", "my_checkpoints", "my_writes", ttl)`` and
+    ``from_conn_string(uri, "db", checkpoint_collection_name=..., ...)``, as written for
+    MongoDBSaver, for both savers: the names and the ttl are used."""
+    dbs = ["mdbargs_" + uuid.uuid4().hex[:8] for _ in range(3)]
+    try:
+        positional = AccordSaver(client, dbs[0], "my_checkpoints", "my_writes", 60)
+        positional.setup()
+        with AccordSaver.from_conn_string(
+            mongo_uri,
+            dbs[1],
+            checkpoint_collection_name="my_checkpoints",
+            writes_collection_name="my_writes",
+            ttl=60,
+        ) as from_string:
+            for s in (positional, from_string):
+                assert s.ttl == 60
+                ids = _chain(s, "t", [{"v": 1}])
+                s.put_writes(config("t", ids[-1]), [("v", 2)], "task")
+
+        async def run_async() -> None:
+            async with AsyncAccordSaver.from_conn_string(
+                mongo_uri, dbs[2], "my_checkpoints", "my_writes", 60
+            ) as a:
+                assert a.ttl == 60
+                cp = generate_checkpoint(channel_values={"v": 1}, channel_versions={"v": "1"})
+                cfg = await a.aput(config("t"), cp, generate_metadata(), {"v": "1"})
+                await a.aput_writes(cfg, [("v", 2)], "task")
+
+        asyncio.run(run_async())
+        for name in dbs:
+            db = client[name]
+            assert db.my_checkpoints.count_documents({"thread_id": "t"}) == 1, name
+            assert db.my_writes.count_documents({"thread_id": "t"}) == 1, name
+            assert "checkpoints" not in db.list_collection_names(), name
+            assert "checkpoint_writes" not in db.list_collection_names(), name
+    finally:
+        for name in dbs:
+            client.drop_database(name)

@@ -204,3 +204,28 @@ def test_sigterm_stops_cleanly_every_time(tmp_path: Path) -> None:
         lock = (tmp_path / "db" / "mongod.lock").read_bytes()
         assert lock == b"", "a clean stop empties the lock file"
     assert os.path.exists(tmp_path / "db")
+
+
+def test_background_checkpoint_copies_the_journal_while_commits_go_on(tmp_path: Path) -> None:
+    """SQLite's automatic checkpoint is off (it would stall the commit that crosses its
+    threshold); the housekeeping thread checkpoints on its own connection instead."""
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client: MongoClient = MongoClient(server.uri)
+    try:
+        assert server.engine is not None
+        storage = server.engine.storage
+        for i in range(600):  # a few WAL pages per commit: past the 1000-page threshold
+            client.t.c.insert_one({"_id": i, "pad": "p" * 3000})
+        frames, copied = storage.checkpoint()
+        assert frames >= 1000 and copied == frames  # all of it is in the database file now
+        client.t.c.insert_one({"_id": "after"})
+    finally:
+        client.close()
+        server.stop()
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client = MongoClient(server.uri)
+    try:
+        assert client.t.c.count_documents({}) == 601
+    finally:
+        client.close()
+        server.stop()

@@ -76,6 +76,31 @@ def test_a_unique_index_with_a_collation_refuses_case_variants(db) -> None:
     assert spec["collation"]["locale"] == "en_US" and spec["collation"]["strength"] == 2
 
 
+@pytest.mark.embedded_only
+def test_a_unique_index_with_a_collation_still_refuses_after_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Start-up rebuilds the duplicate check with the index's collation (it used the
+    binary keys, so "ADA" was accepted next to "Ada" after a restart)."""
+    from pymongo import MongoClient
+
+    from accord.platform.embedded import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client: MongoClient = MongoClient(server.uri)
+    client.t.users.create_index("name", unique=True, collation=CI)
+    client.t.users.insert_one({"name": "Ada"})
+    client.close()
+    server.stop()
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client = MongoClient(server.uri)
+    try:
+        with pytest.raises(DuplicateKeyError):
+            client.t.users.insert_one({"name": "ADA"})
+        client.t.users.insert_one({"name": "Bob"})
+    finally:
+        client.close()
+        server.stop()
+
+
 def test_a_collection_default_collation_applies_to_its_queries(db) -> None:
     c = db.create_collection("ci", collation=CI)
     c.insert_many([{"w": "x"}, {"w": "X"}])
@@ -222,3 +247,66 @@ def test_out_must_be_last_and_not_in_a_transaction(client, db) -> None:
         with pytest.raises(OperationFailure):
             list(db["src"].aggregate([{"$out": "x"}], session=session))
         session.abort_transaction()
+
+
+# -- collection layouts, validate, returnKey --------------------------------------------------
+
+
+def test_clustered_collections_report_their_index(db) -> None:
+    db.create_collection("cl", clusteredIndex={"key": {"_id": 1}, "unique": True, "name": "by id"})
+    db["cl"].insert_one({"_id": 1})
+    (index,) = list(db["cl"].list_indexes())
+    assert index["name"] == "by id" and index["clustered"] is True and index["unique"] is True
+    (info,) = list(db.list_collections(filter={"name": "cl"}))
+    assert info["options"]["clusteredIndex"]["name"] == "by id" and "idIndex" not in info
+    with pytest.raises(OperationFailure):
+        db.create_collection("cl2", clusteredIndex={"key": {"a": 1}, "unique": True})
+
+
+def test_time_series_collections_need_their_time_field(db) -> None:
+    import datetime as dt
+
+    c = db.create_collection(
+        "ts", timeseries={"timeField": "t", "metaField": "m", "granularity": "minutes"}
+    )
+    c.insert_one({"t": dt.datetime(2024, 1, 1), "m": {"sensor": 1}, "v": 2})
+    with pytest.raises(OperationFailure):
+        c.insert_one({"m": 1, "v": 3})  # no time field
+    (info,) = list(db.list_collections(filter={"name": "ts"}))
+    assert info["type"] == "timeseries"
+    assert info["options"]["timeseries"]["bucketMaxSpanSeconds"] == 86400
+    for bad in (
+        {"metaField": "m"},
+        {"timeField": "t", "granularity": "days"},
+        {"timeField": "t", "bucketMaxSpanSeconds": 10, "bucketRoundingSeconds": 20},
+    ):
+        with pytest.raises(OperationFailure):
+            db.create_collection("bad_ts", timeseries=bad)
+
+
+def test_collection_expiry_keys_on_the_time_field(db) -> None:
+    db.create_collection("exp", timeseries={"timeField": "t"}, expireAfterSeconds=60)
+    assert [i["key"] for i in db["exp"].list_indexes()][-1] == {"t": 1}
+    with pytest.raises(OperationFailure):
+        db.create_collection("plain_exp", expireAfterSeconds=60)
+
+
+def test_validate_checks_documents_and_indexes(db) -> None:
+    c = db["val"]
+    c.create_index("a", unique=True)
+    c.insert_many([{"a": i} for i in range(5)])
+    result = db.validate_collection("val")
+    assert result["valid"] is True and result["nrecords"] == 5
+    assert result["keysPerIndex"]["a_1"] == 5
+    with pytest.raises(OperationFailure):
+        db.validate_collection("missing")
+
+
+def test_return_key_and_show_record_id(db) -> None:
+    c = db["rk"]
+    c.insert_many([{"_id": i, "x": i * 10} for i in range(3)])
+    keys = list(c.find({}, sort=[("_id", 1)], return_key=True))
+    assert keys == [{"_id": 0}, {"_id": 1}, {"_id": 2}]
+    assert list(c.find({"x": 10}, return_key=True)) == [{}]  # a collection scan has no key
+    shown = list(c.find({"_id": 1}, show_record_id=True))
+    assert shown[0]["x"] == 10 and "$recordId" in shown[0]

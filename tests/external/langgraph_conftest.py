@@ -28,9 +28,9 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import secrets
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -101,7 +101,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _fresh_db() -> str:
-    return "lg_" + uuid.uuid4().hex[:16]
+    # not uuid4(): tests that make uuid4 deterministic (``deterministic_uuids``) may have
+    # patched it already when this fixture runs, and must see the same ids as under
+    # InMemorySaver
+    return "lg_" + secrets.token_hex(8)
 
 
 # -- the savers ---------------------------------------------------------------------------

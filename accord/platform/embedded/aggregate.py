@@ -12,7 +12,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from accord.platform.embedded import mongomock_bridge, query
+from accord.platform.embedded import limits, mongomock_bridge, query
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
@@ -53,6 +53,7 @@ class Pipeline:
                 raise EngineError(
                     Code.Location40602, f"{name} is only valid as the first stage in a pipeline"
                 )
+            limits.check()
             docs = self._stage(name, spec, docs)
         return docs
 

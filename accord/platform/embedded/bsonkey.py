@@ -8,8 +8,8 @@ types are ranked as mongod canonicalises them, documents compare element by elem
 compare in C, which is what makes ordered indexes (``sortedcontainers``) and sorts fast;
 a property test pins ``sort_key`` to ``compare_values``.
 
-Also here: the sentinels an index scan uses for open bounds (``LOW``/``HIGH``, below and
-above every key), type brackets, and ``InSet``, the O(1)-per-value ``$in`` test.
+Also here: ``TOP`` (above every key, for open index bounds), type brackets, and ``InSet``,
+the O(1)-per-value ``$in`` test.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded.collation import CollatedStr
+from accord.platform.embedded.limits import regex_search
 
 # mongod's canonical type ranks (bsontypes.h canonicalizeBSONType).
 MINKEY, NULL, NUMBER, STRING, OBJECT, ARRAY, BINDATA = -1, 5, 10, 15, 20, 25, 30
@@ -50,12 +51,24 @@ def _date_millis(value: dt.datetime) -> int:
     return (value - _EPOCH) // _MS
 
 
+# Keys of strings seen so far, shared: index entries of a low-cardinality field (a tenant,
+# a namespace, a status) then hold one key object per value instead of one per document.
+# Bounded: once full, new strings just get their own key.
+_STRING_KEYS: dict[str, tuple[Any, ...]] = {}
+_STRING_KEYS_MAX = 1 << 16
+
+
 def sort_key(value: Any) -> tuple[Any, ...]:
     """The comparable, hashable key of ``value`` in BSON order (see the module docstring)."""
     t = type(value)
     # Exact-type fast paths for the common cases; subclasses fall through to isinstance.
     if t is str:
-        return (STRING, value)
+        key = _STRING_KEYS.get(value)
+        if key is None:
+            key = (STRING, value)
+            if len(_STRING_KEYS) < _STRING_KEYS_MAX:
+                _STRING_KEYS[value] = key
+        return key
     if t is int:
         return (NUMBER, 1, value)
     if t is ObjectId:
@@ -136,38 +149,9 @@ def bracket(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return (rank - 0.5,), (rank + 0.5,)
 
 
-class _Extreme:
-    """Orders below (``LOW``) or above (``HIGH``) every key."""
-
-    __slots__ = ("_high",)
-
-    def __init__(self, high: bool) -> None:
-        self._high = high
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __lt__(self, other: object) -> bool:
-        return other is not self and not self._high
-
-    def __le__(self, other: object) -> bool:
-        return other is self or not self._high
-
-    def __gt__(self, other: object) -> bool:
-        return other is not self and self._high
-
-    def __ge__(self, other: object) -> bool:
-        return other is self or self._high
-
-    def __repr__(self) -> str:
-        return "HIGH" if self._high else "LOW"
-
-
-LOW = _Extreme(False)
-HIGH = _Extreme(True)
+# A key above every sort key (ranks are at most 127): a probe ``(*prefix, TOP)`` sorts after
+# every entry that starts with ``prefix``, compared in C like any other tuple.
+TOP: tuple[Any, ...] = (1000,)
 
 _RE_TYPES = (re.Pattern, Regex)
 
@@ -207,6 +191,6 @@ class InSet:
                 return True
             if self.regexes and isinstance(v, str):
                 for rx in self.regexes:
-                    if rx.search(v):
+                    if regex_search(rx, v):  # bounded: see limits
                         return True
         return False

@@ -39,7 +39,13 @@ class Cursor:
 class CursorManager:
     def __init__(self) -> None:
         self.cursors: dict[int, Cursor] = {}
+        # Cursors that produce as they go (change streams): id -> object with ``ns``,
+        # ``session`` and ``last_used``; served by their own module, killed and reaped here.
+        self.streams: dict[int, Any] = {}
         self._ids = itertools.count(random.randint(1, 2**40))
+
+    def new_id(self) -> int:
+        return next(self._ids)
 
     def first_batch(
         self, ns: str, docs: list[Any], batch_size: int | None, session: bytes | None,
@@ -74,7 +80,8 @@ class CursorManager:
         killed: list[bson.Int64] = []
         missing: list[bson.Int64] = []
         for cid in ids:
-            (killed if self.cursors.pop(cid, None) else missing).append(bson.Int64(cid))
+            found = self.cursors.pop(cid, None) or self.streams.pop(cid, None)
+            (killed if found else missing).append(bson.Int64(cid))
         return {
             "cursorsKilled": killed, "cursorsNotFound": missing,
             "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0,
@@ -84,12 +91,18 @@ class CursorManager:
         for cid, cursor in list(self.cursors.items()):
             if cursor.session == session:
                 del self.cursors[cid]
+        for cid, stream in list(self.streams.items()):
+            if stream.session == session:
+                del self.streams[cid]
 
     def reap(self) -> None:
         deadline = time.monotonic() - CURSOR_TIMEOUT_S
         for cid, cursor in list(self.cursors.items()):
             if cursor.last_used < deadline:
                 del self.cursors[cid]
+        for cid, stream in list(self.streams.items()):
+            if stream.last_used < deadline:
+                del self.streams[cid]
 
     @staticmethod
     def _take(cursor: Cursor, limit: int | None) -> list[Any]:

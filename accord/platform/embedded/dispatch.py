@@ -19,7 +19,7 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from accord.platform.embedded import collation, commands
+from accord.platform.embedded import collation, commands, limits
 from accord.platform.embedded.commands import (
     COMMANDS,
     TEST_COMMANDS,
@@ -210,8 +210,16 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
-        with self.engine.locked(name), collation.active(self._collation(db, name, cmd)):
-            reply = self._run(name, handler, db, cmd, call)
+        # maxTimeMS counts from here: waiting for the engine lock is part of the command.
+        # On a change stream's getMore it is the await time, not a limit (as in mongod).
+        max_time = cmd.get("maxTimeMS")
+        cursor_id = cmd.get("getMore") if name == "getMore" else None
+        if isinstance(cursor_id, int) and cursor_id in self.cursors.streams:
+            max_time = None
+        with limits.time_limit(max_time), self.engine.locked(name):
+            limits.check()
+            with collation.active(self._collation(db, name, cmd)):
+                reply = self._run(name, handler, db, cmd, call)
         if call.ticket is not None:
             # Acknowledge only once durable; the lock is free for others meanwhile.
             self.engine.wait_durable(call.ticket)
@@ -371,7 +379,7 @@ class Dispatcher:
             if ticket is not None and ticket.state not in ("done", "failed"):
                 call.ticket = ticket  # the first attempt is not durable yet: wait for it
             return dict(session.retry_reply, retriedStmtIds=[])  # applied once already
-        action = self.failpoints.on_transactional_write()
+        action = self.failpoints.on_transactional_write(_statements(cmd))
         fail_code = action.fail_before_commit_code if action else None
         try:
             reply = self._autocommit(
@@ -515,6 +523,15 @@ class Dispatcher:
                 if session.last_used < idle and session.txn_state != "in_progress":
                     del self.engine.sessions[key]  # its retry records stay on disk
             self.cursors.reap()
+
+
+def _statements(cmd: Doc) -> int:
+    """How many statements (documents written) a write command carries."""
+    for key in ("documents", "updates", "deletes", "ops"):
+        value = cmd.get(key)
+        if isinstance(value, list):
+            return len(value)
+    return 1
 
 
 def _read_concern(cmd: Doc) -> Doc:

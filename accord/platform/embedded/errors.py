@@ -36,6 +36,7 @@ class Code(IntEnum):
     PathNotViable = 28
     ConflictingUpdateOperators = 40
     CursorNotFound = 43
+    NoMatchingDocument = 47
     NamespaceExists = 48
     MaxTimeMSExpired = 50
     DollarPrefixedFieldName = 52
@@ -81,6 +82,7 @@ class Code(IntEnum):
     FailPointSetFailed = 266
     PreparedTransactionInProgress = 267
     IndexBuildAborted = 276
+    ChangeStreamHistoryLost = 286
     TransactionExceededLifetimeLimitSeconds = 290
     APIStrictError = 323
     SocketException = 9001
@@ -124,6 +126,7 @@ class Code(IntEnum):
     Location40601 = 40601  # stage only valid as the last stage of a pipeline
     Location40602 = 40602  # stage only valid as the first stage of a pipeline
     Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51156 = 51156  # error executing a regular expression (mongod: PCRE's match limit)
     Location51183 = 51183  # $merge 'on' fields need a unique index
     Location51185 = 51185  # $merge 'on' field missing, repeated or an array
     Location51091 = 51091  # invalid regular expression
@@ -141,12 +144,13 @@ RETRYABLE_CODES = frozenset({
     Code.InterruptedDueToReplStateChange, Code.NotPrimaryNoSecondaryOk,
     Code.NotPrimaryOrSecondary, Code.BackupCursorOpenConflictWithCheckpoint,
 })  # fmt: skip
-# NotPrimaryError and ShutdownError categories: a reply with one of these carries the
-# server's topologyVersion, so a driver can tell a stale error from a real state change.
+# NotPrimaryError category: a reply with one of these carries the server's
+# topologyVersion, so a driver can tell a stale error from a real state change. (mongod
+# adds it to ShutdownError replies only while really shutting down, so a shutdown error a
+# fail point injects makes drivers clear their pool, as drivers' tests expect.)
 STATE_CHANGE_CODES = frozenset({
     Code.NotWritablePrimary, Code.NotPrimaryNoSecondaryOk, Code.NotPrimaryOrSecondary,
-    Code.InterruptedDueToReplStateChange, Code.PrimarySteppedDown, Code.ShutdownInProgress,
-    Code.InterruptedAtShutdown,
+    Code.InterruptedDueToReplStateChange, Code.PrimarySteppedDown,
 })  # fmt: skip
 # Errors after which a whole transaction may be retried (besides the retryable ones).
 _TRANSIENT_CODES = frozenset({

@@ -147,13 +147,20 @@ class FailPoints:
                 else None,
             )
 
-    def on_transactional_write(self) -> Action | None:
-        """The ``onPrimaryTransactionalWrite`` action for a retryable write, if it fires."""
+    def on_transactional_write(self, statements: int = 1) -> Action | None:
+        """The ``onPrimaryTransactionalWrite`` action for a retryable write of
+        ``statements`` documents, if it fires for one of them (mongod evaluates it per
+        statement, so ``{skip: n}`` counts documents)."""
         if not self.armed:
             return None
         with self._lock:
             point = self._points[ON_PRIMARY_TRANSACTIONAL_WRITE]
-            if point.mode == "off" or not self._fire(point):
+            for _ in range(max(1, statements)):
+                if point.mode == "off":
+                    return None
+                if self._fire(point):
+                    break
+            else:
                 return None
             data = point.data
             code = data.get("failBeforeCommitExceptionCode")

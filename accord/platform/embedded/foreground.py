@@ -27,6 +27,7 @@ def serve(
     snapshot_history: float = 300.0,
     repair: bool = False,
     enable_test_commands: bool = False,
+    max_connections: int = 1000,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -46,6 +47,7 @@ def serve(
         snapshot_history=snapshot_history,
         repair=repair,
         enable_test_commands=enable_test_commands,
+        max_connections=max_connections,
     )
 
     def _stop(signum: int, frame: object) -> None:

@@ -15,13 +15,16 @@ The ``_id`` index is different: ``_id`` never changes for a record, so its entri
 per record (``ts == -1``) and visibility is the record's. Point lookups on ``_id`` use the
 collection's record map; the ordered ``_id`` index (ranges, sorts) is built on first use.
 
-Bounds are probes into the entry order: a probe is a prefix of an entry; ``HIGH`` after
-a prefix places it after every entry with that prefix (see ``Range``).
+Bounds are probes into the entry order: a probe is a prefix of an entry; ``after(prefix)``
+places it after every entry with that prefix (``TOP`` in a key position, infinity in the
+record-id position, so that every comparison stays between plain tuples, numbers and
+strings, in C).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +32,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from accord.platform.embedded import bsonkey
-from accord.platform.embedded.bsonkey import ARRAY, HIGH, NULL_KEY, sort_key
+from accord.platform.embedded.bsonkey import ARRAY, NULL_KEY, TOP, sort_key
 from accord.platform.embedded.collation import Collation, key_values
 from accord.platform.embedded.collation import active as collation_active
 from accord.platform.embedded.collation import parse as parse_collation
@@ -217,6 +220,10 @@ class Index:
 
     # -- reads ------------------------------------------------------------------------------
 
+    def after(self, prefix: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The probe just after every entry starting with ``prefix``."""
+        return after(prefix, len(self.fields))
+
     def count(self, ranges: list[Range]) -> int:
         """Entries within ``ranges`` (every retained version; O(log n) per range)."""
         entries = self.entries
@@ -240,8 +247,9 @@ class Index:
         id_level = self.is_id
         seen: set[int] | None = set() if (self.multikey or len(ranges) > 1) else None
         pos, dirs = order if order is not None else (0, [1])
+        nfields = len(self.fields)
         for lo, hi in reversed(ranges) if dirs[0] < 0 else ranges:
-            for entry in walk(entries, lo, hi, pos, dirs):
+            for entry in walk(entries, lo, hi, pos, dirs, nfields):
                 stats.keys_examined += 1
                 record: Record = entry[-1]
                 if skip and record.key in skip:
@@ -262,9 +270,16 @@ class Index:
                 yield record, data
 
 
+def after(prefix: tuple[Any, ...], nfields: int) -> tuple[Any, ...]:
+    """The probe just after every entry that starts with ``prefix`` (of an index with
+    ``nfields`` key fields)."""
+    return (*prefix, TOP if len(prefix) < nfields else math.inf)
+
+
 def walk(
-    entries: SortedList, lo: tuple[Any, ...], hi: tuple[Any, ...], pos: int, dirs: list[int]
-) -> Iterator[tuple[Any, ...]]:
+    entries: SortedList, lo: tuple[Any, ...], hi: tuple[Any, ...], pos: int, dirs: list[int],
+    nfields: int,
+) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     """Entries in ``[lo, hi)`` ordered by the fields from ``pos`` on, each in its direction
     in ``dirs``. One direction throughout is a plain walk, forwards or backwards; mixed
     directions walk the groups of equal leading field in the first direction and each
@@ -281,8 +296,8 @@ def walk(
             if head is None:
                 return
             prefix = head[: pos + 1]
-            end = (*prefix, HIGH)
-            yield from walk(entries, max(lo, prefix), min(hi, end), pos + 1, rest)
+            end = after(prefix, nfields)
+            yield from walk(entries, max(lo, prefix), min(hi, end), pos + 1, rest, nfields)
             cur = end
     else:
         cur = hi
@@ -291,7 +306,9 @@ def walk(
             if tail is None:
                 return
             prefix = tail[: pos + 1]
-            yield from walk(entries, max(lo, prefix), min(hi, (*prefix, HIGH)), pos + 1, rest)
+            yield from walk(
+                entries, max(lo, prefix), min(hi, after(prefix, nfields)), pos + 1, rest, nfields
+            )
             cur = prefix
 
 
@@ -342,4 +359,4 @@ def path_keys(doc: Any, path: str, *, superset: bool = True) -> tuple[list[Key],
     return keys, present, arrays
 
 
-__all__ = ["HIGH", "Index", "Range", "ScanStats", "bsonkey", "path_keys"]
+__all__ = ["Index", "Range", "ScanStats", "after", "bsonkey", "path_keys", "walk"]

@@ -45,6 +45,7 @@ from sentinels import NOTHING
 
 from accord.platform.embedded.bsonkey import InSet, sort_key
 from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.limits import compile_pattern, regex_search
 from accord.platform.embedded.values import bson_type_name, compare_values
 
 _PATCHED = False
@@ -173,7 +174,50 @@ def _rand(parser: Any, spec: Any) -> float:
     return _RANDOM.random()
 
 
+def _bounded_regex(doc_val: Any, rx: Any) -> bool:
+    """mongomock's ``$regex`` test, with each match bounded in time (see ``limits``)."""
+    if not isinstance(rx, str | re.Pattern | Regex):
+        return False
+    values = doc_val if isinstance(doc_val, list) else [doc_val]
+    return any(regex_search(rx, v) for v in values if isinstance(v, str))
+
+
+def _regex_match(parser: Any, spec: Any) -> bool:
+    """``$regexMatch`` (input, regex, options), bounded in time like ``$regex``."""
+    if not isinstance(spec, dict) or "input" not in spec or "regex" not in spec:
+        raise OperationFailure("$regexMatch needs an object with 'input' and 'regex'")
+    unknown = set(spec) - {"input", "regex", "options"}
+    if unknown:
+        raise OperationFailure(f"$regexMatch found an unknown argument: {sorted(unknown)[0]}")
+    try:
+        text = parser.parse(spec["input"])
+        rx = parser.parse(spec["regex"])
+    except KeyError:
+        return False
+    if text is None or rx is None:
+        return False
+    if not isinstance(text, str):
+        raise OperationFailure("$regexMatch needs 'input' to be of type string")
+    options = spec.get("options", "")
+    if not isinstance(options, str) or set(options) - set("imxs"):
+        raise OperationFailure(f"$regexMatch invalid flag in regex options: {options!r}")
+    flags = 0
+    for option in options:
+        flags |= getattr(re, option.upper())
+    if isinstance(rx, str):
+        return regex_search(compile_pattern(rx, flags), text)
+    if isinstance(rx, re.Pattern | Regex):
+        own = rx.flags if isinstance(rx.flags, int) else 0
+        if options and own:
+            raise OperationFailure(
+                "$regexMatch: regex option(s) specified in both 'regex' and 'option' fields"
+            )
+        return regex_search(compile_pattern(rx.pattern, own | flags), text)
+    raise OperationFailure("$regexMatch needs 'regex' to be of type string or regex")
+
+
 _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "$regexMatch": _regex_match,
     "$rand": _rand,
     "$getField": _get_field,
     "$setField": _set_field,
@@ -235,6 +279,9 @@ def _apply() -> None:
     ops["$eq"] = filtering._list_expand(_bson_eq)
     ops["$ne"] = filtering._list_expand(lambda dv, sv: not _bson_eq(dv, sv), negative=True)
     ops["$size"] = _size
+    # Every user regex runs bounded (limits.regex_search), never on Python's re unbounded.
+    filtering._regex = _bounded_regex
+    ops["$regex"] = filtering._not_nothing_and(_bounded_regex)
     for name, fn in filtering.SORTING_OPERATOR_MAP.items():
         ops[name] = filtering._not_nothing_and(
             filtering._list_expand(filtering._compare_objects(fn))

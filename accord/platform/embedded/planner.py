@@ -36,7 +36,7 @@ from bson.min_key import MinKey
 from bson.regex import Regex
 
 from accord.platform.embedded import collation, query
-from accord.platform.embedded.bsonkey import HIGH, bracket, sort_key
+from accord.platform.embedded.bsonkey import bracket, sort_key
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.indexes import Index, Range, ScanStats
 from accord.platform.embedded.versions import decode
@@ -232,14 +232,21 @@ class Conjunction:
 
 def _is_point_cond(cond: Any) -> bool:
     if not _is_operator_doc(cond):
-        return not _unusable(cond)
+        return not _inexact(cond)
     for op, arg in cond.items():
-        if op == "$eq" and not _unusable(arg):
+        if op == "$eq" and not _inexact(arg):
             continue
-        if op == "$in" and isinstance(arg, list) and not any(_unusable(v) for v in arg):
+        if op == "$in" and isinstance(arg, list) and not any(_inexact(v) for v in arg):
             continue
         return False
     return True
+
+
+def _inexact(value: Any) -> bool:
+    """Points whose index entries are not exactly the matching documents: besides the
+    unusable values, null (its key also stands for a path through a scalar, ``{a: 0}``
+    keys ``a.x`` as null, which ``{"a.x": null}`` does not match)."""
+    return value is None or _unusable(value)
 
 
 @dataclass
@@ -387,15 +394,15 @@ def index_ranges(index: Index, conj: Conjunction) -> Bounds:
         prefixes = [(*p, point) for p in prefixes for point in points]
         intervals[name] = ivs if dirs[i] > 0 else ivs[::-1]  # shown in key-pattern order
     if last is None:
-        return Bounds([(p, (*p, HIGH)) for p in prefixes], const, pointed, intervals, bounded)
+        return Bounds([(p, index.after(p)) for p in prefixes], const, pointed, intervals, bounded)
     if dirs[last_pos] < 0:
         intervals[fields[last_pos]] = last[::-1]
     ordered = sorted(last, key=lambda iv: iv.lo)
     ranges: list[Range] = []
     for p in prefixes:
         for iv in ordered:
-            lo = (*p, iv.lo) if iv.lo_incl else (*p, iv.lo, HIGH)
-            hi = (*p, iv.hi, HIGH) if iv.hi_incl else (*p, iv.hi)
+            lo = (*p, iv.lo) if iv.lo_incl else index.after((*p, iv.lo))
+            hi = index.after((*p, iv.hi)) if iv.hi_incl else (*p, iv.hi)
             ranges.append((lo, hi))
     return Bounds(ranges, const, pointed, intervals, bounded)
 
@@ -546,7 +553,7 @@ def plan(coll: Collection, q: Query) -> Plan:
             return plans[0]
         if hint_index.is_id and not hint_index.built:
             coll.build_id_index()
-        ranges = [((), (HIGH,))]
+        ranges = [((), hint_index.after(()))]
         return Plan("IXSCAN", float(n), index=hint_index, ranges=ranges, keys=None,
                     bounds=dict.fromkeys(hint_index.fields))  # fmt: skip
     if plans and plans[0].cost < collscan_cost:

@@ -9,7 +9,6 @@ extraction).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import re
 from collections.abc import Iterable
@@ -19,7 +18,7 @@ import bson
 from bson.int64 import Int64
 from bson.regex import Regex
 
-from accord.platform.embedded import collation, mongomock_bridge
+from accord.platform.embedded import collation, limits, mongomock_bridge
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
@@ -100,6 +99,7 @@ def check_filter(spec: Any, *, top: bool = True) -> None:
 def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
+    limits.check()  # maxTimeMS, once per document examined
     if collation.current() is not None:
         spec, doc = collation.collate_filter(spec), collation.collate(doc)
     try:
@@ -151,6 +151,7 @@ def _native_kind(value: Any) -> str | None:
 
 def sort_docs(docs: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Stable multi-key sort in BSON order; the last key is applied first."""
+    limits.check()
     for key, direction in reversed(list(spec.items())):
         if isinstance(direction, dict):
             raise bad_value(f"unsupported sort specification for {key!r}: {direction}")
@@ -303,18 +304,6 @@ def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> lis
         else:
             out.append(value)
     return out
-
-
-def index_keys(doc: dict[str, Any], fields: Iterable[str], *, sparse: bool = False) -> list[bytes]:
-    """Encoded index keys of ``doc``; empty for a sparse index the doc is absent from."""
-    per_field = [path_values(doc, f) for f in fields]
-    if sparse and all(all(v is MISSING for v in vals) for vals in per_field):
-        return []
-    normalised = [[None if v is MISSING else canonical(v) for v in vals] for vals in per_field]
-    keys = []
-    for combo in itertools.product(*normalised):
-        keys.append(bson.encode({str(i): v for i, v in enumerate(combo)}))
-    return list(dict.fromkeys(keys))
 
 
 def key_value(doc: dict[str, Any], fields: Iterable[str]) -> dict[str, Any]:

@@ -33,7 +33,13 @@ from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
 
+# An idle connection (between messages) is closed after this long.
 READ_TIMEOUT_S = 3600.0
+# A message must arrive whole within this long of its header: a client that declares a
+# large message and sends it slowly is disconnected instead of holding its buffer.
+MESSAGE_TIMEOUT_S = 30.0
+# mongod's net.maxIncomingConnections; each connection is a thread and its buffers.
+MAX_CONNECTIONS = 1000
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -54,7 +60,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     length, request_id, _, op_code = wire.parse_header(header)
                 except wire.ProtocolError:
                     return  # cannot even frame the message: drop the connection
-                body = _recv_exact(sock, length - wire.HEADER.size)
+                deadline = time.monotonic() + owner.message_timeout
+                body = _recv_exact(sock, length - wire.HEADER.size, deadline)
                 if body is None:
                     return
                 try:
@@ -91,15 +98,26 @@ class _Handler(socketserver.BaseRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             return
 
+    def finish(self) -> None:
+        self.server.owner.release_connection()
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes | None:
+    """``n`` bytes (None if the peer closed first); raises TimeoutError past ``deadline``."""
     chunks = []
     while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the message did not arrive in time")
+            sock.settimeout(left)
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             return None
         chunks.append(chunk)
         n -= len(chunk)
+    if deadline is not None:
+        sock.settimeout(READ_TIMEOUT_S)
     return b"".join(chunks)
 
 
@@ -108,6 +126,10 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 128
     owner: EmbeddedServer
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        # Over the connection cap the connection is closed at once, as mongod does.
+        return self.owner.admit_connection(client_address)
 
 
 class EmbeddedServer:
@@ -131,6 +153,8 @@ class EmbeddedServer:
         snapshot_history: float = HISTORY_WINDOW_S,
         repair: bool = False,
         enable_test_commands: bool = False,
+        max_connections: int = MAX_CONNECTIONS,
+        message_timeout: float = MESSAGE_TIMEOUT_S,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.snapshot_history = snapshot_history
@@ -144,6 +168,12 @@ class EmbeddedServer:
         self.transaction_lifetime = transaction_lifetime
         self.enable_test_commands = enable_test_commands
         self.connection_ids = itertools.count(1)
+        if max_connections < 1 or message_timeout <= 0:
+            raise EngineStartError("max_connections and message_timeout must be positive")
+        self.max_connections = max_connections
+        self.message_timeout = message_timeout
+        self._connections = 0
+        self._connections_lock = threading.Lock()
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
@@ -297,6 +327,26 @@ class EmbeddedServer:
 
     # -- requests ---------------------------------------------------------------------------
 
+    def admit_connection(self, client_address: Any) -> bool:
+        """Count a new connection in, or refuse it at ``max_connections``."""
+        with self._connections_lock:
+            if self._connections >= self.max_connections:
+                log.warning(
+                    "connection from %s refused: %d connections open (--max-conns)",
+                    client_address, self._connections,
+                )  # fmt: skip
+                return False
+            self._connections += 1
+            return True
+
+    def release_connection(self) -> None:
+        with self._connections_lock:
+            self._connections -= 1
+
+    @property
+    def open_connections(self) -> int:
+        return self._connections
+
     def handle(self, request: wire.Request, conn: Connection | None = None) -> dict[str, Any]:
         """The reply to one request; raises ``CloseConnection`` if a fail point says so."""
         assert self.dispatcher is not None
@@ -344,6 +394,7 @@ class EmbeddedServer:
                         more = engine.collect_garbage()
                     time.sleep(0.001)  # let waiting commands in between passes
                 engine.compact_heap()
+                engine.storage.checkpoint()
                 if time.monotonic() - last_ttl >= self.ttl_interval:
                     last_ttl = time.monotonic()
                     expire_once(engine, stopping=self.stopping)

@@ -72,6 +72,10 @@ class CommitBatch:
     txn_records: list[tuple[bytes, int, dict[str, Any]]] = field(default_factory=list)
 
 
+# Pages in the WAL before a background checkpoint (SQLite's automatic default is 1000).
+CHECKPOINT_PAGES = 1000
+
+
 class Storage:
     """SQLite-backed durable store. Calls are serialised by the group committer."""
 
@@ -93,10 +97,15 @@ class Storage:
                 )
             log.warning("--repair: starting over the empty database file %s", self.path)
             self.path.unlink()
+        self._sync = sync
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=%s" % ("FULL" if sync else "OFF"))
+        # Checkpoints (copying the WAL into the database file) run in the background
+        # (``checkpoint``), not inside the commit that crosses SQLite's threshold.
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._conn.executescript(SCHEMA)
+        self._checkpointer: sqlite3.Connection | None = None
         row = self._conn.execute("SELECT value FROM meta WHERE name = 'last_ts'").fetchone()
         self.last_ts: int = int(row[0]) if row else 0
         acknowledged = self._read_durable()
@@ -116,8 +125,30 @@ class Storage:
         self._note_durable(self.last_ts)
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self._conn.close()
         os.close(self._fd)
+
+    def checkpoint(self, min_pages: int = CHECKPOINT_PAGES) -> tuple[int, int]:
+        """Copy the WAL into the database file if it has grown to ``min_pages`` pages
+        (what SQLite's automatic checkpoint would do inside a commit). Runs on its own
+        connection, concurrently with commits; returns SQLite's (frames in the WAL, frames
+        of it now in the database file), or (0, 0) if the WAL is still small."""
+        if self._checkpointer is None:
+            self._checkpointer = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False
+            )
+            self._checkpointer.execute("PRAGMA synchronous=%s" % ("FULL" if self._sync else "OFF"))
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            pages = (wal.stat().st_size - 32) // (4096 + 24)
+        except FileNotFoundError:
+            return 0, 0
+        if pages < min_pages:
+            return 0, 0
+        _, frames, copied = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return int(frames), int(copied)
 
     def _read_durable(self) -> int:
         try:

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from accord.platform.embedded import query
-from accord.platform.embedded.bsonkey import DATE, HIGH, sort_key
+from accord.platform.embedded.bsonkey import DATE, sort_key
 from accord.platform.embedded.engine import Collection, CommitFailed, Engine
 from accord.platform.embedded.errors import EngineError
 from accord.platform.embedded.indexes import Index, ScanStats
@@ -40,7 +40,7 @@ def _expired(engine: Engine, coll: Collection, index: Index, now: dt.datetime) -
     assert index.expire_after is not None
     cutoff = now - dt.timedelta(seconds=float(index.expire_after))
     # Every date key from the first date up to the cutoff (dates form one type bracket).
-    ranges = [(((DATE - 0.5,),), (sort_key(cutoff), HIGH))]
+    ranges = [(((DATE - 0.5,),), index.after((sort_key(cutoff),)))]
     view = engine.begin(explicit=False)
     try:
         found = index.scan(ranges, snapshot=view.snapshot, stats=ScanStats())

@@ -31,6 +31,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.limits import regex_search
 from accord.platform.embedded.mongomock_bridge import matches_filter
 from accord.platform.embedded.values import bson_type_name, compare_values, values_equal
 
@@ -526,7 +527,7 @@ def _string_rules(schema: dict, value: str) -> list[dict]:
                 consideredValue=value,
             )
         )
-    if "pattern" in schema and not re.search(schema["pattern"], value):
+    if "pattern" in schema and not regex_search(schema["pattern"], value):
         errors.append(
             _rule("pattern", schema, "regular expression did not match", consideredValue=value)
         )
@@ -691,7 +692,7 @@ def _allowed_properties_rules(schema: dict, doc: dict, properties: dict) -> list
     for name, item in doc.items():
         matched = False
         for pattern, sub in patterns.items():
-            if re.search(pattern, name):
+            if regex_search(pattern, name):
                 matched = True
                 details = _schema_errors(sub, item)
                 if details:

@@ -101,8 +101,14 @@ class UnitOfWork:
             self._client_bulk = wire >= CLIENT_BULK_WRITE_WIRE_VERSION
         return self._client_bulk
 
-    def execute(self, plan: Plan) -> PlanResult:
-        """Run ``plan`` in one transaction; see the module docstring."""
+    def execute(self, plan: Plan, *, transaction: bool = True) -> PlanResult:
+        """Run ``plan`` in one transaction; see the module docstring.
+
+        ``transaction=False``: a plan that is ONE op after the hooks ran (a lease claim,
+        renewal or release) runs as that single atomic command, one round trip, with no
+        transaction left open if the caller is paused half-way; a plan the hooks
+        extended runs in a transaction as usual.
+        """
         for hook in self.hooks:
             hook.extend(plan)
         groups = list(plan.writes())
@@ -115,6 +121,8 @@ class UnitOfWork:
                 )
         if not groups:
             return PlanResult({})
+        if not transaction and len(groups) == 1 and len(groups[0].ops) == 1:
+            return self._single(groups[0])
         bulk = self.client_bulk()
         attempts = 0
 
@@ -134,6 +142,42 @@ class UnitOfWork:
         except PyMongoError as exc:
             raise write_errors.failure(exc, self.timeout) from exc
         return PlanResult(counts, found, attempts)
+
+    def _single(self, group: Group) -> PlanResult:
+        """One op as one atomic command (retryable write, write concern majority)."""
+        op = group.ops[0]
+        coll = self.client[group.db][group.collection].with_options(write_concern=WRITE_CONCERN)
+        counts = Counts()
+        found: dict[str, list[Any]] = {}
+        try:
+            with pymongo.timeout(self.timeout):
+                if op.kind in COMMAND_KINDS:
+                    doc = coll.find_one_and_update(
+                        dict(op.filter or {}),
+                        op.doc or {},
+                        sort=list(op.sort) if op.sort else None,
+                        upsert=op.upsert,
+                        return_document=ReturnDocument.AFTER,
+                    )
+                    found[group.name] = [doc]
+                    counts.matched += doc is not None
+                else:
+                    res = coll.bulk_write([op.model()], ordered=True)
+                    counts = Counts(
+                        inserted=res.inserted_count,
+                        matched=res.matched_count,
+                        modified=res.modified_count,
+                        upserted=res.upserted_count,
+                        deleted=res.deleted_count,
+                    )
+        except PyMongoError as exc:
+            translated = write_errors.translate(exc, [group])
+            if isinstance(translated, PyMongoError):
+                raise write_errors.failure(translated, self.timeout) from exc
+            raise translated from exc
+        if group.expect is not None and group.expect.violated(counts):
+            raise group.expect.error(counts)
+        return PlanResult({group.name: counts}, found, 1)
 
     def _write(
         self, session: ClientSession, groups: list[Group], bulk: bool

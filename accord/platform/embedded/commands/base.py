@@ -115,6 +115,12 @@ def opt_int(cmd: Doc, key: str, default: int | None = None) -> int | None:
         raise type_mismatch(
             f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected a number"
         )
+    # mongod's parseIntegerElementToLong: NaN, infinities and values past 64 bits cannot be
+    # counts; a fractional double is not an integer.
+    if not -(2**63) <= value < 2**63 or value != value:
+        raise EngineError(Code.BadValue, f"Cannot represent as a 64-bit integer: {key}: {value}")
+    if isinstance(value, float) and not value.is_integer():
+        raise EngineError(Code.BadValue, f"Expected an integer: {key}: {value}")
     return int(value)
 
 

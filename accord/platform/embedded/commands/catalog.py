@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
+
+from bson.regex import Regex
 
 from accord.platform.embedded import collation, query, validation
 from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
     Doc,
+    check_db_name,
     coll_name,
     command,
     ns_of,
@@ -21,6 +25,8 @@ from accord.platform.embedded.commands.base import (
 from accord.platform.embedded.commands.write import write_collection
 from accord.platform.embedded.engine import Collection, Index
 from accord.platform.embedded.errors import Code, EngineError, bad_value, type_mismatch
+from accord.platform.embedded.versions import decode
+from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
 @command("create")
@@ -40,8 +46,19 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
             "clusteredIndex",
             "expireAfterSeconds",
             "collation",
+            "timeseries",
+            "changeStreamPreAndPostImages",
         )
     }
+    images = options.get("changeStreamPreAndPostImages")
+    if images is not None and (
+        not isinstance(images, dict)
+        or set(images) != {"enabled"}
+        or not isinstance(images["enabled"], bool)
+    ):
+        raise EngineError(
+            Code.TypeMismatch, "changeStreamPreAndPostImages must be {enabled: true|false}"
+        )
     if "viewOn" in cmd or "pipeline" in cmd:
         if set(options) - {"collation"}:
             raise EngineError(
@@ -62,11 +79,113 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
         default = collation.parse(options.pop("collation"))
         if default is not None:
             options["collation"] = default.spec()
+    ttl_field = _check_layout_options(options)
     if ctx.engine.get_collection(ns, ctx.txn) is not None:
         raise EngineError(Code.NamespaceExists, f"Collection {ns} already exists.")
     # In a transaction the collection is the transaction's until it commits, as in mongod.
-    ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
+    coll = ctx.engine.create_collection(ns, options, txn=ctx.txn if ctx.in_transaction else None)
+    if ttl_field is not None:
+        # Collection-level expiry (time series, clustered): a TTL index on the time field,
+        # listed by listIndexes, which the TTL monitor serves like any other.
+        spec = {
+            "v": 2, "key": {ttl_field: 1}, "name": f"{ttl_field}_1",
+            "expireAfterSeconds": options["expireAfterSeconds"],
+        }  # fmt: skip
+        coll.add_index(Index.from_spec(spec))
+        ctx.engine.save_catalog(coll)
     return {"ok": 1.0}
+
+
+_GRANULARITY_SPAN = {"seconds": 3600, "minutes": 86400, "hours": 2592000}
+
+
+def _check_layout_options(options: Doc) -> str | None:
+    """Check ``clusteredIndex``, ``timeseries`` and ``expireAfterSeconds`` (normalising them
+    as mongod reports them); returns the field a collection-level expiry keys on."""
+    clustered = options.get("clusteredIndex")
+    if clustered is not None:
+        if not isinstance(clustered, dict) or clustered.get("key") != {"_id": 1}:
+            raise EngineError(
+                Code.InvalidOptions, "clusteredIndex must be {key: {_id: 1}, unique: true}"
+            )
+        if clustered.get("unique") is not True:
+            raise EngineError(Code.InvalidOptions, "the clusteredIndex must be unique: true")
+        unknown = set(clustered) - {"key", "unique", "name", "v"}
+        if unknown:
+            raise EngineError(
+                Code.InvalidOptions, f"unknown clusteredIndex field: {sorted(unknown)[0]}"
+            )
+        options["clusteredIndex"] = {
+            "v": 2, "key": {"_id": 1}, "name": clustered.get("name", "_id_"), "unique": True,
+        }  # fmt: skip
+    ts = options.get("timeseries")
+    if ts is not None:
+        if (
+            not isinstance(ts, dict)
+            or not isinstance(ts.get("timeField"), str)
+            or not ts["timeField"]
+        ):
+            raise EngineError(Code.InvalidOptions, "timeseries needs a 'timeField' name")
+        unknown = set(ts) - {
+            "timeField",
+            "metaField",
+            "granularity",
+            "bucketMaxSpanSeconds",
+            "bucketRoundingSeconds",
+        }
+        if unknown:
+            raise EngineError(
+                Code.InvalidOptions, f"unknown timeseries field: {sorted(unknown)[0]}"
+            )
+        meta = ts.get("metaField")
+        if meta is not None and (not isinstance(meta, str) or meta == ts["timeField"]):
+            raise EngineError(
+                Code.InvalidOptions,
+                "timeseries 'metaField' must be a name other than the timeField",
+            )
+        span, rounding = ts.get("bucketMaxSpanSeconds"), ts.get("bucketRoundingSeconds")
+        normal: Doc = {"timeField": ts["timeField"]}
+        if meta is not None:
+            normal["metaField"] = meta
+        if span is not None or rounding is not None:
+            if (
+                "granularity" in ts
+                or span != rounding
+                or not isinstance(span, int)
+                or not 1 <= span <= 31536000
+            ):
+                raise EngineError(
+                    Code.InvalidOptions,
+                    "bucketMaxSpanSeconds and bucketRoundingSeconds must be given together, "
+                    "be equal (1 to 31536000) and not be combined with granularity",
+                )
+            normal.update(bucketRoundingSeconds=rounding, bucketMaxSpanSeconds=span)
+        else:
+            granularity = ts.get("granularity", "seconds")
+            if granularity not in _GRANULARITY_SPAN:
+                raise EngineError(
+                    Code.InvalidOptions,
+                    f"timeseries granularity must be seconds, minutes or hours, got {granularity!r}",
+                )
+            normal.update(
+                granularity=granularity, bucketMaxSpanSeconds=_GRANULARITY_SPAN[granularity]
+            )
+        options["timeseries"] = normal
+    if "expireAfterSeconds" in options:
+        eas = options["expireAfterSeconds"]
+        if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0 or eas != int(eas):
+            raise EngineError(
+                Code.InvalidOptions, "expireAfterSeconds must be a non-negative integer"
+            )
+        if ts is not None:
+            return str(options["timeseries"]["timeField"])
+        if clustered is not None:
+            return "_id"
+        raise EngineError(
+            Code.InvalidOptions,
+            "expireAfterSeconds is only valid for time-series and clustered collections",
+        )
+    return None
 
 
 def _check_validation_options(options: Doc) -> None:
@@ -91,7 +210,9 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
     if coll is None:
         raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     changes = {
-        k: v for k, v in cmd.items() if k in ("validator", "validationLevel", "validationAction")
+        k: v
+        for k, v in cmd.items()
+        if k in ("validator", "validationLevel", "validationAction", "changeStreamPreAndPostImages")
     }
     _check_validation_options(changes)
     reply: Doc = {"ok": 1.0}
@@ -152,6 +273,12 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         or "." not in target
     ):
         raise bad_value("renameCollection needs 'db.collection' source and 'to'")
+    for ns in (source, target):  # the names create would accept, nothing else
+        db_part, coll_part = ns.split(".", 1)
+        check_db_name(db_part)
+        coll_name({"renameCollection": coll_part}, "renameCollection")
+    if views.is_view(ctx.engine.get_collection(source)):
+        raise EngineError(Code.CommandNotSupportedOnView, f"cannot rename the view {source}")
     if ctx.engine.get_collection(source) is None:
         raise EngineError(Code.NamespaceNotFound, f"Source collection {source} does not exist")
     if ctx.engine.get_collection(target) is not None:
@@ -160,6 +287,57 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         ctx.engine.drop_collection(target)
     ctx.engine.rename_collection(source, target)
     return {"ok": 1.0}
+
+
+# What MongoDB allows in a partialFilterExpression (its "partial index" expression subset).
+_PARTIAL_OPERATORS = {"$eq", "$gt", "$gte", "$lt", "$lte", "$type", "$exists", "$in"}
+
+
+def _unsupported_partial(what: str) -> EngineError:
+    return EngineError(
+        Code.CannotCreateIndex,
+        f"Error in specification: partialFilterExpression: Expression not supported in "
+        f"partial index: {what}; a partial index filter may use equality, $exists: true, "
+        "$gt, $gte, $lt, $lte, $type, $in, $and and $or",
+    )
+
+
+def _check_partial_filter(expr: Any, depth: int = 0) -> None:
+    """Refuse partial filters MongoDB refuses ($where, $expr, $regex, $not, ...), so every
+    filter an index keeps can be evaluated on every later insert."""
+    if not isinstance(expr, dict):
+        raise EngineError(Code.TypeMismatch, "partialFilterExpression must be an object")
+    if depth == 0:
+        query.check_filter(expr)
+    for key, value in expr.items():
+        if key in ("$and", "$or"):
+            if not isinstance(value, list) or not value or depth >= 4:
+                raise _unsupported_partial(key)
+            for sub in value:
+                _check_partial_filter(sub, depth + 1)
+        elif key.startswith("$"):
+            raise _unsupported_partial(key)
+        elif isinstance(value, dict) and value and next(iter(value)).startswith("$"):
+            for op, arg in value.items():
+                if op not in _PARTIAL_OPERATORS:
+                    raise _unsupported_partial(op)
+                if op == "$exists" and not arg:
+                    raise _unsupported_partial("$exists: false")
+                if op == "$in" and (
+                    not isinstance(arg, list) or any(isinstance(v, re.Pattern | Regex) for v in arg)
+                ):
+                    raise _unsupported_partial("$in with a regex")
+                if isinstance(arg, re.Pattern | Regex):
+                    raise _unsupported_partial(f"{op} with a regex")
+        elif isinstance(value, re.Pattern | Regex):
+            raise _unsupported_partial("a regex")
+    if depth == 0:
+        try:
+            query.matches(expr, {})
+        except EngineError as exc:
+            raise EngineError(
+                Code.CannotCreateIndex, f"partialFilterExpression cannot be evaluated: {exc}"
+            ) from exc
 
 
 def _index_name(key: Doc) -> str:
@@ -244,7 +422,7 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
                     "TTL indexes are single-field indexes, compound indexes do not support TTL.",
                 )
         if "partialFilterExpression" in spec:
-            query.check_filter(spec["partialFilterExpression"])
+            _check_partial_filter(spec["partialFilterExpression"])
         existing = coll.indexes.get(spec["name"])
         same_key = next((i for i in coll.indexes.values() if dict(i.key) == spec["key"]), None)
         if existing is not None:
@@ -310,6 +488,9 @@ def cmd_list_indexes(ctx: Context, cmd: Doc) -> Doc:
         raise EngineError(Code.NamespaceNotFound, f"ns does not exist: {ns}")
     views.refuse_write(coll, "listIndexes")
     specs = [copy.deepcopy(i.spec) for i in coll.indexes.values()]
+    clustered = coll.options.get("clusteredIndex")
+    if clustered is not None:  # the _id index is the clustered index, under its name
+        specs = [{**clustered, "clustered": True} if s.get("name") == "_id_" else s for s in specs]
     return ctx.cursors.first_batch(
         ns, specs, opt_int(opt_doc(cmd, "cursor"), "batchSize"), ctx.session_key
     )
@@ -355,15 +536,12 @@ def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
             if query.matches(filt, info):
                 out.append(info)
             continue
-        info = {"name": coll.name, "type": "collection"}
+        kind = "timeseries" if "timeseries" in coll.options else "collection"
+        info = {"name": coll.name, "type": kind}
         if not name_only:
-            info.update(
-                {
-                    "options": copy.deepcopy(coll.options),
-                    "info": {"readOnly": False},
-                    "idIndex": dict(ID_INDEX),
-                }
-            )
+            info.update({"options": copy.deepcopy(coll.options), "info": {"readOnly": False}})
+            if kind == "collection" and "clusteredIndex" not in coll.options:
+                info["idIndex"] = dict(ID_INDEX)
         if query.matches(filt, info):
             out.append(info)
     return ctx.cursors.first_batch(f"{ctx.db}.$cmd.listCollections", out, None, ctx.session_key)
@@ -385,3 +563,66 @@ def cmd_list_databases(ctx: Context, cmd: Doc) -> Doc:
         if query.matches(filt, info):
             dbs.append({"name": name} if opt_bool(cmd, "nameOnly") else info)
     return {"databases": dbs, "totalSize": 0, "ok": 1.0}
+
+
+@command("validate")
+def cmd_validate(ctx: Context, cmd: Doc) -> Doc:
+    """Check a collection's committed documents against its indexes, as mongod's validate
+    does: every document decodes, is within the BSON limit and sits under its own ``_id``;
+    every unique index owns exactly the keys of the documents that have them; every
+    ordered index has an entry for each key of each document."""
+    ns = ns_of(ctx, cmd, "validate")
+    coll = ctx.engine.get_collection(ns, ctx.txn)
+    if coll is None:
+        raise EngineError(Code.NamespaceNotFound, f"Collection '{ns}' does not exist to validate.")
+    views.refuse_write(coll, "validate")
+    errors: list[str] = []
+    invalid = 0
+    latest: list[tuple[Any, Doc]] = []
+    for key, record in coll.records.items():
+        if record.data is None:
+            continue
+        try:
+            doc = decode(record.data)
+        except Exception as exc:  # corrupt BSON is what validate exists to find
+            invalid += 1
+            errors.append(f"record {key!r} does not decode: {exc}")
+            continue
+        if len(record.data) > MAX_BSON_SIZE or "_id" not in doc or query.id_key(doc["_id"]) != key:
+            invalid += 1
+            errors.append(f"record {key!r} is over the size limit or not under its own _id")
+            continue
+        latest.append((record, doc))
+    keys_per_index: Doc = {"_id_": len(latest)}
+    missing = 0
+    for index in coll.indexes.values():
+        if index.is_id:
+            continue
+        count = 0
+        for record, doc in latest:
+            keys = index.key_tuples(doc, query.matches)
+            count += len(keys)
+            if index.built and index.orderable_or_hashed:
+                missing += sum(
+                    1 for k in keys if (*k, record.rid, record.ts, record) not in index.entries
+                )
+        keys_per_index[index.name] = count
+        owners = coll.unique_maps.get(index.name)
+        if owners is not None:
+            expected: dict[Any, bytes] = {}
+            for record, doc in latest:
+                for k in index.unique_keys(doc, query.matches):
+                    expected[k] = record.key
+            if expected != owners:
+                errors.append(f"unique index {index.name} does not match the documents' keys")
+    if missing:
+        errors.append(f"{missing} index entries are missing")
+    return {
+        "ns": ns, "nInvalidDocuments": invalid, "nNonCompliantDocuments": 0,
+        "nrecords": len(latest) + invalid, "nIndexes": len(coll.indexes),
+        "keysPerIndex": keys_per_index,
+        "indexDetails": {name: {"valid": not errors} for name in coll.indexes},
+        "valid": not errors and not invalid, "repaired": False, "warnings": [],
+        "errors": errors, "extraIndexEntries": [], "missingIndexEntries": [],
+        "corruptRecords": [], "ok": 1.0,
+    }  # fmt: skip

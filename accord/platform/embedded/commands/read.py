@@ -14,7 +14,7 @@ from bson.raw_bson import RawBSONDocument
 
 from accord.platform.embedded import collation, planner, query
 from accord.platform.embedded.aggregate import Pipeline
-from accord.platform.embedded.commands import views
+from accord.platform.embedded.commands import changestreams, views
 from accord.platform.embedded.commands.base import (
     PIPELINE_OUTPUTS,
     Context,
@@ -105,9 +105,30 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
         ]
     else:
         docs = [reply_doc(h) for h in run.hits]
+    if opt_bool(cmd, "returnKey"):
+        docs = [_index_key(run.plan, h.doc) for h in run.hits]
+    elif opt_bool(cmd, "showRecordId"):
+        # A transaction's own new documents have no record id yet (rid inf): 0.
+        docs = [
+            {**dict(d), "$recordId": bson.Int64(h.rid if h.rid != float("inf") else 0)}
+            for d, h in zip(docs, run.hits, strict=True)
+        ]
     if q.limit and (batch_size is None or batch_size > q.limit):
         batch_size = q.limit
     return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
+
+
+def _index_key(plan: planner.Plan, doc: Doc) -> Doc:
+    """``returnKey``: the key of the index the plan read (nothing for a collection scan)."""
+    if plan.kind == "IDHACK":
+        return {"_id": doc.get("_id")}
+    if plan.index is None:
+        return {}
+    out: Doc = {}
+    for field_name in plan.index.fields:
+        values = [v for v in query.path_values(doc, field_name) if v is not MISSING]
+        out[field_name] = values[0] if values else None
+    return out
 
 
 def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
@@ -143,12 +164,17 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     if not isinstance(name, str) or not name:
         raise type_mismatch("getMore needs the 'collection' the cursor belongs to, as a string")
     # Command cursors (listCollections, client bulkWrite, ...) live on "$cmd.*" namespaces.
+    stream = ctx.cursors.streams.get(int(cursor_id))
+    if stream is not None:
+        return changestreams.get_more(ctx, stream, cmd, f"{ctx.db}.{name}")
     return ctx.cursors.get_more(int(cursor_id), f"{ctx.db}.{name}", opt_int(cmd, "batchSize"))
 
 
 @command("killCursors")
 def cmd_kill_cursors(ctx: Context, cmd: Doc) -> Doc:
-    ns_of(ctx, cmd, "killCursors")
+    name = cmd.get("killCursors")
+    if not (isinstance(name, str) and name.startswith("$cmd.")):  # command cursors' namespace
+        ns_of(ctx, cmd, "killCursors")
     ids = opt_list(cmd, "cursors")
     return ctx.cursors.kill([int(i) for i in ids])
 
@@ -253,6 +279,10 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         raise failed_to_parse(
             "The 'cursor' option is required, except for aggregate with the explain argument"
         )
+    if pipeline and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]:
+        if target != 1:
+            coll_name(cmd, "aggregate")
+        return changestreams.open_stream(ctx, cmd, target, pipeline)
     output = None
     for position, stage in enumerate(pipeline):
         name = next(iter(stage), None) if isinstance(stage, dict) and len(stage) == 1 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -108,12 +109,23 @@ def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None
 def insert_one(ctx: Context, coll: Collection, doc: Doc, bypass: bool = False) -> Doc:
     doc = prepare_new_doc(doc)
     _check_size(doc)
+    _check_time_field(coll, doc)
     key = query.id_key(doc["_id"])
     if ctx.engine.get(ctx.txn, coll.ns, key) is not None:
         raise duplicate_key(coll, coll.indexes["_id_"], doc)
     _validate(coll, doc, None, bypass)
     ctx.engine.write(ctx.txn, coll, key, doc)
     return doc
+
+
+def _check_time_field(coll: Collection, doc: Doc) -> None:
+    """A time-series collection's documents carry a date in their timeField."""
+    ts = coll.options.get("timeseries")
+    if ts is not None and not isinstance(doc.get(ts["timeField"]), dt.datetime):
+        raise EngineError(
+            Code.BadValue,
+            f"'{ts['timeField']}' must be present and contain a valid BSON UTC datetime value",
+        )
 
 
 def replace_one(
@@ -125,6 +137,7 @@ def replace_one(
             "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
     _check_size(new)
+    _check_time_field(coll, new)
     _validate(coll, new, old, bypass)
     ctx.engine.write(ctx.txn, coll, key, new)
 

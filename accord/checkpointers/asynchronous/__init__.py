@@ -1,0 +1,1 @@
+"""The async source of the savers (``AsyncAccordSaver``)."""

@@ -1,0 +1,237 @@
+"""Write plans of the checkpointer (pure data for the platform's unit of work).
+
+Every plan that touches a thread starts with a *guard* on the thread's run-registry
+document (:mod:`accord.platform.runs`), executed first in the transaction:
+
+* the owner guard, for a run that holds the thread: refused (fenced out) if another run
+  took the thread since;
+* the free guard, for a write that belongs to no run: refused while a live run holds
+  the thread;
+* the takeover, for ``delete_thread``: whatever run holds the thread loses it.
+
+Each sets a new ``version`` on the registry document, which is how savers know whether
+their cached state of the thread is current (:mod:`accord.checkpointers.cache`).
+
+Then, for ``put``: the checkpoint, the blobs of the changed channels, the new messages;
+for ``put_writes``: the business marks (plain inserts: a mark that exists stops the
+ordered bulk write before the business writes behind it, so a task recorded before is
+never applied twice), the business writes, the pending writes. Events go to the outbox
+in the same transaction (the outbox hook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from accord.checkpointers import schema
+from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
+from accord.errors import ConfigurationError
+from accord.platform import runs
+from accord.platform.artifacts import BUSINESS
+from accord.platform.plan import Counts, Expect, Group, Op, OutboxEvent, Plan, PlanContext
+
+#: Name of the guard group in every plan (the run registry).
+GUARD = "run"
+#: Prefix of the names of groups that hold a task's staged business writes.
+BUSINESS_PREFIX = "business:"
+#: Group of a guard that the checkpoint of a task's writes is stored.
+SAVED = "checkpoint_saved"
+MARKS = "marks"
+
+Refusal = Callable[[Counts], BaseException]
+
+
+class Target:
+    """Where a saver writes: database, collection names, business database."""
+
+    def __init__(self, db: str, names: schema.CollectionNames, business_db: str) -> None:
+        self.db = db
+        self.names = names
+        self.business_db = business_db
+
+    def group(self, name: str, key: str, ops: list[Op], **kw: Any) -> Group:
+        return Group(name, self.db, getattr(self.names, key), schema.ARTIFACTS[key], ops, **kw)
+
+    def event(self, scope: Scope, kind: str, checkpoint_id: str, **fields: Any) -> OutboxEvent:
+        """An outbox event of the thread (the public event contract: docs/checkpointer.md)."""
+        key: tuple[str, ...] = (scope.thread_id, scope.checkpoint_ns, checkpoint_id)
+        if fields.get("task_id") is not None:
+            key += (fields["task_id"],)
+        body = {
+            "thread_id": scope.thread_id,
+            "checkpoint_ns": scope.checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        return OutboxEvent(self.db, self.names.outbox, kind, scope.tenant_id, key, body)
+
+
+# --- guards -----------------------------------------------------------------------------
+
+
+def owner_guard(
+    target: Target,
+    lease: runs.Lease,
+    version: str,
+    *,
+    at: datetime,
+    lease_seconds: float,
+    refused: Refusal,
+    expire_at: datetime | None = None,
+) -> Group:
+    op = runs.owner_guard(lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at)
+    return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=refused))
+
+
+def free_guard(
+    target: Target,
+    scope: Scope,
+    version: str,
+    *,
+    at: datetime,
+    refused: Refusal,
+    expire_at: datetime | None = None,
+) -> Group:
+    op = runs.free_guard(scope.tenant_id, scope.thread_id, version, at=at, expire_at=expire_at)
+    return target.group(GUARD, "runs", [op], expect=Expect(touched=1, error=refused))
+
+
+def takeover_guard(
+    target: Target, scope: Scope, version: str, *, at: datetime, expired_only: bool = False
+) -> Group:
+    """``expired_only``: the deletion of an expired thread (``ttl``), refused (matched 0 or
+    a duplicate key on the registry) if the thread was written since or a run holds it."""
+    if expired_only:
+        op = runs.expired_guard(scope.tenant_id, scope.thread_id, version, at=at)
+        return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=_gone))
+    op = runs.takeover(scope.tenant_id, scope.thread_id, version, at=at)
+    return target.group(GUARD, "runs", [op])
+
+
+class StillInUse(Exception):
+    """Internal: an expired thread was written (or claimed) before the sweep deleted it."""
+
+
+def _gone(counts: Counts) -> BaseException:
+    return StillInUse()
+
+
+# --- put / put_writes ----------------------------------------------------------------
+
+
+def put_plan(
+    target: Target,
+    scope: Scope,
+    guard: Group,
+    docs: PutDocs,
+    checkpoint_id: str,
+    *,
+    parent: Group | None = None,
+) -> Plan:
+    """A checkpoint; ``parent``: a guard that the parent is stored (when the put stores
+    only what changed since a parent the saver is not sure still exists)."""
+    groups = [guard, *([parent] if parent is not None else [])]
+    groups.append(target.group("checkpoint", "checkpoints", [docs.checkpoint]))
+    if docs.blobs:
+        groups.append(target.group("blobs", "blobs", docs.blobs))
+    if docs.messages:
+        groups.append(target.group("messages", "messages", docs.messages))
+    event = target.event(scope, "checkpoint", checkpoint_id, messages=docs.message_keys or None)
+    return Plan(_context(scope, "checkpoint.put"), groups, [event])
+
+
+def saved_guard(target: Target, scope: Scope, checkpoint_id: str, refused: Refusal) -> Group:
+    """That a checkpoint is stored (when the saver does not know it is): a no-op update
+    that matches it."""
+    op = Op("update", {"_id": scope.checkpoint_doc_id(checkpoint_id)}, {"$setOnInsert": {"_": 0}})
+    return target.group(SAVED, "checkpoints", [op], expect=Expect(matched=1, error=refused))
+
+
+def writes_plan(
+    target: Target,
+    scope: Scope,
+    guard: Group,
+    docs: WriteDocs,
+    checkpoint_id: str,
+    task_id: str,
+    *,
+    business: Sequence[Mapping[str, Any]] = (),
+    saved: Group | None = None,
+) -> Plan:
+    """A task's writes; with ``business`` (staged operations), its marks and business
+    writes too."""
+    groups = [guard]
+    if saved is not None:
+        groups.append(saved)
+    if business:
+        groups.append(target.group(MARKS, "writes", list(docs.marks)))
+        groups.extend(business_groups(target.business_db, business))
+    if docs.ops:
+        groups.append(target.group("writes", "writes", docs.ops))
+    event = target.event(scope, "writes", checkpoint_id, task_id=task_id)
+    return Plan(_context(scope, "checkpoint.put_writes"), groups, [event])
+
+
+def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]:
+    """One group per run of consecutive staged ops on the same collection, in order."""
+    groups: list[Group] = []
+    for spec in staged:
+        op = business_op(spec)
+        name = spec["collection"]
+        if groups and groups[-1].collection == name:
+            groups[-1].ops.append(op)
+            assert groups[-1].sources is not None
+            groups[-1].sources.append(spec)
+        else:
+            groups.append(
+                Group(
+                    f"{BUSINESS_PREFIX}{len(groups)}",
+                    db,
+                    name,
+                    BUSINESS.name,
+                    [op],
+                    sources=[spec],
+                )
+            )
+    return groups
+
+
+def business_op(spec: Mapping[str, Any]) -> Op:
+    kind = spec["op"]
+    if kind == "insert_one":
+        return Op("insert", doc=spec["document"])
+    if kind == "update_one":
+        return Op("update", spec["filter"], spec["update"], upsert=spec.get("upsert", False))
+    if kind == "replace_one":
+        return Op("replace", spec["filter"], spec["document"], upsert=spec.get("upsert", False))
+    if kind == "delete_one":
+        return Op("delete", spec["filter"])
+    raise ConfigurationError(f"unknown staged business operation {kind!r}")
+
+
+def _context(scope: Scope, operation: str) -> PlanContext:
+    return PlanContext(tenant_id=scope.tenant_id, thread_id=scope.thread_id, operation=operation)
+
+
+# --- maintenance ------------------------------------------------------------------------
+
+
+def maintenance_plan(
+    target: Target,
+    scope: Scope,
+    guard: Group,
+    deletes: Sequence[tuple[str, dict[str, Any]]],
+    operation: str,
+    inserts: Sequence[tuple[str, list[Op]]] = (),
+) -> Plan:
+    """``deletes``: (collection key, filter) pairs run as ``delete_many`` in order;
+    ``inserts``: (collection key, ops)."""
+    groups = [guard]
+    for i, (key, filt) in enumerate(deletes):
+        groups.append(target.group(f"delete:{i}:{key}", key, [Op("delete_many", filt)]))
+    for i, (key, ops) in enumerate(inserts):
+        if ops:
+            groups.append(target.group(f"insert:{i}:{key}", key, ops))
+    return Plan(_context(scope, operation), groups)

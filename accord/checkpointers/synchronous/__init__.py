@@ -1,0 +1,1 @@
+"""The sync savers, generated from ``accord/checkpointers/asynchronous`` by ``tools/synchro.py``."""

@@ -1,0 +1,227 @@
+"""accord's composition root: one client, one unit of work, and the parts built on them.
+
+Every part of accord writes through the platform's unit of work, and what the unit of work
+adds to a write (the tenancy guard, the outbox, memory's vectors; governance's policy and
+audit next) comes from the hooks registered on it. Built one by one, each part would make
+its own unit of work and a hook registered on one would miss the writes of the others.
+:class:`Accord` (and :class:`AsyncAccord` for pymongo's ``AsyncMongoClient``) makes ONE
+and hands it to the checkpointer, the memory service and store, and the aggregator::
+
+    from accord.runtime import Accord
+
+    accord = Accord()                             # MONGODB_URI, or the embedded engine
+    graph = builder.compile(checkpointer=accord.checkpointer(), store=accord.store())
+    with accord.background_aggregator():          # long-term memory from the messages
+        graph.invoke(...)
+
+A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
+and runs inside the same transaction as the write it extends. This is the only module that
+may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+from langgraph.store.base import TTLConfig
+
+from accord.checkpointers import AccordSaver, AsyncAccordSaver
+from accord.memory.aggregator import Aggregator, AggregatorConfig, BackgroundAggregator
+from accord.memory.asynchronous.service import AsyncMemoryService
+from accord.memory.asynchronous.store import AsyncAccordStore
+from accord.memory.synchronous.service import MemoryService
+from accord.memory.synchronous.store import AccordStore
+from accord.platform import connect, connect_async
+from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
+from accord.platform.synchronous.unit_of_work import UnitOfWork
+from accord.platform.transaction import DEFAULT_TIMEOUT, Hook, default_hooks
+
+__all__ = ["Accord", "AsyncAccord"]
+
+_Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
+
+
+class _Root(Generic[_Service]):
+    """What both roots share: the settings of the parts and one memory service per tenant."""
+
+    def __init__(self, db_name: str, embedder: Any, dims: int | None) -> None:
+        if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
+            raise ValueError(f"db_name must be a MongoDB database name, got {db_name!r}")
+        self.db_name = db_name
+        self.embedder = embedder
+        self.dims = dims
+        self._services: dict[str, _Service] = {}
+
+    def _hooks(self, hooks: Sequence[Hook]) -> list[Hook]:
+        return [*default_hooks(), *hooks]
+
+    def _store_index(self, service: Any, fields: Sequence[str] | None) -> dict[str, Any]:
+        return {"dims": service.dims, "fields": list(fields) if fields else ["$"]}
+
+
+class Accord(_Root[MemoryService]):
+    """accord on a pymongo ``MongoClient``: checkpointer, memory store and aggregator on
+    one unit of work.
+
+    Args:
+        uri: a MongoDB connection string; default ``MONGODB_URI``, else the embedded
+            engine for ``data_dir`` (started if needed).
+        client: an existing ``MongoClient`` instead of ``uri`` (not closed by :meth:`close`).
+        db_name: the database of every part.
+        embedder, dims: long-term memory's embedder (see
+            :func:`accord.memory.embedders.resolve_embedder`; default the hashing
+            embedder). The store and the aggregator use the same one.
+        hooks: extra unit-of-work hooks (governance's audit and policy checks), run after
+            the tenancy guard and the outbox, on every write of every part.
+        timeout: bound in seconds on one transaction including its retries.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        client: Any = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        db_name: str = "accord",
+        embedder: Any = None,
+        dims: int | None = None,
+        hooks: Sequence[Hook] = (),
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(db_name, embedder, dims)
+        self._owns_client = client is None
+        self.client = client if client is not None else connect(uri, data_dir=data_dir)
+        self.uow = UnitOfWork(self.client, hooks=self._hooks(hooks), timeout=timeout)
+
+    def checkpointer(self, **kwargs: Any) -> AccordSaver:
+        """An :class:`~accord.checkpointers.AccordSaver` on this root's unit of work, set up.
+        ``kwargs`` as for the saver (``tenant_id``, ``ttl``, collection names, ...)."""
+        saver = AccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
+        saver.setup()
+        return saver
+
+    def memory(self, tenant_id: str = "default") -> MemoryService:
+        """The memory service of ``tenant_id`` (one per tenant), set up."""
+        if tenant_id not in self._services:
+            service = MemoryService(
+                self.client, tenant_id=tenant_id, db_name=self.db_name,
+                embedder=self.embedder, dims=self.dims, uow=self.uow,
+            )  # fmt: skip
+            service.setup()
+            self._services[tenant_id] = service
+        return self._services[tenant_id]
+
+    def store(
+        self,
+        tenant_id: str = "default",
+        *,
+        fields: Sequence[str] | None = None,
+        ttl: TTLConfig | None = None,
+    ) -> AccordStore:
+        """A LangGraph ``BaseStore`` over ``tenant_id``'s long-term memory (what the
+        aggregator derives and what agents put share its namespaces). ``fields``: the
+        JSON paths of a value that are embedded (default the whole value)."""
+        service = self.memory(tenant_id)
+        return AccordStore(
+            self.client, index=self._store_index(service, fields), ttl=ttl,  # type: ignore[arg-type]
+            tenant_id=tenant_id, db_name=self.db_name, service=service,
+        )  # fmt: skip
+
+    def aggregator(self, config: AggregatorConfig | None = None, **kwargs: Any) -> Aggregator:
+        """An outbox aggregator (long-term memory from short-term memory), set up.
+        ``kwargs`` as for :class:`~accord.memory.aggregator.Aggregator`."""
+        config = config or AggregatorConfig(db_name=self.db_name)
+        if config.db_name != self.db_name:
+            raise ValueError(
+                f"the aggregator's config names database {config.db_name!r}, this root "
+                f"{self.db_name!r}; use one database"
+            )
+        aggregator = Aggregator(
+            self.client, config=config, service=self.memory(), uow=self.uow, **kwargs
+        )
+        aggregator.setup()
+        return aggregator
+
+    def background_aggregator(self, **kwargs: Any) -> BackgroundAggregator:
+        """The aggregator on a background thread of this process (a context manager that
+        starts and stops it); ``accord memory worker`` runs it as its own process."""
+        return BackgroundAggregator(self.aggregator(**kwargs))
+
+    def close(self) -> None:
+        """Close the client if this root opened it."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Accord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncAccord(_Root[AsyncMemoryService]):
+    """:class:`Accord` on pymongo's ``AsyncMongoClient``: the async checkpointer and store
+    on one async unit of work. The aggregator is synchronous: run it with
+    ``accord memory worker`` or :meth:`Accord.background_aggregator`."""
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        client: Any = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        db_name: str = "accord",
+        embedder: Any = None,
+        dims: int | None = None,
+        hooks: Sequence[Hook] = (),
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(db_name, embedder, dims)
+        self._owns_client = client is None
+        self.client = client if client is not None else connect_async(uri, data_dir=data_dir)
+        self.uow = AsyncUnitOfWork(self.client, hooks=self._hooks(hooks), timeout=timeout)
+
+    async def checkpointer(self, **kwargs: Any) -> AsyncAccordSaver:
+        """An :class:`~accord.checkpointers.AsyncAccordSaver` on this root's unit of work,
+        set up."""
+        saver = AsyncAccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
+        await saver.setup()
+        return saver
+
+    async def memory(self, tenant_id: str = "default") -> AsyncMemoryService:
+        """The memory service of ``tenant_id`` (one per tenant), set up."""
+        if tenant_id not in self._services:
+            service = AsyncMemoryService(
+                self.client, tenant_id=tenant_id, db_name=self.db_name,
+                embedder=self.embedder, dims=self.dims, uow=self.uow,
+            )  # fmt: skip
+            await service.setup()
+            self._services[tenant_id] = service
+        return self._services[tenant_id]
+
+    async def store(
+        self,
+        tenant_id: str = "default",
+        *,
+        fields: Sequence[str] | None = None,
+        ttl: TTLConfig | None = None,
+    ) -> AsyncAccordStore:
+        """The async LangGraph store over ``tenant_id``'s long-term memory."""
+        service = await self.memory(tenant_id)
+        return AsyncAccordStore(
+            self.client, index=self._store_index(service, fields), ttl=ttl,  # type: ignore[arg-type]
+            tenant_id=tenant_id, db_name=self.db_name, service=service,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Close the client if this root opened it."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> AsyncAccord:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
