@@ -207,6 +207,7 @@ def _mixed(engine: EngineProcess, n: int, seconds: float) -> dict[str, Any]:
             out["lock_max_cpu_ms"] = own["lock"]["maxHoldCpuMillis"]
             out["lock_max_cpu_by"] = own["lock"]["maxHoldCpuBy"]
             out["lock_histogram"] = own["lock"]["histogram"]
+            out["lock_by_kind"] = own["lock"].get("maxHoldByKind", {})
             out["gc_pruned"] = own["gc"]["versionsPruned"]
     finally:
         client.close()
@@ -320,6 +321,23 @@ def render(results: list[dict[str, Any]], mixed_seconds: float) -> str:
                 f"| {r['label']} | {m['read']:.0f} | {m['txn']:.0f} | {m['update']:.0f} | {m['error']:.1f} "
                 f"| {m['ping_p99_ms']:.1f} | {m['ping_max_ms']:.1f} | {hold} | {cpu} | {m.get('gc_pruned', 'n/a')} |"
             )
+        for r in results:
+            kinds = r["mixed"].get("lock_by_kind") or {}
+            if not kinds:
+                continue
+            ranked = sorted(kinds.items(), key=lambda kv: -kv[1]["wallMillis"])
+            cells = ", ".join(
+                f"{kind} {v['wallMillis']:.1f} / {v['cpuMillis']:.1f}" for kind, v in ranked
+            )
+            hist = r["mixed"].get("lock_histogram") or {}
+            lines += [
+                "",
+                f"{r['label']}: longest lock hold of each kind during the mixed workload, wall / "
+                f"CPU ms (`gc`: one garbage-collection pass; `commit`: making a durable group "
+                f"visible): {cells}. Holds by wall time: "
+                + ", ".join(f"{k} {v}" for k, v in hist.items())
+                + ".",
+            ]
     return "\n".join(lines) + "\n"
 
 

@@ -20,9 +20,13 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-pytestmark = [pytest.mark.embedded_only, pytest.mark.slow]
+# Each kill starts two Python processes (an engine and a driver): about 3 s on an idle
+# 2-core machine, several times that when the machine is shared, hence the time limit.
+pytestmark = [pytest.mark.embedded_only, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILLS = 32
+# How long a driver may take to get its first commit acknowledged by a fresh engine.
+FIRST_ACK_S = 60.0
 DRIVER = Path(__file__).with_name("crash_driver.py")
 
 
@@ -84,6 +88,18 @@ def start_driver(uri: str, ack_path: Path, first: int, threads: int) -> subproce
     return driver
 
 
+def wait_for_ack(ack_path: Path, had: int, driver: subprocess.Popen[bytes]) -> None:
+    """Wait until the driver has recorded a commit beyond the ``had`` it started with, so
+    the random kill that follows lands among commits however slow the machine is."""
+    deadline = time.monotonic() + FIRST_ACK_S
+    while len(read_acks(ack_path)) <= had:
+        assert driver.poll() is None, "the driver exited before its first commit"
+        assert time.monotonic() < deadline, (
+            f"no commit acknowledged within {FIRST_ACK_S:.0f} s of the driver reaching the engine"
+        )
+        time.sleep(0.01)
+
+
 def group_commit_stats(uri: str) -> dict:
     client: MongoClient = MongoClient(uri, serverSelectionTimeoutMS=2000)
     try:
@@ -96,7 +112,8 @@ def kill_loop(
     tmp_path: Path, *, kills: int, threads: int, seed: int
 ) -> tuple[set[int], list[dict]]:
     """Start the engine, commit from ``threads`` client threads, SIGKILL the engine at a
-    random moment, check every invariant after each restart; ``kills`` times."""
+    random moment after its first acknowledged commit, check every invariant after each
+    restart; ``kills`` times."""
     rng = random.Random(seed)
     dbpath, ack_path = tmp_path / "db", tmp_path / "acks.txt"
     port = free_port()
@@ -106,9 +123,11 @@ def kill_loop(
     for _ in range(kills):
         engine = start_engine(dbpath, port)
         try:
+            had = len(read_acks(ack_path))
             check_invariants(uri, read_acks(ack_path))
             driver = start_driver(uri, ack_path, next_txn, threads)
-            time.sleep(rng.uniform(0.05, 0.6))
+            wait_for_ack(ack_path, had, driver)
+            time.sleep(rng.uniform(0.0, 0.5))
             if threads > 1:
                 stats.append(group_commit_stats(uri))
         finally:
@@ -131,7 +150,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_commit(tmp_path: Path) 
     acks, _ = kill_loop(
         tmp_path, kills=KILLS, threads=1, seed=int(os.environ.get("ACCORD_CRASH_SEED", "7"))
     )
-    assert len(acks) > KILLS, "the driver should have committed work between kills"
+    assert len(acks) >= KILLS, "every engine life should have acknowledged commits"
 
 
 def test_sigkill_during_group_commit_loses_no_acknowledged_commit(tmp_path: Path) -> None:
@@ -141,7 +160,7 @@ def test_sigkill_during_group_commit_loses_no_acknowledged_commit(tmp_path: Path
     acks, stats = kill_loop(
         tmp_path, kills=KILLS // 2, threads=8, seed=int(os.environ.get("ACCORD_CRASH_SEED", "7"))
     )
-    assert len(acks) > KILLS, "the drivers should have committed work between kills"
+    assert len(acks) >= KILLS // 2, "every engine life should have acknowledged commits"
     assert max(s["largestBatch"] for s in stats) > 1, f"no commit was ever grouped: {stats}"
 
 

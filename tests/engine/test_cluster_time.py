@@ -132,8 +132,12 @@ def test_snapshot_history_window_is_bounded(tmp_path) -> None:  # type: ignore[n
         with pytest.raises(OperationFailure) as info:
             client.t.command({"find": "c", "filter": {}, "readConcern": rc})
         assert info.value.code == 239  # SnapshotTooOld
-        gc = client.admin.command("serverStatus")["accordEngine"]["gc"]
+        status = client.admin.command("serverStatus")["accordEngine"]
+        gc = status["gc"]
         assert gc["versionsPruned"] >= 49 and gc["backlog"] == 0
+        # The passes' own longest lock hold is reported apart from the commands'.
+        kinds = status["lock"]["maxHoldByKind"]
+        assert set(kinds["gc"]) == {"wallMillis", "cpuMillis"} and "update" in kinds
         assert coll.find_one({"_id": 1}) == {"_id": 1, "n": 49}
     finally:
         client.close()

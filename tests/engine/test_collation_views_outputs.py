@@ -76,6 +76,31 @@ def test_a_unique_index_with_a_collation_refuses_case_variants(db) -> None:
     assert spec["collation"]["locale"] == "en_US" and spec["collation"]["strength"] == 2
 
 
+@pytest.mark.embedded_only
+def test_a_unique_index_with_a_collation_still_refuses_after_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Start-up rebuilds the duplicate check with the index's collation (it used the
+    binary keys, so "ADA" was accepted next to "Ada" after a restart)."""
+    from pymongo import MongoClient
+
+    from accord.platform.embedded import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client: MongoClient = MongoClient(server.uri)
+    client.t.users.create_index("name", unique=True, collation=CI)
+    client.t.users.insert_one({"name": "Ada"})
+    client.close()
+    server.stop()
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client = MongoClient(server.uri)
+    try:
+        with pytest.raises(DuplicateKeyError):
+            client.t.users.insert_one({"name": "ADA"})
+        client.t.users.insert_one({"name": "Bob"})
+    finally:
+        client.close()
+        server.stop()
+
+
 def test_a_collection_default_collation_applies_to_its_queries(db) -> None:
     c = db.create_collection("ci", collation=CI)
     c.insert_many([{"w": "x"}, {"w": "X"}])

@@ -34,6 +34,9 @@ class LockStats:
         self.holds = 0
         self.total_ms = 0.0
         self.histogram = [0] * (len(BUCKETS_MS) + 1)
+        # The longest hold of each kind (command name, "gc", "commit", "ttl" ...), so a
+        # garbage-collection pass can be told apart from a long query: kind -> [wall, CPU].
+        self.by_kind: dict[str, list[float]] = {}
 
     def enter(self) -> int:
         self._depth += 1
@@ -73,6 +76,9 @@ class LockStats:
         if cpu_seconds * 1000.0 > self.max_cpu_ms:
             self.max_cpu_ms = cpu_seconds * 1000.0
             self.max_cpu_what = self._what
+        longest = self.by_kind.setdefault(self._what or "other", [0.0, 0.0])
+        longest[0] = max(longest[0], ms)
+        longest[1] = max(longest[1], cpu_seconds * 1000.0)
         for i, bound in enumerate(BUCKETS_MS):
             if ms <= bound:
                 self.histogram[i] += 1
@@ -90,4 +96,8 @@ class LockStats:
             "maxHoldCpuBy": self.max_cpu_what,
             "totalHeldMillis": round(self.total_ms, 1),
             "histogram": dict(zip(labels, self.histogram, strict=True)),
+            "maxHoldByKind": {
+                kind: {"wallMillis": round(wall, 3), "cpuMillis": round(cpu, 3)}
+                for kind, (wall, cpu) in sorted(self.by_kind.items())
+            },
         }
