@@ -169,7 +169,11 @@ def _filter(value: Any, handler: Callable[[Any], Any]) -> dict[str, Any] | None:
 
 
 #: A namespace label: non-empty, no '.', no NUL.
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^.\x00]+$")]
+Label = Annotated[
+    str, StringConstraints(min_length=1, max_length=model.MAX_LABEL, pattern=r"^[^.\x00]+$")
+]
+#: A namespace in a path or a query: its labels joined by dots.
+DOTTED_NAMESPACE = rf"[^.\x00]{{1,{model.MAX_LABEL}}}(\.[^.\x00]{{1,{model.MAX_LABEL}}})*"
 
 
 def _labels(value: Any) -> Any:
@@ -312,6 +316,23 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="or X-API-Key: <key>")
 
 
+def single_valued_query(request: Request) -> None:
+    """Refuse a query parameter given more than once. Every parameter of this API holds one
+    value (the OpenAPI schema says so); without this check ``?prefix=a&prefix=b`` would be
+    answered for the last value alone, silently."""
+    counts: dict[str, int] = {}
+    for name, _ in request.query_params.multi_items():
+        counts[name] = counts.get(name, 0) + 1
+    repeated = sorted(name for name, n in counts.items() if n > 1)
+    if repeated:
+        raise RequestValidationError([
+            {"loc": ("query", name), "type": "repeated_parameter",
+             "msg": f"given {counts[name]} times; each query parameter takes one value, "
+                    f"give it once"}
+            for name in repeated
+        ])  # fmt: skip
+
+
 def namespace_of(path: str) -> tuple[str, ...]:
     """``users.u1.memories`` -> ``("users", "u1", "memories")`` (validated)."""
     return model.check_namespace(path.split("."))
@@ -359,6 +380,7 @@ def create_app(
         description="Long-term memory of LangGraph agents on MongoDB, per tenant. "
         "Authenticate with an API key: `Authorization: Bearer <key>` or `X-API-Key`.",
         lifespan=lifespan,
+        dependencies=[Depends(single_valued_query)],
         responses={
             400: {"model": ErrorOut},
             401: {"model": ErrorOut},
@@ -452,9 +474,15 @@ def create_app(
             min_length=1,
             max_length=4096,
             # documented, and checked by the store's own rules (for their clearer message)
-            json_schema_extra={"pattern": r"^[^.\x00]+(\.[^.\x00]+)*$"},
+            json_schema_extra={"pattern": f"^{DOTTED_NAMESPACE}$"},
         ),
     ]
+    NamespaceQuery = Query(
+        max_length=4096,
+        description="Dot-joined labels, * for any label (empty: no condition)",
+        # documented, and checked by the store's own rules (for their clearer message)
+        json_schema_extra={"pattern": f"^({DOTTED_NAMESPACE})?$"},
+    )
     KeyPath = Annotated[
         str,
         Path(description="The memory's key (any characters but NUL)", min_length=0,
@@ -538,10 +566,8 @@ def create_app(
     @app.get("/v1/namespaces", response_model=NamespacePage, tags=["namespaces"])
     async def namespaces(
         svc: Reader,
-        prefix: Annotated[
-            str | None, Query(max_length=4096, description="Dot-joined labels; * is any label")
-        ] = None,
-        suffix: Annotated[str | None, Query(max_length=4096)] = None,
+        prefix: Annotated[str | None, NamespaceQuery] = None,
+        suffix: Annotated[str | None, NamespaceQuery] = None,
         max_depth: Annotated[int | None, Query(ge=1, le=64)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         offset: Annotated[int, Query(ge=0)] = 0,

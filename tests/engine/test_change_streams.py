@@ -160,3 +160,50 @@ def test_not_in_a_transaction(client: MongoClient, db) -> None:
         with pytest.raises(OperationFailure):
             db["cs"].watch(session=session)
         session.abort_transaction()
+
+
+def test_images_are_null_when_not_recorded_and_whenavailable(db) -> None:
+    coll = db["plain_images"]
+    coll.insert_one({"_id": 1, "v": 0})
+    with coll.watch(
+        full_document="whenAvailable",
+        full_document_before_change="whenAvailable",
+        max_await_time_ms=100,
+    ) as stream:
+        coll.update_one({"_id": 1}, {"$set": {"v": 1}})
+        (event,) = _events(stream, 1)
+    assert event["fullDocument"] is None and event["fullDocumentBeforeChange"] is None
+
+
+@pytest.mark.embedded_only
+def test_the_log_is_bounded_by_bytes_and_a_stream_behind_it_is_told(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Like mongod's oplog, the change log is bounded by size: a stream that fell behind
+    it, and a resume token older than it, answer ChangeStreamHistoryLost (286)."""
+    from accord.platform.embedded import EmbeddedServer
+    from accord.platform.embedded.commands import changestreams
+
+    monkeypatch.setattr(changestreams, "LOG_BYTES", 50_000)
+    server = EmbeddedServer(tmp_path / "db", port=0, sync=False).start()
+    client: MongoClient = MongoClient(server.uri)
+    try:
+        coll = client.t.big
+        with coll.watch(max_await_time_ms=100) as reader, coll.watch(max_await_time_ms=100) as idle:
+            coll.insert_one({"_id": 0})
+            (first,) = _events(reader, 1)
+            for i in range(1, 11):  # 100 KB in all, 10 KB at a time
+                coll.insert_one({"_id": i, "pad": "x" * 10_000})
+                (event,) = _events(reader, 1)  # a stream that keeps up sees everything
+                assert event["documentKey"] == {"_id": i}
+            with pytest.raises(OperationFailure) as lost:
+                idle.try_next()  # still before the first insert, which was dropped
+            assert lost.value.code == 286
+        with pytest.raises(OperationFailure) as old:
+            coll.watch(resume_after=first["_id"], max_await_time_ms=100).try_next()
+        assert old.value.code == 286
+        with coll.watch(max_await_time_ms=100) as fresh:  # a new stream starts from now
+            coll.insert_one({"_id": "new"})
+            (event,) = _events(fresh, 1)
+        assert event["documentKey"] == {"_id": "new"}
+    finally:
+        client.close()
+        server.stop()

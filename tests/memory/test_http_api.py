@@ -197,6 +197,10 @@ def test_bad_search_input_is_a_clear_4xx(
         ("put", "/v1/memories/n/k", {"value": {}, "ttl_minutes": -1}, 422, "ttl_minutes"),
         ("get", "/v1/namespaces?limit=0", None, 422, "limit"),
         ("get", "/v1/namespaces?prefix=a..b", None, 400, "non-empty strings"),
+        # one value per parameter (the schema's), not the last of several
+        ("get", "/v1/namespaces?prefix=p&prefix=q", None, 422, "query.prefix: given 2 times"),
+        ("get", "/v1/namespaces?limit=1&limit=2&limit=3", None, 422, "given 3 times"),
+        ("get", "/v1/memories/n/k?x=1&x=2", None, 422, "query.x: given 2 times"),
     ],
 )
 def test_bad_input_elsewhere(api: TestClient, method: str, path: str, body: Any, status: int,

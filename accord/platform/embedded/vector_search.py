@@ -31,6 +31,7 @@ Errors follow mongot's messages and arrive wrapped as mongod wraps them
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -242,6 +243,8 @@ def as_vector(value: Any, dims: int | None = None) -> np.ndarray | None:
             except (ValueError, TypeError):
                 return None
             arr = np.asarray(decoded.data, dtype=np.float32)
+    elif isinstance(value, np.ndarray):
+        arr = value
     elif isinstance(value, list) and value:
         if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value):
             return None
@@ -641,27 +644,36 @@ class VectorMatrix:
         euclid = self.vfield.similarity == "euclidean"
         if count * 8 > high:
             rows = None
-            rank = self.matrix[:high] @ qv  # float32, higher is better once adjusted
+            rank = matvec(self.matrix[:high], qv)  # float32, higher is better once adjusted
             if euclid:
                 rank = 2.0 * rank - self.sqnorm[:high]  # -|r - q|^2 + |q|^2
             rank[~sel] = -np.inf
         else:
             rows = np.flatnonzero(sel)
-            rank = self.matrix[rows] @ qv
+            rank = matvec(self.matrix[rows], qv)
             if euclid:
                 rank = 2.0 * rank - self.sqnorm[rows]
         # A few more candidates than asked for, re-scored exactly below, so that float32
         # rounding in the product cannot change which rows win.
         want = min(count, limit + 8 if limit < count else limit)
-        if want < rank.shape[0]:
-            cand = np.argpartition(-rank, want - 1)[:want]
-        else:
-            cand = np.arange(rank.shape[0])
+        n = rank.shape[0]
+        # the largest ``want`` (no negated copy of the ranks)
+        cand = np.argpartition(rank, n - want)[n - want :] if want < n else np.arange(n)
         cand_rows = cand if rows is None else rows[cand]
         cand_rows = cand_rows[self.live[cand_rows] & mask[cand_rows]]
         scores = _scores(self.matrix[cand_rows], qv, self.vfield.similarity)
         order = np.lexsort((cand_rows, -scores))[:limit]
         return cand_rows[order], scores[order]
+
+
+def matvec(block: np.ndarray, qv: np.ndarray) -> np.ndarray:
+    """``block @ qv`` computed on the calling thread (numpy's own einsum loop, not BLAS).
+
+    A matrix-vector product over many rows is bound by memory bandwidth, so a second BLAS
+    thread gains little; and when other processes hold the cores, OpenBLAS waits for its
+    helper thread to be scheduled, which made a search's p95 several times its median
+    (benchmarks/vector_search.py measures both)."""
+    return np.einsum("ij,j->i", block, qv)
 
 
 def _is_number(v: Any) -> bool:
@@ -744,16 +756,7 @@ def parse_stage(spec: Any) -> VectorQuery:
     raw = spec.get("queryVector")
     if raw is None:
         raise plan_error("Exactly one and only one of query and queryVector can be present")
-    if isinstance(raw, list):
-        for i, x in enumerate(raw):
-            if isinstance(x, bool) or not isinstance(x, int | float):
-                raise plan_error('"queryVector" must be an array of numbers or a BinData vector')
-            if not math.isfinite(x):
-                raise plan_error(
-                    f"'queryVector' contains a non-finite value (Infinity or NaN) at position"
-                    f' [{i}]. All values in "queryVector" must be finite.'
-                )
-    vector = as_vector(raw)
+    vector = _query_list(raw) if isinstance(raw, list) else as_vector(raw)
     if vector is None:
         raise plan_error('"queryVector" must be an array of numbers or a BinData vector')
     filt = spec.get("filter")
@@ -761,6 +764,25 @@ def parse_stage(spec: Any) -> VectorQuery:
         raise plan_error('"filter" must be a document')
     return VectorQuery(index, path, vector, int(limit), None if nc is None else int(nc), exact,
                        filt or None)  # fmt: skip
+
+
+def _query_list(raw: list[Any]) -> np.ndarray | None:
+    """A ``queryVector`` sent as an array: numbers only, all finite (mongot's messages)."""
+    if not all(type(x) is float for x in raw):  # doubles, as drivers send them: no look
+        for x in raw:
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise plan_error('"queryVector" must be an array of numbers or a BinData vector')
+    values = np.asarray(raw, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise plan_error(
+            f"'queryVector' contains a non-finite value (Infinity or NaN) at position"
+            f' [{int(bad[0])}]. All values in "queryVector" must be finite.'
+        )
+    if values.ndim != 1 or not values.size:
+        return None
+    with np.errstate(over="ignore"):  # beyond float32: infinite, refused by as_vector
+        return as_vector(values.astype(np.float32))
 
 
 def check_filter(filt: Any, filter_paths: set[str], where: str = "filter") -> None:
@@ -984,7 +1006,8 @@ class SearchIndexes:
     # -- queries --------------------------------------------------------------------------------
 
     def search(self, txn: Any, ns: str, q: VectorQuery) -> list[Doc]:
-        """Documents visible to ``txn``, best first, each with its score in SCORE_FIELD."""
+        """Documents visible to ``txn``, best first, each with its score in SCORE_FIELD
+        (fresh documents: the caller may change them)."""
         state = self.by_ns.get(ns, {}).get(q.index)
         if state is None or state.index.type != "vectorSearch":
             return []  # Atlas returns nothing for an index that does not exist
@@ -1036,11 +1059,13 @@ class SearchIndexes:
             scored.append((score, matrix.capacity + n, key))
         scored.sort(key=lambda t: (-t[0], t[1]))
         out = []
+        own = txn.writes.get(ns, {})
         for score, _, key in scored[: q.limit]:
             doc = self.engine.get(txn, ns, key)
             if doc is None:
                 continue
-            hit = dict(doc)
+            # engine.get decodes a fresh dict, except for the transaction's own writes
+            hit = copy.deepcopy(doc) if key in own else dict(doc)
             hit[SCORE_FIELD] = score
             out.append(hit)
         return out

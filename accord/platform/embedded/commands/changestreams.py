@@ -8,15 +8,17 @@ deployment) and pass its pipeline, waiting up to ``maxAwaitTimeMS`` (default 1 s
 with the engine lock released. Resume tokens are ``{_data: hex}`` of the event's commit
 timestamp and position in its commit, so ``resumeAfter``/``startAfter`` and
 ``startAtOperationTime`` work while the event is still in the log (the last
-``LOG_EVENTS`` events); older ones answer ChangeStreamHistoryLost (286), as mongod does
-when the oplog has rolled over.
+``LOG_EVENTS`` events, and at most ``LOG_BYTES`` of their documents, as mongod's oplog is
+bounded by size); older ones answer ChangeStreamHistoryLost (286), as mongod does when the
+oplog has rolled over, and so does the ``getMore`` of a stream that fell that far behind.
 
 Events: ``insert`` (with ``fullDocument``), ``update`` (with ``updateDescription`` of the
 top-level fields that changed; a replacement is reported as an update too),
 ``delete``, ``drop`` and ``rename`` (then ``invalidate`` for a stream on that collection).
 ``fullDocument: "updateLookup"`` adds the document as it is when the event is returned;
 ``"whenAvailable"``/``"required"`` and ``fullDocumentBeforeChange`` use the versions the
-commit wrote, on collections created with ``changeStreamPreAndPostImages: {enabled: true}``.
+commit wrote, recorded only for collections that had ``changeStreamPreAndPostImages:
+{enabled: true}`` at the time.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from accord.platform.embedded.errors import Code, EngineError
 
 # How many events the log keeps for resuming.
 LOG_EVENTS = 10_000
+# How many bytes of documents (BSON size) the log keeps at most.
+LOG_BYTES = 64 << 20
 DEFAULT_AWAIT_MS = 1000
 # Stages a change stream's pipeline may have after $changeStream (as mongod allows).
 ALLOWED_STAGES = {
@@ -72,6 +76,7 @@ class _Event:
     key: bytes | None = None  # the document's id key (insert/update/delete)
     post: Doc | None = None  # the version the commit wrote (post-image)
     pre: Doc | None = None  # the version it replaced (pre-image)
+    size: int = 0  # BSON bytes of the documents this event holds
 
 
 class ChangeLog:
@@ -79,9 +84,12 @@ class ChangeLog:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.events: deque[_Event] = deque(maxlen=LOG_EVENTS)
+        self.events: deque[_Event] = deque()
+        self.bytes = 0
         # Commits before this timestamp were not recorded.
         self.since = engine.visible
+        # Events up to this position were dropped to keep the log bounded.
+        self.lost_upto: tuple[int, int] = (0, 0)
         self._lock = threading.Lock()
 
     # -- commit observer --------------------------------------------------------------------
@@ -91,9 +99,12 @@ class ChangeLog:
 
     def on_commit(self, ts: int, changes: list[tuple[str, bytes, Doc | None, Doc | None]]) -> None:
         wall = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        images: dict[str, bool] = {}
         for seq, (ns, key, old, new) in enumerate(changes):
             if old is None and new is None:
                 continue
+            if ns not in images:
+                images[ns] = _images_enabled(self.engine, ns)
             base: Doc = {
                 "_id": token(ts, seq), "operationType": "", "clusterTime": ts_to_timestamp(ts),
                 "wallTime": wall, "ns": _ns_doc(ns),
@@ -110,7 +121,13 @@ class ChangeLog:
                 base["operationType"] = "update"
                 base["documentKey"] = {"_id": new.get("_id")}
                 base["updateDescription"] = _diff(old, new)
-            self._append(_Event(ts, seq, ns, base, key, new, old))
+            post, pre = (new, old) if images[ns] else (None, None)
+            # What the event keeps alive: the inserted document, the changed fields, images.
+            if old is None or post is not None:
+                size = _size(new) + _size(pre)
+            else:
+                size = _size(base.get("updateDescription", {}).get("updatedFields"))
+            self._append(_Event(ts, seq, ns, base, key, post, pre, size))
 
     def on_drop(self, ns: str) -> None:
         ts = self.engine.visible
@@ -135,10 +152,18 @@ class ChangeLog:
 
     def _append(self, event: _Event) -> None:
         with self._lock:
-            if len(self.events) == self.events.maxlen:
-                dropped = self.events[0]
-                self.since = max(self.since, dropped.ts)
             self.events.append(event)
+            self.bytes += event.size
+            while len(self.events) > 1 and (
+                len(self.events) > LOG_EVENTS or self.bytes > LOG_BYTES
+            ):
+                dropped = self.events.popleft()
+                self.bytes -= dropped.size
+                self.lost_upto = max(self.lost_upto, (dropped.ts, dropped.seq))
+
+    def history_lost(self, position: tuple[int, int]) -> bool:
+        """Whether events after ``position`` were never recorded or already dropped."""
+        return position[0] < self.since or position < self.lost_upto
 
     def after(self, position: tuple[int, int]) -> list[_Event]:
         with self._lock:
@@ -166,6 +191,10 @@ def _diff(old: Doc, new: Doc) -> Doc:
     updated = {k: v for k, v in new.items() if k not in old or not _same(old[k], v)}
     removed = [k for k in old if k not in new]
     return {"updatedFields": updated, "removedFields": removed, "truncatedArrays": []}
+
+
+def _size(doc: Doc | None) -> int:
+    return 0 if doc is None else len(bson.encode(doc))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -256,13 +285,8 @@ def open_stream(ctx: Context, cmd: Doc, target: Any, pipeline: list[Any]) -> Doc
         position = _position(spec[starts[0]], starts[0])
     else:
         position = (ctx.engine.visible, _LAST)
-    if position[0] < log.since:
-        raise EngineError(
-            Code.ChangeStreamHistoryLost,
-            "Resume of change stream was not possible, as the resume point may no longer be "
-            "in the change log (it keeps the events since the first change stream opened, "
-            f"at most {LOG_EVENTS})",
-        )
+    if log.history_lost(position):
+        raise _history_lost("Resume of change stream was not possible")
     stream = Stream(
         id=ctx.cursors.new_id(), ns=ns, scope=scope, position=position, pipeline=rest,
         full_document=full_document, before_change=before, session=ctx.session_key,
@@ -309,8 +333,20 @@ def get_more(ctx: Context, stream: Stream, cmd: Doc, ns: str) -> Doc:
     }  # fmt: skip
 
 
+def _history_lost(what: str) -> EngineError:
+    return EngineError(
+        Code.ChangeStreamHistoryLost,
+        f"{what}, as the resume point may no longer be in the change log (it keeps the "
+        f"events since the first change stream opened, at most {LOG_EVENTS} events and "
+        f"{LOG_BYTES:,} bytes of their documents): open a new stream",
+    )
+
+
 def _take(ctx: Context, stream: Stream, batch_size: int | None) -> list[Doc]:
     log = change_log(ctx.engine)
+    if log.history_lost(stream.position):
+        ctx.cursors.streams.pop(stream.id, None)
+        raise _history_lost("The change stream fell behind the change log")
     out: list[Doc] = []
     limit = batch_size if batch_size else None
     for event in log.after(stream.position):
@@ -336,8 +372,8 @@ def _take(ctx: Context, stream: Stream, batch_size: int | None) -> list[Doc]:
     return out
 
 
-def _images_enabled(ctx: Context, ns: str) -> bool:
-    coll = ctx.engine.get_collection(ns)
+def _images_enabled(engine: Engine, ns: str) -> bool:
+    coll = engine.get_collection(ns)
     images = coll.options.get("changeStreamPreAndPostImages") if coll is not None else None
     return isinstance(images, dict) and bool(images.get("enabled"))
 
@@ -353,21 +389,27 @@ def _render(ctx: Context, stream: Stream, event: _Event) -> Doc | None:
             current = coll.visible(event.key, ctx.engine.visible) if coll is not None else None
             doc["fullDocument"] = current
         elif mode in ("whenAvailable", "required"):
-            if _images_enabled(ctx, event.ns):
+            if event.post is not None:
                 doc["fullDocument"] = event.post
-            elif mode == "required":
+            elif mode == "whenAvailable":
+                doc["fullDocument"] = None
+            else:
                 raise EngineError(
                     Code.NoMatchingDocument,
-                    f"fullDocument: 'required' but {event.ns} has no post-images "
-                    "(create it with changeStreamPreAndPostImages: {enabled: true})",
+                    f"fullDocument: 'required' but no post-image was recorded for this change "
+                    f"({event.ns} did not have changeStreamPreAndPostImages: {{enabled: true}} "
+                    "when it was written; set it with create or collMod)",
                 )
     if kind in ("update", "delete") and stream.before_change != "off":
-        if _images_enabled(ctx, event.ns):
+        if event.pre is not None:
             doc["fullDocumentBeforeChange"] = event.pre
-        elif stream.before_change == "required":
+        elif stream.before_change == "whenAvailable":
+            doc["fullDocumentBeforeChange"] = None
+        else:
             raise EngineError(
                 Code.NoMatchingDocument,
-                f"fullDocumentBeforeChange: 'required' but {event.ns} has no pre-images "
-                "(create it with changeStreamPreAndPostImages: {enabled: true})",
+                f"fullDocumentBeforeChange: 'required' but no pre-image was recorded for this "
+                f"change ({event.ns} did not have changeStreamPreAndPostImages: "
+                "{enabled: true} when it was written; set it with create or collMod)",
             )
     return doc

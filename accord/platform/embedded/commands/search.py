@@ -119,14 +119,17 @@ def _vector_search(ctx: Context, cmd: Doc, spec: Any, rest: list[Any]) -> Doc:
     ns = ns_of(ctx, cmd, "aggregate")
     q = vector_search.parse_stage(spec)
     hits = vector_search.manager(ctx.engine).search(ctx.txn, ns, q)
-    return _finish(ctx, cmd, ns, hits, [_with_score(stage) for stage in rest], strip=True)
+    # the hits are fresh documents: the later stages need not copy them first
+    return _finish(ctx, cmd, ns, hits, [_with_score(stage) for stage in rest], strip=True,
+                   owned=True)  # fmt: skip
 
 
 def _finish(
-    ctx: Context, cmd: Doc, ns: str, docs: list[Doc], rest: list[Any], strip: bool = False
-) -> Doc:
+    ctx: Context, cmd: Doc, ns: str, docs: list[Doc], rest: list[Any], strip: bool = False,
+    owned: bool = False,
+) -> Doc:  # fmt: skip
     name = ns.split(".", 1)[1]
-    result = Pipeline(read.reader(ctx), name).run(docs, rest) if rest else docs
+    result = Pipeline(read.reader(ctx), name).run(docs, rest, owned=owned) if rest else docs
     if strip:
         for doc in result:
             doc.pop(vector_search.SCORE_FIELD, None)
