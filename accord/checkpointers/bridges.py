@@ -32,6 +32,7 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
+from pymongo.errors import InvalidOperation
 
 from accord.checkpointers import ownership
 from accord.errors import AccordError, DatabaseError
@@ -391,7 +392,9 @@ class ThreadTicker:
             stop.wait(self._interval)
             try:
                 self._tick()
-            except Exception:
+            except Exception as exc:
+                if _client_closed(exc):
+                    return
                 logger.exception("accord: lease heartbeat failed")
 
 
@@ -415,5 +418,19 @@ class LoopTicker:
             await asyncio.sleep(self._interval)
             try:
                 await self._tick()
-            except Exception:
+            except Exception as exc:
+                if _client_closed(exc):
+                    return
                 logger.exception("accord: lease heartbeat failed")
+
+
+def _client_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is pymongo's refusal of a closed client: the
+    application closed the saver's client, so there is no lease left to keep alive (a
+    heartbeat that kept trying would log the same traceback forever)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, InvalidOperation) and "after close" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
