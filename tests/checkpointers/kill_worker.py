@@ -392,7 +392,8 @@ def wait_for(directory: Path, pattern: str, count: int = 1, timeout: float = 60.
 
 class BarrierSaver(AccordSaver):
     """Waits at a file barrier right before LangGraph loads the thread (its first
-    ``get_tuple``), so that two writers claim the thread at the same moment."""
+    ``get_tuple``), so that two writers claim the thread at the same moment, and at a
+    second one after the claim, so that the race is decided by the claims."""
 
     barrier_dir: Path | None = None
     role = ""
@@ -402,6 +403,13 @@ class BarrierSaver(AccordSaver):
         if not self.waited and self.barrier_dir is not None:
             self.waited = True
             file_barrier(self.barrier_dir, "claim", self.role)
+            try:
+                return super().get_tuple(config)
+            finally:
+                # Neither runs a node before both have tried to claim: on a busy machine
+                # the winner could otherwise finish and release the thread before the
+                # other is scheduled, and the "race" would be two runs one after another.
+                file_barrier(self.barrier_dir, "claimed", self.role)
         return super().get_tuple(config)
 
 
@@ -416,6 +424,10 @@ class AsyncBarrierSaver(AsyncAccordSaver):
         if not self.waited and self.barrier_dir is not None:
             self.waited = True
             await asyncio.to_thread(file_barrier, self.barrier_dir, "claim", self.role)
+            try:
+                return await super().aget_tuple(config)
+            finally:
+                await asyncio.to_thread(file_barrier, self.barrier_dir, "claimed", self.role)
         return await super().aget_tuple(config)
 
 
