@@ -62,6 +62,9 @@ GENERIC_ARGS = {
 
 # Commands that may read at a snapshot outside a transaction (readConcern level snapshot).
 SNAPSHOT_READS = {"find", "aggregate", "distinct"}
+# Reads whose queries let other commands run between slices of their work
+# (``Engine.read_pause``); a command that writes never pauses.
+YIELDING_READS = {"find", "aggregate", "count", "distinct"}
 _NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
 
 
@@ -269,6 +272,7 @@ class Dispatcher:
         if name in WRITE_COMMANDS or commands.writes_output(name, cmd):
             return self._autocommit(handler, db, cmd, session, None, call)
         view = engine.begin(explicit=False, snapshot=snapshot_at)
+        view.yields = name in YIELDING_READS
         call.op_ts = view.snapshot
         try:
             reply = handler(self._ctx(db, view, False, session), cmd)
@@ -470,12 +474,15 @@ class Dispatcher:
                 f"Cannot run '{name}' in a multi-document transaction.",
             )
         call.op_ts = txn.snapshot
+        txn.yields = name in YIELDING_READS and not commands.writes_output(name, cmd)
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
         except EngineError:
             # As in mongod, an error inside a transaction aborts it.
             engine.abort(txn, "an operation in the transaction failed")
             raise
+        finally:
+            txn.yields = False
         if reply.get("writeErrors") or reply.get("nErrors"):
             engine.abort(txn, "a write in the transaction failed")
         return reply

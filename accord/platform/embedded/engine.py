@@ -47,7 +47,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,12 @@ SESSION_TIMEOUT_MINUTES = 30
 HISTORY_WINDOW_S = 300.0
 # Longest a garbage-collection pass holds the engine lock.
 GC_PASS_S = 0.002
+# A read that has held the engine lock this long lets waiting commands run (read_pause).
+READ_SLICE_S = 0.004
+# How long a yielding read waits for a waiting command to take the lock, and how often it
+# looks (Python's locks are not fair: without a wait it would take the lock straight back).
+HANDOFF_WAIT_S = 0.002
+HANDOFF_POLL_S = 0.00005
 
 __all__ = [
     "CommitObserver", "CommitFailed", "Collection", "Engine", "Index", "Session", "Txn", "duplicate_key",
@@ -191,7 +197,7 @@ class Collection:
         return owners
 
     def drop_index(self, name: str) -> None:
-        self.indexes.pop(name)
+        self.indexes.pop(name).dropped = True
         self.unique_maps.pop(name, None)
         self.refresh_indexes()
 
@@ -236,6 +242,9 @@ class Txn:
     aborted_reason: str | None = None
     # Collections this transaction created (invisible to others until it commits).
     created: list[str] = field(default_factory=list)
+    # A read command's view: its queries may pause to let other commands run
+    # (``Engine.read_pause``); never set for a command that writes.
+    yields: bool = False
 
     def own(self, ns: str, key: bytes) -> tuple[bool, Doc | None]:
         w = self.writes.get(ns)
@@ -270,6 +279,11 @@ class Engine:
         expect_durable: bool = False, repair: bool = False,
     ) -> None:  # fmt: skip
         self.lock = threading.RLock()
+        # Threads waiting for ``lock`` (through ``locked``) and how many times it was taken:
+        # ``yield_lock`` hands the lock to a waiter.
+        self._waiters = 0
+        self._waiters_lock = threading.Lock()
+        self._acquisitions = 0
         self.changed = threading.Condition(self.lock)
         self.lock_stats = LockStats()
         self.storage = Storage(dbpath, sync=sync, check_unclean=expect_durable, repair=repair)
@@ -364,12 +378,82 @@ class Engine:
     @contextmanager
     def locked(self, what: str = "") -> Iterator[None]:
         """Hold the engine lock, recording how long (``serverStatus().accordEngine``)."""
-        with self.lock:
-            token = self.lock_stats.enter()
+        self._acquire()
+        try:
+            token = self.lock_stats.enter(what)
             try:
                 yield
             finally:
                 self.lock_stats.exit(token, what)
+        finally:
+            self.lock.release()
+
+    def _acquire(self) -> None:
+        """Take the engine lock, counted among its waiters while it is busy."""
+        if not self.lock.acquire(blocking=False):
+            with self._waiters_lock:
+                self._waiters += 1
+            try:
+                self.lock.acquire()
+            finally:
+                with self._waiters_lock:
+                    self._waiters -= 1
+        self._acquisitions += 1
+
+    def yield_lock(self) -> bool:
+        """Release the engine lock for a moment, long enough for a waiting command to take
+        it, and take it back (a long read calls this between slices of its work, see
+        ``read_pause``). Returns False, without releasing, when the lock is held more than
+        once by this thread (it cannot be released here)."""
+        stats = self.lock_stats
+        if stats.depth != 1:
+            return False
+        stats.pause()
+        taken = self._acquisitions
+        self.lock.release()
+        try:
+            # Python's locks are not fair: without this the releasing thread would usually
+            # take the lock straight back. Wait (briefly) until a waiter has it.
+            deadline = time.perf_counter() + HANDOFF_WAIT_S
+            while self._waiters and self._acquisitions == taken:
+                if time.perf_counter() > deadline:
+                    break
+                time.sleep(HANDOFF_POLL_S)
+        finally:
+            self._acquire()
+            stats.resume()
+        return True
+
+    def read_pause(self, txn: Txn, coll: Collection) -> Callable[[], bool]:
+        """A read's pause point: once the current hold has lasted ``READ_SLICE_S``, it
+        lets waiting commands run (``yield_lock``) and returns True; the caller then
+        re-positions its scan (index entries may have moved). The read keeps its snapshot
+        meanwhile: ``txn`` stays registered, so garbage collection keeps every version it
+        can see, and versions committed since are invisible to it. If ``txn`` was aborted
+        or the collection dropped or renamed meanwhile, the read ends with the error
+        mongod gives (``QueryPlanKilled``, or ``NoSuchTransaction`` in a transaction)."""
+        stats = self.lock_stats
+        ns = coll.ns
+
+        def pause() -> bool:
+            if stats.held_seconds() < READ_SLICE_S or not self.yield_lock():
+                return False
+            if self.active.get(txn.id) is not txn:
+                if txn.explicit:
+                    raise EngineError(
+                        Code.NoSuchTransaction,
+                        f"Transaction has been aborted: {txn.aborted_reason or 'aborted'}",
+                        labels=("TransientTransactionError",),
+                    )
+                raise EngineError(Code.QueryPlanKilled, "the query was killed: its read ended")
+            if coll.dropped or self.collections.get(ns) is not coll:
+                raise EngineError(
+                    Code.QueryPlanKilled,
+                    f"the query was killed: collection {ns} was dropped or renamed while it ran",
+                )
+            return True
+
+        return pause
 
     def wait_changed(self, timeout: float) -> None:
         """Wait (lock held) for a commit, abort or visibility change; the wait itself
@@ -815,7 +899,8 @@ class Engine:
                 hits, planner.Plan("EOF", 0.0), planner.ScanStats(), False, 0.0
             )
         query.check_filter(q.filter)
-        return planner.execute(coll, txn, q)
+        pause = self.read_pause(txn, coll) if txn.yields else None
+        return planner.execute(coll, txn, q, pause=pause)
 
     def scan(self, txn: Txn, ns: str) -> Iterator[tuple[bytes, Doc]]:
         """Every document visible to ``txn`` in natural (insertion) order (fresh dicts)."""

@@ -65,6 +65,7 @@ class Code(IntEnum):
     CommandNotSupportedOnView = 166
     OptionNotSupportedOnView = 167
     InvalidPipelineOperator = 168
+    QueryPlanKilled = 175
     InvalidViewDefinition = 182
     PrimarySteppedDown = 189
     InvalidIndexSpecificationOption = 197

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from accord.platform.embedded.bsonkey import ARRAY, NULL_KEY, TOP, sort_key
 from accord.platform.embedded.collation import Collation, key_values
 from accord.platform.embedded.collation import active as collation_active
 from accord.platform.embedded.collation import parse as parse_collation
+from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.versions import Record
 
 Doc = dict[str, Any]
@@ -81,6 +82,8 @@ class Index:
     built: bool = True
     # The index's collation: strings equal under it have equal keys (unique indexes).
     collation: Collation | None = None
+    # Set when the index is dropped (a paused scan over it must not go on).
+    dropped: bool = False
 
     def __post_init__(self) -> None:
         # The key pattern never changes: derive what every key extraction needs once.
@@ -237,19 +240,21 @@ class Index:
     def scan(
         self, ranges: list[Range], *, snapshot: int, stats: ScanStats,
         skip: dict[bytes, Any] | None = None, order: tuple[int, list[int]] | None = None,
+        pause: Pause | None = None,
     ) -> Iterator[tuple[Record, bytes]]:  # fmt: skip
         """The documents a reader at ``snapshot`` sees, within ``ranges`` (ascending,
         disjoint). ``order`` is ``(position, directions)``: from the index field at
         ``position`` on, walk the fields in those directions (1 ascending, -1 descending);
         None walks ascending. Records in ``skip`` (the reader's own writes) are left out;
-        each record is yielded once."""
-        entries = self.entries
+        each record is yielded once. ``pause`` (see ``walk``) may release the engine lock
+        between entries; the scan then goes on from where it was."""
         id_level = self.is_id
         seen: set[int] | None = set() if (self.multikey or len(ranges) > 1) else None
         pos, dirs = order if order is not None else (0, [1])
         nfields = len(self.fields)
+        checked = None if pause is None else self._checked_pause(pause)
         for lo, hi in reversed(ranges) if dirs[0] < 0 else ranges:
-            for entry in walk(entries, lo, hi, pos, dirs, nfields):
+            for entry in walk(self.entries, lo, hi, pos, dirs, nfields, checked):
                 stats.keys_examined += 1
                 record: Record = entry[-1]
                 if skip and record.key in skip:
@@ -269,6 +274,29 @@ class Index:
                     seen.add(record.rid)
                 yield record, data
 
+    def _checked_pause(self, pause: Pause) -> Pause:
+        """``pause``, then a check that this index still exists (it may have been dropped
+        while the lock was free)."""
+
+        def checked() -> bool:
+            if not pause():
+                return False
+            if self.dropped:
+                raise EngineError(
+                    Code.QueryPlanKilled,
+                    f"the query was killed: index {self.name!r} was dropped while it ran",
+                )
+            return True
+
+        return checked
+
+
+# Called between entries of a long scan: True if it released the engine lock meanwhile
+# (``Engine.read_pause``), so the entries may have changed and the walk re-positions.
+Pause = Callable[[], bool]
+# A walk asks ``pause`` after this many entries (and before each range).
+PAUSE_EVERY = 32
+
 
 def after(prefix: tuple[Any, ...], nfields: int) -> tuple[Any, ...]:
     """The probe just after every entry that starts with ``prefix`` (of an index with
@@ -278,17 +306,26 @@ def after(prefix: tuple[Any, ...], nfields: int) -> tuple[Any, ...]:
 
 def walk(
     entries: SortedList, lo: tuple[Any, ...], hi: tuple[Any, ...], pos: int, dirs: list[int],
-    nfields: int,
+    nfields: int, pause: Pause | None = None,
 ) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     """Entries in ``[lo, hi)`` ordered by the fields from ``pos`` on, each in its direction
     in ``dirs``. One direction throughout is a plain walk, forwards or backwards; mixed
     directions walk the groups of equal leading field in the first direction and each
-    group recursively (two bisections per group)."""
+    group recursively (two bisections per group).
+
+    With ``pause``, a plain walk asks it before its first entry and every ``PAUSE_EVERY``
+    entries; when it says the lock was released, the walk starts a new iterator just past
+    the last entry it gave (the list may have changed; entries are unique, so that is
+    exactly where it was). Mixed walks only hold iterators in their plain sub-walks and
+    bisect afresh for every group, so they resume the same way."""
     first = dirs[0]
     if all(d == first for d in dirs):
-        yield from entries.irange(lo, hi, inclusive=(True, False), reverse=first < 0)
+        if pause is None:
+            yield from entries.irange(lo, hi, inclusive=(True, False), reverse=first < 0)
+        else:
+            yield from _paused_walk(entries, lo, hi, first < 0, pause)
         return
-    rest = dirs[1:]
+    rest_dirs = dirs[1:]
     if first > 0:
         cur = lo
         while True:
@@ -297,7 +334,9 @@ def walk(
                 return
             prefix = head[: pos + 1]
             end = after(prefix, nfields)
-            yield from walk(entries, max(lo, prefix), min(hi, end), pos + 1, rest, nfields)
+            yield from walk(
+                entries, max(lo, prefix), min(hi, end), pos + 1, rest_dirs, nfields, pause
+            )
             cur = end
     else:
         cur = hi
@@ -307,9 +346,36 @@ def walk(
                 return
             prefix = tail[: pos + 1]
             yield from walk(
-                entries, max(lo, prefix), min(hi, after(prefix, nfields)), pos + 1, rest, nfields
-            )
+                entries, max(lo, prefix), min(hi, after(prefix, nfields)), pos + 1, rest_dirs,
+                nfields, pause,
+            )  # fmt: skip
             cur = prefix
+
+
+def _paused_walk(
+    entries: SortedList, lo: tuple[Any, ...], hi: tuple[Any, ...], reverse: bool, pause: Pause
+) -> Iterator[tuple[Any, ...]]:
+    """A plain walk of ``[lo, hi)`` that asks ``pause`` first and every ``PAUSE_EVERY``
+    entries, and re-positions just past the last entry it gave when the lock was released."""
+    pause()
+    it = entries.irange(lo, hi, inclusive=(True, False), reverse=reverse)
+    while True:
+        countdown = PAUSE_EVERY
+        last = None
+        for entry in it:
+            yield entry
+            last = entry
+            countdown -= 1
+            if not countdown:
+                countdown = PAUSE_EVERY
+                if pause():
+                    break
+        else:
+            return
+        if reverse:
+            it = entries.irange(lo, last, inclusive=(True, False), reverse=True)
+        else:
+            it = entries.irange(last, hi, inclusive=(False, False))
 
 
 def path_keys(doc: Any, path: str, *, superset: bool = True) -> tuple[list[Key], bool, bool]:
@@ -359,4 +425,14 @@ def path_keys(doc: Any, path: str, *, superset: bool = True) -> tuple[list[Key],
     return keys, present, arrays
 
 
-__all__ = ["Index", "Range", "ScanStats", "after", "bsonkey", "path_keys", "walk"]
+__all__ = [
+    "PAUSE_EVERY",
+    "Index",
+    "Pause",
+    "Range",
+    "ScanStats",
+    "after",
+    "bsonkey",
+    "path_keys",
+    "walk",
+]

@@ -38,12 +38,12 @@ class LockStats:
         # garbage-collection pass can be told apart from a long query: kind -> [wall, CPU].
         self.by_kind: dict[str, list[float]] = {}
 
-    def enter(self) -> int:
+    def enter(self, what: str = "") -> int:
         self._depth += 1
         if self._depth == 1:
             self._start = time.perf_counter()
             self._cpu_start = time.thread_time()
-            self._what = ""
+            self._what = what
         return self._depth
 
     def exit(self, token: int, what: str = "") -> None:
@@ -61,6 +61,15 @@ class LockStats:
         if self._depth:
             self._start = time.perf_counter()
             self._cpu_start = time.thread_time()
+
+    @property
+    def depth(self) -> int:
+        """How many times the owner holds the lock (0: not held)."""
+        return self._depth
+
+    def held_seconds(self) -> float:
+        """How long the current hold has lasted (0 when the lock is not held)."""
+        return time.perf_counter() - self._start if self._depth else 0.0
 
     def note(self, what: str) -> None:
         """Name the current hold (shown with the longest one)."""

@@ -38,7 +38,7 @@ from bson.regex import Regex
 from accord.platform.embedded import collation, query
 from accord.platform.embedded.bsonkey import bracket, sort_key
 from accord.platform.embedded.errors import Code, EngineError, bad_value
-from accord.platform.embedded.indexes import Index, Range, ScanStats
+from accord.platform.embedded.indexes import PAUSE_EVERY, Index, Pause, Range, ScanStats
 from accord.platform.embedded.versions import decode
 
 if TYPE_CHECKING:
@@ -616,13 +616,22 @@ class Execution:
     millis: float
 
 
-def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Iterator[Hit]:
-    """Documents the plan yields for ``txn`` (its own writes included), unfiltered."""
+def _candidates(
+    coll: Collection, txn: Txn, plan: Plan, stats: ScanStats, pause: Pause | None = None
+) -> Iterator[Hit]:
+    """Documents the plan yields for ``txn`` (its own writes included), unfiltered.
+
+    ``pause`` (``Engine.read_pause``) may release the engine lock between documents; the
+    scan holds no position that a release invalidates (index walks re-position, a
+    collection scan walks a copy of the record list: records added meanwhile were
+    committed after the snapshot, and a record removed meanwhile was invisible to it)."""
     own = txn.writes.get(coll.ns) or {}
     snap = txn.snapshot
     inf = float("inf")
     if plan.kind == "IDHACK":
-        for key in plan.ids:
+        for i, key in enumerate(plan.ids):
+            if pause is not None and i % PAUSE_EVERY == 0:
+                pause()
             stats.keys_examined += 1
             if key in own:
                 doc = own[key]
@@ -638,7 +647,13 @@ def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Ite
         return
     if plan.kind == "COLLSCAN":
         records = reversed(coll.records.values()) if plan.reverse else coll.records.values()
-        for record in list(records) if own else records:
+        countdown = PAUSE_EVERY
+        for record in list(records) if own or pause is not None else records:
+            if pause is not None:
+                countdown -= 1
+                if not countdown:
+                    countdown = PAUSE_EVERY
+                    pause()
             if own and record.key in own:
                 doc = own[record.key]
                 if doc is not None:
@@ -655,7 +670,7 @@ def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Ite
         seen: set[bytes] = set()
         merged: list[Hit] = []
         for child in plan.children:
-            for hit in _candidates(coll, txn, child, stats):
+            for hit in _candidates(coll, txn, child, stats, pause):
                 if hit.key not in seen:
                     seen.add(hit.key)
                     merged.append(hit)
@@ -664,7 +679,7 @@ def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Ite
         return
     assert plan.index is not None
     for record, data in plan.index.scan(
-        plan.ranges, snapshot=snap, stats=stats, skip=own, order=plan.order
+        plan.ranges, snapshot=snap, stats=stats, skip=own, order=plan.order, pause=pause
     ):
         yield Hit(record.key, data, None, record.rid)
     for key, doc in list(own.items()):
@@ -675,9 +690,11 @@ def _candidates(coll: Collection, txn: Txn, plan: Plan, stats: ScanStats) -> Ite
 
 def execute(
     coll: Collection, txn: Txn, q: Query, *, matches: Callable[[Doc, Doc], bool] = query.matches,
-    chosen: Plan | None = None,
+    chosen: Plan | None = None, pause: Pause | None = None,
 ) -> Execution:  # fmt: skip
-    """Run ``q`` for ``txn``: plan, scan, re-check the filter, sort, skip and limit."""
+    """Run ``q`` for ``txn``: plan, scan, re-check the filter, sort, skip and limit.
+    ``pause`` lets the scan release the engine lock between documents (see
+    ``_candidates``)."""
     started = time.perf_counter()
     chosen = chosen or plan(coll, q)
     stats = ScanStats()
@@ -687,7 +704,7 @@ def execute(
     filt = q.filter
     hits: list[Hit] = []
     exact = chosen.exact
-    for hit in _candidates(coll, txn, chosen, stats):
+    for hit in _candidates(coll, txn, chosen, stats, pause):
         stats.docs_examined += 1
         # Hits an exact plan found through the index match by construction; the
         # transaction's own writes (no stored BSON) always get the filter.
