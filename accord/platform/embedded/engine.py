@@ -56,7 +56,7 @@ from typing import Any, Protocol
 import bson
 from bson.timestamp import Timestamp
 
-from accord.platform.embedded import planner, query
+from accord.platform.embedded import index_image, planner, query
 from accord.platform.embedded.errors import Code, EngineError, write_conflict
 from accord.platform.embedded.group_commit import CommitFailed, GroupCommitter, PendingCommit
 from accord.platform.embedded.indexes import Index
@@ -222,6 +222,82 @@ class Collection:
         return sum(1 for r in self.records.values() if r.data_at(snapshot) is not None)
 
 
+def _build_indexes(coll: Collection, indexes: list[Index]) -> None:
+    """Build ``indexes`` (and their unique-key owners) from the loaded documents."""
+    entries: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in indexes}
+    owners: dict[str, dict[Key, bytes]] = {i.name: {} for i in indexes if i.unique}
+    plan = [
+        (index, index.orderable_or_hashed, entries[index.name], owners.get(index.name))
+        for index in indexes
+    ]
+    matches = query.matches
+    for record in coll.records.values():
+        data = record.data
+        if data is None:
+            continue
+        doc = decode(data)
+        key = record.key
+        for index, maintained, out, unique in plan:
+            keys, arrays = index.keys_of(doc, matches)
+            if maintained:
+                rid = record.rid
+                for k in keys:
+                    out.append((*k, rid, 0, record))
+            if unique is not None:
+                # The duplicate check's own keys where they differ from the entries'
+                # (paths through arrays; strings under a collation).
+                checked = arrays or index.collation is not None
+                for k in index.unique_keys(doc, matches) if checked else keys:
+                    unique[k] = key
+    for index in indexes:
+        index.entries.update(entries[index.name])
+        if index.unique:
+            coll.unique_maps[index.name] = owners[index.name]
+
+
+def _restore_indexes(
+    coll: Collection, indexes: list[Index], saved: index_image.CollectionImage
+) -> bool:
+    """Fill ``indexes`` from the index image if it describes exactly the loaded documents
+    (same count, same specs, every entry naming a loaded document); False otherwise,
+    leaving them untouched."""
+    records = coll.records
+    if saved.count != len(records) or set(saved.indexes) != {i.name for i in indexes}:
+        return False
+    built: list[tuple[Index, list[tuple[Any, ...]], dict[Key, bytes] | None, bool]] = []
+    for index in indexes:
+        image = saved.indexes[index.name]
+        ids = image.ids
+        if (
+            image.spec != index_image.spec_bytes(index.spec)
+            or len(image.keys) != len(index.fields)
+            or any(len(column) != len(ids) for column in image.keys)
+        ):
+            return False
+        try:
+            owned = list(map(records.__getitem__, ids))
+        except KeyError:
+            return False
+        rids = [r.rid for r in owned]
+        # Entries (*key, rid, ts 0, record), zipped in C from the image's columns.
+        entries = list(zip(*image.keys, rids, itertools.repeat(0), owned))
+        owners: dict[Key, bytes] | None = None
+        if index.unique:
+            if image.owners is not None:
+                owners = dict(image.owners)
+            else:
+                owners = dict(zip(zip(*image.keys, strict=True), ids, strict=True))
+        built.append((index, entries, owners, image.multikey))
+    for index, entries, owners, multikey in built:
+        # Sorting entries already in key order costs one comparison each (equal keys are
+        # re-ordered by this start's record ids).
+        index.entries.update(entries)
+        index.multikey = multikey
+        if owners is not None:
+            coll.unique_maps[index.name] = owners
+    return True
+
+
 def unique_keys(index: Index, doc: Doc) -> list[Key]:
     """Keys of ``doc`` in a unique index, as mongod's duplicate check sees them."""
     return index.unique_keys(doc, query.matches)
@@ -287,6 +363,8 @@ class Engine:
         self.changed = threading.Condition(self.lock)
         self.lock_stats = LockStats()
         self.storage = Storage(dbpath, sync=sync, check_unclean=expect_durable, repair=repair)
+        # After an unclean shutdown (or with --repair) the index image is not trusted.
+        self._unclean = expect_durable or repair
         self.collections: dict[str, Collection] = {}
         self.history_window = history_window
         self._txn_ids = itertools.count(1)
@@ -321,43 +399,48 @@ class Engine:
     # -- recovery ---------------------------------------------------------------------------
 
     def _recover(self) -> None:
+        dbpath = self.storage.path.parent
+        # The index image of the last clean shutdown (see index_image), if it is of this data.
+        image = None if self._unclean else index_image.take(dbpath, self.storage.last_ts)
+        if self._unclean:
+            index_image.discard(dbpath)
+        restored = rebuilt = 0
+        loaded: list[tuple[Collection, list[Index]]] = []
         for ns, spec in self.storage.load_collections():
             coll = Collection(ns, spec.get("options", {}))
             secondary = [
                 Index.from_spec(s) for s in spec.get("indexes") or [] if s["name"] != "_id_"
             ]
-            records = coll.records
-            entries: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in secondary}
-            owners: dict[str, dict[Key, bytes]] = {i.name: {} for i in secondary if i.unique}
-            plan = [
-                (index, index.orderable_or_hashed, entries[index.name], owners.get(index.name))
-                for index in secondary
-            ]
-            matches = query.matches
-            for key, data in self.storage.load_documents(ns):
-                record = Record(key, coll.next_rid(), 0, data)
-                records[key] = record
-                if plan:
-                    doc = decode(data)
-                    for index, maintained, out, unique in plan:
-                        keys, arrays = index.keys_of(doc, matches)
-                        if maintained:
-                            rid = record.rid
-                            for k in keys:
-                                out.append((*k, rid, 0, record))
-                        if unique is not None:
-                            # The duplicate check's own keys where they differ from the
-                            # entries' (paths through arrays; strings under a collation).
-                            checked = arrays or index.collation is not None
-                            for k in index.unique_keys(doc, matches) if checked else keys:
-                                unique[k] = key
-            for index in secondary:
-                index.entries.update(entries[index.name])
-                coll.indexes[index.name] = index
-                if index.unique:
-                    coll.unique_maps[index.name] = owners[index.name]
-            coll.refresh_indexes()
+            loaded.append((coll, secondary))
             self.collections[ns] = coll
+        targets = {c.ns: (c.records, c._rids) for c, _ in loaded}
+        current = None
+        records: dict[bytes, Record] = {}
+        rids: Iterator[int] = iter(())
+        for ns, key, data in self.storage.load_documents():
+            if ns != current:
+                target = targets.get(ns)
+                if target is None:
+                    continue  # no such collection in the catalog
+                current = ns
+                records, rids = target
+            records[key] = Record(key, next(rids), 0, data)
+        for coll, secondary in loaded:
+            saved = image.get(coll.ns) if image is not None else None
+            if secondary:
+                if saved is not None and _restore_indexes(coll, secondary, saved):
+                    restored += 1
+                else:
+                    _build_indexes(coll, secondary)
+                    rebuilt += 1
+            for index in secondary:
+                coll.indexes[index.name] = index
+            coll.refresh_indexes()
+        if image is not None and rebuilt:
+            log.warning(
+                "index image: %d collection(s) restored, %d did not match it and were rebuilt",
+                restored, rebuilt,
+            )  # fmt: skip
         for lsid, number, reply in self.storage.load_txn_records():
             session = self.session(lsid)
             if reply.get("kind") == "commit":
@@ -366,12 +449,30 @@ class Engine:
                 session.retry_number, session.retry_reply = number, reply.get("reply")
 
     def close(self) -> None:
-        """Make everything pending durable and close the store (lock held)."""
+        """Make everything pending durable, write the index image (so the next start need
+        not rebuild the indexes) and close the store (lock held)."""
         try:
             self.committer.flush()
         except CommitFailed:
             log.exception("pending commits could not be made durable at shutdown")
+        else:
+            self._write_index_image()
         self.storage.close()
+
+    def _write_index_image(self) -> None:
+        dbpath = self.storage.path.parent
+        try:
+            index_image.write(
+                dbpath, self.storage.last_ts,
+                (
+                    (c.ns, c.records.values(), c.secondary(), c.unique_maps)
+                    for c in self.collections.values()
+                    if c.pending_owner is None and c.secondary()
+                ),
+            )  # fmt: skip
+        except Exception:
+            log.exception("the index image could not be written: the next start rebuilds")
+            index_image.discard(dbpath)
 
     # -- locking ----------------------------------------------------------------------------
 
