@@ -283,10 +283,17 @@ def _restore_indexes(
         entries = list(zip(*image.keys, rids, itertools.repeat(0), owned))
         owners: dict[Key, bytes] | None = None
         if index.unique:
+            # Owners name documents by their records' own id keys (one bytes object per
+            # document, not another copy from the image).
             if image.owners is not None:
-                owners = dict(image.owners)
+                try:
+                    owners = {k: records[i].key for k, i in image.owners}
+                except KeyError:
+                    return False
             else:
-                owners = dict(zip(zip(*image.keys, strict=True), ids, strict=True))
+                owners = dict(
+                    zip(zip(*image.keys, strict=True), (r.key for r in owned), strict=True)
+                )
         built.append((index, entries, owners, image.multikey))
     for index, entries, owners, multikey in built:
         # Sorting entries already in key order costs one comparison each (equal keys are
