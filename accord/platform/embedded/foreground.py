@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from accord.errors import EngineStartError
@@ -14,6 +13,8 @@ from accord.platform.embedded.server import EmbeddedServer
 
 # What a parent process reads on the engine's stdout to learn that it listens.
 READY_LINE = "accord-engine listening on"
+# How often the main thread looks for a stop signal.
+STOP_POLL_S = 0.2
 
 
 def serve(
@@ -50,17 +51,25 @@ def serve(
         max_connections=max_connections,
     )
 
-    def _stop(signum: int, frame: object) -> None:
-        threading.Thread(target=server.stop, daemon=True).start()
+    # The handler only notes the signal; the main thread stops the server. It waits in
+    # short slices because a process-directed signal may be delivered to any thread (e.g.
+    # one of numpy's OpenBLAS workers): Python then runs the handler in the main thread at
+    # its next bytecode, but a main thread blocked in one endless wait never gets there
+    # (the old handler, and so the stop, could wait indefinitely: "over 30 s" in tests).
+    requested: list[int] = []
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    def _note(signum: int, frame: object) -> None:
+        requested.append(signum)
+
+    signal.signal(signal.SIGTERM, _note)
+    signal.signal(signal.SIGINT, _note)
     try:
         server.start()
     except EngineStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{READY_LINE} {server.address} dbpath={server.dbpath}", flush=True)
-    server.stopping.wait()
+    while not requested and not server.stopping.wait(STOP_POLL_S):
+        pass
     server.stop()
     return 0
