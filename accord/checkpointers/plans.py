@@ -80,8 +80,11 @@ def owner_guard(
     lease_seconds: float,
     refused: Refusal,
     expire_at: datetime | None = None,
+    release: bool = False,
 ) -> Group:
-    op = runs.owner_guard(lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at)
+    op = runs.owner_guard(
+        lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at, release=release
+    )
     return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=refused))
 
 
@@ -235,3 +238,20 @@ def maintenance_plan(
         if ops:
             groups.append(target.group(f"insert:{i}:{key}", key, ops))
     return Plan(_context(scope, operation), groups)
+
+
+def merge(scope: Scope, guard: Group, parts: Sequence[Plan]) -> Plan:
+    """One plan of several saves of one run on one thread (its queued "async"-durability
+    saves): ``guard`` once, then each part's groups but its own guard, in order (renamed
+    ``<i>:<name>``, so an error names the save it came from), and every part's events.
+    Each part stays whole: the transaction commits all of them or none."""
+    groups = [guard]
+    events: list[OutboxEvent] = []
+    for i, plan in enumerate(parts):
+        for group in plan.groups:
+            if group.name == GUARD:
+                continue
+            group.name = f"{i}:{group.name}"
+            groups.append(group)
+        events.extend(plan.events)
+    return Plan(_context(scope, "checkpoint.steps"), groups, events)
