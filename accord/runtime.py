@@ -14,6 +14,12 @@ and hands it to the checkpointer, the memory service and store, and the aggregat
     with accord.background_aggregator():          # long-term memory from the messages
         graph.invoke(...)
 
+    async with AsyncAccord() as accord:           # the same on AsyncMongoClient
+        graph = builder.compile(checkpointer=await accord.checkpointer(),
+                                store=await accord.store())
+        async with await accord.background_aggregator():   # a task on this loop
+            await graph.ainvoke(...)
+
 A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
 and runs inside the same transaction as the write it extends. This is the only module that
 may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true).
@@ -22,13 +28,20 @@ may import ``accord.governance`` (tests/test_module_boundaries.py keeps that tru
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from langgraph.store.base import TTLConfig
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
-from accord.memory.aggregator import Aggregator, AggregatorConfig, BackgroundAggregator
+from accord.errors import ConfigurationError
+from accord.memory.aggregator import (
+    Aggregator,
+    AggregatorConfig,
+    AsyncAggregator,
+    AsyncBackgroundAggregator,
+    BackgroundAggregator,
+)
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.asynchronous.store import AsyncAccordStore
 from accord.memory.synchronous.service import MemoryService
@@ -41,27 +54,63 @@ from accord.platform.transaction import DEFAULT_TIMEOUT, Hook, default_hooks
 __all__ = ["Accord", "AsyncAccord"]
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
+_UnitOfWork = TypeVar("_UnitOfWork", UnitOfWork, AsyncUnitOfWork)
 
 
-class _Root(Generic[_Service]):
-    """What both roots share: the settings of the parts and one memory service per tenant."""
+class _Root(Generic[_Service, _UnitOfWork]):
+    """What both roots share: the client, the one unit of work, the settings of the parts
+    and one memory service per tenant. Each root names its client's ``connect`` and its
+    unit of work's class; the parts differ only by awaiting."""
 
-    def __init__(self, db_name: str, embedder: Any, dims: int | None) -> None:
+    _connect: Callable[..., Any]
+    _unit_of_work: Callable[..., _UnitOfWork]
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        client: Any = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        db_name: str = "accord",
+        embedder: Any = None,
+        dims: int | None = None,
+        hooks: Sequence[Hook] = (),
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
-            raise ValueError(f"db_name must be a MongoDB database name, got {db_name!r}")
+            raise ConfigurationError(
+                f"db_name must be a MongoDB database name (no '.', no '$'), got {db_name!r}"
+            )
         self.db_name = db_name
         self.embedder = embedder
         self.dims = dims
         self._services: dict[str, _Service] = {}
+        self._owns_client = client is None
+        self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
+        self.uow: _UnitOfWork = self._unit_of_work(
+            self.client, hooks=[*default_hooks(), *hooks], timeout=timeout
+        )
 
-    def _hooks(self, hooks: Sequence[Hook]) -> list[Hook]:
-        return [*default_hooks(), *hooks]
+    def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
+        return service_class(
+            self.client, tenant_id=tenant_id, db_name=self.db_name,
+            embedder=self.embedder, dims=self.dims, uow=self.uow,
+        )  # fmt: skip
 
     def _store_index(self, service: Any, fields: Sequence[str] | None) -> dict[str, Any]:
         return {"dims": service.dims, "fields": list(fields) if fields else ["$"]}
 
+    def _aggregator_config(self, config: AggregatorConfig | None) -> AggregatorConfig:
+        config = config or AggregatorConfig(db_name=self.db_name)
+        if config.db_name != self.db_name:
+            raise ConfigurationError(
+                f"the aggregator's config names database {config.db_name!r}, this root "
+                f"{self.db_name!r}; use one database"
+            )
+        return config
 
-class Accord(_Root[MemoryService]):
+
+class Accord(_Root[MemoryService, UnitOfWork]):
     """accord on a pymongo ``MongoClient``: checkpointer, memory store and aggregator on
     one unit of work.
 
@@ -78,22 +127,8 @@ class Accord(_Root[MemoryService]):
         timeout: bound in seconds on one transaction including its retries.
     """
 
-    def __init__(
-        self,
-        uri: str | None = None,
-        *,
-        client: Any = None,
-        data_dir: str | os.PathLike[str] | None = None,
-        db_name: str = "accord",
-        embedder: Any = None,
-        dims: int | None = None,
-        hooks: Sequence[Hook] = (),
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> None:
-        super().__init__(db_name, embedder, dims)
-        self._owns_client = client is None
-        self.client = client if client is not None else connect(uri, data_dir=data_dir)
-        self.uow = UnitOfWork(self.client, hooks=self._hooks(hooks), timeout=timeout)
+    _connect = staticmethod(connect)
+    _unit_of_work = UnitOfWork
 
     def checkpointer(self, **kwargs: Any) -> AccordSaver:
         """An :class:`~accord.checkpointers.AccordSaver` on this root's unit of work, set up.
@@ -105,10 +140,7 @@ class Accord(_Root[MemoryService]):
     def memory(self, tenant_id: str = "default") -> MemoryService:
         """The memory service of ``tenant_id`` (one per tenant), set up."""
         if tenant_id not in self._services:
-            service = MemoryService(
-                self.client, tenant_id=tenant_id, db_name=self.db_name,
-                embedder=self.embedder, dims=self.dims, uow=self.uow,
-            )  # fmt: skip
+            service = self._new_service(MemoryService, tenant_id)
             service.setup()
             self._services[tenant_id] = service
         return self._services[tenant_id]
@@ -132,15 +164,10 @@ class Accord(_Root[MemoryService]):
     def aggregator(self, config: AggregatorConfig | None = None, **kwargs: Any) -> Aggregator:
         """An outbox aggregator (long-term memory from short-term memory), set up.
         ``kwargs`` as for :class:`~accord.memory.aggregator.Aggregator`."""
-        config = config or AggregatorConfig(db_name=self.db_name)
-        if config.db_name != self.db_name:
-            raise ValueError(
-                f"the aggregator's config names database {config.db_name!r}, this root "
-                f"{self.db_name!r}; use one database"
-            )
         aggregator = Aggregator(
-            self.client, config=config, service=self.memory(), uow=self.uow, **kwargs
-        )
+            self.client, config=self._aggregator_config(config), service=self.memory(),
+            uow=self.uow, **kwargs,
+        )  # fmt: skip
         aggregator.setup()
         return aggregator
 
@@ -161,27 +188,13 @@ class Accord(_Root[MemoryService]):
         self.close()
 
 
-class AsyncAccord(_Root[AsyncMemoryService]):
-    """:class:`Accord` on pymongo's ``AsyncMongoClient``: the async checkpointer and store
-    on one async unit of work. The aggregator is synchronous: run it with
-    ``accord memory worker`` or :meth:`Accord.background_aggregator`."""
+class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
+    """:class:`Accord` on pymongo's ``AsyncMongoClient`` (the same arguments; ``client``
+    an ``AsyncMongoClient``): the async checkpointer, store and aggregator on one async
+    unit of work."""
 
-    def __init__(
-        self,
-        uri: str | None = None,
-        *,
-        client: Any = None,
-        data_dir: str | os.PathLike[str] | None = None,
-        db_name: str = "accord",
-        embedder: Any = None,
-        dims: int | None = None,
-        hooks: Sequence[Hook] = (),
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> None:
-        super().__init__(db_name, embedder, dims)
-        self._owns_client = client is None
-        self.client = client if client is not None else connect_async(uri, data_dir=data_dir)
-        self.uow = AsyncUnitOfWork(self.client, hooks=self._hooks(hooks), timeout=timeout)
+    _connect = staticmethod(connect_async)
+    _unit_of_work = AsyncUnitOfWork
 
     async def checkpointer(self, **kwargs: Any) -> AsyncAccordSaver:
         """An :class:`~accord.checkpointers.AsyncAccordSaver` on this root's unit of work,
@@ -193,10 +206,7 @@ class AsyncAccord(_Root[AsyncMemoryService]):
     async def memory(self, tenant_id: str = "default") -> AsyncMemoryService:
         """The memory service of ``tenant_id`` (one per tenant), set up."""
         if tenant_id not in self._services:
-            service = AsyncMemoryService(
-                self.client, tenant_id=tenant_id, db_name=self.db_name,
-                embedder=self.embedder, dims=self.dims, uow=self.uow,
-            )  # fmt: skip
+            service = self._new_service(AsyncMemoryService, tenant_id)
             await service.setup()
             self._services[tenant_id] = service
         return self._services[tenant_id]
@@ -214,6 +224,24 @@ class AsyncAccord(_Root[AsyncMemoryService]):
             self.client, index=self._store_index(service, fields), ttl=ttl,  # type: ignore[arg-type]
             tenant_id=tenant_id, db_name=self.db_name, service=service,
         )  # fmt: skip
+
+    async def aggregator(
+        self, config: AggregatorConfig | None = None, **kwargs: Any
+    ) -> AsyncAggregator:
+        """An async outbox aggregator, set up. ``kwargs`` as for
+        :class:`~accord.memory.aggregator.AsyncAggregator`."""
+        aggregator = AsyncAggregator(
+            self.client, config=self._aggregator_config(config), service=await self.memory(),
+            uow=self.uow, **kwargs,
+        )  # fmt: skip
+        await aggregator.setup()
+        return aggregator
+
+    async def background_aggregator(self, **kwargs: Any) -> AsyncBackgroundAggregator:
+        """The aggregator as a task on the running event loop, set up and not started:
+        ``async with await accord.background_aggregator() as worker: ...`` starts it and
+        stops it (after its current event) on exit."""
+        return AsyncBackgroundAggregator(await self.aggregator(**kwargs))
 
     async def close(self) -> None:
         """Close the client if this root opened it."""

@@ -12,6 +12,7 @@ from langgraph.graph.message import add_messages
 from pymongo import MongoClient
 
 from accord.errors import AccordError
+from accord.memory.aggregator import AggregatorConfig
 from accord.platform.plan import Plan
 from accord.runtime import Accord, AsyncAccord
 
@@ -116,3 +117,34 @@ async def test_the_async_root_shares_its_unit_of_work(mongo_uri: str, db_name: s
         await store.aput(("notes",), "n1", {"text": "async note"})
         assert (await store.aget(("notes",), "n1")).value == {"text": "async note"}
     assert "store.put" in hook.seen
+
+
+@pytest.mark.asyncio
+async def test_the_async_root_aggregates_on_its_loop(mongo_uri: str, db_name: str) -> None:
+    """AsyncAccord's aggregator is the async one, on the same unit of work: a background
+    task on this loop turns the async checkpointer's steps into memories."""
+    hook = RecordingHook()
+    async with AsyncAccord(mongo_uri, db_name=db_name, hooks=[hook]) as accord:
+
+        async def answer(state: Chat) -> dict[str, Any]:
+            return {"messages": [AIMessage("Noted.", id=f"ai-{len(state['messages'])}")]}
+
+        builder = StateGraph(Chat)
+        builder.add_node("answer", answer)
+        builder.add_edge(START, "answer")
+        graph = builder.compile(
+            checkpointer=await accord.checkpointer(), store=await accord.store()
+        )
+        config = {"configurable": {"thread_id": "t1"}}
+        async with await accord.background_aggregator() as worker:
+            await graph.ainvoke(
+                {"messages": [HumanMessage("I prefer aisle seats.", id="h1")]}, config
+            )
+            assert await worker.wait_idle(timeout=30)
+        assert worker.aggregator.uow is accord.uow
+        assert [o.status for o in worker.outcomes].count("done") >= 1
+        found = await (await accord.store()).asearch(("memories",), query="seat preference")
+        assert any("aisle seats" in str(item.value) for item in found), found
+        with pytest.raises(ValueError, match="one database"):
+            await accord.aggregator(AggregatorConfig(db_name="elsewhere"))
+    assert {"checkpoint.put", "memory.aggregate"} <= set(hook.seen), hook.seen

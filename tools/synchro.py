@@ -72,6 +72,8 @@ REPLACEMENTS: dict[str, str] = {
     # accord's embedders (accord.memory.embedders)
     "aembed_documents": "embed_documents",
     "aembed_query": "embed_query",
+    # accord's extractors (accord.memory.extraction)
+    "arun_extractor": "run_extractor",
 }
 
 _SOURCE_NOTE = re.compile(r"This module is the async source;.*?``tools/synchro\.py``\.", re.DOTALL)

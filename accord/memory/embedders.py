@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import math
 import re
@@ -125,11 +126,13 @@ class HashingEmbedder:
     def embed_query(self, text: str) -> Vector:
         return self._one(text)
 
+    # CPU-bound (a hash per feature): the async methods hash in a worker thread, so an
+    # event loop is never blocked by a large batch.
     async def aembed_documents(self, texts: Sequence[str]) -> list[Vector]:
-        return self.embed_documents(texts)
+        return await asyncio.to_thread(self.embed_documents, list(texts))
 
     async def aembed_query(self, text: str) -> Vector:
-        return self.embed_query(text)
+        return await asyncio.to_thread(self.embed_query, text)
 
 
 # -- LangChain Embeddings, or plain functions ----------------------------------------------------
@@ -187,11 +190,14 @@ class LangChainEmbedder:
         e = self.embeddings
         if hasattr(e, "aembed_documents"):
             return self._checked(await e.aembed_documents(list(texts)), len(texts))
-        if hasattr(e, "embed_documents"):
-            return self.embed_documents(texts)
-        result = e(list(texts))
-        if isinstance(result, Awaitable):
-            result = await result
+        if hasattr(e, "embed_documents"):  # sync only: in a worker thread, off the loop
+            return await asyncio.to_thread(self.embed_documents, texts)
+        if inspect.iscoroutinefunction(e) or inspect.iscoroutinefunction(type(e).__call__):
+            result = await e(list(texts))
+        else:  # a plain function may compute (a local model): in a worker thread
+            result = await asyncio.to_thread(e, list(texts))
+            if isinstance(result, Awaitable):
+                result = await result
         return self._checked(result, len(texts))
 
     async def aembed_query(self, text: str) -> Vector:

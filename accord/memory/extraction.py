@@ -20,6 +20,7 @@ any LangChain chat model instead (Mem0's add/update/delete pattern).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -85,6 +86,13 @@ class Recall(Protocol):
                  limit: int = 5) -> list[Existing]: ...  # fmt: skip
 
 
+class AsyncRecall(Protocol):
+    """:class:`Recall` for an extractor's ``aextract``: awaited."""
+
+    async def __call__(self, text: str, *, kinds: Sequence[str] | None = None,
+                       limit: int = 5) -> list[Existing]: ...  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Change:
     """What an extractor proposes.
@@ -127,6 +135,34 @@ class Extractor(Protocol):
     name: str
 
     def extract(self, conversation: Conversation, recall: Recall) -> list[Change]: ...
+
+
+def run_extractor(extractor: Extractor, conversation: Conversation, recall: Recall) -> list[Change]:
+    """The changes ``extractor`` proposes (how the sync aggregator calls it)."""
+    return list(extractor.extract(conversation, recall))
+
+
+async def arun_extractor(
+    extractor: Extractor, conversation: Conversation, recall: AsyncRecall
+) -> list[Change]:
+    """The changes ``extractor`` proposes, for the async aggregator: its ``aextract``
+    (``async def aextract(conversation, recall)``, ``recall`` awaited) when it has one;
+    otherwise its ``extract`` in a worker thread, so a slow or CPU-bound extractor never
+    blocks the event loop, with each ``recall`` it makes served on this loop."""
+    aextract = getattr(extractor, "aextract", None)
+    if aextract is not None:
+        return list(await aextract(conversation, recall))
+    loop = asyncio.get_running_loop()
+
+    def recall_on_loop(
+        text: str, *, kinds: Sequence[str] | None = None, limit: int = 5
+    ) -> list[Existing]:
+        # the loop is free: it is awaiting this thread
+        return asyncio.run_coroutine_threadsafe(
+            recall(text, kinds=kinds, limit=limit), loop
+        ).result()
+
+    return list(await asyncio.to_thread(extractor.extract, conversation, recall_on_loop))
 
 
 def normalise(text: str) -> str:

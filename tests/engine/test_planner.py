@@ -8,15 +8,20 @@ may rank plans differently); the result-equality properties run anywhere.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import ASCENDING, DESCENDING, MongoClient
 from pymongo.errors import OperationFailure
 
+from accord.platform.embedded import planner
 from accord.platform.embedded.bsonkey import sort_key
+from accord.platform.embedded.engine import Collection
 
 embedded_only = pytest.mark.embedded_only
 
@@ -435,3 +440,40 @@ def test_random_queries_use_indexes_and_agree(db) -> None:  # type: ignore[no-un
                 stages[name] = stages.get(name, 0) + 1
     assert stages.get("IXSCAN", 0) >= 40, stages
     assert stages.get("OR", 0) >= 3, stages
+
+
+ID_VALUES = st.one_of(
+    SCALAR,
+    st.lists(SCALAR, max_size=2),
+    st.dictionaries(st.sampled_from(["x", "$eq", "$in", "$gt"]), SCALAR, max_size=2),
+    st.just(MinKey()),
+    st.just(MaxKey()),
+    st.just(re.compile("^a")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    id_value=ID_VALUES,
+    others=st.dictionaries(st.sampled_from(["a", "b", "$comment", "$and"]), SCALAR, max_size=2),
+    id_first=st.booleans(),
+)
+def test_the_id_lookup_shortcut_plans_what_the_general_planner_plans(
+    id_value: Any, others: dict[str, Any], id_first: bool
+) -> None:
+    """A filter with a plain ``_id`` equality is planned without building its
+    conjunction; the plan must be the general planner's (which sees the same conditions
+    through a ``$and``, where the shortcut does not apply)."""
+    others = {k: ([{"a": v}] if k == "$and" else v) for k, v in others.items()}
+    filt = {"_id": id_value, **others} if id_first else {**others, "_id": id_value}
+    coll = Collection("db.c", {})
+    try:
+        general = planner.plan(coll, planner.Query({"$and": [filt]}))
+    except Exception as exc:  # an invalid filter fails either way
+        with pytest.raises(type(exc)):
+            planner.plan(coll, planner.Query(filt))
+        return
+    got = planner.plan(coll, planner.Query(filt))
+    assert (got.kind, got.ids, got.exact, got.keys) == (
+        general.kind, general.ids, general.exact, general.keys,
+    )  # fmt: skip

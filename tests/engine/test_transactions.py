@@ -53,6 +53,30 @@ def test_read_your_own_writes(client: MongoClient, db) -> None:
     assert sorted((d["_id"], d["v"]) for d in db.c.find()) == [(1, 10), (3, 4)]
 
 
+def test_a_document_written_several_times_commits_its_last_version(client: MongoClient, db) -> None:
+    """Each write of a document in a transaction replaces the staged version (the write
+    path hands the commit the BSON it already encoded for its size check): the commit
+    stores the last one, whichever write produced it."""
+    with client.start_session() as s:
+        s.start_transaction()
+        db.w.insert_one({"_id": 1, "v": "inserted"}, session=s)
+        db.w.update_one({"_id": 1}, {"$set": {"v": "updated"}}, session=s)
+        db.w.insert_one({"_id": 2, "v": "inserted"}, session=s)
+        db.w.delete_one({"_id": 2}, session=s)
+        db.w.insert_one({"_id": 3, "v": "inserted"}, session=s)
+        db.w.delete_one({"_id": 3}, session=s)
+        db.w.insert_one({"_id": 3, "v": "inserted again"}, session=s)
+        db.w.find_one_and_replace({"_id": 3}, {"v": "replaced"}, session=s)
+        db.w.update_one({"_id": 4}, {"$setOnInsert": {"v": "upserted"}}, upsert=True, session=s)
+        db.w.update_one({"_id": 4}, {"$set": {"v": "then set"}}, session=s)
+        s.commit_transaction()
+    assert list(db.w.find().sort("_id", 1)) == [
+        {"_id": 1, "v": "updated"},
+        {"_id": 3, "v": "replaced"},
+        {"_id": 4, "v": "then set"},
+    ]
+
+
 def test_no_dirty_reads(client: MongoClient, db) -> None:
     db.c.insert_many([{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
     with client.start_session() as s:

@@ -7,12 +7,15 @@ import datetime as dt
 import re
 from typing import Any
 
+import bson
 import pytest
+from bson.binary import Binary
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.objectid import ObjectId
+from bson.regex import Regex
 from bson.timestamp import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +25,7 @@ from accord.platform.embedded.update import apply_update, upsert_seed
 from accord.platform.embedded.values import (
     bson_type_name,
     compare_values,
+    copy_value,
     format_value,
     values_equal,
 )
@@ -144,6 +148,61 @@ _docs = st.recursive(
     ),
     max_leaves=10,
 )
+
+
+def _containers(value: Any) -> list[int]:
+    """ids of every dict and list inside ``value`` (itself included)."""
+    if isinstance(value, dict):
+        return [id(value)] + [i for v in value.values() for i in _containers(v)]
+    if isinstance(value, list):
+        return [id(value)] + [i for v in value for i in _containers(v)]
+    return []
+
+
+_bson_leaf = st.one_of(
+    _leaf,
+    st.floats(allow_nan=False),
+    st.binary(max_size=4).map(Binary),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
+    st.just(ObjectId("0123456789ab0123456789ab")),
+    st.just(Timestamp(1, 2)),
+    st.just(Decimal128("1.5")),
+    st.just(dt.datetime(2024, 1, 2, 3, 4, 5)),
+    st.just(Regex("^a", "i")),
+    st.just(MinKey()),
+)
+_bson_docs = st.recursive(
+    _bson_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("abc"), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.sampled_from("abcd"), _bson_docs, max_size=4))
+def test_copy_value_is_a_deep_copy_sharing_no_container(doc: dict) -> None:
+    out = copy_value(doc)
+    assert bson.encode(out) == bson.encode(doc)  # same values, same types, same order
+    assert not set(_containers(out)) & set(_containers(doc))
+
+
+def test_updates_share_nothing_with_the_update_document() -> None:
+    """The new document owns its values: changing it later (a following update in the
+    same transaction changes a copy, but the engine must not rely on that) never
+    reaches the command's update document, and vice versa."""
+    for update, is_insert in [
+        ({"$set": {"a": [1, {"b": 2}]}}, False),
+        ({"$setOnInsert": {"a": [1, {"b": 2}]}}, True),
+        ({"$push": {"a": {"$each": [[1], {"b": 2}]}}}, False),
+        ({"$addToSet": {"a": {"$each": [[1], {"b": 2}]}}}, False),
+        ({"$max": {"a": [1, {"b": 2}]}}, False),
+        ({"_id": 1, "a": [1, {"b": 2}]}, False),
+    ]:
+        spec = copy.deepcopy(update)
+        out = apply_update({"_id": 1}, update, is_insert=is_insert)
+        assert not set(_containers(out)) & set(_containers(update)), update
+        assert update == spec
 
 
 @given(body=st.dictionaries(st.sampled_from("abcd"), _docs, max_size=4), value=_leaf)
@@ -719,6 +778,48 @@ def test_positional_elements_that_collide_at_runtime_conflict() -> None:
 def test_conflicting_paths(update: dict, message: str) -> None:
     err = fails({"_id": 1}, update)
     assert (err.code, err.errmsg) == (40, message)
+
+
+def _pairwise_conflict(update: dict) -> str | None:
+    """The parse-time conflict message as a pairwise check over every earlier path
+    finds it (the reference the engine's prefix-set check must agree with)."""
+    seen: list[tuple[str, ...]] = []
+    for fields in update.values():
+        for name in fields:
+            path = tuple(name.split("."))
+            for other in seen:
+                n = min(len(other), len(path))
+                if other[:n] == path[:n]:
+                    return (
+                        f"Updating the path '{name}' would create a conflict at "
+                        f"'{'.'.join(path[:n])}'"
+                    )
+            seen.append(path)
+    return None
+
+
+_OP_ARGS = {"$set": 1, "$inc": 1, "$unset": "", "$max": 1}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(sorted(_OP_ARGS)),
+            st.lists(st.sampled_from("abc"), min_size=1, max_size=3).map(".".join),
+        ),
+        max_size=6,
+    )
+)
+def test_conflict_check_agrees_with_a_pairwise_check(mods: list[tuple[str, str]]) -> None:
+    update: dict[str, dict[str, Any]] = {}
+    for op, name in mods:
+        update.setdefault(op, {})[name] = _OP_ARGS[op]
+    expected = _pairwise_conflict(update)
+    if expected is None:
+        apply_update({"_id": 1}, update)
+    else:
+        err = fails({"_id": 1}, update)
+        assert (err.code, err.errmsg) == (40, expected)
 
 
 def test_sibling_paths_do_not_conflict() -> None:

@@ -11,6 +11,11 @@ child process; see test_aggregator_crash.py).
 - ``txn-commit``: when its ``commitTransaction`` is sent;
 - ``txn-after``: after ``commitTransaction`` succeeded, before the worker records it.
 
+``ACCORD_AGG_FLAVOR`` is ``sync`` (``Aggregator`` on ``MongoClient``, the default) or
+``async`` (``AsyncAggregator`` on ``AsyncMongoClient`` under ``asyncio.run``; its sync
+extractor runs in a worker thread, as the async aggregator runs any extractor without
+``aextract``).
+
 Only events claimed at most twice are killed at, so every good event is eventually
 aggregated within ``max_attempts``; events whose text holds ``POISON`` make the extractor
 fail every time (they must be dead-lettered).
@@ -18,14 +23,15 @@ fail every time (they must be dead-lettered).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 from typing import Any
 
-from pymongo import MongoClient, monitoring
+from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from accord.memory.aggregator import Aggregator, AggregatorConfig
+from accord.memory.aggregator import Aggregator, AggregatorConfig, AsyncAggregator
 from accord.memory.extraction import Change, Conversation, Recall, RuleExtractor
 
 STAGES = ("claim", "extract", "embed", "commit")
@@ -90,16 +96,27 @@ def main() -> int:
     uri, db = sys.argv[1], sys.argv[2]
     point = os.environ.get("ACCORD_KILL_AT", "")
     killer = Killer(point, int(os.environ.get("ACCORD_KILL_NTH", "1")))
-    client: MongoClient[Any] = MongoClient(uri, event_listeners=[killer] if point else [])
-    agg = Aggregator(
-        client,
-        dims=DIMS,
-        extractor=PoisonAware(),
-        config=AggregatorConfig(
+    listeners = [killer] if point else []
+    options: dict[str, Any] = {
+        "dims": DIMS,
+        "extractor": PoisonAware(),
+        "config": AggregatorConfig(
             db_name=db, lease=LEASE, max_attempts=MAX_ATTEMPTS, poll_interval=0.05
-        ),  # fmt: skip
-        on_stage=killer.on_stage if point else None,
-    )
+        ),
+        "on_stage": killer.on_stage if point else None,
+    }
+    if os.environ.get("ACCORD_AGG_FLAVOR", "sync") == "async":
+
+        async def run() -> None:
+            aclient: AsyncMongoClient[Any] = AsyncMongoClient(uri, event_listeners=listeners)
+            agg = AsyncAggregator(aclient, **options)
+            print("ready", flush=True)
+            await agg.run()  # until the parent stops it
+
+        asyncio.run(run())
+        return 0
+    client: MongoClient[Any] = MongoClient(uri, event_listeners=listeners)
+    agg = Aggregator(client, **options)
     print("ready", flush=True)
     agg.run()  # until the parent stops it
     return 0

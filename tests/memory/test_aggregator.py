@@ -3,13 +3,17 @@
 Crashes (SIGKILL) are in test_aggregator_crash.py; this file covers what one or two
 workers do in process: memories with history and provenance, retries and dead letters,
 a lost lease, two workers racing on near-duplicates, tenants, backlog and lag, the
-background thread, the LLM extractor, and the real checkpointer as the producer.
+background runner, the LLM extractor, and the real checkpointer as the producer.
+
+Every test that runs an aggregator runs twice (the ``twins`` fixture): on the sync
+``Aggregator``, and on ``AsyncAggregator`` running on an event loop of its own
+(tests/memory/twins.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,16 +23,17 @@ from accord.errors import ConfigurationError
 from accord.memory.aggregator import (
     Aggregator,
     AggregatorConfig,
-    BackgroundAggregator,
+    AsyncAggregator,
     label_value,
     percentile,
 )
-from accord.memory.extraction import Conversation, RuleExtractor
+from accord.memory.extraction import Change, Conversation, RuleExtractor
 from accord.memory.llm_extractor import LLMExtractor
 from accord.memory.synchronous.service import MemoryService
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.memory.fakes import FakeChatModel
 from tests.memory.steps import commit_step
+from tests.memory.twins import FLAVORS, Twins
 
 
 @pytest.fixture()
@@ -45,13 +50,26 @@ def uow(client: MongoClient) -> UnitOfWork:
     return UnitOfWork(client)
 
 
-def make(client: MongoClient, db: str, **config: Any) -> Aggregator:
-    extractor = config.pop("extractor", None)
-    on_stage = config.pop("on_stage", None)
-    agg = Aggregator(client, config=AggregatorConfig(db_name=db, **config), extractor=extractor,
-                     on_stage=on_stage, worker_id=f"w-{uuid.uuid4().hex[:4]}")  # fmt: skip
-    agg.setup()
-    return agg
+@pytest.fixture(params=FLAVORS)
+def twins(request: pytest.FixtureRequest, mongo_uri: str, client: MongoClient) -> Iterator[Twins]:
+    made = Twins(request.param, mongo_uri, client)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture()
+def make(twins: Twins) -> Callable[..., Any]:
+    """``make(db, **config)``: an aggregator of the test's flavour, set up."""
+
+    def make(db: str, **config: Any) -> Any:
+        extractor = config.pop("extractor", None)
+        on_stage = config.pop("on_stage", None)
+        return twins.aggregator(AggregatorConfig(db_name=db, **config), extractor=extractor,
+                                on_stage=on_stage, worker_id=f"w-{uuid.uuid4().hex[:4]}")  # fmt: skip
+
+    return make
 
 
 def memories(client: MongoClient, db: str, **filt: Any) -> dict[str, dict[str, Any]]:
@@ -59,9 +77,9 @@ def memories(client: MongoClient, db: str, **filt: Any) -> dict[str, dict[str, A
 
 
 def test_steps_become_memories_with_history_and_provenance(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
-    agg = make(client, db_name)
+    agg = make(db_name)
     commit_step(
         uow,
         db_name,
@@ -96,9 +114,9 @@ def test_steps_become_memories_with_history_and_provenance(
 
 
 def test_events_without_messages_are_completed(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
-    agg = make(client, db_name)
+    agg = make(db_name)
     commit_step(uow, db_name, "acme", "t1", "c1", [], kind="writes")
     commit_step(uow, db_name, "acme", "t1", "c2", [])
     commit_step(uow, db_name, "acme", "t1", "c3", [], kind="other")
@@ -110,13 +128,13 @@ def test_events_without_messages_are_completed(
 
 @pytest.mark.embedded_only  # MongoDB's TTL monitor runs every 60 s
 def test_done_events_are_removed_by_retention(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
     """The outbox's TTL index deletes done events once their retention has passed (the
     test engine's TTL monitor runs every second)."""
     import time
 
-    agg = make(client, db_name, retention=1 / 86400)  # one second
+    agg = make(db_name, retention=1 / 86400)  # one second
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I like tea.")])
     commit_step(uow, db_name, "acme", "t1", "c2", [], kind="writes")
     assert agg.drain() == 2
@@ -128,9 +146,9 @@ def test_done_events_are_removed_by_retention(
 
 
 def test_replayed_statements_make_no_new_version(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
-    agg = make(client, db_name)
+    agg = make(db_name)
     for i in range(3):
         commit_step(uow, db_name, "acme", f"t{i}", "c1", [("human", "I prefer aisle seats.")])
     agg.drain()
@@ -140,7 +158,7 @@ def test_replayed_statements_make_no_new_version(
 
 
 def test_failures_back_off_then_dead_letter(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
     class Broken:
         name = "broken"
@@ -148,7 +166,7 @@ def test_failures_back_off_then_dead_letter(
         def extract(self, conversation: Conversation, recall: Any) -> list:
             raise RuntimeError("model unavailable")
 
-    agg = make(client, db_name, extractor=Broken(), max_attempts=3)
+    agg = make(db_name, extractor=Broken(), max_attempts=3)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer tea.")])
     outcomes = []
     for attempt in range(1, 4):
@@ -169,12 +187,12 @@ def test_failures_back_off_then_dead_letter(
 
 
 def test_a_worker_that_lost_its_lease_writes_nothing(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
     import time
 
-    slow = make(client, db_name, lease=0.05)
-    fast = make(client, db_name)
+    slow = make(db_name, lease=0.05)
+    fast = make(db_name)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer tea. I like jazz.")])
     claimed = slow.claim()
     assert claimed is not None
@@ -187,12 +205,12 @@ def test_a_worker_that_lost_its_lease_writes_nothing(
 
 
 def test_two_workers_racing_on_near_duplicates_merge_them(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
     """Worker A decides "new memory" and, before it commits, worker B commits a
     near-duplicate in the same namespace: A's commit fails on the namespace's head and A
     decides again, merging into B's memory."""
-    b = make(client, db_name)
+    b = make(db_name)
     raced: list[bool] = []
 
     def race(stage: str, event: Any) -> None:
@@ -200,7 +218,7 @@ def test_two_workers_racing_on_near_duplicates_merge_them(
             raced.append(True)
             assert b.run_once().status == "done"  # type: ignore[union-attr]
 
-    a = make(client, db_name, on_stage=race)
+    a = make(db_name, on_stage=race)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer window seats.")])
     commit_step(uow, db_name, "acme", "t2", "c1", [("human", "I prefer the window seats.")])
     assert a.run_once().status == "done"  # type: ignore[union-attr]
@@ -211,8 +229,10 @@ def test_two_workers_racing_on_near_duplicates_merge_them(
     assert old["change"] == "merge" and old["text"] == "User prefers the window seats"
 
 
-def test_tenants_never_mix(client: MongoClient, db_name: str, uow: UnitOfWork) -> None:
-    agg = make(client, db_name)
+def test_tenants_never_mix(
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
+) -> None:
+    agg = make(db_name)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "My name is Ann. I prefer tea.")])
     commit_step(uow, db_name, "globex", "t1", "c1", [("human", "My name is Bob. I prefer tea.")])
     agg.drain()
@@ -224,8 +244,10 @@ def test_tenants_never_mix(client: MongoClient, db_name: str, uow: UnitOfWork) -
     assert client[db_name].memory_history.count_documents({}) == 0
 
 
-def test_stats_show_backlog_and_lag(client: MongoClient, db_name: str, uow: UnitOfWork) -> None:
-    agg = make(client, db_name)
+def test_stats_show_backlog_and_lag(
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
+) -> None:
+    agg = make(db_name)
     for i in range(4):
         commit_step(uow, db_name, "acme", "t1", f"c{i}", [("human", f"step {i}")])
     stats = agg.stats()
@@ -239,9 +261,11 @@ def test_stats_show_backlog_and_lag(client: MongoClient, db_name: str, uow: Unit
     assert percentile([1, 2, 3, 4], 0.5) == 2 and percentile([], 0.5) is None
 
 
-def test_background_aggregator(client: MongoClient, db_name: str, uow: UnitOfWork) -> None:
-    agg = make(client, db_name, poll_interval=0.02)
-    with BackgroundAggregator(agg) as bg:
+def test_background_aggregator(
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any], twins: Twins
+) -> None:
+    agg = make(db_name, poll_interval=0.02)
+    with twins.background(agg) as bg:
         commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I like hiking.")])
         assert bg.wait_idle(20)
     assert "User likes hiking" in {m["text"] for m in memories(client, db_name).values()}
@@ -249,9 +273,9 @@ def test_background_aggregator(client: MongoClient, db_name: str, uow: UnitOfWor
 
 
 def test_llm_extractor_updates_and_deletes_through_the_aggregator(
-    client: MongoClient, db_name: str, uow: UnitOfWork
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
-    agg = make(client, db_name, extractor=LLMExtractor(FakeChatModel()))
+    agg = make(db_name, extractor=LLMExtractor(FakeChatModel()))
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "My city is Oslo. I like trains.")])
     agg.drain()
     assert {m["text"] for m in memories(client, db_name).values()} == {
@@ -265,8 +289,10 @@ def test_llm_extractor_updates_and_deletes_through_the_aggregator(
     assert changes == ["delete", "update"]
 
 
-def test_namespaces_are_configurable(client: MongoClient, db_name: str, uow: UnitOfWork) -> None:
-    agg = make(client, db_name, namespaces={"*": ("users", "{tenant_id}", "{kind}"),
+def test_namespaces_are_configurable(
+    client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
+) -> None:
+    agg = make(db_name, namespaces={"*": ("users", "{tenant_id}", "{kind}"),
                                             "episode": ("threads", "{thread_id}")})  # fmt: skip
     commit_step(uow, db_name, "a.b", "th.1", "c1", [("human", "I like tea.")])
     agg.drain()
@@ -293,7 +319,9 @@ def test_rule_extractor_is_the_default(client: MongoClient, db_name: str) -> Non
     assert isinstance(agg.extractor, RuleExtractor)
 
 
-def test_the_checkpointers_steps_are_aggregated(client: MongoClient, db_name: str) -> None:
+def test_the_checkpointers_steps_are_aggregated(
+    client: MongoClient, db_name: str, make: Callable[..., Any]
+) -> None:
     """The real producer: a LangGraph graph on AccordSaver; its step transactions write
     the messages and outbox events the aggregator consumes."""
     from langchain_core.messages import AIMessage, HumanMessage
@@ -313,7 +341,7 @@ def test_the_checkpointers_steps_are_aggregated(client: MongoClient, db_name: st
     config = {"configurable": {"thread_id": "chat-1"}}
     graph.invoke({"messages": [HumanMessage("Hi, my name is Dana. I prefer trains.")]}, config)
     graph.invoke({"messages": [HumanMessage("Remember that I am vegetarian.")]}, config)
-    agg = make(client, db_name)
+    agg = make(db_name)
     agg.drain()
     assert agg.stats().backlog == 0 and agg.stats().dead == 0
     mem = memories(client, db_name, tenant_id="acme")
@@ -323,3 +351,89 @@ def test_the_checkpointers_steps_are_aggregated(client: MongoClient, db_name: st
     assert [t["role"] for t in episode] == ["human", "ai", "human", "ai"]
     human_ids = {m.id for m in graph.get_state(config).values["messages"] if m.type == "human"}
     assert set(mem["profile:name"]["provenance"]["message_ids"]) <= human_ids
+
+
+class SlowSyncExtractor:
+    """A sync extractor that blocks its thread (a model call) and recalls memories."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.recalled: list[list[Any]] = []
+        self.thread: str | None = None
+
+    def extract(self, conversation: Conversation, recall: Any) -> list[Change]:
+        import threading
+        import time
+
+        self.thread = threading.current_thread().name
+        self.recalled.append(recall("tea", limit=3))  # served on the aggregator's loop
+        time.sleep(1.0)
+        return [Change("add", "User prefers green tea", "preference")]
+
+
+class AwaitingExtractor:
+    """An async-native extractor: the async aggregator awaits its ``aextract``."""
+
+    name = "awaiting"
+
+    def __init__(self) -> None:
+        self.recalled: list[list[Any]] = []
+
+    def extract(self, conversation: Conversation, recall: Any) -> list[Change]:
+        raise AssertionError("the async aggregator must await aextract")
+
+    async def aextract(self, conversation: Conversation, recall: Any) -> list[Change]:
+        self.recalled.append(await recall("tea", limit=3))
+        return [Change("add", "User prefers oolong tea", "preference")]
+
+
+@pytest.mark.asyncio
+async def test_the_async_aggregator_never_blocks_its_loop(
+    mongo_uri: str, client: MongoClient, db_name: str, uow: UnitOfWork
+) -> None:
+    """A sync extractor runs in a worker thread (its recall served on the loop), the
+    hashing embedder hashes in one too: a ticker on the same loop keeps ticking while an
+    event whose extraction blocks for 1 s is processed (on the loop, one gap would be
+    over 1 s)."""
+    import asyncio
+    import time
+
+    from pymongo import AsyncMongoClient
+
+    aclient: AsyncMongoClient = AsyncMongoClient(mongo_uri)
+    try:
+        MemoryService(client, db_name=db_name, tenant_id="acme").put(
+            ("memories",), "tea", {"content": "User likes tea"}, text="User likes tea"
+        )
+        slow = SlowSyncExtractor()
+        agg = AsyncAggregator(aclient, config=AggregatorConfig(db_name=db_name), extractor=slow)
+        await agg.setup()
+        commit_step(uow, db_name, "acme", "t1", "c1", [("human", "Some words.")])
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        outcome = await agg.run_once()
+        ticker.cancel()
+        assert outcome is not None and outcome.status == "done", outcome
+        assert slow.thread != "MainThread" and [m.text for m in slow.recalled[0]] == [
+            "User likes tea"
+        ]
+        assert len(gaps) >= 10 and max(gaps) < 0.9, (len(gaps), max(gaps))
+        awaiting = AwaitingExtractor()
+        agg = AsyncAggregator(aclient, config=AggregatorConfig(db_name=db_name), extractor=awaiting)
+        commit_step(uow, db_name, "acme", "t1", "c2", [("human", "More words.")])
+        assert (await agg.drain()) == 1
+        assert [m.text for m in awaiting.recalled[0]][:1] == ["User likes tea"]
+        texts = {m["text"] for m in memories(client, db_name).values()}
+        assert {"User prefers green tea", "User prefers oolong tea"} <= texts
+    finally:
+        await aclient.close()

@@ -3,7 +3,8 @@
 Steps of several threads of two tenants are committed as the checkpointer commits them
 (messages + outbox event, one transaction; tests/memory/steps.py), plus events with no
 messages and poison events whose extraction always fails. Then two aggregator worker
-processes (``agg_crash_worker.py``) compete for them, and keep being SIGKILLed: by
+processes (``agg_crash_worker.py``; one the sync ``Aggregator``, the other the async
+``AsyncAggregator`` its code is generated from) compete for them, and keep being SIGKILLed: by
 themselves at named points (after the claim, before extraction, before embedding, before
 the commit, inside the commit transaction when its writes are sent, when its
 ``commitTransaction`` is sent, right after it committed) and by the parent at random
@@ -128,14 +129,19 @@ class Workload:
         return events
 
 
-def spawn(uri: str, db: str, rng: random.Random, kill: bool) -> tuple[subprocess.Popen[str], str]:
+FLAVORS = ("sync", "async")  # worker slot 0 runs the sync aggregator, slot 1 the async one
+
+
+def spawn(
+    uri: str, db: str, rng: random.Random, kill: bool, flavor: str
+) -> tuple[subprocess.Popen[str], str]:
     """A worker that will kill itself at the next kill point in turn (every point is hit)."""
     point = ""
     if kill:
         spawn.turn = getattr(spawn, "turn", rng.randrange(len(KILL_POINTS))) + 1  # type: ignore[attr-defined]
         point = KILL_POINTS[spawn.turn % len(KILL_POINTS)]  # type: ignore[attr-defined]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ACCORD_KILL_AT": point,
-           "ACCORD_KILL_NTH": str(rng.randint(1, 3))}  # fmt: skip
+           "ACCORD_KILL_NTH": str(rng.randint(1, 3)), "ACCORD_AGG_FLAVOR": flavor}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), uri, db], env=env, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -154,12 +160,17 @@ def test_workers_killed_anywhere_lose_and_duplicate_nothing(server: str) -> None
     assert outbox.count_documents({}) == total
 
     kills: Counter[str] = Counter()
+    kills_of: Counter[str] = Counter()  # per flavour
     exits: Counter[str] = Counter()
 
     def enough() -> bool:
-        return sum(kills.values()) >= MIN_KILLS and all(kills[p] for p in KILL_POINTS)
+        return (
+            sum(kills.values()) >= MIN_KILLS
+            and all(kills[p] for p in KILL_POINTS)
+            and all(kills_of[f] >= MIN_KILLS // 4 for f in FLAVORS)
+        )
 
-    workers = [spawn(server, db, rng, kill=True) for _ in range(2)]
+    workers = [spawn(server, db, rng, kill=True, flavor=f) for f in FLAVORS]
     started = time.monotonic()
     next_random_kill = started + rng.uniform(1.0, 3.0)
     try:
@@ -170,20 +181,21 @@ def test_workers_killed_anywhere_lose_and_duplicate_nothing(server: str) -> None
                     continue
                 if code == -signal.SIGKILL:
                     kills[point or "parent"] += 1
+                    kills_of[FLAVORS[i]] += 1
                 else:
                     exits[f"exit {code}"] += 1
                     print(proc.stderr.read() if proc.stderr else "")  # a crash we did not cause
-                workers[i] = spawn(server, db, rng, kill=not enough())
+                workers[i] = spawn(server, db, rng, kill=not enough(), flavor=FLAVORS[i])
             now = time.monotonic()
             if now >= next_random_kill and not enough():
-                proc, point = rng.choice(workers)
+                i = rng.randrange(len(workers))
+                proc, point = workers[i]
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
                     kills["parent"] += 1
-                    workers[workers.index((proc, point))] = spawn(
-                        server, db, rng, kill=not enough()
-                    )
+                    kills_of[FLAVORS[i]] += 1
+                    workers[i] = spawn(server, db, rng, kill=not enough(), flavor=FLAVORS[i])
                 next_random_kill = now + rng.uniform(2.0, 6.0)
             open_events = outbox.count_documents({"status": {"$nin": ["done", "dead"]}})
             if open_events == 0 and enough():
@@ -201,11 +213,11 @@ def test_workers_killed_anywhere_lose_and_duplicate_nothing(server: str) -> None
     statuses = Counter(d["status"] for d in outbox.find())
     attempts = Counter(d["attempts"] for d in outbox.find())
     print(f"\naggregator crash suite: {total} events, {sum(kills.values())} kills "
-          f"{dict(sorted(kills.items()))}, unexpected exits {dict(exits)}, outcomes "
+          f"{dict(sorted(kills.items()))} {dict(kills_of)}, unexpected exits {dict(exits)}, outcomes "
           f"{dict(statuses)}, claims per event {dict(sorted(attempts.items()))}, "
           f"{elapsed:.1f}s")  # fmt: skip
     assert not exits
-    assert sum(kills.values()) >= MIN_KILLS and all(kills[p] for p in KILL_POINTS)
+    assert enough(), (kills, kills_of)
     assert statuses == Counter({"done": total - len(work.poison), "dead": len(work.poison)})
     for d in outbox.find({"status": "dead"}):
         assert d["thread_id"] in work.poison and "POISON" in d["error"]

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from accord.memory import model
-from accord.memory.consolidation import Consolidator, Decisions, Prepared, cosine, stored_vector
+from accord.memory.consolidation import Decisions, Prepared, cosine, stored_vector
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.extraction import EPISODE, FACT, PREFERENCE, Change
+from accord.memory.synchronous.consolidation import Consolidator
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 NS = ("memories",)

@@ -231,6 +231,9 @@ class Txn:
     session: Session | None = None
     txn_number: int | None = None
     writes: dict[str, dict[bytes, Doc | None]] = field(default_factory=dict)
+    # The BSON of staged documents the write path already encoded (its size check), so
+    # the commit does not encode them again: ns -> id key -> bytes of ``writes[ns][key]``.
+    encoded: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     claims: set[tuple[str, str, Key]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     aborted_reason: str | None = None
@@ -549,6 +552,7 @@ class Engine:
         txn.aborted_reason = reason
         self._release(txn)
         txn.writes.clear()
+        txn.encoded.clear()
         for ns in txn.created:
             coll = self.collections.get(ns)
             if coll is None or coll.pending_owner is not txn:
@@ -602,8 +606,9 @@ class Engine:
             if coll is None:
                 continue
             observed = self._observed(ns)
+            encoded = txn.encoded.get(ns) or {}
             for key, doc in writes.items():
-                data = None if doc is None else encode(doc)
+                data = None if doc is None else encoded.get(key) or encode(doc)
                 old = self._install(coll, key, doc, data, ts, item)
                 if data is None:
                     batch.deletes.append((ns, key))
@@ -832,8 +837,14 @@ class Engine:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def write(self, txn: Txn, coll: Collection, key: bytes, doc: Doc | None) -> None:
-        """Stage a put (``doc``) or delete (``None``) of one document in ``txn``."""
+    def write(
+        self, txn: Txn, coll: Collection, key: bytes, doc: Doc | None, data: bytes | None = None
+    ) -> None:
+        """Stage a put (``doc``) or delete (``None``) of one document in ``txn``.
+
+        ``data``, when given, is ``doc`` encoded (``versions.encode``): the commit stores
+        it instead of encoding ``doc`` again. A staged document is never changed in place.
+        """
         ns = coll.ns
         holder = self.locks.get((ns, key))
         if holder is not None and holder is not txn:
@@ -844,6 +855,13 @@ class Engine:
             self._check_unique(txn, coll, key, doc)
         self.locks[(ns, key)] = txn
         txn.writes.setdefault(ns, {})[key] = doc
+        encoded = txn.encoded.get(ns)
+        if data is not None:
+            if encoded is None:
+                encoded = txn.encoded[ns] = {}
+            encoded[key] = data
+        elif encoded is not None:
+            encoded.pop(key, None)
 
     def _check_unique(self, txn: Txn, coll: Collection, key: bytes, doc: Doc) -> None:
         """Enforce unique secondary indexes for a staged put of ``doc`` (id ``key``).

@@ -7,6 +7,7 @@ an array. ``MISSING`` stands for "nothing there", which is not the same as a sto
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from accord.platform.embedded.errors import Code, EngineError
@@ -43,8 +44,12 @@ def is_array_marker(part: str) -> bool:
     return len(part) >= 3 and part.startswith("$[") and part.endswith("]")
 
 
+@lru_cache(maxsize=4096)
 def parse_path(field_name: str) -> tuple[str, ...]:
-    """Split and check an update path the way mongod's field checker does."""
+    """Split and check an update path the way mongod's field checker does (cached:
+    the same few field names come with every update of an application)."""
+    if "$" not in field_name and field_name and "." not in field_name:
+        return (field_name,)  # one plain field name: nothing to check
     if field_name == "":
         raise EngineError(Code.EmptyFieldName, "An empty update path is not valid.")
     parts = tuple(field_name.split("."))

@@ -520,8 +520,30 @@ def _resolve_hint(coll: Collection, hint: Any) -> Index | None | str:
     raise bad_value("hint provided does not correspond to an existing index")
 
 
+def _id_lookup(filt: Doc) -> Plan | None:
+    """The plan for a filter of plain fields with a plain ``_id`` equality among them
+    (what every update by ``_id`` sends): the ``IDHACK`` that ``_best_for`` would pick,
+    without building the conjunction. None for any other filter."""
+    if "_id" not in filt:
+        return None
+    value = filt["_id"]
+    if not query.is_plain_equality(value) or _is_operator_doc(value):
+        return None
+    for name in filt:
+        if name.startswith("$"):
+            return None  # $and, $or, $expr ...: the general planner
+    keys = [query.id_key(value)]
+    plan = Plan("IDHACK", 1.0, ids=keys, keys=1)
+    plan.exact = len(filt) == 1 and not _inexact(value)
+    return plan
+
+
 def plan(coll: Collection, q: Query) -> Plan:
     """The cheapest plan for ``q`` on ``coll`` (see the module docstring)."""
+    if q.sort is None and q.hint in (None, "") and collation.current() is None:
+        fast = _id_lookup(q.filter)
+        if fast is not None:
+            return fast
     n = len(coll.records)
     collscan_cost = n + (n * SORT_COST if q.sort else 0)
     natural_reverse = q.sort is not None and q.sort.get("$natural") == -1

@@ -8,7 +8,6 @@ pipeline-style updates, with mongod's validation, error codes and messages.
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -19,7 +18,7 @@ from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.paths import MISSING, dotted
 from accord.platform.embedded.positional import is_operator_doc
 from accord.platform.embedded.update_operators import apply_operators
-from accord.platform.embedded.values import format_value, values_equal
+from accord.platform.embedded.values import copy_value, format_value, values_equal
 
 __all__ = ["apply_update", "upsert_seed"]
 
@@ -30,7 +29,7 @@ def _check_replacement_id(original: dict, result: dict) -> dict:
     if "_id" not in original:
         return result
     if "_id" not in result:
-        return {"_id": copy.deepcopy(original["_id"]), **result}
+        return {"_id": copy_value(original["_id"]), **result}
     if not values_equal(original["_id"], result["_id"]):
         raise EngineError(
             Code.ImmutableField,
@@ -49,7 +48,7 @@ def _apply_replacement(doc: dict, replacement: dict) -> dict:
                 "of an update's replacement document. Consider using an aggregation pipeline "
                 "with $replaceWith.",
             )
-    return _check_replacement_id(doc, copy.deepcopy(replacement))
+    return _check_replacement_id(doc, copy_value(replacement))
 
 
 _UPDATE_STAGES = ("$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith")
@@ -80,7 +79,7 @@ def _run_stage(name: str, spec: Any, doc: dict) -> dict:
     handler = mongomock_bridge.pipeline_stage(name)
     assert handler is not None  # every stage in _UPDATE_STAGES maps to a mongomock handler
     try:
-        out = handler([copy.deepcopy(doc)], None, spec)
+        out = handler([copy_value(doc)], None, spec)
     except mongomock_bridge.OperationFailure as exc:
         raise EngineError(exc.code or Code.BadValue, str(exc)) from exc
     except NotImplementedError as exc:
@@ -93,7 +92,7 @@ def _run_stage(name: str, spec: Any, doc: dict) -> dict:
 
 
 def _apply_pipeline(doc: dict, pipeline: list) -> dict:
-    current = copy.deepcopy(doc)
+    current = copy_value(doc)
     for stage in pipeline:
         if not isinstance(stage, dict) or len(stage) != 1:
             raise EngineError(
@@ -183,7 +182,7 @@ def upsert_seed(query: dict) -> dict:
         node = seed
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = copy.deepcopy(value)
+        node[path[-1]] = copy_value(value)
 
     def visit(q: dict) -> None:
         for key, value in q.items():

@@ -7,7 +7,6 @@ to, in field-name order as mongod walks its update tree.
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import itertools
 import math
@@ -16,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import localcontext
-from functools import cmp_to_key
+from functools import cmp_to_key, lru_cache
 from typing import Any
 
 from bson.decimal128 import Decimal128, create_decimal128_context
@@ -50,6 +49,7 @@ from accord.platform.embedded.values import (
     INT64_MIN,
     bson_type_name,
     compare_values,
+    copy_value,
     format_value,
     is_number,
     to_decimal,
@@ -307,22 +307,38 @@ def _parse_rename(field_name: str, path: tuple[str, ...], arg: Any) -> _Mod:
     return _Mod("$rename", path, arg, dest=dest)
 
 
-def _register(registered: list[tuple[str, ...]], path: tuple[str, ...]) -> None:
-    """Reject two modifiers on the same path or on a path and its prefix."""
-    for other in registered:
-        n = min(len(other), len(path))
-        if other[:n] == path[:n]:
-            raise EngineError(
-                Code.ConflictingUpdateOperators,
-                f"Updating the path '{dotted(path)}' would create a conflict at "
-                f"'{dotted(path[:n])}'",
-            )
-    registered.append(path)
+class _Registry:
+    """The paths an update's modifiers target, refusing two on the same path or on a
+    path and its prefix (mongod's ConflictingUpdateOperators); O(depth) per path."""
+
+    def __init__(self) -> None:
+        self.paths: set[tuple[str, ...]] = set()
+        # Every prefix of a registered path, the path itself included.
+        self.prefixes: set[tuple[str, ...]] = set()
+
+    def add(self, path: tuple[str, ...]) -> None:
+        # Registered paths never prefix each other, so at most one of them conflicts
+        # with ``path`` at a shorter prefix, and any longer one conflicts at ``path``.
+        if path in self.prefixes:
+            self._conflict(path, path)
+        for n in range(1, len(path)):
+            if path[:n] in self.paths:
+                self._conflict(path, path[:n])
+        self.paths.add(path)
+        for n in range(1, len(path) + 1):
+            self.prefixes.add(path[:n])
+
+    @staticmethod
+    def _conflict(path: tuple[str, ...], at: tuple[str, ...]) -> None:
+        raise EngineError(
+            Code.ConflictingUpdateOperators,
+            f"Updating the path '{dotted(path)}' would create a conflict at '{dotted(at)}'",
+        )
 
 
 def _parse_operator_update(update: dict) -> list[_Mod]:
     mods: list[_Mod] = []
-    registered: list[tuple[str, ...]] = []
+    registered = _Registry()
     for op, fields in update.items():
         if op not in _APPLIERS:
             raise EngineError(
@@ -339,9 +355,9 @@ def _parse_operator_update(update: dict) -> list[_Mod]:
             )
         for field_name, arg in fields.items():
             mod = _parse_mod(op, field_name, arg)
-            _register(registered, mod.path)
+            registered.add(mod.path)
             if mod.dest is not None:
-                _register(registered, mod.dest)
+                registered.add(mod.dest)
             mods.append(mod)
     return mods
 
@@ -358,7 +374,7 @@ def _apply_set(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
     # mongod treats setting an equal value as a no-op, so 1 stays an int under {$set: 1.0}
     if current is not MISSING and values_equal(current, mod.arg):
         return
-    assign(container, key, copy.deepcopy(mod.arg))
+    assign(container, key, copy_value(mod.arg))
 
 
 def _apply_unset(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
@@ -424,7 +440,7 @@ def _apply_compare(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> No
     current = lookup(container, key)
     wanted = -1 if mod.op == "$min" else 1
     if current is MISSING or compare_values(mod.arg, current) == wanted:
-        assign(container, key, copy.deepcopy(mod.arg))
+        assign(container, key, copy_value(mod.arg))
 
 
 def _apply_current_date(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
@@ -482,7 +498,7 @@ def _apply_push(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
             f"{bson_type_name(current)} in document {{{ctx.id_text()}}}",
         )
     spec: _Push = mod.arg
-    values = copy.deepcopy(spec.values)
+    values = copy_value(spec.values)
     size, pos = len(current), spec.position
     if pos is None or pos > size:
         current.extend(values)
@@ -526,7 +542,7 @@ def _apply_add_to_set(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) ->
         )
     for value in mod.arg:
         if not any(values_equal(value, existing) for existing in current):
-            current.append(copy.deepcopy(value))
+            current.append(copy_value(value))
 
 
 def _apply_pop(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
@@ -676,6 +692,12 @@ def _check_runtime_conflicts(paths: list[tuple[str, ...]]) -> None:
             )
 
 
+@lru_cache(maxsize=4096)
+def _is_plain(path: tuple[str, ...]) -> bool:
+    """No positional or array-filter part (``$``, ``$[]``, ``$[ident]``) in ``path``."""
+    return not any(part.startswith("$") for part in path)
+
+
 def apply_operators(
     doc: dict,
     update: dict,
@@ -690,27 +712,38 @@ def apply_operators(
     """
     mods = _parse_operator_update(update)
     filters = parse_array_filters(array_filters)
-    check_identifiers([m.path for m in mods], filters, update)
+    # Plain paths (no ``$``, ``$[]``, ``$[ident]``) are their own concrete paths, and the
+    # parser already refused conflicts among them: nothing to resolve or re-check.
+    plain = all(_is_plain(m.path) for m in mods)
+    if filters or not plain:
+        check_identifiers([m.path for m in mods], filters, update)
     ctx = _Ctx(is_insert=is_insert, doc_id=doc.get("_id", MISSING))
-    # Positions are resolved against the original document, as mongod applies the whole
-    # update tree in a single pass over it.
-    dollar_cache: dict[tuple[str, ...], int] = {}
     planned: list[tuple[tuple[str, ...], _Mod, tuple[str, ...]]] = []
-    all_paths: list[tuple[str, ...]] = []
-    for mod in mods:
-        if mod.op == "$setOnInsert" and not is_insert:
-            continue
-        resolved = resolve_dollar(mod.path, doc, query, dollar_cache)
-        for concrete in expand(doc, resolved, filters):
-            planned.append((mod.dest or concrete, mod, concrete))
-            all_paths.append(concrete)
-            if mod.dest is not None:
-                all_paths.append(mod.dest)
-    if len(all_paths) > 1:
-        _check_runtime_conflicts(all_paths)
+    if plain:
+        planned = [
+            (mod.dest or mod.path, mod, mod.path)
+            for mod in mods
+            if is_insert or mod.op != "$setOnInsert"
+        ]
+    else:
+        # Positions are resolved against the original document, as mongod applies the
+        # whole update tree in a single pass over it.
+        dollar_cache: dict[tuple[str, ...], int] = {}
+        all_paths: list[tuple[str, ...]] = []
+        for mod in mods:
+            if mod.op == "$setOnInsert" and not is_insert:
+                continue
+            resolved = resolve_dollar(mod.path, doc, query, dollar_cache)
+            for concrete in expand(doc, resolved, filters):
+                planned.append((mod.dest or concrete, mod, concrete))
+                all_paths.append(concrete)
+                if mod.dest is not None:
+                    all_paths.append(mod.dest)
+        if len(all_paths) > 1:
+            _check_runtime_conflicts(all_paths)
     # mongod walks its update tree in field-name order, so new fields appear sorted.
     planned.sort(key=lambda item: item[0])
-    result = copy.deepcopy(doc)
+    result = copy_value(doc)
     for _, mod, concrete in planned:
         _APPLIERS[mod.op](result, concrete, mod, ctx)
     _check_id_kept(doc, result, planned)

@@ -36,6 +36,7 @@ from accord.platform.embedded.errors import (
     type_mismatch,
 )
 from accord.platform.embedded.variables import bind_filter, bind_pipeline, evaluate_let
+from accord.platform.embedded.versions import encode
 from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
@@ -77,13 +78,16 @@ def prepare_new_doc(doc: Any) -> Doc:
     return doc
 
 
-def _check_size(doc: Doc) -> None:
-    size = len(bson.encode(doc))
+def _check_size(doc: Doc) -> bytes:
+    """``doc``'s BSON (what the commit stores), refused over MongoDB's 16 MB limit."""
+    data = encode(doc)
+    size = len(data)
     if size > MAX_BSON_SIZE:
         raise EngineError(
             Code.BSONObjectTooLarge,
             f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)",
         )
+    return data
 
 
 def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None:
@@ -108,13 +112,13 @@ def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None
 
 def insert_one(ctx: Context, coll: Collection, doc: Doc, bypass: bool = False) -> Doc:
     doc = prepare_new_doc(doc)
-    _check_size(doc)
+    data = _check_size(doc)
     _check_time_field(coll, doc)
     key = query.id_key(doc["_id"])
     if ctx.engine.get(ctx.txn, coll.ns, key) is not None:
         raise duplicate_key(coll, coll.indexes["_id_"], doc)
     _validate(coll, doc, None, bypass)
-    ctx.engine.write(ctx.txn, coll, key, doc)
+    ctx.engine.write(ctx.txn, coll, key, doc, data)
     return doc
 
 
@@ -136,10 +140,10 @@ def replace_one(
             Code.ImmutableField,
             "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
-    _check_size(new)
+    data = _check_size(new)
     _check_time_field(coll, new)
     _validate(coll, new, old, bypass)
-    ctx.engine.write(ctx.txn, coll, key, new)
+    ctx.engine.write(ctx.txn, coll, key, new, data)
 
 
 def write_collection(ctx: Context, ns: str) -> Collection:

@@ -1,0 +1,574 @@
+# Generated from accord/memory/asynchronous/aggregator.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+"""The aggregator: long-term memory derived from committed steps, exactly once.
+
+Every step the checkpointer commits writes an ``outbox`` event in the same transaction
+(kind ``checkpoint``, with the keys of the step's new ``short_term_memory`` documents in
+``messages``; kind ``writes`` for a task's writes; docs/checkpointer.md). The aggregator
+consumes them:
+
+1. **claim** one event with a lease (``accord.platform.outbox.claim_plan``: owner, fence
+   ``claim_id``, ``lease_until``; an event whose worker died is claimable again once its
+   lease ran out);
+2. **read** the event's new messages from ``short_term_memory``;
+3. **extract** changes (:mod:`accord.memory.extraction`: the deterministic rules by
+   default, or a chat model);
+4. **embed** and **consolidate** them against the tenant's memories
+   (:mod:`accord.memory.consolidation`: slots, repeated statements, near-duplicates,
+   episodes);
+5. **commit** in ONE plan through the unit of work: the memories (inserts that exist only
+   if absent, replaces and deletes compare-and-set on the version read), their previous
+   versions in ``memory_history``, the namespaces' consolidation heads, and the event's
+   completion (``complete_group``, which matches only while this worker's claim holds).
+
+So a crash anywhere loses nothing and duplicates nothing: before the commit nothing of
+the event's work exists and the event is claimed again when its lease expires; the commit
+is atomic; after it the event is done and is never processed again. A worker that lost its
+lease commits nothing (``LeaseLost``). A failure (the extractor, the embedder, the
+database) releases the event with exponential backoff; after ``max_attempts`` claims it is
+dead-lettered (``status: "dead"`` with the error). A commit that finds the memories
+changed since it read them (another worker, a store write) decides the event again.
+
+Steps 2-4 run outside any transaction (model and embedding calls never run inside one).
+Several aggregator processes may run at once (``accord memory worker``), or one
+background runner in the application's process (:class:`AsyncBackgroundAggregator`, a task
+on the event loop; ``BackgroundAggregator``, a thread). Done events keep ``expire_at``
+(``retention``); the outbox's TTL index removes them.
+
+Nothing CPU-bound runs on the event loop: an extractor without ``aextract`` runs in a
+worker thread (:func:`~accord.memory.extraction.arun_extractor`), and the embedders' async
+methods run the hashing and local models in threads too (Voyage's is a native async
+client).
+
+Generated from ``accord/memory/asynchronous/aggregator.py`` by ``tools/synchro.py``: edit that file, not this one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient
+
+from accord.errors import (
+    AccordError,
+    ConfigurationError,
+    DatabaseError,
+    ExtractionError,
+    LeaseLost,
+    MemoryConflictError,
+)
+from accord.memory import model
+from accord.memory.aggregation import (
+    COMPONENT,
+    CONSUMER_INDEXES,
+    AggregationStats,
+    AggregatorConfig,
+    Outcome,
+    Stage,
+    VectorDims,
+    default_worker_id,
+    head_groups,
+    head_id,
+    label_value,
+    memory_groups,
+    percentile,
+)
+from accord.memory.consolidation import Prepared
+from accord.memory.embedders import check_dimensions
+from accord.memory.extraction import (
+    Change,
+    Conversation,
+    Existing,
+    Extractor,
+    Recall,
+    RuleExtractor,
+    Turn,
+    run_extractor,
+)
+from accord.memory.running import Runner, Stop
+from accord.memory.synchronous.consolidation import Consolidator
+from accord.memory.synchronous.service import MemoryService
+from accord.memory.writepath import LONG_TERM_MEMORY, Catalog, UnitOfWork
+from accord.platform import outbox
+from accord.platform.artifacts import OUTBOX
+from accord.platform.plan import Plan, PlanContext
+
+log = logging.getLogger("accord.memory.aggregator")
+_IS_SYNC = True
+
+
+class Aggregator:
+    """Consumes outbox events into long-term memory (see the module docstring).
+
+    Args:
+        client: a pymongo ``AsyncMongoClient`` (replica set, Atlas, or the embedded engine).
+        embedder, dims: as for :class:`~accord.memory.asynchronous.service.AsyncMemoryService`
+            (default: the deterministic hashing embedder). Use the same as the store that
+            searches the memories.
+        extractor: an :class:`~accord.memory.extraction.Extractor` (default
+            :class:`~accord.memory.extraction.RuleExtractor`).
+        config: :class:`AggregatorConfig`.
+        service: an existing memory service to share (its client, embedder, collections).
+        worker_id: this worker's name in claims (default: host, pid and a random suffix).
+        on_stage: called at each stage (``claim``, ``extract``, ``embed``, ``commit``)
+            with the event: for tests that crash a worker at a chosen point.
+    """
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        *,
+        embedder: Any = None,
+        dims: int | None = None,
+        extractor: Extractor | None = None,
+        config: AggregatorConfig | None = None,
+        service: MemoryService | None = None,
+        uow: UnitOfWork | None = None,
+        worker_id: str | None = None,
+        on_stage: Stage | None = None,
+    ) -> None:
+        self.config = config or AggregatorConfig()
+        self.client = client
+        self.uow = uow or (service.uow if service is not None else UnitOfWork(client))
+        self.service = service or MemoryService(
+            client, db_name=self.config.db_name, embedder=embedder, dims=dims, uow=self.uow
+        )
+        if self.service.db_name != self.config.db_name:
+            raise ConfigurationError(
+                f"the memory service uses database {self.service.db_name!r} but the "
+                f"aggregator {self.config.db_name!r}; use one database"
+            )
+        self.extractor: Extractor = extractor or RuleExtractor()
+        if not isinstance(self.extractor, Extractor):
+            raise ConfigurationError(
+                f"extractor {type(self.extractor).__name__} has no name/extract(); see "
+                f"accord.memory.extraction.Extractor"
+            )
+        self.worker_id = worker_id or default_worker_id()
+        self.on_stage = on_stage
+        self._db = client[self.config.db_name]
+        self._next_expired_check = 0.0
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create the memory collections and vector index, the outbox's indexes and the
+        consolidation heads (idempotent; safe from several processes at once)."""
+        self.service.setup()
+        Catalog(self.uow, self.config.db_name).setup(
+            COMPONENT,
+            {self.config.outbox: OUTBOX.name, self.config.heads: LONG_TERM_MEMORY},
+            {
+                self.config.outbox: CONSUMER_INDEXES,
+                self.config.heads: [IndexModel([("tenant_id", ASCENDING)], name="tenant")],
+            },
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def claim(self) -> outbox.ClaimedEvent | None:
+        """Claim an event, or None: one whose worker's lease ran out (looked for at most
+        every ``min(1 s, lease / 4)``), else the one available longest. Both claims are
+        served in index order, so their cost does not grow with the backlog."""
+        now = time.monotonic()
+        if now >= self._next_expired_check:
+            self._next_expired_check = now + min(1.0, self.config.lease / 4)
+            event = self._claim("expired")
+            if event is not None:
+                return event
+        return self._claim("available")
+
+    def _claim(self, which: outbox.ClaimWhich) -> outbox.ClaimedEvent | None:
+        plan = outbox.claim_plan(
+            self.config.db_name,
+            self.config.outbox,
+            owner=self.worker_id,
+            lease=timedelta(seconds=self.config.lease),
+            kinds=self.config.kinds,
+            which=which,
+        )
+        result = self.uow.execute(plan)
+        doc = result.found["claim"][0]
+        return None if doc is None else outbox.ClaimedEvent.from_document(doc)
+
+    def run_once(self) -> Outcome | None:
+        """Claim and process one event; None when no event is available."""
+        event = self.claim()
+        return None if event is None else self.process(event)
+
+    def run(
+        self,
+        stop: Stop | None = None,
+        *,
+        max_events: int | None = None,
+        until_idle: bool = False,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> int:
+        """Process events until ``stop`` is set, ``max_events`` were processed, or (with
+        ``until_idle``) none is available. Returns how many were processed. A database
+        that cannot be reached is waited for (with backoff), not fatal."""
+        stop = stop or Stop()
+        processed, pause = 0, self.config.poll_interval
+        while not stop.is_set() and (max_events is None or processed < max_events):
+            try:
+                outcome = self.run_once()
+            except DatabaseError as exc:
+                log.warning("aggregator %s: cannot claim (%s); retrying", self.worker_id, exc)
+                pause = min(5.0, max(pause * 2, 0.1))
+                stop.wait(pause)
+                continue
+            pause = self.config.poll_interval
+            if outcome is None:
+                if until_idle:
+                    break
+                stop.wait(self.config.poll_interval)
+                continue
+            processed += 1
+            if on_outcome is not None:
+                on_outcome(outcome)
+        return processed
+
+    def drain(self, max_events: int | None = None) -> int:
+        """Process every event available now (events waiting for a retry are not)."""
+        return self.run(until_idle=True, max_events=max_events)
+
+    # -- one event --------------------------------------------------------------------------
+
+    def process(self, event: outbox.ClaimedEvent) -> Outcome:
+        """Aggregate a claimed event and commit it with its completion; on failure release
+        it (backoff) or dead-letter it. Never raises for a failure of the event itself."""
+        try:
+            self._stage("claim", event)
+            written = self._aggregate(event)
+        except LeaseLost as exc:
+            log.info("aggregator %s lost event %s: %s", self.worker_id, event.id, exc)
+            return Outcome(event.id, "lost", error=str(exc))
+        except Exception as exc:  # any failure of the event's work is retried, then dead
+            message = f"{type(exc).__name__}: {exc}"
+            dead = event.attempts >= self.config.max_attempts
+            log.warning(
+                "aggregator %s: event %s (%s, attempt %d) failed%s: %s",
+                self.worker_id, event.id, event.kind, event.attempts,
+                " and is dead-lettered" if dead else "; retrying later", message,
+            )  # fmt: skip
+            try:
+                self.uow.execute(
+                    outbox.release_plan(
+                        self.config.db_name, self.config.outbox, event, message,
+                        max_attempts=self.config.max_attempts,
+                    )
+                )  # fmt: skip
+            except AccordError as release_error:  # its lease runs out; it is claimed again
+                log.warning("could not release event %s: %s", event.id, release_error)
+            return Outcome(event.id, "dead" if dead else "retry", error=message)
+        return Outcome(event.id, "done", memories=written)
+
+    def _stage(self, stage: str, event: outbox.ClaimedEvent) -> None:
+        if self.on_stage is not None:
+            self.on_stage(stage, event)
+
+    def _aggregate(self, event: outbox.ClaimedEvent) -> int:
+        conversation = self.read(event)
+        for attempt in range(self.config.conflict_retries):
+            self._stage("extract", event)
+            changes: list[Change] = []
+            if conversation is not None and conversation.turns:
+                changes = run_extractor(self.extractor, conversation, self._recall(event))
+            plan, written = self.plan(event, conversation, changes)
+            self._stage("commit", event)
+            try:
+                self.uow.execute(plan)
+                return written
+            except MemoryConflictError:
+                if attempt == self.config.conflict_retries - 1:
+                    raise
+                log.info("event %s: memories changed meanwhile; deciding again", event.id)
+        raise AssertionError("unreachable")
+
+    def read(self, event: outbox.ClaimedEvent) -> Conversation | None:
+        """The event's new messages (None: an event without messages)."""
+        doc = event.document
+        keys = doc.get("messages") or []
+        if not keys:
+            return None
+        thread_id = doc.get("thread_id")
+        if not isinstance(thread_id, str) or not isinstance(keys, list):
+            raise ExtractionError(
+                f"outbox event {event.id} has messages but no thread_id string; it was not "
+                f"written by accord's checkpointer (see docs/checkpointer.md)"
+            )
+        found = self._db[self.config.messages].find(
+            {"tenant_id": event.tenant_id, "thread_id": thread_id, "key": {"$in": keys}},
+            {"key": 1, "chunk": 1, "message_id": 1, "role": 1, "text": 1, "created_at": 1},
+        )
+        by_key = {d["key"]: d for d in found if d.get("chunk", 0) == 0 and "message_id" in d}
+        missing = [k for k in keys if k not in by_key]
+        if missing:  # e.g. the thread was deleted or pruned before it was aggregated
+            log.info("event %s: %d of %d messages are gone", event.id, len(missing), len(keys))
+        turns = [
+            Turn(
+                message_id=str(d["message_id"]),
+                role=str(d.get("role", "")),
+                text=d.get("text") if isinstance(d.get("text"), str) else None,
+                created_at=model.aware(d.get("created_at")),
+                key=k,
+            )
+            for k in keys
+            if (d := by_key.get(k)) is not None
+        ]
+        checkpoint_id = doc.get("checkpoint_id")
+        return Conversation(
+            tenant_id=event.tenant_id,
+            thread_id=thread_id,
+            turns=turns,
+            checkpoint_ns=str(doc.get("checkpoint_ns") or ""),
+            checkpoint_id=checkpoint_id if isinstance(checkpoint_id, str) else None,
+        )
+
+    # -- deciding and planning --------------------------------------------------------------
+
+    def namespace_for(self, change: Change, event: outbox.ClaimedEvent) -> tuple[str, ...]:
+        if change.namespace is not None:
+            return model.check_namespace(change.namespace)
+        template = self.config.namespaces.get(change.kind) or self.config.namespaces["*"]
+        values = {
+            "tenant_id": label_value(event.tenant_id),
+            "thread_id": label_value(str(event.document.get("thread_id") or "")),
+            "kind": label_value(change.kind),
+        }
+        return model.check_namespace([str(label).format(**values) for label in template])
+
+    def plan(
+        self,
+        event: outbox.ClaimedEvent,
+        conversation: Conversation | None,
+        changes: Sequence[Change],
+    ) -> tuple[Plan, int]:
+        """The plan that commits ``changes`` with the event's completion, and how many
+        memories it writes. Reads the memories and heads it compares against."""
+        tenant = event.tenant_id
+        now = model.utcnow()
+        prepared = [Prepared(c, self.namespace_for(c, event), c.key) for c in changes]
+        compared = {
+            p.namespace for p in prepared
+            if p.change.action == "add" and p.key is None and p.change.merge
+        }  # fmt: skip
+        heads = self._read_heads(tenant, compared)  # before the neighbours are read
+        provenance = self._provenance(event, conversation)
+        decisions = Consolidator(
+            tenant,
+            load=lambda ids: self._load(tenant, ids),
+            similar=lambda ns, kind, vector, k: self._similar(tenant, ns, kind, vector, k, now),
+            embed=lambda texts: self._embed(event, texts),
+            threshold=self.config.threshold,
+            now=now,
+            provenance=provenance,
+        ).decide(prepared)
+        groups = memory_groups(
+            decisions, now, self.config.db_name, self.service.memory_collection,
+            self.service.history_collection,
+        )  # fmt: skip
+        written_ns = {
+            tuple(d["namespace"])
+            for i in decisions.changed()
+            if (d := decisions.after[i] or decisions.before.get(i)) is not None
+        }
+        groups += head_groups(
+            self.config.db_name, self.config.heads, tenant, heads,
+            decisions.compared & written_ns,
+        )  # fmt: skip
+        db, coll = self.config.db_name, self.config.outbox
+        groups.append(
+            outbox.complete_group(
+                db, coll, event, retention=timedelta(days=self.config.retention), at=now
+            )
+        )
+        context = PlanContext(
+            tenant,
+            thread_id=conversation.thread_id if conversation else None,
+            principal=self.worker_id,
+            operation="memory.aggregate",
+        )
+        return Plan(context, groups), len(decisions.changed())
+
+    def _provenance(
+        self, event: outbox.ClaimedEvent, conversation: Conversation | None
+    ) -> Callable[[Change], model.Provenance]:
+        def make(change: Change) -> model.Provenance:
+            return model.Provenance(
+                source=f"aggregator:{self.extractor.name}",
+                tenant_id=event.tenant_id,
+                thread_id=conversation.thread_id if conversation else None,
+                checkpoint_id=conversation.checkpoint_id if conversation else None,
+                message_ids=tuple(change.message_ids),
+            )
+
+        return make
+
+    def _load(self, tenant: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        coll = self._db[self.service.memory_collection]
+        return {d["_id"]: d for d in coll.find({"_id": {"$in": list(ids)}, "tenant_id": tenant})}
+
+    def _similar(
+        self,
+        tenant: str,
+        namespace: tuple[str, ...],
+        kind: str,
+        vector: Sequence[float],
+        k: int,
+        now: datetime,
+    ) -> list[dict[str, Any]]:
+        path = model.ns_path(namespace)
+        found = self.service.for_tenant(tenant).nearest(
+            namespace, vector, limit=k, kinds=[kind], projection=None,
+            keep=lambda d: d.get("ns_path") == path and model.live(d, now),
+        )  # fmt: skip
+        return [d for d, _ in found]
+
+    def _embed(self, event: outbox.ClaimedEvent, texts: Sequence[str]) -> list[list[float]]:
+        self._stage("embed", event)
+        vectors = self.service.embedder.embed_documents(list(texts))
+        for v in vectors:
+            if len(v) != self.service.dims:
+                check_dimensions(VectorDims(len(v), self.service.embedder.name), self.service.dims,
+                                 f"the vector index of {self.service.memory_collection}")  # fmt: skip
+        return vectors
+
+    def _recall(self, event: outbox.ClaimedEvent) -> Recall:
+        service = self.service.for_tenant(event.tenant_id)
+
+        def recall(
+            text: str, *, kinds: Sequence[str] | None = None, limit: int = 5
+        ) -> list[Existing]:
+            self._stage("embed", event)
+            hits = service.search((), query=text, kinds=kinds, limit=limit, include_unscored=False)
+            return [Existing(m.namespace, m.key, m.text, m.kind, m.score or 0.0, m.value)
+                    for m in hits]  # fmt: skip
+
+        return recall
+
+    # -- consolidation heads ----------------------------------------------------------------
+
+    def _read_heads(
+        self, tenant: str, namespaces: set[tuple[str, ...]]
+    ) -> dict[tuple[str, ...], int]:
+        if not namespaces:
+            return {}
+        ids = {head_id(tenant, ns): ns for ns in namespaces}
+        found = self._db[self.config.heads].find({"_id": {"$in": list(ids)}, "tenant_id": tenant})
+        return {ids[d["_id"]]: int(d["seq"]) for d in found}
+
+    # -- observability ----------------------------------------------------------------------
+
+    def stats(self, *, tenant_id: str | None = None, window: int = 500) -> AggregationStats:
+        return aggregation_stats(
+            self._db[self.config.outbox], tenant_id=tenant_id, kinds=self.config.kinds,
+            window=window,
+        )  # fmt: skip
+
+
+def aggregation_stats(
+    collection: Any,
+    *,
+    tenant_id: str | None = None,
+    kinds: Sequence[str] | None = None,
+    window: int = 500,
+) -> AggregationStats:
+    """Backlog and lag of an outbox collection (optionally of one tenant)."""
+    base: dict[str, Any] = {}
+    if tenant_id is not None:
+        base["tenant_id"] = model.check_tenant(tenant_id)
+    if kinds:
+        base["kind"] = {"$in": list(kinds)}
+    count = {
+        s: collection.count_documents({**base, "status": s})
+        for s in (outbox.PENDING, outbox.CLAIMED, outbox.DEAD)
+    }
+    now = datetime.now(UTC)
+    oldest = collection.find_one(
+        {**base, "status": {"$in": [outbox.PENDING, outbox.CLAIMED]}},
+        {"created_at": 1},
+        sort=[("created_at", ASCENDING)],
+    )
+    age = (now - model.aware(oldest["created_at"])).total_seconds() if oldest else None  # type: ignore[operator]
+    recent = (
+        collection.find({**base, "status": outbox.DONE}, {"created_at": 1, "done_at": 1})
+        .sort("done_at", DESCENDING)
+        .limit(window)
+    )
+    lags = [
+        (model.aware(d["done_at"]) - model.aware(d["created_at"])).total_seconds()  # type: ignore[operator]
+        for d in recent
+        if d.get("done_at") and d.get("created_at")
+    ]
+    return AggregationStats(
+        pending=count[outbox.PENDING],
+        claimed=count[outbox.CLAIMED],
+        dead=count[outbox.DEAD],
+        oldest_pending_age=age,
+        lag_p50=percentile(lags, 0.5),
+        lag_p95=percentile(lags, 0.95),
+        lag_max=max(lags) if lags else None,
+        lag_samples=len(lags),
+    )
+
+
+# -- embedded use -------------------------------------------------------------------------------
+
+
+class BackgroundAggregator:
+    """An aggregator running in the background of this process (embedded use, tests, the
+    demo): a task on the event loop here, a daemon thread in the sync twin.
+
+    ``async with AsyncBackgroundAggregator(aggregator): ...`` starts it and stops it on
+    exit; ``wait_idle()`` waits until no event is available (handy in tests and
+    notebooks). ``outcomes`` keeps the last 1,000 outcomes.
+    """
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self.aggregator = aggregator
+        self._stop = Stop()
+        self._runner = Runner(f"accord-aggregator-{aggregator.worker_id}")
+        self.processed = 0
+        self.outcomes: list[Outcome] = []
+
+    def start(self) -> BackgroundAggregator:
+        """Start it (nothing happens if it runs already)."""
+        if not self._runner.running():
+            self._stop.clear()
+            self._runner.start(self._run)
+        return self
+
+    def _run(self) -> None:
+        def seen(outcome: Outcome) -> None:
+            self.outcomes.append(outcome)
+            del self.outcomes[:-1000]
+
+        try:
+            self.processed += self.aggregator.run(self._stop, on_outcome=seen)
+        except Exception:  # keep the reason in the log; the application keeps running
+            log.exception("the background aggregator stopped")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask it to stop after the current event and wait up to ``timeout`` seconds."""
+        self._stop.set()
+        self._runner.join(timeout)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no event is pending or claimed (dead ones aside); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.aggregator.stats(window=1)
+            if stats.backlog == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def __enter__(self) -> BackgroundAggregator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
