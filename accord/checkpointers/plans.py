@@ -127,15 +127,17 @@ def _gone(counts: Counts) -> BaseException:
 def put_plan(
     target: Target,
     scope: Scope,
-    guard: Group,
+    guard: Group | None,
     docs: PutDocs,
     checkpoint_id: str,
     *,
     parent: Group | None = None,
 ) -> Plan:
     """A checkpoint; ``parent``: a guard that the parent is stored (when the put stores
-    only what changed since a parent the saver is not sure still exists)."""
-    groups = [guard, *([parent] if parent is not None else [])]
+    only what changed since a parent the saver is not sure still exists). ``guard``
+    None: the plan runs behind another plan's guard in one transaction
+    (``execute_all``)."""
+    groups = [g for g in (guard, parent) if g is not None]
     groups.append(target.group("checkpoint", "checkpoints", [docs.checkpoint]))
     if docs.blobs:
         groups.append(target.group("blobs", "blobs", docs.blobs))
@@ -155,7 +157,7 @@ def saved_guard(target: Target, scope: Scope, checkpoint_id: str, refused: Refus
 def writes_plan(
     target: Target,
     scope: Scope,
-    guard: Group,
+    guard: Group | None,
     docs: WriteDocs,
     checkpoint_id: str,
     task_id: str,
@@ -164,8 +166,8 @@ def writes_plan(
     saved: Group | None = None,
 ) -> Plan:
     """A task's writes; with ``business`` (staged operations), its marks and business
-    writes too."""
-    groups = [guard]
+    writes too. ``guard`` as in :func:`put_plan`."""
+    groups = [guard] if guard is not None else []
     if saved is not None:
         groups.append(saved)
     if business:
@@ -238,20 +240,3 @@ def maintenance_plan(
         if ops:
             groups.append(target.group(f"insert:{i}:{key}", key, ops))
     return Plan(_context(scope, operation), groups)
-
-
-def merge(scope: Scope, guard: Group, parts: Sequence[Plan]) -> Plan:
-    """One plan of several saves of one run on one thread (its queued "async"-durability
-    saves): ``guard`` once, then each part's groups but its own guard, in order (renamed
-    ``<i>:<name>``, so an error names the save it came from), and every part's events.
-    Each part stays whole: the transaction commits all of them or none."""
-    groups = [guard]
-    events: list[OutboxEvent] = []
-    for i, plan in enumerate(parts):
-        for group in plan.groups:
-            if group.name == GUARD:
-                continue
-            group.name = f"{i}:{group.name}"
-            groups.append(group)
-        events.extend(plan.events)
-    return Plan(_context(scope, "checkpoint.steps"), groups, events)

@@ -564,12 +564,22 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             self.target, scope, version, at=at, refused=held, expire_at=expire_at
         )
 
-    async def _commit(self, plan: Plan, scope: Scope, run: ActiveRun | None, what: str) -> None:
-        """Run ``plan``; a refused guard becomes ConcurrentRunError naming the holder."""
+    async def _commit(
+        self,
+        plan: Plan | builtins.list[Plan],
+        scope: Scope,
+        run: ActiveRun | None,
+        what: str,
+    ) -> None:
+        """Run ``plan`` (a list: in one transaction, the first one leading with the
+        guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
         try:
-            await self.uow.execute(plan)
+            if isinstance(plan, Plan):
+                await self.uow.execute(plan)
+            else:
+                await self.uow.execute_all(plan)
         except WriteRefused as err:
             if err.group != plans.GUARD:
                 raise
@@ -757,16 +767,20 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         scope = batch[0].scope
         version = runs.new_version()
         what = _what(batch)
-        guard = self._guard(scope, run, version, what, release=release)
-        parts = [
-            plans.put_plan(self.target, j.scope, guard, j.docs, j.checkpoint_id)
-            if isinstance(j, _PutJob)
-            else plans.writes_plan(self.target, j.scope, guard, j.docs, j.checkpoint_id, j.task_id)
-            for j in batch
-        ]
-        plan = parts[0] if len(parts) == 1 else plans.merge(scope, guard, parts)
+        guard: Group | None = self._guard(scope, run, version, what, release=release)
+        parts: builtins.list[Plan] = []
+        for j in batch:  # the first one leads with the guard; hooks see each one
+            if isinstance(j, _PutJob):
+                parts.append(plans.put_plan(self.target, j.scope, guard, j.docs, j.checkpoint_id))
+            else:
+                parts.append(
+                    plans.writes_plan(
+                        self.target, j.scope, guard, j.docs, j.checkpoint_id, j.task_id
+                    )
+                )
+            guard = None
         async with run.lock:
-            await self._commit(plan, scope, run, what)
+            await self._commit(parts, scope, run, what)
             if release:
                 run.released = True
             for j in batch:
