@@ -505,9 +505,11 @@ def report(turns: int = TURNS) -> str:
     lines += [
         "",
         f"The same commands by what they were sent for (a write touching the checkpoints "
-        f"collection: a `put`; pending writes: a `put_writes`; the run registry alone: the "
-        f"run's lease claim and release; a read: a `get_tuple`; a `commitTransaction` counts "
-        f"for its transaction), per `invoke` and per call (LangGraph makes "
+        f"collection: a `put`, with the task writes that share its transaction, as accord's "
+        f'queued saves do under "async" durability; pending writes alone: a `put_writes`; '
+        f"the run registry alone: the run's lease claim and release; a read: a `get_tuple`; "
+        f"a `commitTransaction` counts for its transaction), per `invoke` and per call "
+        f"(LangGraph makes "
         f"{calls['put']:.0f} `put`s, {calls['put_writes']:.0f} `put_writes` and 1 `get_tuple` "
         f"per invoke), and the bytes of the replies read per `invoke`:",
         "",
@@ -652,9 +654,16 @@ def targets(
             continue
         ratio = statistics.median(r.latencies[WARMUP:]) / mdb_med
         row(r.name, "median time per invoke <= 1.0x MongoDBSaver", f"{ratio:.2f}x", ratio <= 1.0)
-        for what in ("put", "put_writes"):
-            per = r.counter.by_purpose[what] / turns / calls[what]
-            row(r.name, f"round trips per `{what}` <= 2", f"{per:.2f}", per <= 2.0)
+        # a transaction may hold several calls (accord's queued saves): their commands
+        # over their calls
+        saves = calls["put"] + calls["put_writes"]
+        per = (r.counter.by_purpose["put"] + r.counter.by_purpose["put_writes"]) / turns / saves
+        row(
+            r.name,
+            "round trips per `put` and per `put_writes` <= 2 (their commands / their calls)",
+            f"{per:.2f}",
+            per <= 2.0,
+        )
         read = r.counter.reply_bytes / turns
         row(
             r.name,

@@ -21,6 +21,8 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import os
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
@@ -270,7 +272,67 @@ def in_background(fn: Callable[..., Any], *args: Any) -> None:
         _PENDING.add(task)
         task.add_done_callback(_PENDING.discard)
     else:
-        threading.Thread(target=fn, args=args, name="accord-commit", daemon=True).start()
+        _WORKERS.submit(fn, args)
+
+
+class _Workers:
+    """Daemon threads that run the sync saver's background saves, kept for reuse.
+
+    Starting a thread per save made the ``put`` wait until the new thread was scheduled
+    (1.5 ms median on the benchmark's busy machine, on every invoke's path). Every job
+    gets a thread at once, as before: an idle worker when there is one, else a new
+    thread (no bound, so a save never waits behind another thread's save). A worker idle
+    for ``IDLE_SECONDS`` ends. Each job runs in a fresh ``contextvars.Context``, as a new
+    thread would.
+    """
+
+    IDLE_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        # workers waiting for a job, minus the jobs queued for them
+        self._idle = 0
+
+    def reset(self) -> None:
+        """After ``fork``: the child has none of the parent's threads."""
+        self._lock = threading.Lock()
+        self._jobs = queue.SimpleQueue()
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._jobs.put((fn, args))
+            if self._idle > 0:
+                self._idle -= 1
+                return
+        threading.Thread(target=self._work, name="accord-commit", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                fn, args = self._jobs.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._idle -= 1
+                        return
+                continue  # a job came in as the wait ended: take it
+            try:
+                contextvars.Context().run(fn, *args)
+            except BaseException:  # what a thread of its own would have printed
+                logger.exception("accord: a background save raised")
+            finally:
+                del fn, args
+            with self._lock:
+                self._idle += 1
+
+
+_WORKERS = _Workers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKERS.reset)
 
 
 # --- the end of a run ----------------------------------------------------------------

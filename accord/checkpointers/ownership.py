@@ -206,9 +206,18 @@ class ActiveRun:
         self.ended = False
         #: when the lease was last renewed (by a commit or a heartbeat), monotonic clock
         self.renewed = time.monotonic()
-        #: puts accepted but not committed yet ("async" durability), committed in order
-        #: by one drainer at a time
+        #: saves accepted but not committed yet ("async" durability): puts, and task
+        #: writes without business writes, committed in order by one drainer at a time
         self.jobs: deque[Any] = deque()
+        #: (namespace, checkpoint) of the queued puts not committed yet
+        self.queued_puts: set[tuple[str, str]] = set()
+        #: queued task writes not committed yet, per namespace
+        self.writing: dict[str, int] = {}
+        #: the run's loop has exited (no more saves come): the drainer may give the lease
+        #: back in the transaction of the run's last queued saves
+        self.releasing = False
+        #: the lease was given back (by that transaction)
+        self.released = False
         #: per namespace, the cache entry of the latest queued put (the next put's base)
         self.queued: dict[str, Any] = {}
         self.draining = False
@@ -228,13 +237,50 @@ class ActiveRun:
             return True
 
     def next_job(self) -> Any | None:
-        """The next queued put, or None (then the drainer stops)."""
+        """The next queued save, or None (then the drainer stops)."""
         with self._mutex:
             if self.jobs:
                 return self.jobs.popleft()
             self.draining = False
         self.signal.notify()
         return None
+
+    def more_jobs(self, fits: Callable[[Any], bool], limit: int) -> list[Any]:
+        """Up to ``limit`` more queued saves, in order, while the next one ``fits`` (the
+        drainer commits them with the one it holds). ``fits`` is called without the
+        mutex held (it may ask this run about its tasks); only the drainer takes jobs,
+        so the head it looked at is still the head when it takes it."""
+        out: list[Any] = []
+        while len(out) < limit:
+            with self._mutex:
+                head = self.jobs[0] if self.jobs else None
+            if head is None or not fits(head):
+                break
+            with self._mutex:
+                out.append(self.jobs.popleft())
+        return out
+
+    def last_batch(self) -> bool:
+        """Whether the drainer's batch in hand is the run's last (the loop exited and
+        nothing is queued behind it): its transaction may give the lease back."""
+        with self._mutex:
+            return self.releasing and not self.jobs
+
+    def writes_queued(self, ns: str) -> None:
+        with self._mutex:
+            self.writing[ns] = self.writing.get(ns, 0) + 1
+
+    def writes_ended(self, ns: str) -> None:
+        with self._mutex:
+            self.writing[ns] -= 1
+            if not self.writing[ns]:
+                del self.writing[ns]
+        self.signal.notify()
+
+    def put_queued(self, ns: str, checkpoint_id: str) -> bool:
+        """Whether the put of ``checkpoint_id`` is queued or being committed."""
+        with self._mutex:
+            return (ns, checkpoint_id) in self.queued_puts
 
     def idle(self) -> bool:
         with self._mutex:
@@ -256,15 +302,21 @@ class ActiveRun:
         with self._mutex:
             return (ns, checkpoint_id) in self.saved
 
-    def put_started(self, ns: str) -> None:
+    def put_started(self, ns: str, checkpoint_id: str | None = None) -> None:
+        """A put began (``checkpoint_id``: it is queued, see :meth:`put_queued`)."""
         with self._mutex:
             self.inflight[ns] = self.inflight.get(ns, 0) + 1
+            if checkpoint_id is not None:
+                self.queued_puts.add((ns, checkpoint_id))
+        if checkpoint_id is not None:
+            self.signal.notify()  # task writes may wait for their put to be queued
 
     def put_ended(self, ns: str, checkpoint_id: str, error: BaseException | None) -> None:
         with self._mutex:
             self.inflight[ns] -= 1
             if not self.inflight[ns]:
                 del self.inflight[ns]
+            self.queued_puts.discard((ns, checkpoint_id))
             if error is not None:
                 self.failed_puts[(ns, checkpoint_id)] = error
         if error is None:
@@ -276,9 +328,13 @@ class ActiveRun:
         with self._mutex:
             return ns in self.inflight
 
-    def putting_any(self) -> bool:
+    def settled(self, ns: str | None) -> bool:
+        """Whether no save of the run in ``ns`` (None: any namespace) is pending: no put
+        in progress and no queued task writes."""
         with self._mutex:
-            return bool(self.inflight)
+            if ns is None:
+                return not self.inflight and not self.writing
+            return ns not in self.inflight and ns not in self.writing
 
     def expects(self, ns: str, checkpoint_id: str) -> bool:
         """Whether the put of ``checkpoint_id`` is due: LangGraph's loop of ``ns`` has
@@ -351,6 +407,11 @@ class StagedTasks:
     def pending(self, key: tuple[str, str, str]) -> bool:
         with self._mutex:
             return key in self._tasks
+
+    def noted(self, key: tuple[str, str, str], task_id: str) -> bool:
+        """Whether task ``task_id`` staged business writes not recorded yet."""
+        with self._mutex:
+            return task_id in self._tasks.get(key, ())
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -80,8 +80,11 @@ def owner_guard(
     lease_seconds: float,
     refused: Refusal,
     expire_at: datetime | None = None,
+    release: bool = False,
 ) -> Group:
-    op = runs.owner_guard(lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at)
+    op = runs.owner_guard(
+        lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at, release=release
+    )
     return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=refused))
 
 
@@ -124,15 +127,17 @@ def _gone(counts: Counts) -> BaseException:
 def put_plan(
     target: Target,
     scope: Scope,
-    guard: Group,
+    guard: Group | None,
     docs: PutDocs,
     checkpoint_id: str,
     *,
     parent: Group | None = None,
 ) -> Plan:
     """A checkpoint; ``parent``: a guard that the parent is stored (when the put stores
-    only what changed since a parent the saver is not sure still exists)."""
-    groups = [guard, *([parent] if parent is not None else [])]
+    only what changed since a parent the saver is not sure still exists). ``guard``
+    None: the plan runs behind another plan's guard in one transaction
+    (``execute_all``)."""
+    groups = [g for g in (guard, parent) if g is not None]
     groups.append(target.group("checkpoint", "checkpoints", [docs.checkpoint]))
     if docs.blobs:
         groups.append(target.group("blobs", "blobs", docs.blobs))
@@ -152,7 +157,7 @@ def saved_guard(target: Target, scope: Scope, checkpoint_id: str, refused: Refus
 def writes_plan(
     target: Target,
     scope: Scope,
-    guard: Group,
+    guard: Group | None,
     docs: WriteDocs,
     checkpoint_id: str,
     task_id: str,
@@ -161,8 +166,8 @@ def writes_plan(
     saved: Group | None = None,
 ) -> Plan:
     """A task's writes; with ``business`` (staged operations), its marks and business
-    writes too."""
-    groups = [guard]
+    writes too. ``guard`` as in :func:`put_plan`."""
+    groups = [guard] if guard is not None else []
     if saved is not None:
         groups.append(saved)
     if business:

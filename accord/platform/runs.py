@@ -218,21 +218,24 @@ def owner_guard(
     at: datetime,
     lease_seconds: float,
     expire_at: datetime | None = None,
+    release: bool = False,
 ) -> Op:
     """The guard of a commit by the lease's run: first op of the transaction.
 
     It matches only while the run still holds the thread (same run, same fence), and
-    renews the lease and sets ``version`` as part of the commit. Expect ``matched == 1``.
+    renews the lease and sets ``version`` as part of the commit (``release``: gives the
+    lease back instead, as :func:`release` does: the run's last commit). Expect
+    ``matched == 1``.
     When the run was fenced out the upsert collides with the existing document
     (``DuplicateKey`` on the registry collection), which stops an ordered bulk write
     before any other op of the transaction runs; when the document is gone (the thread
     was deleted) the upsert creates one and ``matched`` is 0.
     """
-    fields: dict[str, Any] = {
-        "version": version,
-        "lease_expires": at + timedelta(seconds=lease_seconds),
-        "renewed_at": at,
-    }
+    fields: dict[str, Any] = {"version": version}
+    if release:
+        fields.update(lease_expires=None, released_at=at)
+    else:
+        fields.update(lease_expires=at + timedelta(seconds=lease_seconds), renewed_at=at)
     if expire_at is not None:
         fields["expire_at"] = expire_at
     return Op(

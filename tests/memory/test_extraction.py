@@ -119,6 +119,31 @@ def test_episode_turns_merge_in_any_order() -> None:
     assert again == a  # a replayed step adds nothing
 
 
+def test_episode_steps_in_one_millisecond_keep_their_checkpoint_order() -> None:
+    """BSON dates keep milliseconds only: two steps saved in the same millisecond (queued
+    saves sharing a transaction) are ordered by their checkpoint ids, not by message id."""
+
+    def step(checkpoint_id: str, *turns: tuple[str, str, str]) -> dict[str, object]:
+        c = Conversation(
+            "acme", "t1", [Turn(mid, role, text, T0) for mid, role, text in turns],
+            checkpoint_id=checkpoint_id,
+        )  # fmt: skip
+        change = episode_change(c)
+        assert change is not None
+        return dict(change.value)
+
+    # Message ids sort against the steps' order, as random uuids often do.
+    first = step("1f0a0000-0000-6000-8000-000000000001", ("z-human", "human", "Hi, I am Dana"))
+    second = step("1f0a0000-0000-6000-8000-000000000002", ("y-ai", "ai", "Hello Dana"))
+    third = step("1f0a0000-0000-6000-8000-000000000003", ("b-human", "human", "I am vegetarian"))
+    fourth = step("1f0a0000-0000-6000-8000-000000000004", ("a-ai", "ai", "Noted"))
+    episode = None
+    for value in (third, first, fourth, second):
+        episode = merge_episode(episode, value)
+    assert episode is not None
+    assert [t["message_id"] for t in episode["turns"]] == ["z-human", "y-ai", "b-human", "a-ai"]
+
+
 def test_change_validation() -> None:
     with pytest.raises(ValueError, match="non-empty text"):
         Change("add", "  ")

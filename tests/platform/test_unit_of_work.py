@@ -422,3 +422,51 @@ def test_a_conflict_with_an_open_transaction_is_retried(
             timer.join()
     assert result.attempts >= 2  # WriteConflict while the other transaction was open
     assert client[db_name].counters.find_one({"_id": "n"})["value"] == 11
+
+
+class Operations:
+    """Records the operation of every plan it sees (as governance's audit keys on it)."""
+
+    name = "operations"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def extend(self, plan: Plan) -> None:
+        self.seen.append(plan.context.operation)
+
+
+def test_several_plans_in_one_transaction(
+    runner: Runner, client: MongoClient, db_name: str
+) -> None:
+    """``execute_all``: each plan passes the hooks as itself (its operation, its
+    events), then all commit in one transaction, or none; a group named like one of an
+    earlier plan is renamed ``<i>:<name>``."""
+    ops = Operations()
+    runner.uow.register(ops)
+
+    def part(operation: str, doc_id: int, event: str) -> Plan:
+        return Plan(
+            PlanContext(tenant_id="t1", operation=operation),
+            [
+                Group(
+                    "w",
+                    db_name,
+                    "alpha",
+                    "checkpoint",
+                    [Op("insert", doc={"_id": doc_id, "tenant_id": "t1"})],
+                )
+            ],  # fmt: skip
+            [OutboxEvent(db_name, "outbox", "test", "t1", (event,))],
+        )
+
+    result = runner.call(runner.uow.execute_all, [part("one", 1, "e1"), part("two", 2, "e2")])
+    assert ops.seen == ["one", "two"]
+    assert result["w"].inserted == 1 and result["1:w"].inserted == 1
+    db = client[db_name]
+    assert db.alpha.count_documents({}) == 2 and db.outbox.count_documents({}) == 2
+    # all or nothing: the second plan's duplicate rolls back the first one's write
+    with pytest.raises(WriteRefused):
+        runner.call(runner.uow.execute_all, [part("three", 3, "e3"), part("four", 1, "e4")])
+    assert db.alpha.count_documents({}) == 2 and db.outbox.count_documents({}) == 2
+    assert ops.seen == ["one", "two", "three", "four"]

@@ -52,7 +52,9 @@ from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import (
     AccordError,
     BusinessWriteError,
+    ConcurrentRunError,
     ConfigurationError,
+    DatabaseError,
     InvalidInputError,
     TaskWriteError,
     WriteRefused,
@@ -78,6 +80,8 @@ _BATCH = 10_000
 #: Attempts of one put_writes (a task recorded before is re-recorded without its business
 #: writes; a checkpoint still being saved is waited for once).
 _ATTEMPTS = 3
+#: Queued saves of a run committed in one transaction, at most.
+_BATCH_JOBS = 8
 #: Driver sessions created at setup (see ``_warm_sessions``).
 _WARM_SESSIONS = 4
 #: How long task writes wait for the put of their checkpoint when none is in flight
@@ -285,7 +289,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         for run in self._runs_on(scope):
 
             def settled(r: ActiveRun = run) -> bool:
-                return not (r.putting(ns) if ns is not None else r.putting_any())
+                return r.settled(ns)
 
             if not settled():
                 await run.signal.await_for(settled, self.timeout)
@@ -455,23 +459,25 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         failure of a queued put LangGraph has not seen yet (the run's outcome)."""
         if run.ended:
             return
+        run.releasing = True  # the drainer may give the lease back with the last saves
         while not run.idle():
             await run.signal.await_for(run.idle, self.timeout)
         run.ended = True
-        released = False
+        released = run.released  # by the transaction of the run's last queued saves
         try:
-            filt, update = runs.release(run.lease, at=runs.now())
-            async with run.lock:
-                await self.uow.execute(
-                    Plan(
-                        PlanContext(
-                            run.lease.tenant_id, run.lease.thread_id, operation="run.release"
+            if not released:
+                filt, update = runs.release(run.lease, at=runs.now())
+                async with run.lock:
+                    await self.uow.execute(
+                        Plan(
+                            PlanContext(
+                                run.lease.tenant_id, run.lease.thread_id, operation="run.release"
+                            ),
+                            [self.target.group("release", "runs", [Op("update", filt, update)])],
                         ),
-                        [self.target.group("release", "runs", [Op("update", filt, update)])],
-                    ),
-                    transaction=False,
-                )
-            released = True
+                        transaction=False,
+                    )
+                released = True
         except Exception:
             logger.warning(
                 "accord: could not release run %s on thread %s; its lease expires by itself",
@@ -495,7 +501,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             self._next_sweep = time.monotonic() + min(self.ttl / 2, 60.0)
             await self.asweep()
         for run in self._held_runs():
-            if run.ended or run.lost is not None:
+            if run.ended or run.released or run.lost is not None:
                 continue
             if time.monotonic() - run.renewed < self.lease_seconds / 3:
                 continue
@@ -505,8 +511,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 [self.target.group("renew", "runs", [Op("update", filt, update)])],
             )
             async with run.lock:
-                if run.ended:
-                    continue
+                if run.ended or run.released:
+                    continue  # a renewal now would take the lease back
                 result = await self.uow.execute(plan, transaction=False)
                 if result["renew"].matched == 1:
                     run.renewed = time.monotonic()
@@ -520,7 +526,17 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             await self._find_one(self.collections.runs, filt, projection=projection)
         )
 
-    def _guard(self, scope: Scope, run: ActiveRun | None, version: str, what: str) -> Group:
+    def _guard(
+        self,
+        scope: Scope,
+        run: ActiveRun | None,
+        version: str,
+        what: str,
+        *,
+        release: bool = False,
+    ) -> Group:
+        """The registry guard leading a commit (``release``: the run's last commit, which
+        gives its lease back)."""
         at = runs.now()
         expire_at = at + timedelta(seconds=self.ttl) if self.ttl is not None else None
         if run is not None:
@@ -538,6 +554,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 lease_seconds=self.lease_seconds,
                 refused=fenced,
                 expire_at=expire_at,
+                release=release,
             )
 
         def held(counts: Counts) -> BaseException:
@@ -547,12 +564,22 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             self.target, scope, version, at=at, refused=held, expire_at=expire_at
         )
 
-    async def _commit(self, plan: Plan, scope: Scope, run: ActiveRun | None, what: str) -> None:
-        """Run ``plan``; a refused guard becomes ConcurrentRunError naming the holder."""
+    async def _commit(
+        self,
+        plan: Plan | builtins.list[Plan],
+        scope: Scope,
+        run: ActiveRun | None,
+        what: str,
+    ) -> None:
+        """Run ``plan`` (a list: in one transaction, the first one leading with the
+        guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
         try:
-            await self.uow.execute(plan)
+            if isinstance(plan, Plan):
+                await self.uow.execute(plan)
+            else:
+                await self.uow.execute_all(plan)
         except WriteRefused as err:
             if err.group != plans.GUARD:
                 raise
@@ -660,7 +687,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         saver's loop or to a thread before the put returns. True when the caller must
         start the run's drainer."""
         ns = job.scope.checkpoint_ns
-        run.put_started(ns)
+        run.put_started(ns, job.checkpoint_id)
         if job.docs.entry is not None:
             run.queued[ns] = job.docs.entry
         return run.enqueue(job)
@@ -670,18 +697,120 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         return getattr(run.loops.get(ns), "durability", None) == "async"
 
     async def _drain(self, run: ActiveRun) -> None:
-        """Commit a run's queued puts, in order (one drainer per run at a time)."""
+        """Commit a run's queued saves, in order (one drainer per run at a time). The
+        saves queued behind the one in hand share its transaction (one guard, one round
+        trip), up to a put that must first wait for business writes of its parent's
+        tasks; the run's last transaction gives its lease back once its loop exited."""
         while True:
             job = run.next_job()
             if job is None:
                 return
             if run.failure is not None:
-                run.put_ended(job.scope.checkpoint_ns, job.checkpoint_id, run.failure)
+                self._job_done(run, job, run.failure)
                 continue
+            batch = [job]
             try:
-                await self._commit_put(run, job)
+                if isinstance(job, _PutJob) and _unsure(job):
+                    job.done = True  # _commit_put ends it
+                    await self._commit_put(run, job)
+                    continue
+                await self._ensure_setup()
+                if isinstance(job, _PutJob) and job.parent_id is not None:
+                    await self._check_parent(run, job)
+                batch += run.more_jobs(lambda j: self._joins(run, j), _BATCH_JOBS - 1)
+                await self._commit_queued(run, batch)
             except BaseException as exc:  # kept for the run's next put and its end
                 run.failure = run.failure or exc
+                for one in batch:
+                    self._job_done(run, one, run.failure)
+
+    def _joins(self, run: ActiveRun, job: _PutJob | _WritesJob) -> bool:
+        """Whether a queued save may share the transaction of the saves before it: task
+        writes always; a put unless it must wait for (or stop at) its parent's tasks."""
+        if isinstance(job, _WritesJob) or job.parent_id is None:
+            return True
+        if _unsure(job):
+            return False
+        scope = job.scope
+        key = (scope.tenant_id, scope.thread_id, job.parent_id)
+        return not self._staged_of(run).pending(key) and (
+            run.failed_task_of(scope.checkpoint_ns, job.parent_id) is None
+        )
+
+    async def _check_parent(self, run: ActiveRun | None, job: _PutJob) -> None:
+        """A put commits only after the business writes of its parent's tasks, and never
+        on top of a task whose writes failed."""
+        scope, parent_id = job.scope, job.parent_id
+        assert parent_id is not None
+        await self._wait_staged(scope, run, parent_id, job.checkpoint_id)
+        failed = run.failed_task_of(scope.checkpoint_ns, parent_id) if run is not None else None
+        if failed is not None:
+            raise failures.step_not_saved(scope, job.checkpoint_id, parent_id, failed)
+
+    async def _commit_queued(self, run: ActiveRun, batch: builtins.list[Any]) -> None:
+        """Commit queued saves in one transaction; if it fails with more than one save
+        in it, commit them one at a time, so the saves before a failing one commit (as
+        they would have alone)."""
+        try:
+            await self._commit_jobs(run, batch, release=run.last_batch())
+        except (ConcurrentRunError, DatabaseError):
+            raise  # the same for each one alone
+        except Exception:
+            if len(batch) == 1:
+                raise
+            for one in batch:
+                await self._commit_jobs(run, [one], release=False)
+
+    async def _commit_jobs(
+        self, run: ActiveRun, batch: builtins.list[Any], *, release: bool
+    ) -> None:
+        scope = batch[0].scope
+        version = runs.new_version()
+        what = _what(batch)
+        guard: Group | None = self._guard(scope, run, version, what, release=release)
+        parts: builtins.list[Plan] = []
+        for j in batch:  # the first one leads with the guard; hooks see each one
+            if isinstance(j, _PutJob):
+                parts.append(plans.put_plan(self.target, j.scope, guard, j.docs, j.checkpoint_id))
+            else:
+                parts.append(
+                    plans.writes_plan(
+                        self.target, j.scope, guard, j.docs, j.checkpoint_id, j.task_id
+                    )
+                )
+            guard = None
+        async with run.lock:
+            await self._commit(parts, scope, run, what)
+            if release:
+                run.released = True
+            for j in batch:
+                ns = j.scope.checkpoint_ns
+                if isinstance(j, _WritesJob):
+                    self.cache.add_writes(
+                        scope.tenant_id,
+                        scope.thread_id,
+                        ns,
+                        j.checkpoint_id,
+                        j.docs.kept,
+                        overwrite=j.docs.overwrite,
+                        version=version,
+                    )
+                elif j.docs.entry is not None:
+                    self.cache.store(scope.tenant_id, scope.thread_id, ns, j.docs.entry, version)
+                else:
+                    self.cache.stamp(scope.tenant_id, scope.thread_id, version)
+                self._job_done(run, j, None)
+
+    @staticmethod
+    def _job_done(run: ActiveRun, job: _PutJob | _WritesJob, error: BaseException | None) -> None:
+        """A queued save is committed (``error`` None) or never will be (once per job)."""
+        if job.done:
+            return
+        job.done = True
+        if isinstance(job, _PutJob):
+            run.put_ended(job.scope.checkpoint_ns, job.checkpoint_id, error)
+        else:
+            run.writes_ended(job.scope.checkpoint_ns)
 
     async def _commit_put(self, run: ActiveRun | None, job: _PutJob) -> None:
         scope, checkpoint_id, parent_id = job.scope, job.checkpoint_id, job.parent_id
@@ -692,10 +821,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         try:
             await self._ensure_setup()
             if parent_id is not None:
-                await self._wait_staged(scope, run, parent_id, checkpoint_id)
-                failed = run.failed_task_of(ns, parent_id) if run is not None else None
-                if failed is not None:
-                    raise failures.step_not_saved(scope, checkpoint_id, parent_id, failed)
+                await self._check_parent(run, job)
             for attempt in range(2):
                 # a base this saver is not sure still exists (it does not hold the
                 # thread): the put only commits with the parent stored, else it is
@@ -835,6 +961,17 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         )
         staged = [] if failed_task else [v for c, v in pairs if c == BUSINESS_CHANNEL]
         node = failures.node_of(pairs)
+        if (
+            run is not None
+            and not staged
+            and not failed_task
+            and await self._queues_writes(run, scope, checkpoint_id, task_id)
+        ):
+            run.writes_queued(ns)
+            run.task_failed(ns, checkpoint_id, None, task_id)
+            if run.enqueue(_WritesJob(scope, checkpoint_id, task_id, docs)):
+                bridges.in_background(self._drain, run)
+            return
         error: BaseException | None = None
         try:
             await self._ensure_setup()
@@ -850,6 +987,35 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 failure = FailedTask(task_id, node, error) if error is not None else None
                 run.task_failed(ns, checkpoint_id, failure, task_id)
             self._staged_of(run).done((scope.tenant_id, scope.thread_id, checkpoint_id), task_id)
+
+    async def _queues_writes(
+        self, run: ActiveRun, scope: Scope, checkpoint_id: str, task_id: str
+    ) -> bool:
+        """ "async" durability: whether a task's writes (without business writes) go
+        behind the run's queued saves instead of committing now. LangGraph does not wait
+        for them; they must commit after the put of their checkpoint (they are queued
+        only once it is queued or saved) and before the run ends (its release waits for
+        the queue). Not for graphs with DeltaChannels (LangGraph records their writes
+        before their checkpoint), nor after a failed save (the direct path reports it),
+        nor for a task that staged business writes."""
+        ns = scope.checkpoint_ns
+        if (
+            not self._deferred(run, ns)
+            or run.failure is not None
+            or run.delta_channels(ns)
+            or run.staged.noted((scope.tenant_id, scope.thread_id, checkpoint_id), task_id)
+        ):
+            return False
+
+        def ready() -> bool:
+            return run.is_saved(ns, checkpoint_id) or run.put_queued(ns, checkpoint_id)
+
+        if ready():
+            return True
+        if not run.expects(ns, checkpoint_id):
+            return False
+        # LangGraph has made the put and hands it over in another thread: wait for it
+        return await run.signal.await_for(ready, _GRACE)
 
     async def _check_business(self, staged: Sequence[Mapping[str, Any]]) -> None:
         if self._reserved_stale([str(s.get("collection")) for s in staged]):
@@ -1220,10 +1386,25 @@ def _not_saved(counts: Counts) -> BaseException:
     return _NotSaved()
 
 
+class _WritesJob:
+    """A task's writes (no business writes), serialized and queued ("async" durability)."""
+
+    __slots__ = ("scope", "checkpoint_id", "task_id", "docs", "done")
+
+    def __init__(
+        self, scope: Scope, checkpoint_id: str, task_id: str, docs: storage.WriteDocs
+    ) -> None:
+        self.scope = scope
+        self.checkpoint_id = checkpoint_id
+        self.task_id = task_id
+        self.docs = docs
+        self.done = False
+
+
 class _PutJob:
     """A put, serialized: what committing it needs (and what to rebuild it from)."""
 
-    __slots__ = ("scope", "checkpoint_id", "parent_id", "docs", "source", "parent")
+    __slots__ = ("scope", "checkpoint_id", "parent_id", "docs", "source", "parent", "done")
 
     def __init__(
         self,
@@ -1240,6 +1421,25 @@ class _PutJob:
         self.docs = docs
         self.source = source
         self.parent = parent
+        self.done = False
+
+
+def _unsure(job: _PutJob) -> bool:
+    """A queued put whose base stopped being known current after it was queued (the
+    cache lost track of the thread): committed alone, with its parent checked."""
+    return job.parent is not None and not job.parent.current
+
+
+def _what(batch: Sequence[_PutJob | _WritesJob]) -> str:
+    """What queued saves are, for an error message."""
+    checkpoints = [repr(j.checkpoint_id) for j in batch if isinstance(j, _PutJob)]
+    tasks = [repr(j.task_id) for j in batch if isinstance(j, _WritesJob)]
+    parts = []
+    if checkpoints:
+        parts.append(f"save of checkpoint{'s' * (len(checkpoints) > 1)} {', '.join(checkpoints)}")
+    if tasks:
+        parts.append(f"record of task{'s' * (len(tasks) > 1)} {', '.join(tasks)}")
+    return " and ".join(parts)
 
 
 def _again(error: BaseException) -> BaseException:

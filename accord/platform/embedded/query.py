@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -96,12 +97,43 @@ def check_filter(spec: Any, *, top: bool = True) -> None:
                     raise bad_value("$elemMatch needs an Object")
 
 
+_INTEGERS = (int, Int64)
+
+
+def _plain_equalities(spec: dict[str, Any], doc: dict[str, Any]) -> bool | None:
+    """The answer for a filter of top-level string or integer equalities when the
+    document's fields hold values of the same kind (what a fenced update by ``_id``
+    sends), without the general evaluator; None when it cannot tell (arrays, other
+    types, missing fields, dotted paths, operators: the general evaluator decides)."""
+    found = True
+    for key, want in spec.items():
+        kind = type(want)
+        if not key or "." in key or key[0] == "$":
+            return None
+        have = doc.get(key)
+        if kind is str:
+            if type(have) is not str:
+                return None
+        elif kind is int or kind is Int64:
+            if type(have) not in _INTEGERS:
+                return None
+        else:
+            return None
+        if have != want:
+            found = False
+    return found
+
+
 def matches(spec: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not spec:
         return True
     limits.check()  # maxTimeMS, once per document examined
     if collation.current() is not None:
         spec, doc = collation.collate_filter(spec), collation.collate(doc)
+    else:
+        quick = _plain_equalities(spec, doc)
+        if quick is not None:
+            return quick
     try:
         return mongomock_bridge.filter_applies(_normalised(spec), doc)
     except EngineError:
@@ -275,7 +307,19 @@ def is_plain_in(value: Any) -> bool:
 
 def id_key(value: Any) -> bytes:
     """The storage key of a document's ``_id``."""
+    if type(value) is str:
+        try:
+            text = value.encode()
+        except UnicodeEncodeError:
+            pass  # (lone surrogates) bson.encode below raises its own error for them
+        else:
+            # {"": value} as BSON, built directly: the common string _id.
+            n = len(text) + 1
+            return _STRING_KEY_HEAD.pack(n + 11, 2, 0, n) + text + b"\x00\x00"
     return bson.encode({"": canonical(value)})
+
+
+_STRING_KEY_HEAD = struct.Struct("<iBBi")
 
 
 def path_values(doc: Any, path: str, *, empty_array_as_null: bool = True) -> list[Any]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import localcontext
-from functools import cmp_to_key, lru_cache
+from functools import cmp_to_key
 from typing import Any
 
 from bson.decimal128 import Decimal128, create_decimal128_context
@@ -73,6 +73,23 @@ class _Mod:
     path: tuple[str, ...]
     arg: Any
     dest: tuple[str, ...] | None = None  # $rename's target
+
+    @property
+    def plain(self) -> bool:
+        """No positional or array-filter part (``$``, ``$[]``, ``$[ident]``) in the path:
+        it is its own concrete path."""
+        return self.path in _PLAIN or _plain(self.path)
+
+
+_PLAIN: set[tuple[str, ...]] = set()
+
+
+def _plain(path: tuple[str, ...]) -> bool:
+    if any(part.startswith("$") for part in path):
+        return False
+    if len(_PLAIN) < 4096:
+        _PLAIN.add(path)
+    return True
 
 
 @dataclass
@@ -240,9 +257,15 @@ def _parse_bit(arg: Any) -> list[tuple[str, int]]:
     return ops
 
 
+# Modifiers whose argument needs no parsing (any value is valid).
+_UNCHECKED_ARGS = frozenset({"$set", "$setOnInsert", "$unset", "$min", "$max"})
+
+
 def _parse_mod(op: str, field_name: str, arg: Any) -> _Mod:
     """Validate one ``op: {field: arg}`` entry (mongod's leaf-node init)."""
     path = parse_path(field_name)
+    if op in _UNCHECKED_ARGS:
+        return _Mod(op, path, arg)
     if op in ("$inc", "$mul") and not is_number(arg):
         verb = "increment" if op == "$inc" else "multiply"
         raise EngineError(
@@ -321,6 +344,10 @@ class _Registry:
         # with ``path`` at a shorter prefix, and any longer one conflicts at ``path``.
         if path in self.prefixes:
             self._conflict(path, path)
+        if len(path) == 1:  # a top-level field: it is its only prefix
+            self.paths.add(path)
+            self.prefixes.add(path)
+            return
         for n in range(1, len(path)):
             if path[:n] in self.paths:
                 self._conflict(path, path[:n])
@@ -369,8 +396,13 @@ def _parse_operator_update(update: dict) -> list[_Mod]:
 def _apply_set(doc: dict, path: tuple[str, ...], mod: _Mod, ctx: _Ctx) -> None:
     if mod.op == "$setOnInsert" and not ctx.is_insert:
         return
-    container, key = locate_creating(doc, path)
-    current = lookup(container, key)
+    if len(path) == 1:  # a top-level field: no path to walk or create
+        container: Any = doc
+        key: Any = path[0]
+        current = doc.get(key, MISSING)
+    else:
+        container, key = locate_creating(doc, path)
+        current = lookup(container, key)
     # mongod treats setting an equal value as a no-op, so 1 stays an int under {$set: 1.0}
     if current is not MISSING and values_equal(current, mod.arg):
         return
@@ -692,12 +724,6 @@ def _check_runtime_conflicts(paths: list[tuple[str, ...]]) -> None:
             )
 
 
-@lru_cache(maxsize=4096)
-def _is_plain(path: tuple[str, ...]) -> bool:
-    """No positional or array-filter part (``$``, ``$[]``, ``$[ident]``) in ``path``."""
-    return not any(part.startswith("$") for part in path)
-
-
 def apply_operators(
     doc: dict,
     update: dict,
@@ -714,7 +740,7 @@ def apply_operators(
     filters = parse_array_filters(array_filters)
     # Plain paths (no ``$``, ``$[]``, ``$[ident]``) are their own concrete paths, and the
     # parser already refused conflicts among them: nothing to resolve or re-check.
-    plain = all(_is_plain(m.path) for m in mods)
+    plain = all(m.plain for m in mods)
     if filters or not plain:
         check_identifiers([m.path for m in mods], filters, update)
     ctx = _Ctx(is_insert=is_insert, doc_id=doc.get("_id", MISSING))
@@ -755,7 +781,9 @@ def _check_id_kept(
 ) -> None:
     if "_id" not in original:
         return
-    if "_id" in result and values_equal(original["_id"], result["_id"]):
+    if "_id" in result and (
+        result["_id"] is original["_id"] or values_equal(original["_id"], result["_id"])
+    ):
         result["_id"] = original["_id"]  # an equal value (1 vs 1.0) is not a change
         return
     for _, mod, concrete in planned:

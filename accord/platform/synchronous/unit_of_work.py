@@ -17,6 +17,9 @@ plan in ONE multi-document transaction:
    a violated guard aborts the transaction and raises the guard's error;
 5. commit, with write concern majority.
 
+``execute_all`` runs several plans (a checkpointer run's queued saves) in one
+transaction the same way, each plan passing the hooks as itself.
+
 Retries: ``TransientTransactionError`` (write conflicts, a dropped connection, an
 election) reruns the transaction and ``UnknownTransactionCommitResult`` reruns the commit,
 as ``ClientSession.with_transaction`` does, but within ``timeout`` seconds for everything
@@ -111,7 +114,28 @@ class UnitOfWork:
         """
         for hook in self.hooks:
             hook.extend(plan)
-        groups = list(plan.writes())
+        return self._run(list(plan.writes()), transaction)
+
+    def execute_all(self, plans: Sequence[Plan]) -> PlanResult:
+        """Run several plans in ONE transaction (e.g. a run's queued saves): each plan
+        goes through the hooks on its own, exactly as :meth:`execute` would take it
+        (its own context and operation, its own events), then all their groups are
+        written in order. A group keeps its name unless an earlier plan has one of that
+        name; then it becomes ``<i>:<name>`` (``i``: the plan's index). All of them
+        commit, or none."""
+        groups: list[Group] = []
+        names: set[str] = set()
+        for i, plan in enumerate(plans):
+            for hook in self.hooks:
+                hook.extend(plan)
+            for g in plan.writes():
+                if g.name in names:
+                    g.name = f"{i}:{g.name}"
+                names.add(g.name)
+                groups.append(g)
+        return self._run(groups, True)
+
+    def _run(self, groups: list[Group], transaction: bool) -> PlanResult:
         for g in groups:
             kinds = {op.kind in COMMAND_KINDS for op in g.ops}
             if len(kinds) > 1:
