@@ -119,6 +119,21 @@ def test_episode_turns_merge_in_any_order() -> None:
     assert again == a  # a replayed step adds nothing
 
 
+def test_steps_saved_within_one_millisecond_keep_their_order() -> None:
+    """Two steps whose messages got the same ``created_at`` (BSON dates have millisecond
+    resolution; a run's queued saves can come that close) are ordered by checkpoint id
+    (LangGraph's are time-ordered), not by message id."""
+    first = Conversation("acme", "t1", [Turn("zz-human", "human", "Book the train", T0)],
+                         checkpoint_id="1f0a-0001")  # fmt: skip
+    second = Conversation("acme", "t1", [Turn("aa-ai", "ai", "Booked it for you", T0)],
+                          checkpoint_id="1f0a-0002")  # fmt: skip
+    step1, step2 = episode_change(first), episode_change(second)
+    assert step1 is not None and step2 is not None
+    for a, b in ((step1, step2), (step2, step1)):
+        merged = merge_episode(merge_episode(None, a.value), b.value)  # type: ignore[arg-type]
+        assert [t["role"] for t in merged["turns"]] == ["human", "ai"]
+
+
 def test_change_validation() -> None:
     with pytest.raises(ValueError, match="non-empty text"):
         Change("add", "  ")
