@@ -322,7 +322,7 @@ def episode_change(conversation: Conversation) -> Change | None:
             "role": t.role,
             "gist": gist(t.text),  # type: ignore[arg-type]
             "at": t.created_at,
-            "checkpoint": conversation.checkpoint_id or "",
+            "checkpoint_id": conversation.checkpoint_id,
             "n": n,
         }
         for n, t in enumerate(conversation.turns)
@@ -362,18 +362,14 @@ def merge_episode(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict
 
 
 def _turn_order(turn: Mapping[str, Any]) -> tuple[Any, ...]:
-    # Steps are ordered by their time, then (two steps saved within one millisecond, the
-    # resolution of BSON dates) by their checkpoint id (LangGraph's are time-ordered);
-    # the turns of one step by their position in it.
+    # Steps are ordered by their time, then by their checkpoint id (BSON dates keep only
+    # milliseconds, and several steps of a fast graph share one; LangGraph's checkpoint ids
+    # are uuid6, ordered by a 100 ns clock and the step); the turns of one step by their
+    # position in it.
     at = turn.get("at")
     if isinstance(at, datetime) and at.tzinfo is None:
         at = at.replace(tzinfo=UTC)  # BSON dates come back naive, in UTC
     stamp = at.timestamp() if isinstance(at, datetime) else 0.0
-    checkpoint = turn.get("checkpoint")
-    return (
-        at is None,
-        stamp,
-        checkpoint if isinstance(checkpoint, str) else "",
-        turn.get("n", 0),
-        turn["message_id"],
-    )
+    checkpoint = turn.get("checkpoint_id")
+    step = checkpoint if isinstance(checkpoint, str) else ""
+    return (at is None, stamp, step, turn.get("n", 0), turn["message_id"])

@@ -119,19 +119,29 @@ def test_episode_turns_merge_in_any_order() -> None:
     assert again == a  # a replayed step adds nothing
 
 
-def test_steps_saved_within_one_millisecond_keep_their_order() -> None:
-    """Two steps whose messages got the same ``created_at`` (BSON dates have millisecond
-    resolution; a run's queued saves can come that close) are ordered by checkpoint id
-    (LangGraph's are time-ordered), not by message id."""
-    first = Conversation("acme", "t1", [Turn("zz-human", "human", "Book the train", T0)],
-                         checkpoint_id="1f0a-0001")  # fmt: skip
-    second = Conversation("acme", "t1", [Turn("aa-ai", "ai", "Booked it for you", T0)],
-                          checkpoint_id="1f0a-0002")  # fmt: skip
-    step1, step2 = episode_change(first), episode_change(second)
-    assert step1 is not None and step2 is not None
-    for a, b in ((step1, step2), (step2, step1)):
-        merged = merge_episode(merge_episode(None, a.value), b.value)  # type: ignore[arg-type]
-        assert [t["role"] for t in merged["turns"]] == ["human", "ai"]
+def test_episode_steps_in_one_millisecond_keep_their_checkpoint_order() -> None:
+    """BSON dates keep milliseconds only: two steps saved in the same millisecond (queued
+    saves sharing a transaction) are ordered by their checkpoint ids, not by message id."""
+
+    def step(checkpoint_id: str, *turns: tuple[str, str, str]) -> dict[str, object]:
+        c = Conversation(
+            "acme", "t1", [Turn(mid, role, text, T0) for mid, role, text in turns],
+            checkpoint_id=checkpoint_id,
+        )  # fmt: skip
+        change = episode_change(c)
+        assert change is not None
+        return dict(change.value)
+
+    # Message ids sort against the steps' order, as random uuids often do.
+    first = step("1f0a0000-0000-6000-8000-000000000001", ("z-human", "human", "Hi, I am Dana"))
+    second = step("1f0a0000-0000-6000-8000-000000000002", ("y-ai", "ai", "Hello Dana"))
+    third = step("1f0a0000-0000-6000-8000-000000000003", ("b-human", "human", "I am vegetarian"))
+    fourth = step("1f0a0000-0000-6000-8000-000000000004", ("a-ai", "ai", "Noted"))
+    episode = None
+    for value in (third, first, fourth, second):
+        episode = merge_episode(episode, value)
+    assert episode is not None
+    assert [t["message_id"] for t in episode["turns"]] == ["z-human", "y-ai", "b-human", "a-ai"]
 
 
 def test_change_validation() -> None:
