@@ -26,12 +26,14 @@ from langgraph.graph.message import add_messages
 from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver, business
-from accord.errors import ConcurrentRunError
+from accord.errors import ConcurrentRunError, TransactionTimeout
 from accord.runtime import Accord
 
 STEPS = 5
 #: the demo's lease: how long a killed worker keeps the thread
 LEASE_SECONDS = 2.0
+#: the server's transactionLifetimeLimitSeconds (mongod's default; the embedded engine's too)
+TRANSACTION_LIFETIME_S = 60.0
 DB = "accord_demo_agent"
 ITEMS = ["coffee beans", "filters", "grinder", "kettle", "mugs"]
 #: The user's opening message: a request, and a preference long-term memory should keep.
@@ -83,7 +85,10 @@ def run_worker(uri: str, thread: str) -> None:
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
     inputs = None if started else {"messages": [HumanMessage(REQUEST, id="human-1")], "step": 0}
-    deadline = time.monotonic() + 10 * LEASE_SECONDS
+    # A worker killed between its step's write and commit leaves that transaction open
+    # until the server aborts it (transactionLifetimeLimitSeconds, 60 s by default), and it
+    # holds the thread's run document until then: wait that long too.
+    deadline = time.monotonic() + 10 * LEASE_SECONDS + TRANSACTION_LIFETIME_S
     while True:
         try:
             graph.invoke(inputs, config, durability="sync")
@@ -93,6 +98,14 @@ def run_worker(uri: str, thread: str) -> None:
                 raise
             print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
             time.sleep(LEASE_SECONDS / 2)
+        except TransactionTimeout:
+            if time.monotonic() > deadline:
+                raise
+            print(
+                "worker: the killed worker's open transaction still holds the thread; waiting "
+                "for the server to abort it",
+                flush=True,
+            )
     print("worker: finished", flush=True)
     accord.close()
 
