@@ -13,9 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from pymongo import MongoClient
 
 REAL_URI = os.environ.get("MONGODB_URI")
+
+# Property tests assert behaviour, not speed: on a shared 2-core machine (and under
+# `make test`'s two workers) Hypothesis's per-example deadline and its "too slow to
+# generate" health check fail tests whose every assertion held. Speed is measured in
+# benchmarks/. A test's own @settings still overrides these.
+settings.register_profile("accord", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("accord")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
