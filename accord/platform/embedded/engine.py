@@ -46,6 +46,7 @@ import ctypes.util
 import gc
 import itertools
 import logging
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -497,13 +498,19 @@ class Engine:
                 session.retry_number, session.retry_reply = number, reply.get("reply")
 
     def close(self) -> None:
-        """Make everything pending durable, write the index image (so the next start need
-        not rebuild the indexes) and close the store (lock held)."""
+        """Make everything pending durable, move the storage journal into its tables, write
+        the index image (so the next start need not rebuild the indexes) and close the
+        store (lock held)."""
         try:
             self.committer.flush()
         except CommitFailed:
             log.exception("pending commits could not be made durable at shutdown")
         else:
+            try:
+                while self.committer.compact(4096):
+                    pass
+            except sqlite3.Error:  # nothing is lost: the next start compacts
+                log.exception("the storage journal could not be emptied at shutdown")
             self._write_index_image()
         self.storage.close()
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from accord.platform.embedded.errors import Code, EngineError
-from accord.platform.embedded.storage import CommitBatch
+from accord.platform.embedded.storage import COMPACT_ROWS, CommitBatch
 
 if TYPE_CHECKING:
     from accord.platform.embedded.engine import Collection, Engine
@@ -121,16 +121,15 @@ class GroupCommitter:
                     if item.state == "failed":
                         assert item.error is not None
                         raise item.error
-                    if self._written:
-                        batch = None
-                        break
                     if not self._writing and not self._broken and self._queue:
                         batch, self._queue = self._queue, []
                         self._writing = True
                         break
                     self._cv.wait()
-            if batch is not None:
-                self._write(batch)
+            # The writer finalizes what it wrote (and anything written before it); the
+            # other waiters sleep until their commit is done (all of them taking the
+            # engine lock to finalize after every write cost more than the write).
+            self._write(batch)
             with self.engine.locked("commit"):
                 self._finalize()
 
@@ -151,6 +150,21 @@ class GroupCommitter:
             if batch is not None:
                 self._write(batch)
             self._finalize()
+
+    def compact(self, rows: int = COMPACT_ROWS) -> int:
+        """Move a slice of the storage's journal into its tables (``Storage.compact``) as
+        the writer, so nothing else writes meanwhile; commits that arrive queue and form
+        the next group. Returns the journal rows moved. Engine lock NOT held."""
+        with self._cv:
+            while self._writing or self._broken:
+                self._cv.wait()
+            self._writing = True
+        try:
+            return self.engine.storage.compact(rows)
+        finally:
+            with self._cv:
+                self._writing = False
+                self._cv.notify_all()
 
     def _write(self, batch: list[PendingCommit]) -> None:
         """Write one group (we hold the writer role, not the engine lock)."""

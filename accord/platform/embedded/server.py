@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import socketserver
+import struct
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from accord.platform.embedded.dispatch import Connection, Dispatcher
 from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.failpoints import CloseConnection
+from accord.platform.embedded.storage import COMPACT_ROWS
 from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
@@ -48,12 +50,15 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(READ_TIMEOUT_S)
+        # A blocking socket whose idle bound is the kernel's: with a Python-level timeout
+        # every recv and send would first poll(), a second system call each time.
+        _set_kernel_timeouts(sock, READ_TIMEOUT_S)
         owner = self.server.owner
         conn = Connection(id=next(owner.connection_ids))
+        reader = _MessageReader(sock)
         try:
             while not owner.stopping.is_set():
-                header = _recv_exact(sock, wire.HEADER.size)
+                header = reader.take(wire.HEADER.size)
                 if header is None:
                     return
                 try:
@@ -61,7 +66,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 except wire.ProtocolError:
                     return  # cannot even frame the message: drop the connection
                 deadline = time.monotonic() + owner.message_timeout
-                body = _recv_exact(sock, length - wire.HEADER.size, deadline)
+                body = reader.take(length - wire.HEADER.size, deadline)
                 if body is None:
                     return
                 try:
@@ -102,23 +107,52 @@ class _Handler(socketserver.BaseRequestHandler):
         self.server.owner.release_connection()
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes | None:
-    """``n`` bytes (None if the peer closed first); raises TimeoutError past ``deadline``."""
-    chunks = []
-    while n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the message did not arrive in time")
-            sock.settimeout(left)
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    if deadline is not None:
-        sock.settimeout(READ_TIMEOUT_S)
-    return b"".join(chunks)
+def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Bound each blocking ``recv``/``send`` of ``sock`` to ``seconds`` (SO_RCVTIMEO,
+    SO_SNDTIMEO); one past it fails with an ``OSError`` (EAGAIN)."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class _MessageReader:
+    """Bytes of one connection, read ahead: a message that arrives whole (the usual case:
+    a driver writes each message at once) costs one ``recv``, and the socket's bound is
+    changed only when a message is still incomplete after it. System calls were most of
+    a small command's time: each one lets another thread take the interpreter lock, and
+    the handover is a context switch."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.scratch = bytearray(self.CHUNK)
+
+    def take(self, n: int, deadline: float | None = None) -> bytes | None:
+        """The next ``n`` bytes (None if the peer closed first); raises TimeoutError
+        past ``deadline``."""
+        buffer = self.buffer
+        if len(buffer) < n:
+            try:
+                while len(buffer) < n:
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError("the message did not arrive in time")
+                        _set_kernel_timeouts(self.sock, max(min(left, READ_TIMEOUT_S), 0.001))
+                    got = self.sock.recv_into(self.scratch)
+                    if not got:
+                        return None
+                    buffer += memoryview(self.scratch)[:got]
+            finally:
+                if deadline is not None:
+                    _set_kernel_timeouts(self.sock, READ_TIMEOUT_S)
+        with memoryview(buffer) as view:
+            data = bytes(view[:n])
+        del buffer[:n]
+        return data
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -378,6 +412,16 @@ class EmbeddedServer:
             reply["helloOk"] = True
         return reply
 
+    def _compact_journal(self, engine: Engine) -> None:
+        """Move the commits journaled since the last pass into the storage's tables, a
+        slice at a time with a pause between slices for waiting commits (bounded to a
+        second, so a busy engine's journal never keeps this thread from its other work)."""
+        deadline = time.monotonic() + 1.0
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            if engine.committer.compact() < COMPACT_ROWS:
+                return
+            time.sleep(0.001)
+
     def _housekeeping(self) -> None:
         """Once a second: expire transactions, sessions and cursors; collect garbage in
         passes of a few milliseconds while any is due; every ``ttl_interval`` a TTL pass.
@@ -394,6 +438,7 @@ class EmbeddedServer:
                         more = engine.collect_garbage()
                     time.sleep(0.001)  # let waiting commands in between passes
                 engine.compact_heap()
+                self._compact_journal(engine)
                 engine.storage.checkpoint()
                 if time.monotonic() - last_ttl >= self.ttl_interval:
                     last_ttl = time.monotonic()

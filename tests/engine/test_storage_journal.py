@@ -1,0 +1,152 @@
+"""The storage journal (accord/platform/embedded/storage.py): a group of commits is one row
+of ``journal``; ``compact`` moves rows into the tables later, in order.
+
+What must hold whatever the journal holds when the process stops: every acknowledged
+commit is loaded at the next start, in commit order (a later write of a document wins, a
+deleted document stays deleted, a dropped or renamed collection does not come back), and
+a compaction that fails half-way loses nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import bson
+import pytest
+from pymongo import MongoClient
+
+from accord.platform.embedded import EmbeddedServer
+from accord.platform.embedded.storage import JOURNAL_MAX_BYTES, CommitBatch, Storage
+
+pytestmark = pytest.mark.embedded_only
+
+NS = "db.c"
+
+
+def _doc(key: int, **fields: object) -> tuple[str, bytes, bytes]:
+    return (NS, b"k%d" % key, bson.encode({"_id": key, **fields}))
+
+
+def _journal_rows(dbpath: Path) -> int:
+    with sqlite3.connect(dbpath / Storage.FILENAME) as conn:
+        return int(conn.execute("SELECT count(*) FROM journal").fetchone()[0])
+
+
+def _documents(storage: Storage) -> dict[bytes, dict]:
+    return {key: bson.decode(data) for ns, key, data in storage.load_documents() if ns == NS}
+
+
+def _create_collection(storage: Storage, ts: int) -> None:
+    storage.apply([CommitBatch(ts=ts, catalog=[("save", NS, {"options": {}, "indexes": []})])])
+
+
+def test_commits_are_journaled_and_loaded_after_a_stop_without_compaction(
+    tmp_path: Path,
+) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    storage.apply([CommitBatch(ts=2, puts=[_doc(1, n=1), _doc(2, n=1)])])
+    storage.apply(
+        [
+            CommitBatch(ts=3, puts=[_doc(1, n=2)]),  # a later write of the same document
+            CommitBatch(ts=4, deletes=[(NS, b"k2")]),
+            CommitBatch(ts=5, puts=[_doc(3, n=1)], txn_records=[(b"lsid", 7, {"kind": "retry"})]),
+        ]
+    )
+    assert _journal_rows(tmp_path) == 2  # one row per group, not yet in the tables
+    storage.close()  # as a killed process leaves it: the journal not compacted
+
+    reopened = Storage(tmp_path)
+    assert _journal_rows(tmp_path) == 0  # the start compacts what was left
+    assert reopened.last_ts == 5
+    docs = _documents(reopened)
+    assert docs == {b"k1": {"_id": 1, "n": 2}, b"k3": {"_id": 3, "n": 1}}
+    assert list(docs) == [b"k1", b"k3"]  # natural (insertion) order kept
+    assert [(lsid, n) for lsid, n, _ in reopened.load_txn_records()] == [(b"lsid", 7)]
+    reopened.close()
+
+
+def test_a_dropped_or_renamed_collection_does_not_come_back_from_the_journal(
+    tmp_path: Path,
+) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    storage.apply([CommitBatch(ts=2, puts=[_doc(1)])])  # journaled
+    # Catalog changes go to the tables, after the journal rows before them.
+    storage.apply([CommitBatch(ts=3, catalog=[("rename", NS, "db.renamed")])])
+    storage.apply([CommitBatch(ts=4, puts=[("db.renamed", b"k2", bson.encode({"_id": 2}))])])
+    storage.apply([CommitBatch(ts=5, catalog=[("drop", "db.renamed", None)])])
+    storage.close()
+
+    reopened = Storage(tmp_path)
+    assert list(reopened.load_documents()) == []
+    assert list(reopened.load_collections()) == []
+    reopened.close()
+
+
+def test_a_large_group_goes_to_the_tables_after_the_journal_rows_before_it(
+    tmp_path: Path,
+) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    storage.apply([CommitBatch(ts=2, puts=[_doc(1, n=1)])])
+    big = _doc(1, n=2, pad="x" * (JOURNAL_MAX_BYTES + 1))
+    storage.apply([CommitBatch(ts=3, puts=[big])])
+    assert _journal_rows(tmp_path) == 0  # compacted in the large group's transaction
+    storage.apply([CommitBatch(ts=4, puts=[_doc(2)])])
+    storage.close()
+
+    reopened = Storage(tmp_path)
+    docs = _documents(reopened)
+    assert docs[b"k1"]["n"] == 2 and b"k2" in docs
+    reopened.close()
+
+
+def test_a_compaction_that_fails_half_way_loses_nothing(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    for ts in range(2, 12):
+        storage.apply([CommitBatch(ts=ts, puts=[_doc(ts, n=ts, pad="x" * 3000)])])
+    # A full disk (the storage's test seam): moving the rows needs pages it cannot have.
+    storage.limit_pages(storage.page_count())
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        storage.compact()
+    storage.limit_pages(None)
+    assert _journal_rows(tmp_path) == 10  # rolled back whole: every row still there
+    storage.close()
+
+    reopened = Storage(tmp_path)
+    assert sorted(doc["n"] for doc in _documents(reopened).values()) == list(range(2, 12))
+    assert reopened.last_ts == 11
+    reopened.close()
+
+
+def test_compaction_in_slices_keeps_the_order(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    for ts in range(2, 40):
+        storage.apply([CommitBatch(ts=ts, puts=[_doc(1, n=ts)])])  # the same document
+    moved = [storage.compact(rows=5) for _ in range(10)]
+    assert moved == [5, 5, 5, 5, 5, 5, 5, 3, 0, 0]
+    assert _documents(storage) == {b"k1": {"_id": 1, "n": 39}}
+    storage.close()
+    reopened = Storage(tmp_path)
+    assert reopened.last_ts == 39
+    reopened.close()
+
+
+def test_a_clean_shutdown_leaves_everything_in_the_tables(tmp_path: Path) -> None:
+    with EmbeddedServer(tmp_path, port=0, sync=False) as server:
+        client: MongoClient = MongoClient(server.uri)
+        for i in range(50):
+            client.db.c.insert_one({"_id": i})  # 50 commits, journaled
+        client.close()
+    # Read without the engine (whose start would compact): the tables hold every commit.
+    with sqlite3.connect(tmp_path / Storage.FILENAME) as conn:
+        assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM documents WHERE ns = 'db.c'").fetchone()[0] == 50
+    with EmbeddedServer(tmp_path, port=0, sync=False) as server:
+        client = MongoClient(server.uri)
+        assert client.db.c.count_documents({}) == 50
+        client.close()
