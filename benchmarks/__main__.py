@@ -1,5 +1,8 @@
 """Run every benchmark and write docs/benchmarks.md: ``python -m benchmarks``.
 
+The tables are regenerated; the hand-written notes at the end of the file (from
+``NOTES_MARKER`` on) are kept.
+
 ``--full`` grows the engine-scale benchmark to 500,000 documents (``make bench-full``;
 routine runs stop at 100,000); ``--baseline REV`` measures the engine of git revision REV
 side by side with the current one in the engine benchmarks.
@@ -59,8 +62,21 @@ def main() -> None:
         "of one run, not the absolute numbers.\n\n"
     )
     out = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-    out.write_text(header + "\n".join(sections))
+    out.write_text(header + "\n".join(sections) + kept_notes(out))
     print(f"wrote {out}")
+
+
+#: Everything below this line in docs/benchmarks.md is written by hand (what a run showed,
+#: earlier runs to compare with) and kept when the tables above it are regenerated.
+NOTES_MARKER = "<!-- notes: written by hand, kept by python -m benchmarks -->"
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written notes section of ``path`` (from its marker on), or a new one."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find(NOTES_MARKER)
+    notes = text[at:] if at >= 0 else NOTES_MARKER + "\n\n## Notes\n"
+    return "\n" + notes + ("" if notes.endswith("\n") else "\n")
 
 
 if __name__ == "__main__":

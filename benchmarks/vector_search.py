@@ -125,7 +125,7 @@ def run(n: int) -> dict[str, Any]:
 
 def report(sizes: tuple[int, ...] = SIZES) -> str:
     lines = [
-        "## $vectorSearch (embedded engine) vs exact numpy",
+        "### $vectorSearch (embedded engine) vs exact numpy",
         "",
         f"{DIMS}-dimension vectors, 2 tenants, tenant pre-filter, limit 10, numCandidates 100, "
         f"{QUERIES} queries through pymongo; baselines: numpy in-process on the same vectors "
