@@ -106,24 +106,31 @@ def engine_rate(engine: EngineProcess, clients: int, seconds: float) -> dict[str
     }
 
 
-def measure(seconds: float, source: Path | None, label: str, tmp: Path) -> dict[str, Any]:
-    """Each row between two short raw-fsync-loop runs: this disk's fsync rate drifts a lot
-    on a shared machine, so each row is compared with the loop measured around it."""
-    out: dict[str, Any] = {"label": label}
-    engine = EngineProcess(tmp / f"db-{label.replace(' ', '-')}", source=source)
-    engine.start()
-    try:
-        for clients in CLIENTS:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(seconds: float, engines: dict[str, EngineProcess], tmp: Path) -> dict[str, Any]:
+    """Every row of every engine, the engines alternating row by row (both running all
+    along), so a baseline and the current engine see the same moments of this shared
+    machine; each row between two short raw-fsync-loop runs (this disk's rate drifts)."""
+    out: dict[str, Any] = {label: {"label": label} for label in engines}
+    for clients in CLIENTS:
+        for label, engine in engines.items():
             before = fsync_loop(tmp, LOOP_SECONDS)
-            out[clients] = engine_rate(engine, clients, seconds)
-            out[clients]["loop"] = (before + fsync_loop(tmp, LOOP_SECONDS)) / 2
-            print(f"  [{label}] {clients:>2} clients: {out[clients]}", flush=True)
+            cpu = cpu_seconds(engine.pid)
+            row = engine_rate(engine, clients, seconds)
+            row["cpu_us"] = (cpu_seconds(engine.pid) - cpu) / max(row["rate"] * seconds, 1) * 1e6
+            row["loop"] = (before + fsync_loop(tmp, LOOP_SECONDS)) / 2
+            out[label][clients] = row
+            print(f"  [{label}] {clients:>2} clients: {row}", flush=True)
+    for label, engine in engines.items():
         client = engine.client()
         status = client.admin.command("serverStatus").get("accordEngine")
         client.close()
-        out["group"] = status["groupCommit"] if status else None
-    finally:
-        engine.stop()
+        out[label]["group"] = status["groupCommit"] if status else None
     return out
 
 
@@ -133,11 +140,18 @@ def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
         tmp = Path(tmp_name)
         lite = sqlite_loop(tmp, seconds)
         print(f"  raw SQLite WAL FULL loop {lite:.0f}/s", flush=True)
-        results = [measure(seconds, None, "current", tmp)]
+        engines = {"current": EngineProcess(tmp / "db-current")}
         if baseline_rev:
-            results.append(
-                measure(seconds, baseline(baseline_rev), f"baseline {baseline_rev[:8]}", tmp)
+            engines[f"baseline {baseline_rev[:8]}"] = EngineProcess(
+                tmp / "db-baseline", source=baseline(baseline_rev)
             )
+        for engine in engines.values():
+            engine.start()
+        try:
+            results = list(measure(seconds, engines, tmp).values())
+        finally:
+            for engine in engines.values():
+                engine.stop()
     lines = [
         "### Embedded engine: durable commits per second vs the fsync loop (group commit)",
         "",
@@ -147,10 +161,13 @@ def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
         f"two {LOOP_SECONDS:.0f} s raw fsync loops on the same disk (`write` 200 bytes + "
         f"`fdatasync`, one thread); their mean is the row's fsync-loop rate and the ratio is "
         f"against it (this disk's rate drifts by 3x within minutes). A raw SQLite WAL FULL loop "
-        f"(one single-row transaction per commit) ran at {lite:.0f}/s at the start.",
+        f"(one single-row transaction per commit) ran at {lite:.0f}/s at the start. With a "
+        f"baseline both engines run throughout and take turns row by row; `engine CPU` is the "
+        f"engine process's user + system time per commit.",
         "",
-        "| engine | clients | commits/s | fsync loop /s | vs fsync loop | p50 ms | p99 ms | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| engine | clients | commits/s | fsync loop /s | vs fsync loop | p50 ms | p99 ms "
+        "| engine CPU us / commit | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         for clients in CLIENTS:
@@ -158,7 +175,7 @@ def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
             lines.append(
                 f"| {r['label']} | {clients} | {row['rate']:.0f} | {row['loop']:.0f} "
                 f"| {row['rate'] / row['loop']:.2f}x | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} "
-                f"| {row['errors']} |"
+                f"| {row['cpu_us']:.0f} | {row['errors']} |"
             )
     group = results[0].get("group")
     if group:

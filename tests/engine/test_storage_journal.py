@@ -38,7 +38,9 @@ def _documents(storage: Storage) -> dict[bytes, dict]:
 
 
 def _create_collection(storage: Storage, ts: int) -> None:
+    """The collection, in the tables already (its catalog change compacted)."""
     storage.apply([CommitBatch(ts=ts, catalog=[("save", NS, {"options": {}, "indexes": []})])])
+    assert storage.compact() == 1
 
 
 def test_commits_are_journaled_and_loaded_after_a_stop_without_compaction(
@@ -73,7 +75,7 @@ def test_a_dropped_or_renamed_collection_does_not_come_back_from_the_journal(
     storage = Storage(tmp_path)
     _create_collection(storage, 1)
     storage.apply([CommitBatch(ts=2, puts=[_doc(1)])])  # journaled
-    # Catalog changes go to the tables, after the journal rows before them.
+    # Catalog changes are journaled too, in order with the commits around them.
     storage.apply([CommitBatch(ts=3, catalog=[("rename", NS, "db.renamed")])])
     storage.apply([CommitBatch(ts=4, puts=[("db.renamed", b"k2", bson.encode({"_id": 2}))])])
     storage.apply([CommitBatch(ts=5, catalog=[("drop", "db.renamed", None)])])
@@ -90,17 +92,34 @@ def test_a_large_group_goes_to_the_tables_after_the_journal_rows_before_it(
 ) -> None:
     storage = Storage(tmp_path)
     _create_collection(storage, 1)
-    storage.apply([CommitBatch(ts=2, puts=[_doc(1, n=1)])])
+    storage.apply([CommitBatch(ts=2, puts=[_doc(1, n=1), _doc(2, n=1)])])
     big = _doc(1, n=2, pad="x" * (JOURNAL_MAX_BYTES + 1))
     storage.apply([CommitBatch(ts=3, puts=[big])])
-    assert _journal_rows(tmp_path) == 0  # compacted in the large group's transaction
-    storage.apply([CommitBatch(ts=4, puts=[_doc(2)])])
+    assert _journal_rows(tmp_path) == 0  # its own commit moved the row before it first
+    storage.apply([CommitBatch(ts=4, puts=[_doc(2, n=2)])])
     storage.close()
 
     reopened = Storage(tmp_path)
     docs = _documents(reopened)
-    assert docs[b"k1"]["n"] == 2 and b"k2" in docs
+    assert docs[b"k1"]["n"] == 2 and docs[b"k2"]["n"] == 2
+    assert reopened.last_ts == 4
     reopened.close()
+
+
+def test_a_compaction_moves_a_bounded_number_of_bytes(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    _create_collection(storage, 1)
+    pad = "x" * (JOURNAL_MAX_BYTES // 3 - 1000)  # three rows fit, a fourth does not
+    for ts in range(2, 8):
+        storage.apply([CommitBatch(ts=ts, puts=[_doc(ts, pad=pad)])])
+    assert storage.compact() == 3  # three rows fit the byte bound, not all six
+    assert storage.compact() == 3
+    assert storage.compact() == 0
+    one = _doc(9, pad="x" * (JOURNAL_MAX_BYTES - 1000))
+    storage.apply([CommitBatch(ts=9, puts=[one]), CommitBatch(ts=10, puts=[_doc(10)])])
+    assert storage.compact(max_bytes=10) == 1  # the first row always moves
+    assert len(_documents(storage)) == 8
+    storage.close()
 
 
 def test_a_compaction_that_fails_half_way_loses_nothing(tmp_path: Path) -> None:

@@ -97,13 +97,17 @@ class GroupCommitter:
         self._queue: list[PendingCommit] = []
         self._written: list[PendingCommit] = []
         self._writing = False
+        # The writer role is held by a journal compaction, not by commits.
+        self._compacting = False
         self._broken = False
         self._stats = {"batches": 0, "commits": 0, "largestBatch": 0, "failedBatches": 0,
                        "writeMillis": 0.0}  # fmt: skip
 
     def pending(self) -> bool:
+        """Whether commits are on their way to visibility (a journal compaction holding
+        the writer role is not one: nothing becomes visible when it ends)."""
         with self._cv:
-            return bool(self._queue or self._written or self._writing)
+            return bool(self._queue or self._written or (self._writing and not self._compacting))
 
     def submit(self, item: PendingCommit) -> None:
         """Queue an installed commit (engine lock held, so queue order is ts order)."""
@@ -158,12 +162,12 @@ class GroupCommitter:
         with self._cv:
             while self._writing or self._broken:
                 self._cv.wait()
-            self._writing = True
+            self._writing = self._compacting = True
         try:
             return self.engine.storage.compact(rows)
         finally:
             with self._cv:
-                self._writing = False
+                self._writing = self._compacting = False
                 self._cv.notify_all()
 
     def _write(self, batch: list[PendingCommit]) -> None:

@@ -11,13 +11,14 @@ A group is written as ONE row of the ``journal`` table: a single autocommitted s
 (documents, transaction records, the last timestamp: six b-trees) took a dozen calls into
 SQLite, each of which hands the interpreter lock to another thread and waits to get it
 back; under load that doubled the time every waiting commit spends in the write (0.33 ms
-alone, 0.7 ms with four clients, for a group of two). ``compact`` moves journal rows into
-the tables later, in order, in slices (the housekeeping thread, every second); the
-store opens with an empty journal (``__init__`` compacts what a crash left) and the
-engine's clean shutdown empties it too, so what loads the data at start-up reads the
-tables only. Groups that change the
-catalog (create, drop, rename) or carry more than ``JOURNAL_MAX_BYTES`` of documents go
-straight to the tables, after the journal, in one transaction.
+alone, 0.7 ms with four clients, for a group of two). ``compact`` moves journal rows,
+catalog changes included, into the tables later, in order, in slices of at most
+``COMPACT_ROWS`` rows and ``JOURNAL_MAX_BYTES`` (the housekeeping thread, every second,
+as the group committer's writer). A group with more documents than that goes to the
+tables with its own commit, after the journal rows before it, so that its cost is paid
+by its own commit and not by the commits that would wait behind its compaction. The store
+opens with an empty journal (``__init__`` compacts what a crash left) and the engine's
+clean shutdown empties it too, so what loads the data at start-up reads the tables only.
 
 What SQLite cannot tell is a journal that lost acknowledged commits: a deleted or
 truncated WAL, or an emptied database file, looks like a smaller, valid database. So
@@ -80,8 +81,10 @@ CREATE TABLE IF NOT EXISTS journal (
 # The side file: a timestamp of 20 digits and a newline.
 _DURABLE_SIZE = 21
 
-# A group carrying more document bytes than this is written to the tables directly (a
-# journal row is one BSON document, and one huge row would be a long compaction step).
+# A group carrying more document bytes than this is written to the tables by its own
+# commit (after the journal rows before it), and a ``compact`` call moves no more than this
+# after its first row: moving 50 MB of documents took the housekeeping thread half a
+# second, during which every commit waited.
 JOURNAL_MAX_BYTES = 4 * 1024 * 1024
 # Journal rows moved into the tables per ``compact`` call (each call holds the writer
 # role, so commits queue behind it: keep it short).
@@ -237,49 +240,56 @@ class Storage:
             exc, self.fail_next = self.fail_next, None
             raise exc
         last = max(self.last_ts, max(batch.ts for batch in batches))
-        if _journaled(batches):
+        if _document_bytes(batches) <= JOURNAL_MAX_BYTES:
             # One autocommitted statement: atomic, and durable before it returns.
             self._conn.execute(
                 "INSERT INTO journal (ts, batches) VALUES (?, ?)", (last, _encode(batches))
             )
         else:
-            self._transaction(batches, last)
+            # Its cost is paid by its own commit, not by whoever commits while a later
+            # compaction moves it: after the (small) journal rows before it, in order.
+            rows = self._conn.execute("SELECT seq, ts, batches FROM journal ORDER BY seq")
+            self._move(rows.fetchall(), batches, last)
         self.last_ts = last
         self._note_durable(last)
 
-    def compact(self, rows: int = COMPACT_ROWS) -> int:
-        """Move the oldest ``rows`` journal rows into the tables, in order, in one
-        transaction; returns how many moved (0: the journal is empty). The caller holds
-        the group committer's writer role (nothing else writes meanwhile)."""
-        found = self._conn.execute(
-            "SELECT seq, ts, batches FROM journal ORDER BY seq LIMIT ?", (rows,)
+    def compact(self, rows: int = COMPACT_ROWS, max_bytes: int = JOURNAL_MAX_BYTES) -> int:
+        """Move the oldest journal rows (at most ``rows``, and no more than ``max_bytes``
+        of them after the first) into the tables, in order, in one SQLite transaction;
+        returns how many moved (0: the journal is empty). The caller holds the group
+        committer's writer role (nothing else writes meanwhile), so a call is kept short.
+        If it fails (a full disk), nothing of it happened: the rows stay in the journal."""
+        sizes = self._conn.execute(
+            "SELECT seq, length(batches) FROM journal ORDER BY seq LIMIT ?", (rows,)
         ).fetchall()
-        if not found:
+        if not sizes:
             return 0
-        self._transaction([], found[-1][1], upto=found)
+        upto, total = sizes[0][0], 0
+        for seq, size in sizes:
+            total += size
+            if total > max_bytes and seq != sizes[0][0]:
+                break
+            upto = seq
+        found = self._conn.execute(
+            "SELECT seq, ts, batches FROM journal WHERE seq <= ? ORDER BY seq", (upto,)
+        ).fetchall()
+        self._move(found, [], found[-1][1])
         return len(found)
 
-    def compact_all(self) -> None:
-        """Empty the journal (at start-up, and at shutdown as the writer)."""
-        while self.compact(4096):
-            pass
-
-    def _transaction(
-        self, batches: list[CommitBatch], tables_ts: int,
-        upto: list[tuple[int, int, bytes]] | None = None,
-    ) -> None:  # fmt: skip
-        """In one SQLite transaction: journal rows (``upto``, else all of them) into the
-        tables, then ``batches``; the tables then hold every commit up to ``tables_ts``
-        (``meta.last_ts``; the start-up check takes the journal's newest row too)."""
+    def _move(
+        self, rows: list[tuple[int, int, bytes]], batches: list[CommitBatch], tables_ts: int
+    ) -> None:
+        """In one SQLite transaction: journal ``rows`` into the tables (and out of the
+        journal), then ``batches``; the tables then hold every commit up to
+        ``tables_ts`` (``meta.last_ts``; the start-up check also takes the journal's
+        newest row)."""
         cur = self._conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
-            if upto is None:
-                upto = cur.execute("SELECT seq, ts, batches FROM journal ORDER BY seq").fetchall()
-            for _, _, data in upto:
+            for _, _, data in rows:
                 _write_tables(cur, _decode(data))
-            if upto:
-                cur.execute("DELETE FROM journal WHERE seq <= ?", (upto[-1][0],))
+            if rows:
+                cur.execute("DELETE FROM journal WHERE seq <= ?", (rows[-1][0],))
             _write_tables(cur, batches)
             cur.execute(
                 "INSERT INTO meta (name, value) VALUES ('last_ts', ?) "
@@ -294,8 +304,13 @@ class Storage:
                 try:
                     cur.execute("ROLLBACK")
                 except sqlite3.Error:
-                    log.exception("rollback after a failed commit failed")
+                    log.exception("rollback after a failed write to the tables failed")
             raise
+
+    def compact_all(self) -> None:
+        """Empty the journal (at start-up, and at shutdown as the writer)."""
+        while self.compact(4096):
+            pass
 
     # -- test-only seams --------------------------------------------------------------------
 
@@ -308,20 +323,15 @@ class Storage:
         return int(self._conn.execute("PRAGMA page_count").fetchone()[0])
 
 
-def _journaled(batches: list[CommitBatch]) -> bool:
-    """Whether a group goes to the journal: no catalog change, and not too large."""
-    size = 0
-    for batch in batches:
-        if batch.catalog:
-            return False
-        for _, _, data in batch.puts:
-            size += len(data)
-    return size <= JOURNAL_MAX_BYTES
+def _document_bytes(batches: list[CommitBatch]) -> int:
+    return sum(len(data) for batch in batches for _, _, data in batch.puts)
 
 
 def _encode(batches: list[CommitBatch]) -> bytes:
+    """A group as one BSON document (documents are BSON already: they go in as binary)."""
     return bson.encode(
-        {"b": [[b.ts, b.deletes, b.puts, b.txn_records] for b in batches]}, codec_options=CODEC
+        {"b": [[b.ts, b.catalog, b.deletes, b.puts, b.txn_records] for b in batches]},
+        codec_options=CODEC,
     )
 
 
@@ -329,11 +339,12 @@ def _decode(data: bytes) -> list[CommitBatch]:
     return [
         CommitBatch(
             ts=ts,
+            catalog=[(op, a, b) for op, a, b in catalog],
             deletes=[(ns, key) for ns, key in deletes],
             puts=[(ns, key, doc) for ns, key, doc in puts],
             txn_records=[(lsid, number, reply) for lsid, number, reply in records],
         )
-        for ts, deletes, puts, records in bson.decode(data, CODEC)["b"]
+        for ts, catalog, deletes, puts, records in bson.decode(data, CODEC)["b"]
     ]
 
 
