@@ -10,6 +10,7 @@ reply instead of applying the write twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,8 +46,8 @@ from accord.platform.embedded.errors import (
     server_error_labels,
     type_mismatch,
 )
-from accord.platform.embedded.failpoints import CloseConnection, FailPoints
-from accord.platform.embedded.group_commit import PendingCommit
+from accord.platform.embedded.failpoints import Action, CloseConnection, FailPoints
+from accord.platform.embedded.group_commit import CommitFailed, PendingCommit
 
 log = logging.getLogger("accord.engine")
 
@@ -92,6 +93,36 @@ class Connection:
 
 
 HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
+
+
+class PendingReply:
+    """The reply to a command whose commit is on its way to disk (``ticket``): ready once
+    the commit is done or failed. The server has the group committer send it
+    (``on_durable``) rather than keeping a thread waiting for it."""
+
+    __slots__ = ("_dispatcher", "_cmd", "_call", "_reply", "_action")
+
+    def __init__(
+        self, dispatcher: Dispatcher, cmd: Doc, call: _Call, reply: Doc, action: Action | None
+    ) -> None:
+        self._dispatcher, self._cmd, self._call = dispatcher, cmd, call
+        self._reply, self._action = reply, action
+
+    @property
+    def ticket(self) -> PendingCommit:
+        assert self._call.ticket is not None
+        return self._call.ticket
+
+    def result(self) -> Doc:
+        """The reply (the commit's error if it failed) once the commit is done or failed;
+        raises ``CloseConnection`` when a fail point says so."""
+        return self._dispatcher._finish(self._cmd, self._call, self._reply, self._action)
+
+    def wait(self) -> Doc:
+        """Wait (engine lock NOT held) for the commit, then the reply as ``result``."""
+        with contextlib.suppress(CommitFailed):  # the reply says so
+            self._dispatcher.engine.wait_durable(self.ticket)
+        return self.result()
 
 
 def _labelled(
@@ -148,7 +179,17 @@ class Dispatcher:
         self.topology_version = topology_version
 
     def execute(self, cmd: Doc, conn: Connection | None = None) -> Doc:
-        """The reply to ``cmd``; raises ``CloseConnection`` when a fail point says so."""
+        """The reply to ``cmd``, once any commit it made is durable; raises
+        ``CloseConnection`` when a fail point says so."""
+        outcome = self.start(cmd, conn)
+        if isinstance(outcome, PendingReply):
+            return outcome.wait()
+        return outcome
+
+    def start(self, cmd: Doc, conn: Connection | None = None) -> Doc | PendingReply:
+        """Execute ``cmd``: its reply, or for a command that committed a write, a
+        ``PendingReply`` that is ready once the commit is durable (the engine lock is free
+        meanwhile). Raises ``CloseConnection`` when a fail point says so."""
         conn = conn or Connection()
         name = next(iter(cmd), "")
         action = self.failpoints.on_command(name, conn.app_name)
@@ -169,6 +210,19 @@ class Dispatcher:
             return self.hello(cmd)
         call = _Call()
         reply = self._reply(cmd, call)
+        if call.ticket is not None:
+            return PendingReply(self, cmd, call, reply, action)
+        return self._finish(cmd, call, reply, action)
+
+    def _finish(self, cmd: Doc, call: _Call, reply: Doc, action: Action | None) -> Doc:
+        """The reply as sent, once ``call.ticket`` (if any) is done or failed."""
+        ticket = call.ticket
+        if ticket is not None:
+            if ticket.state == "failed":
+                assert ticket.error is not None
+                reply = _labelled(ticket.error.to_reply(), cmd, None, self.topology_version)
+            else:
+                call.op_ts = ticket.ts
         if action is not None and action.write_concern_error is not None and reply.get("ok"):
             # A copy: the reply may be the one stored for a retried write, which has no error.
             reply = {**reply, "writeConcernError": action.write_concern_error}
@@ -223,10 +277,7 @@ class Dispatcher:
             limits.check()
             with collation.active(self._collation(db, name, cmd)):
                 reply = self._run(name, handler, db, cmd, call)
-        if call.ticket is not None:
-            # Acknowledge only once durable; the lock is free for others meanwhile.
-            self.engine.wait_durable(call.ticket)
-            call.op_ts = call.ticket.ts
+        # A commit (call.ticket) is acknowledged only once durable: see PendingReply.
         return reply
 
     def _collation(self, db: str, name: str, cmd: Doc) -> collation.Collation | None:

@@ -9,11 +9,11 @@ Writing a document that another open transaction wrote, or that was committed af
 transaction's snapshot, raises WriteConflict (first writer wins, as in WiredTiger).
 
 Commits (``group_commit.py``): a commit installs its versions under the lock, with a
-timestamp above every snapshot handed out so far, and queues its disk batch; the caller
-then waits OUTSIDE the lock while one of the waiting committers writes every queued batch
-in one SQLite transaction with one fsync. Only then does ``visible`` (the snapshot new
-readers get) advance past it, and only then is it acknowledged: no reader can observe a
-commit that a crash could still lose (docs/engine.md has the argument). A failed batch
+timestamp above every snapshot handed out so far, and queues its disk batch; OUTSIDE the
+lock, the caller (with no write in progress) or the committer's writer thread writes
+every queued batch in one SQLite transaction with one fsync. Only then does ``visible``
+(the snapshot new readers get) advance past it, and only then is it acknowledged: no
+reader can observe a commit that a crash could still lose (docs/engine.md has the argument). A failed batch
 rolls back every commit not yet durable and reports the cause to each of them.
 
 Garbage collection (``collect_garbage``) is incremental: a FIFO of records that got a new
@@ -512,6 +512,7 @@ class Engine:
             except sqlite3.Error:  # nothing is lost: the next start compacts
                 log.exception("the storage journal could not be emptied at shutdown")
             self._write_index_image()
+        self.committer.close()
         self.storage.close()
 
     def _write_index_image(self) -> None:

@@ -7,6 +7,7 @@ connection is closed; the server itself never goes down for a client's bytes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import itertools
@@ -26,10 +27,11 @@ from accord.errors import DataDirLockedError, EngineStartError
 from accord.platform.embedded import vector_search, wire
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
-from accord.platform.embedded.dispatch import Connection, Dispatcher
+from accord.platform.embedded.dispatch import Connection, Dispatcher, PendingReply
 from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.failpoints import CloseConnection
+from accord.platform.embedded.group_commit import GroupCommitter
 from accord.platform.embedded.storage import COMPACT_ROWS
 from accord.platform.embedded.ttl import expire_once
 
@@ -56,6 +58,7 @@ class _Handler(socketserver.BaseRequestHandler):
         owner = self.server.owner
         conn = Connection(id=next(owner.connection_ids))
         reader = _MessageReader(sock)
+        replies = _Replies(sock)
         try:
             while not owner.stopping.is_set():
                 header = reader.take(wire.HEADER.size)
@@ -69,42 +72,141 @@ class _Handler(socketserver.BaseRequestHandler):
                 body = reader.take(length - wire.HEADER.size, deadline)
                 if body is None:
                     return
+                # Replies go out in request order: a client that sent this before the
+                # last reply (pipelining) waits for it first.
+                replies.wait_idle()
                 try:
                     request = wire.parse_message(request_id, op_code, body)
                 except wire.ProtocolError as exc:
                     if op_code in (wire.OP_MSG, wire.OP_QUERY):
                         fake = wire.Request(request_id=request_id, op_code=op_code, command={})
-                        sock.sendall(
-                            wire.encode_reply(
-                                fake,
-                                EngineError(
-                                    Code.FailedToParse, f"invalid message: {exc}"
-                                ).to_reply(),
-                            )
-                        )
+                        error = EngineError(Code.FailedToParse, f"invalid message: {exc}")
+                        replies.send(wire.encode_reply(fake, error.to_reply()))
                         continue
                     return
                 try:
-                    reply = owner.handle(request, conn)
+                    outcome = owner.begin(request, conn)
+                    if isinstance(outcome, PendingReply):
+                        if not request.more_to_come:
+                            # The group committer's writer sends it once the commit is
+                            # durable; this thread goes back to reading meanwhile.
+                            replies.defer(request, outcome, owner.committer)
+                            continue
+                        outcome.wait()
+                        continue
+                    reply = outcome
                 except CloseConnection:
                     return  # a fail point: the client sees the connection drop, no reply
                 if request.more_to_come:
                     continue  # unacknowledged write: the client expects no reply
-                try:
-                    data = wire.encode_reply(request, reply)
-                except Exception as exc:  # e.g. a reply over the BSON size limit
-                    data = wire.encode_reply(
-                        request,
-                        EngineError(
-                            Code.BSONObjectTooLarge, f"reply could not be encoded: {exc}"
-                        ).to_reply(),
-                    )
-                sock.sendall(data)
+                replies.send(_encode_reply(request, reply))
         except (ConnectionError, TimeoutError, OSError):
             return
+        finally:
+            # The socket is closed once this returns: a reply still due must be sent (or
+            # given up) first, never written to whatever reuses the descriptor.
+            replies.close()
 
     def finish(self) -> None:
         self.server.owner.release_connection()
+
+
+def _encode_reply(request: wire.Request, reply: dict[str, Any]) -> bytes:
+    try:
+        return wire.encode_reply(request, reply)
+    except Exception as exc:  # e.g. a reply over the BSON size limit
+        error = EngineError(Code.BSONObjectTooLarge, f"reply could not be encoded: {exc}")
+        return wire.encode_reply(request, error.to_reply())
+
+
+class _Replies:
+    """A connection's replies. A deferred one (at most one at a time) is sent by whichever
+    thread finalizes its commit (``defer``); that thread never blocks on a client: what
+    the socket does not take at once is sent by a thread of its own. Every send holds
+    ``_lock``, so replies leave in order."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        # Set when no deferred reply is waiting for its commit.
+        self.idle = threading.Event()
+        self.idle.set()
+        # Held while the socket is written; once ``_closed`` nothing is (the descriptor may
+        # be closed and reused). A plain lock: the slow path's thread releases it.
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no deferred reply waits for its commit; False if ``timeout`` passed."""
+        return self.idle.is_set() or self.idle.wait(timeout)
+
+    def send(self, data: bytes) -> None:
+        """Send a reply from the connection's thread, after any reply before it."""
+        with self._lock:
+            self.sock.sendall(data)
+
+    def defer(
+        self, request: wire.Request, pending: PendingReply, committer: GroupCommitter
+    ) -> None:
+        """Send ``pending``'s reply once its commit is done or failed."""
+        self.idle.clear()
+
+        def send() -> None:
+            self._lock.acquire()
+            rest = b""
+            try:
+                if self._closed:
+                    return
+                try:
+                    data = _encode_reply(request, pending.result())
+                except CloseConnection:
+                    self._shutdown()
+                    return
+                # Before the send: the client's next message may arrive before this thread
+                # runs again, and its reply queues behind this one on the lock anyway.
+                self.idle.set()
+                try:
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:  # the client is gone; its thread sees that too
+                    return
+                rest = data[sent:]
+            finally:
+                self.idle.set()
+                if not rest:
+                    self._lock.release()
+            if not rest:
+                return
+            # The lock stays held: the rest goes first, then the next reply.
+            threading.Thread(
+                target=self._send_rest, args=(rest,), daemon=True, name="accord-engine-reply"
+            ).start()
+
+        if not committer.on_durable(pending.ticket, send):
+            send()
+
+    def _send_rest(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self._shutdown()
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """The connection's thread is done with the socket: wait for a reply still due
+        (bounded; a client that does not read is cut off), then let nothing else write."""
+        if not self.wait_idle(MESSAGE_TIMEOUT_S):
+            self._shutdown()
+        if not self._lock.acquire(timeout=MESSAGE_TIMEOUT_S):
+            self._shutdown()  # a send blocked on a client that does not read returns
+            self._lock.acquire()
+        self._closed = True
+        self._lock.release()
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
@@ -385,6 +487,19 @@ class EmbeddedServer:
         """The reply to one request; raises ``CloseConnection`` if a fail point says so."""
         assert self.dispatcher is not None
         return self.dispatcher.execute(request.command, conn)
+
+    def begin(
+        self, request: wire.Request, conn: Connection | None = None
+    ) -> dict[str, Any] | PendingReply:
+        """Execute one request: its reply, or one that is ready once its commit is durable
+        (``Dispatcher.start``); raises ``CloseConnection`` if a fail point says so."""
+        assert self.dispatcher is not None
+        return self.dispatcher.start(request.command, conn)
+
+    @property
+    def committer(self) -> GroupCommitter:
+        assert self.engine is not None
+        return self.engine.committer
 
     def hello(self, cmd: dict[str, Any]) -> dict[str, Any]:
         # Awaitable hello (streaming monitor): the topology never changes, so hold the
