@@ -90,8 +90,13 @@ def test_clients_that_do_not_read_their_replies_hold_up_no_one(client: MongoClie
             # its commit is likely finalized by another client's thread or the writer's.
             sock.sendall(
                 op_msg(
-                    {"findAndModify": "big", "query": {"_id": k}, "update": {"$set": {"n": k}},
-                     "new": True, "$db": db.name},
+                    {
+                        "findAndModify": "big",
+                        "query": {"_id": k},
+                        "update": {"$set": {"n": k}},
+                        "new": True,
+                        "$db": db.name,
+                    },
                     k + 1,
                 )  # fmt: skip
             )

@@ -1,18 +1,18 @@
 """Group commit: many waiting commits, one SQLite transaction, one fsync.
 
 A commit is installed in memory under the engine lock (invisible to readers) and
-``submit``ted here, in timestamp order. The committer's writer thread takes every queued
-batch, writes them in one SQLite transaction with one fsync, and then, under the engine
-lock, finalizes them in order (they become visible, observers run). Commits that arrive
-while a write is in progress form the next group. Readers never wait for any of this:
-they read at ``engine.visible``.
+``submit``ted here, in timestamp order. Outside the engine lock, its caller writes the
+queue itself if no write is in progress (``wait``, ``on_durable``); otherwise the
+committer's writer thread takes what queued as soon as the write in progress ends. A
+write puts every queued batch in one SQLite transaction with one fsync and then, under
+the engine lock, finalizes them in order (they become visible, observers run). Readers
+never wait for any of this: they read at ``engine.visible``.
 
-A commit's caller either ``wait``s for it (engine lock NOT held) or registers a callback
-(``on_durable``) that the writer thread runs once it is done, outside every lock: the
-server sends a write's reply that way, so the connection's thread goes back to reading
-its socket instead of sleeping and being woken for every commit (each wake-up is a
-context switch and a handover of the interpreter lock, and with them the writer got a
-group of ~2 commits per fsync at 4 clients).
+A commit's caller either ``wait``s for it or registers a callback (``on_durable``) that
+the thread finalizing it runs once it is done, outside every lock: the server sends a
+write's reply that way, so the connection's thread goes back to reading its socket
+instead of sleeping and being woken for every commit (each wake-up is a context switch
+and a hand-over of the interpreter lock).
 
 If a write fails (disk full, I/O error), nothing of that batch is on disk; every commit
 not yet durable (that batch, and everything queued behind it, whose uniqueness checks
@@ -92,7 +92,7 @@ class PendingCommit:
     on_failure: list[Callable[[], None]] = field(default_factory=list)
     state: str = "queued"  # queued | written | done | failed
     error: CommitFailed | None = None
-    # Run by the writer thread, outside every lock, once the commit is done or failed.
+    # Run by the thread that finalizes it, outside every lock, once done or failed.
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def forget(self) -> None:

@@ -1,7 +1,8 @@
 """The embedded engine's network server: a threaded MongoDB wire-protocol listener.
 
 One thread per connection reads a message, has the dispatcher execute it and writes the
-reply. Malformed input gets an error reply when the request id is known, otherwise the
+reply; a write's reply is sent by the thread that makes its commit durable and visible
+(``_Replies``, group_commit.py), while the connection's thread reads on. Malformed input gets an error reply when the request id is known, otherwise the
 connection is closed; the server itself never goes down for a client's bytes.
 """
 
