@@ -156,8 +156,9 @@ class GroupCommitter:
         return True
 
     def _write_if_idle(self) -> None:
-        """With no write in progress, write the queue in this thread, as the writer thread
-        would: a lone commit then costs no hand-over to that thread."""
+        """With no write in progress, write and finalize the queue in this thread and run
+        the callbacks due: the writer thread's step, which a commit's own caller takes
+        too, so a lone commit costs no hand-over to that thread."""
         with self._cv:
             if self._writing or self._broken or not self._queue:
                 return
@@ -185,14 +186,7 @@ class GroupCommitter:
                         return
                     self._work.wait()
             self._run_due()
-            with self._cv:
-                if not self._queue or self._writing or self._broken:
-                    continue
-                batch, self._queue = self._queue, []
-                self._writing = True
-            self._write(batch)
-            with self.engine.locked("commit"):
-                self._finalize()
+            self._write_if_idle()
 
     def _run_due(self) -> None:
         """Run the callbacks of finalized commits (no lock held)."""
