@@ -31,7 +31,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,8 +114,8 @@ class GroupCommitter:
         # Done or failed commits whose callbacks the writer thread has yet to run.
         self._due: list[PendingCommit] = []
         self._writing = False
-        # The writer role is held by a journal compaction, not by commits.
-        self._compacting = False
+        # The writer role is held by storage upkeep (``_as_writer``), not by commits.
+        self._upkeep = False
         self._broken = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -122,10 +123,10 @@ class GroupCommitter:
                        "writeMillis": 0.0}  # fmt: skip
 
     def pending(self) -> bool:
-        """Whether commits are on their way to visibility (a journal compaction holding
-        the writer role is not one: nothing becomes visible when it ends)."""
+        """Whether commits are on their way to visibility (storage upkeep holding the
+        writer role is not one: nothing becomes visible when it ends)."""
         with self._cv:
-            return bool(self._queue or self._written or (self._writing and not self._compacting))
+            return bool(self._queue or self._written or (self._writing and not self._upkeep))
 
     def submit(self, item: PendingCommit) -> None:
         """Queue an installed commit (engine lock held, so queue order is ts order)."""
@@ -222,15 +223,43 @@ class GroupCommitter:
         """Move a slice of the storage's journal into its tables (``Storage.compact``) as
         the writer, so nothing else writes meanwhile; commits that arrive queue and form
         the next group. Returns the journal rows moved. Engine lock NOT held."""
+        with self._as_writer():
+            return self.engine.storage.compact(rows)
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy the storage's WAL into its database file so that its next write starts
+        the WAL over (``Storage.checkpoint``); returns SQLite's (frames, copied) of the
+        last copy.
+
+        The copy runs alongside commits, and SQLite starts a WAL over only once all of it
+        is copied: under steady commits the frames appended during the copy were never
+        all copied, and the WAL grew without end (300 MB after a minute of inserts). An
+        fsync that extends a file costs ext4 a journal commit as well (3,000 fsyncs/s
+        instead of 5,000 here). So what was written while the first copy ran is copied
+        again as the writer, which holds commits back for that short copy only (the
+        first copy's own count cannot tell: it counts the frames as of its start).
+        Engine lock NOT held."""
+        result = self.engine.storage.checkpoint()
+        if result != (0, 0):
+            with self._as_writer():
+                rest = self.engine.storage.checkpoint()
+            if rest != (0, 0):
+                result = rest
+        return result
+
+    @contextmanager
+    def _as_writer(self) -> Iterator[None]:
+        """Hold the writer role for storage work that is not a group of commits; commits
+        that arrive meanwhile queue and form the next group."""
         with self._cv:
             while self._writing or self._broken:
                 self._cv.wait()
-            self._writing = self._compacting = True
+            self._writing = self._upkeep = True
         try:
-            return self.engine.storage.compact(rows)
+            yield
         finally:
             with self._cv:
-                self._writing = self._compacting = False
+                self._writing = self._upkeep = False
                 self._cv.notify_all()
                 if self._queue:
                     self._wake_writer()

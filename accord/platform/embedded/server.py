@@ -555,7 +555,7 @@ class EmbeddedServer:
                     time.sleep(0.001)  # let waiting commands in between passes
                 engine.compact_heap()
                 self._compact_journal(engine)
-                engine.storage.checkpoint()
+                engine.committer.checkpoint()
                 if time.monotonic() - last_ttl >= self.ttl_interval:
                     last_ttl = time.monotonic()
                     expire_once(engine, stopping=self.stopping)

@@ -39,6 +39,7 @@ import logging
 import mmap
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,8 +105,9 @@ class CommitBatch:
     txn_records: list[tuple[bytes, int, dict[str, Any]]] = field(default_factory=list)
 
 
-# Pages in the WAL before a background checkpoint (SQLite's automatic default is 1000).
-CHECKPOINT_PAGES = 1000
+# Bytes the WAL file keeps when it starts over (``PRAGMA journal_size_limit``): rewriting
+# a file in place is a cheaper fsync than extending it, so it is not cut back to nothing.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 class Storage:
@@ -136,8 +138,13 @@ class Storage:
         # Checkpoints (copying the WAL into the database file) run in the background
         # (``checkpoint``), not inside the commit that crosses SQLite's threshold.
         self._conn.execute("PRAGMA wal_autocheckpoint=0")
+        # A WAL that a burst grew is cut back to this size when it next starts over.
+        self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         self._conn.executescript(SCHEMA)
         self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
+        # Whether the WAL may hold frames not yet copied into the database file.
+        self._unchecked = True
         row = self._conn.execute("SELECT value FROM meta WHERE name = 'last_ts'").fetchone()
         journal = self._conn.execute("SELECT max(ts) FROM journal").fetchone()
         self.last_ts: int = max(int(row[0]) if row else 0, int(journal[0] or 0))
@@ -179,25 +186,29 @@ class Storage:
         self._conn.close()
         self._durable.close()
 
-    def checkpoint(self, min_pages: int = CHECKPOINT_PAGES) -> tuple[int, int]:
-        """Copy the WAL into the database file if it has grown to ``min_pages`` pages
-        (what SQLite's automatic checkpoint would do inside a commit). Runs on its own
-        connection, concurrently with commits; returns SQLite's (frames in the WAL, frames
-        of it now in the database file), or (0, 0) if the WAL is still small."""
-        if self._checkpointer is None:
-            self._checkpointer = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False
-            )
-            self._checkpointer.execute("PRAGMA synchronous=%s" % ("FULL" if self._sync else "OFF"))
-        wal = self.path.with_name(self.path.name + "-wal")
-        try:
-            pages = (wal.stat().st_size - 32) // (4096 + 24)
-        except FileNotFoundError:
-            return 0, 0
-        if pages < min_pages:
-            return 0, 0
-        _, frames, copied = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        return int(frames), int(copied)
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy the WAL into the database file (what SQLite's automatic checkpoint does
+        inside a commit) if anything was written since the last complete copy. Runs on
+        its own connection, concurrently with commits; returns SQLite's (frames in the
+        WAL, frames of it now in the database file), or (0, 0) if there was nothing to
+        copy. Once every frame is copied, the next write starts the WAL over."""
+        with self._checkpoint_lock:  # one connection: one copy at a time
+            if not self._unchecked:
+                return 0, 0
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+                self._checkpointer.execute(
+                    "PRAGMA synchronous=%s" % ("FULL" if self._sync else "OFF")
+                )
+            # Cleared first: a write during the copy sets it again.
+            self._unchecked = False
+            checkpoint = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            _, frames, copied = checkpoint.fetchone()
+            if copied < frames:
+                self._unchecked = True
+            return int(frames), int(copied)
 
     def _read_durable(self) -> int:
         try:
@@ -245,6 +256,7 @@ class Storage:
             self._conn.execute(
                 "INSERT INTO journal (ts, batches) VALUES (?, ?)", (last, _encode(batches))
             )
+            self._unchecked = True
         else:
             # Its cost is paid by its own commit, not by whoever commits while a later
             # compaction moves it: after the (small) journal rows before it, in order.
@@ -297,6 +309,7 @@ class Storage:
                 (tables_ts,),
             )
             cur.execute("COMMIT")
+            self._unchecked = True
         except BaseException:
             # SQLite may already have rolled back (SQLITE_FULL does): only roll back an
             # open transaction, so the real error is what the caller sees.
