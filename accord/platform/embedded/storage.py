@@ -204,8 +204,10 @@ class Storage:
                 )
             # Cleared first: a write during the copy sets it again.
             self._unchecked = False
-            checkpoint = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            _, frames, copied = checkpoint.fetchone()
+            # fetchall: a statement left unfinished would keep a read of the WAL open.
+            ((_, frames, copied),) = self._checkpointer.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)"
+            ).fetchall()
             if copied < frames:
                 self._unchecked = True
             return int(frames), int(copied)
