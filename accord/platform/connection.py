@@ -121,8 +121,9 @@ def spawn_engine(
             return engine_uri(found[1], host)
         code = proc.poll()
         if code is not None and code != 2:
-            tail = (directory / ENGINE_LOG).read_text(errors="replace")[-400:].strip()
-            raise EngineStartError(f"the embedded engine exited with code {code}: {tail}")
+            raise EngineStartError(
+                f"the embedded engine exited with code {code}: {_log_tail(directory)}"
+            )
         # Exit code 2: another process won the race to start it; poll for its lock instead.
         time.sleep(0.05)
     raise EngineStartError(
@@ -165,4 +166,15 @@ def stop_engine(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bool
         if read_lock(directory) is None:
             return True
         time.sleep(0.05)
-    raise EngineStartError(f"engine pid {pid} did not stop within {timeout}s")
+    raise EngineStartError(
+        f"engine pid {pid} did not stop within {timeout}s; the end of its log "
+        f"({directory / ENGINE_LOG}): {_log_tail(directory) or '(empty)'}"
+    )
+
+
+def _log_tail(directory: Path, chars: int = 400) -> str:
+    """The last ``chars`` characters of the engine log in ``directory`` ('' if none)."""
+    try:
+        return (directory / ENGINE_LOG).read_text(errors="replace")[-chars:].strip()
+    except OSError:
+        return ""

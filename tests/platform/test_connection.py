@@ -172,3 +172,38 @@ def test_transaction_older_than_its_lifetime_is_aborted_and_discarded(tmp_path: 
         assert client.d.c.find_one({"_id": "stale"}) is None
         client.d.c.insert_one({"_id": "stale"})  # its lock was released too
         client.close()
+
+
+def test_an_engine_that_does_not_stop_is_reported_with_its_log(tmp_path: Path) -> None:
+    """``stop_engine`` gives up after its timeout with an error that says where the
+    engine's log is and how it ends, so a slow or stuck stop can be told apart."""
+    from accord.platform.connection import ENGINE_LOG
+    from accord.platform.embedded.discovery import LOCK_FILE
+
+    ready = tmp_path / "ready"
+    # A fake engine: holds the data directory's lock as the engine does, ignores SIGTERM.
+    holder = textwrap.dedent(f"""
+        import fcntl, os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        fd = os.open({str(tmp_path / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, b"%d 1\\n" % os.getpid(), 0)
+        with open({str(tmp_path / ENGINE_LOG)!r}, "a") as log:
+            log.write("shutdown: the housekeeping thread is still busy after 5 s\\n")
+        open({str(ready)!r}, "w").close()
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(EngineStartError) as raised:
+            stop_engine(tmp_path, timeout=0.5)
+        message = str(raised.value)
+        assert f"engine pid {proc.pid} did not stop within 0.5s" in message
+        assert str(tmp_path / ENGINE_LOG) in message
+        assert "the housekeeping thread is still busy" in message
+    finally:
+        proc.kill()
+        proc.wait()

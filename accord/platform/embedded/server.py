@@ -45,6 +45,8 @@ READ_TIMEOUT_S = 3600.0
 MESSAGE_TIMEOUT_S = 30.0
 # mongod's net.maxIncomingConnections; each connection is a thread and its buffers.
 MAX_CONNECTIONS = 1000
+# A shutdown slower than this logs where its time went.
+SLOW_SHUTDOWN_S = 2.0
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -440,15 +442,27 @@ class EmbeddedServer:
             return
         self._closed = True
         self.stopping.set()
+        started = time.monotonic()
         if self._tcp is not None:
             self._tcp.server_close()
         for thread in self._threads:
             if thread is not threading.current_thread() and thread.name.endswith("housekeeping"):
                 thread.join(timeout=5)
+                if thread.is_alive():
+                    log.warning("shutdown: the housekeeping thread is still busy after 5 s")
+        joined = time.monotonic()
         if self.engine is not None:
             with self.engine.locked("shutdown"):
                 self.engine.close()
         self._release_lock()
+        # A slow stop is reported with where its time went (whoever waits for it, e.g.
+        # ``accord engine stop``, shows the end of this log when it gives up).
+        if time.monotonic() - started > SLOW_SHUTDOWN_S:
+            log.warning(
+                "shutdown took %.1f s: %.1f s for the housekeeping thread, %.1f s to make "
+                "pending commits durable and close the store",
+                time.monotonic() - started, joined - started, time.monotonic() - joined,
+            )  # fmt: skip
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
