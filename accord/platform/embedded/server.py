@@ -454,15 +454,15 @@ class EmbeddedServer:
         if self.engine is not None:
             with self.engine.locked("shutdown"):
                 self.engine.close()
-        self._release_lock()
-        # A slow stop is reported with where its time went (whoever waits for it, e.g.
-        # ``accord engine stop``, shows the end of this log when it gives up).
+        # A slow stop is reported with where its time went, before the lock is released
+        # (``accord engine stop`` shows the end of this log when it gives up waiting).
         if time.monotonic() - started > SLOW_SHUTDOWN_S:
             log.warning(
                 "shutdown took %.1f s: %.1f s for the housekeeping thread, %.1f s to make "
                 "pending commits durable and close the store",
                 time.monotonic() - started, joined - started, time.monotonic() - joined,
             )  # fmt: skip
+        self._release_lock()
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
