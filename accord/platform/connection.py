@@ -40,7 +40,7 @@ def read_lock(data_dir: Path) -> tuple[int, int] | None:
             content = os.pread(fd, 100, 0).decode(errors="replace").split()
             if len(content) == 2 and all(p.isdigit() for p in content):
                 return int(content[0]), int(content[1])
-            return None  # held but not written yet: an engine is starting
+            return None  # held, no pid and port yet: an engine is starting
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -118,6 +118,8 @@ def spawn_engine(
     while time.monotonic() < deadline:
         found = read_lock(directory)
         if found:
+            if found[0] != proc.pid:
+                _withdraw(proc)
             return engine_uri(found[1], host)
         code = proc.poll()
         if code is not None and code != 2:
@@ -170,6 +172,20 @@ def stop_engine(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bool
         f"engine pid {pid} did not stop within {timeout}s; the end of its log "
         f"({directory / ENGINE_LOG}): {_log_tail(directory) or '(empty)'}"
     )
+
+
+def _withdraw(proc: subprocess.Popen[bytes]) -> None:
+    """Stop an engine we spawned that lost the race to another starter's. It may still be
+    starting (a second or more under load): left alone it would take the data directory
+    over once the winner stops, an engine nobody was told about."""
+    if proc.poll() is not None:
+        return  # it already found the directory taken (exit code 2)
+    proc.terminate()  # before its handler is installed SIGTERM ends it; after, it stops
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _log_tail(directory: Path, chars: int = 400) -> str:

@@ -207,3 +207,48 @@ def test_an_engine_that_does_not_stop_is_reported_with_its_log(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_engine_that_lost_the_race_to_start_does_not_start_later(tmp_path: Path) -> None:
+    """Starters race: one's engine takes the data directory, another's is still starting
+    when that starter finds the winner and returns. The late engine must not take the
+    directory over once the winner stops (it did: `accord engine stop` ended one engine,
+    and another, that nobody was told about, was serving the directory a moment later)."""
+    from accord.platform.connection import spawn_engine
+
+    directory = tmp_path / "data"
+    winner = EmbeddedServer(directory, port=0, sync=False).start()
+    try:
+        uri = spawn_engine(directory, port=0, host="127.0.0.1", sync=False, timeout=30)
+        assert f":{winner.port}/" in uri  # the engine already serving it
+    finally:
+        winner.stop()
+    time.sleep(3.0)  # longer than a spawned engine takes to start here
+    late = read_lock(directory)
+    if late is not None:
+        stop_engine(directory)
+    assert late is None, f"engine pid {late[0]} started after the winner stopped"
+
+
+def test_a_stale_lock_file_does_not_name_the_engine_that_replaces_it(tmp_path: Path) -> None:
+    """A SIGKILLed engine leaves its pid and port in the lock file. The engine started
+    next must not be reported by them while it starts (its starter returned the dead
+    engine's port, and took the new engine for another starter's)."""
+    from accord.platform.embedded.discovery import LOCK_FILE
+
+    directory = tmp_path / "data"
+    # Data to load, so that the next engine is seen starting (without, the window is
+    # shorter than ``spawn_engine``'s poll).
+    with EmbeddedServer(directory, port=0, sync=False) as server:
+        client: MongoClient = MongoClient(server.uri)
+        client.t.c.insert_many([{"i": i, "pad": "p" * 200} for i in range(30_000)])
+        client.close()
+    (directory / LOCK_FILE).write_text("999999 1\n")
+    uri = ensure_engine(directory, sync=False)
+    try:
+        found = read_lock(directory)
+        assert found is not None and found[1] != 1 and f":{found[1]}/" in uri
+        with MongoClient(uri, serverSelectionTimeoutMS=5000) as client:
+            assert client.admin.command("ping")["ok"] == 1
+    finally:
+        stop_engine(directory)

@@ -359,6 +359,12 @@ class EmbeddedServer:
             ) from None
         # A clean shutdown empties the lock file; anything in it means the last one was not.
         unclean = bool(os.pread(self._lock_fd, 100, 0).strip())
+        # Until this engine listens, the file names no pid and port (``read_lock`` takes
+        # it for an engine starting): a previous engine's would send clients to its port,
+        # and make a starter take this engine for another one. Not empty, so a crash
+        # before the start completes still counts as unclean.
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"starting {os.getpid()}\n".encode(), 0)
         try:
             self.engine = Engine(
                 self.dbpath, sync=self.sync, history_window=self.snapshot_history,
