@@ -13,8 +13,9 @@ timestamp above every snapshot handed out so far, and queues its disk batch; OUT
 lock, the caller (with no write in progress) or the committer's writer thread writes
 every queued batch in one SQLite transaction with one fsync. Only then does ``visible``
 (the snapshot new readers get) advance past it, and only then is it acknowledged: no
-reader can observe a commit that a crash could still lose (docs/engine.md has the argument). A failed batch
-rolls back every commit not yet durable and reports the cause to each of them.
+reader can observe a commit that a crash could still lose (docs/engine.md has the
+argument). A failed batch rolls back every commit not yet durable and reports the cause
+to each of them.
 
 Garbage collection (``collect_garbage``) is incremental: a FIFO of records that got a new
 version, in commit order, pruned a few milliseconds at a time once no snapshot (open

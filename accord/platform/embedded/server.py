@@ -2,8 +2,9 @@
 
 One thread per connection reads a message, has the dispatcher execute it and writes the
 reply; a write's reply is sent by the thread that makes its commit durable and visible
-(``_Replies``, group_commit.py), while the connection's thread reads on. Malformed input gets an error reply when the request id is known, otherwise the
-connection is closed; the server itself never goes down for a client's bytes.
+(``_Replies``, group_commit.py), while the connection's thread reads on. Malformed input
+gets an error reply when the request id is known, otherwise the connection is closed; the
+server itself never goes down for a client's bytes.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     outcome = owner.begin(request, conn)
                     if isinstance(outcome, PendingReply):
                         if not request.more_to_come:
-                            # The group committer's writer sends it once the commit is
-                            # durable; this thread goes back to reading meanwhile.
+                            # Sent by whichever thread finalizes the commit (this one
+                            # when no write was in progress), so this thread reads on.
                             replies.defer(request, outcome, owner.committer)
                             continue
                         outcome.wait()
@@ -503,11 +504,6 @@ class EmbeddedServer:
     @property
     def open_connections(self) -> int:
         return self._connections
-
-    def handle(self, request: wire.Request, conn: Connection | None = None) -> dict[str, Any]:
-        """The reply to one request; raises ``CloseConnection`` if a fail point says so."""
-        assert self.dispatcher is not None
-        return self.dispatcher.execute(request.command, conn)
 
     def begin(
         self, request: wire.Request, conn: Connection | None = None
