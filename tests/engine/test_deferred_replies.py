@@ -1,7 +1,7 @@
-"""Write replies sent when their commit is durable, from outside the connection's thread.
+"""Write replies sent when their commit is durable, by whichever thread finalizes it.
 
-The engine's connection thread hands a write's reply to the group committer and goes back
-to reading; whichever thread finalizes the commit sends it. These tests hold it to what a
+The engine's event loop hands a write's reply to the group committer and goes back to
+reading; whichever thread finalizes the commit sends it (netloop.py). These tests hold it to what a
 client relies on: replies in request order on one connection, a client that does not read
 holds up no one else's commits, and a client gone before its reply leaves the server well.
 Raw sockets, addressed by ``client.address``, so the file also runs against MongoDB.

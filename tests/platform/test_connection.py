@@ -120,7 +120,7 @@ def test_second_engine_on_the_same_dbpath_is_refused(tmp_path: Path) -> None:
 def test_engine_binds_loopback_by_default(tmp_path: Path) -> None:
     with EmbeddedServer(tmp_path, port=0, sync=False) as server:
         assert server.host == "127.0.0.1"
-        assert server._tcp is not None and server._tcp.server_address[0] == "127.0.0.1"
+        assert server.bound_host == "127.0.0.1"
 
 
 def test_restart_recovers_data_indexes_and_validators(tmp_path: Path) -> None:

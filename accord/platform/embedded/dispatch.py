@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,12 @@ class Connection:
 HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
 
 
+class WouldWait(Exception):  # noqa: N818 (an instruction to the caller, not an error)
+    """Raised instead of waiting by a command started with ``may_wait=False``: a write
+    found documents held by a transaction. Nothing of the command was applied; the caller
+    runs it again where it may wait (the server's loop hands it to a worker)."""
+
+
 class PendingReply:
     """The reply to a command whose commit is on its way to disk (``ticket``): ready once
     the commit is done or failed. The server has the group committer send it
@@ -175,6 +182,8 @@ class Dispatcher:
         # mongod's enableTestCommands: configureFailPoint and the other TEST_COMMANDS.
         self.test_commands = test_commands
         self.failpoints = FailPoints()
+        # ``may_wait`` of the command this thread runs (see ``start``).
+        self._local = threading.local()
         # What hello reports; state-change errors carry it too (see _labelled).
         self.topology_version = topology_version
 
@@ -186,10 +195,20 @@ class Dispatcher:
             return outcome.wait()
         return outcome
 
-    def start(self, cmd: Doc, conn: Connection | None = None) -> Doc | PendingReply:
+    def start(
+        self, cmd: Doc, conn: Connection | None = None, *, may_wait: bool = True
+    ) -> Doc | PendingReply:
         """Execute ``cmd``: its reply, or for a command that committed a write, a
         ``PendingReply`` that is ready once the commit is durable (the engine lock is free
-        meanwhile). Raises ``CloseConnection`` when a fail point says so."""
+        meanwhile). Raises ``CloseConnection`` when a fail point says so, and without
+        ``may_wait`` ``WouldWait`` where the command would wait for a transaction."""
+        self._local.may_wait = may_wait
+        try:
+            return self._start(cmd, conn)
+        finally:
+            self._local.may_wait = True
+
+    def _start(self, cmd: Doc, conn: Connection | None) -> Doc | PendingReply:
         conn = conn or Connection()
         name = next(iter(cmd), "")
         action = self.failpoints.on_command(name, conn.app_name)
@@ -234,7 +253,7 @@ class Dispatcher:
     def _reply(self, cmd: Doc, call: _Call) -> Doc:
         try:
             return self._execute(cmd, call)
-        except CloseConnection:
+        except (CloseConnection, WouldWait):
             raise
         except EngineError as exc:
             return _labelled(exc.to_reply(), cmd, None, self.topology_version)
@@ -396,6 +415,8 @@ class Dispatcher:
                 self.engine.abort(txn, "write failed")
                 if exc.code != Code.WriteConflict:
                     raise
+                if not getattr(self._local, "may_wait", True):
+                    raise WouldWait("a transaction holds the documents") from exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineError(

@@ -616,6 +616,9 @@ class Engine:
     def wait_changed(self, timeout: float) -> None:
         """Wait (lock held) for a commit, abort or visibility change; the wait itself
         does not count as holding the lock."""
+        # What it waits for may be a commit queued by the server's loop and not yet
+        # handed to the writer thread (the loop does that at the end of its round).
+        self.committer.kick()
         self.lock_stats.pause()
         try:
             self.changed.wait(timeout)

@@ -2,17 +2,18 @@
 
 A commit is installed in memory under the engine lock (invisible to readers) and
 ``submit``ted here, in timestamp order. Outside the engine lock, its caller writes the
-queue itself if no write is in progress (``wait``, ``on_durable``); otherwise the
-committer's writer thread takes what queued as soon as the write in progress ends. A
+queue itself if no write is in progress (``wait``, ``on_durable``), or leaves that to
+the writer thread (``on_durable(write=False)``, then ``kick``: the server's event loop,
+once per round); the writer thread also takes what queued during a write as soon as it
+ends. A
 write puts every queued batch in one SQLite transaction with one fsync and then, under
 the engine lock, finalizes them in order (they become visible, observers run). Readers
 never wait for any of this: they read at ``engine.visible``.
 
 A commit's caller either ``wait``s for it or registers a callback (``on_durable``) that
 the thread finalizing it runs once it is done, outside every lock: the server sends a
-write's reply that way, so the connection's thread goes back to reading its socket
-instead of sleeping and being woken for every commit (each wake-up is a context switch
-and a hand-over of the interpreter lock).
+write's reply that way, so its event loop goes back to reading sockets instead of
+waiting for the commit.
 
 If a write fails (disk full, I/O error), nothing of that batch is on disk; every commit
 not yet durable (that batch, and everything queued behind it, whose uniqueness checks
@@ -146,15 +147,29 @@ class GroupCommitter:
             assert item.error is not None
             raise item.error
 
-    def on_durable(self, item: PendingCommit, callback: Callable[[], None]) -> bool:
+    def on_durable(
+        self, item: PendingCommit, callback: Callable[[], None], *, write: bool = True
+    ) -> bool:
         """Have ``callback`` run (outside every lock) once ``item`` is done or failed;
-        False if it already is (the caller runs it then). Engine lock NOT held."""
+        False if it already is (the caller runs it then). With ``write``, this thread
+        writes the queue if no write is in progress; without, the caller ``kick``s the
+        writer thread later (once it has queued what else it has). Engine lock NOT held."""
         with self._cv:
             if item.state in ("done", "failed"):
                 return False
             item.callbacks.append(callback)
-        self._write_if_idle()
+        if write:
+            self._write_if_idle()
         return True
+
+    def kick(self) -> None:
+        """Have the writer thread write what is queued, unless a write in progress will
+        take it when it ends: for callers that queue commits without writing them (the
+        server's event loop, once per round, so its connections' commits form one
+        group). Any lock may be held."""
+        with self._cv:
+            if self._queue and not self._writing and not self._broken:
+                self._wake_writer()
 
     def _write_if_idle(self) -> None:
         """With no write in progress, write and finalize the queue in this thread and run

@@ -1,23 +1,16 @@
-"""The embedded engine's network server: a threaded MongoDB wire-protocol listener.
-
-One thread per connection reads a message, has the dispatcher execute it and writes the
-reply; a write's reply is sent by the thread that makes its commit durable and visible
-(``_Replies``, group_commit.py), while the connection's thread reads on. Malformed input
-gets an error reply when the request id is known, otherwise the connection is closed; the
-server itself never goes down for a client's bytes.
+"""The embedded engine's network server: its lifecycle, the data directory's lock, and
+housekeeping. Connections are served by one event loop (netloop.py), which runs writes
+itself and hands every other command to the connection's worker thread.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import fcntl
 import itertools
 import logging
 import os
 import socket
-import socketserver
-import struct
 import threading
 import time
 from pathlib import Path
@@ -31,245 +24,21 @@ from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Connection, Dispatcher, PendingReply
 from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
-from accord.platform.embedded.errors import Code, EngineError
-from accord.platform.embedded.failpoints import CloseConnection
 from accord.platform.embedded.group_commit import GroupCommitter
+from accord.platform.embedded.netloop import EventLoop
 from accord.platform.embedded.storage import COMPACT_ROWS
 from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
 
-# An idle connection (between messages) is closed after this long.
-READ_TIMEOUT_S = 3600.0
 # A message must arrive whole within this long of its header: a client that declares a
 # large message and sends it slowly is disconnected instead of holding its buffer.
 MESSAGE_TIMEOUT_S = 30.0
-# mongod's net.maxIncomingConnections; each connection is a thread and its buffers.
+# mongod's net.maxIncomingConnections; each connection has its buffers (and, once it ran
+# a command the loop does not run itself, a thread).
 MAX_CONNECTIONS = 1000
 # A shutdown slower than this logs where its time went.
 SLOW_SHUTDOWN_S = 2.0
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    server: _TCPServer
-
-    def handle(self) -> None:
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # A blocking socket whose idle bound is the kernel's: with a Python-level timeout
-        # every recv and send would first poll(), a second system call each time.
-        _set_kernel_timeouts(sock, READ_TIMEOUT_S)
-        owner = self.server.owner
-        conn = Connection(id=next(owner.connection_ids))
-        reader = _MessageReader(sock)
-        replies = _Replies(sock)
-        try:
-            while not owner.stopping.is_set():
-                header = reader.take(wire.HEADER.size)
-                if header is None:
-                    return
-                try:
-                    length, request_id, _, op_code = wire.parse_header(header)
-                except wire.ProtocolError:
-                    return  # cannot even frame the message: drop the connection
-                deadline = time.monotonic() + owner.message_timeout
-                body = reader.take(length - wire.HEADER.size, deadline)
-                if body is None:
-                    return
-                # Replies go out in request order: a client that sent this before the
-                # last reply (pipelining) waits for it first.
-                replies.wait_idle()
-                try:
-                    request = wire.parse_message(request_id, op_code, body)
-                except wire.ProtocolError as exc:
-                    if op_code in (wire.OP_MSG, wire.OP_QUERY):
-                        fake = wire.Request(request_id=request_id, op_code=op_code, command={})
-                        error = EngineError(Code.FailedToParse, f"invalid message: {exc}")
-                        replies.send(wire.encode_reply(fake, error.to_reply()))
-                        continue
-                    return
-                try:
-                    outcome = owner.begin(request, conn)
-                    if isinstance(outcome, PendingReply):
-                        if not request.more_to_come:
-                            # Sent by whichever thread finalizes the commit (this one
-                            # when no write was in progress), so this thread reads on.
-                            replies.defer(request, outcome, owner.committer)
-                            continue
-                        outcome.wait()
-                        continue
-                    reply = outcome
-                except CloseConnection:
-                    return  # a fail point: the client sees the connection drop, no reply
-                if request.more_to_come:
-                    continue  # unacknowledged write: the client expects no reply
-                replies.send(_encode_reply(request, reply))
-        except (ConnectionError, TimeoutError, OSError):
-            return
-        finally:
-            # The socket is closed once this returns: a reply still due must be sent (or
-            # given up) first, never written to whatever reuses the descriptor.
-            replies.close()
-
-    def finish(self) -> None:
-        self.server.owner.release_connection()
-
-
-def _encode_reply(request: wire.Request, reply: dict[str, Any]) -> bytes:
-    try:
-        return wire.encode_reply(request, reply)
-    except Exception as exc:  # e.g. a reply over the BSON size limit
-        error = EngineError(Code.BSONObjectTooLarge, f"reply could not be encoded: {exc}")
-        return wire.encode_reply(request, error.to_reply())
-
-
-class _Replies:
-    """A connection's replies. A deferred one (at most one at a time) is sent by whichever
-    thread finalizes its commit (``defer``); that thread never blocks on a client: what
-    the socket does not take at once is sent by a thread of its own. Every send holds
-    ``_lock``, so replies leave in order."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        # Set when no deferred reply is waiting for its commit.
-        self.idle = threading.Event()
-        self.idle.set()
-        # Held while the socket is written; once ``_closed`` nothing is (the descriptor may
-        # be closed and reused). A plain lock: the slow path's thread releases it.
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no deferred reply waits for its commit; False if ``timeout`` passed."""
-        return self.idle.is_set() or self.idle.wait(timeout)
-
-    def send(self, data: bytes) -> None:
-        """Send a reply from the connection's thread, after any reply before it."""
-        with self._lock:
-            self.sock.sendall(data)
-
-    def defer(
-        self, request: wire.Request, pending: PendingReply, committer: GroupCommitter
-    ) -> None:
-        """Send ``pending``'s reply once its commit is done or failed."""
-        self.idle.clear()
-
-        def send() -> None:
-            self._lock.acquire()
-            rest = b""
-            try:
-                if self._closed:
-                    return
-                try:
-                    data = _encode_reply(request, pending.result())
-                except CloseConnection:
-                    self._shutdown()
-                    return
-                # Before the send: the client's next message may arrive before this thread
-                # runs again, and its reply queues behind this one on the lock anyway.
-                self.idle.set()
-                try:
-                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:  # the client is gone; its thread sees that too
-                    return
-                rest = data[sent:]
-            finally:
-                self.idle.set()
-                if not rest:
-                    self._lock.release()
-            if not rest:
-                return
-            # The lock stays held: the rest goes first, then the next reply.
-            threading.Thread(
-                target=self._send_rest, args=(rest,), daemon=True, name="accord-engine-reply"
-            ).start()
-
-        if not committer.on_durable(pending.ticket, send):
-            send()
-
-    def _send_rest(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError:
-            self._shutdown()
-        finally:
-            self._lock.release()
-
-    def close(self) -> None:
-        """The connection's thread is done with the socket: wait for a reply still due
-        (bounded; a client that does not read is cut off), then let nothing else write."""
-        if not self.wait_idle(MESSAGE_TIMEOUT_S):
-            self._shutdown()
-        if not self._lock.acquire(timeout=MESSAGE_TIMEOUT_S):
-            self._shutdown()  # a send blocked on a client that does not read returns
-            self._lock.acquire()
-        self._closed = True
-        self._lock.release()
-
-    def _shutdown(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
-
-def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
-    """Bound each blocking ``recv``/``send`` of ``sock`` to ``seconds`` (SO_RCVTIMEO,
-    SO_SNDTIMEO); one past it fails with an ``OSError`` (EAGAIN)."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-
-
-class _MessageReader:
-    """Bytes of one connection, read ahead: a message that arrives whole (the usual case:
-    a driver writes each message at once) costs one ``recv``, and the socket's bound is
-    changed only when a message is still incomplete after it. System calls were most of
-    a small command's time: each one lets another thread take the interpreter lock, and
-    the handover is a context switch."""
-
-    CHUNK = 1 << 16
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-        self.scratch = bytearray(self.CHUNK)
-
-    def take(self, n: int, deadline: float | None = None) -> bytes | None:
-        """The next ``n`` bytes (None if the peer closed first); raises TimeoutError
-        past ``deadline``."""
-        buffer = self.buffer
-        if len(buffer) < n:
-            try:
-                while len(buffer) < n:
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError("the message did not arrive in time")
-                        _set_kernel_timeouts(self.sock, max(min(left, READ_TIMEOUT_S), 0.001))
-                    got = self.sock.recv_into(self.scratch)
-                    if not got:
-                        return None
-                    buffer += memoryview(self.scratch)[:got]
-            finally:
-                if deadline is not None:
-                    _set_kernel_timeouts(self.sock, READ_TIMEOUT_S)
-        with memoryview(buffer) as view:
-            data = bytes(view[:n])
-        del buffer[:n]
-        return data
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    owner: EmbeddedServer
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        # Over the connection cap the connection is closed at once, as mongod does.
-        return self.owner.admit_connection(client_address)
 
 
 class EmbeddedServer:
@@ -317,10 +86,13 @@ class EmbeddedServer:
         self.stopping = threading.Event()
         self.engine: Engine | None = None
         self.dispatcher: Dispatcher | None = None
-        self._tcp: _TCPServer | None = None
+        self._listener: socket.socket | None = None
+        self._port: int | None = None
+        self._loop: EventLoop | None = None
         self._lock_fd: int | None = None
         self._threads: list[threading.Thread] = []
         self._serving = False
+        self._loop_thread: threading.Thread | None = None
         self._process_id = bson.ObjectId()
         # The topology never changes: one process id, counter 0.
         self.topology_version = {"processId": self._process_id, "counter": bson.Int64(0)}
@@ -329,9 +101,16 @@ class EmbeddedServer:
 
     @property
     def port(self) -> int:
-        if self._tcp is None:
+        if self._port is None:
             raise EngineStartError("the engine is not running")
-        return int(self._tcp.server_address[1])
+        return self._port
+
+    @property
+    def bound_host(self) -> str:
+        """The address the engine listens on, as the socket reports it."""
+        if self._listener is None:
+            raise EngineStartError("the engine is not running")
+        return str(self._listener.getsockname()[0])
 
     @property
     def address(self) -> str:
@@ -385,16 +164,17 @@ class EmbeddedServer:
             topology_version=self.topology_version,
         )
         try:
-            self._tcp = _TCPServer(
-                (self.host, self.requested_port), _Handler, bind_and_activate=True
-            )
+            self._listener = _listen(self.host, self.requested_port)
         except OSError as exc:
             self.engine.close()
             self._release_lock()
             raise EngineStartError(
                 f"cannot listen on {self.host}:{self.requested_port}: {exc}"
             ) from exc
-        self._tcp.owner = self
+        # Kept: a command still running at shutdown (an awaitable hello) may ask for it
+        # after the listening socket is closed.
+        self._port = int(self._listener.getsockname()[1])
+        self._loop = EventLoop(self, self._listener)
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()} {self.port}\n".encode(), 0)
         housekeeping = threading.Thread(
@@ -406,25 +186,21 @@ class EmbeddedServer:
     def start(self) -> EmbeddedServer:
         """Start serving in background threads; returns once the port accepts connections."""
         self._open()
-        assert self._tcp is not None
-        t = threading.Thread(
-            target=self._tcp.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="accord-engine",
-            daemon=True,
-        )
+        assert self._loop is not None
+        t = threading.Thread(target=self._loop.run, name="accord-engine", daemon=True)
         self._serving = True
+        self._loop_thread = t
         t.start()
-        self._threads.append(t)
         return self
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until ``stop()`` (or a signal) ends it."""
         self._open()
-        assert self._tcp is not None
+        assert self._loop is not None
         self._serving = True
+        self._loop_thread = threading.current_thread()
         try:
-            self._tcp.serve_forever(poll_interval=0.2)
+            self._loop.run()
         finally:
             self._serving = False
             self._close()
@@ -436,8 +212,11 @@ class EmbeddedServer:
         with self._stop_lock:
             if self._closed:
                 return
-            if self._tcp is not None and self._serving:
-                self._tcp.shutdown()  # returns once serve_forever's loop has ended
+            if self._loop is not None and self._serving:
+                self._loop.stop()
+                thread = self._loop_thread
+                if thread is not None and thread is not threading.current_thread():
+                    thread.join()  # the loop ends within a round
             self._close_locked()
 
     def _close(self) -> None:
@@ -450,8 +229,8 @@ class EmbeddedServer:
         self._closed = True
         self.stopping.set()
         started = time.monotonic()
-        if self._tcp is not None:
-            self._tcp.server_close()
+        if self._loop is not None:
+            self._loop.stop()
         for thread in self._threads:
             if thread is not threading.current_thread() and thread.name.endswith("housekeeping"):
                 thread.join(timeout=5)
@@ -461,6 +240,9 @@ class EmbeddedServer:
         if self.engine is not None:
             with self.engine.locked("shutdown"):
                 self.engine.close()
+        if self._loop is not None:
+            # After the engine closed: replies to the commits it made durable are sent.
+            self._loop.close_connections()
         # A slow stop is reported with where its time went, before the lock is released
         # (``accord engine stop`` shows the end of this log when it gives up waiting).
         if time.monotonic() - started > SLOW_SHUTDOWN_S:
@@ -506,12 +288,19 @@ class EmbeddedServer:
         return self._connections
 
     def begin(
-        self, request: wire.Request, conn: Connection | None = None
+        self, request: wire.Request, conn: Connection | None = None, *, may_wait: bool = True
     ) -> dict[str, Any] | PendingReply:
         """Execute one request: its reply, or one that is ready once its commit is durable
-        (``Dispatcher.start``); raises ``CloseConnection`` if a fail point says so."""
+        (``Dispatcher.start``); raises ``CloseConnection`` if a fail point says so, and
+        without ``may_wait`` ``WouldWait`` instead of waiting for a transaction."""
         assert self.dispatcher is not None
-        return self.dispatcher.start(request.command, conn)
+        return self.dispatcher.start(request.command, conn, may_wait=may_wait)
+
+    def failpoints_armed(self) -> bool:
+        """Whether a fail point may act on a command (the loop then runs none itself:
+        one may block)."""
+        assert self.dispatcher is not None
+        return self.dispatcher.failpoints.armed
 
     @property
     def committer(self) -> GroupCommitter:
@@ -577,3 +366,17 @@ class EmbeddedServer:
                     expire_once(engine, stopping=self.stopping)
             except Exception:  # housekeeping must never take the server down
                 log.exception("engine housekeeping failed")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 if ``host`` is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
