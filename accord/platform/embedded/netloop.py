@@ -59,7 +59,7 @@ RECV_CHUNK = 1 << 16
 # How often the loop looks for connections past their timeouts.
 EXPIRY_INTERVAL_S = 0.5
 
-_DOC_SIZE = struct.Struct("<i")
+_INT32 = struct.Struct("<i")
 
 
 def command_name(op_code: int, body: bytes) -> str | None:
@@ -147,7 +147,7 @@ class EventLoop:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
-        # (connection, "serve" | "write") asked for by other threads.
+        # (connection, "serve" | "write" | "close") to do once this round's events are.
         self._posted: collections.deque[tuple[_Conn, str]] = collections.deque()
         self.conns: dict[int, _Conn] = {}
         self._scratch = bytearray(RECV_CHUNK)
@@ -171,10 +171,7 @@ class EventLoop:
                     elif data is self._wake_r:
                         self._take_posted()
                     else:
-                        if mask & selectors.EVENT_WRITE:
-                            self._write(data)
-                        if mask & selectors.EVENT_READ:
-                            self._read(data)
+                        self._ready(data, mask)
                 # What this round's replies made ready to run (never recursively: a
                 # pipelining client's messages would nest one call per message).
                 while self._posted:
@@ -191,6 +188,16 @@ class EventLoop:
                 self.selector.unregister(self.listener)
             self.listener.close()
 
+    def _ready(self, conn: _Conn, mask: int) -> None:
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._write(conn)
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+        except Exception:  # a bug must cost this connection, never the loop
+            log.exception("connection %d failed outside its error handling", conn.conn.id)
+            self._close(conn)
+
     def stop(self) -> None:
         """Have ``run`` return (from any thread)."""
         self._stop = True
@@ -200,6 +207,7 @@ class EventLoop:
         """Close every connection and the loop's own sockets (after ``run`` returned)."""
         for conn in list(self.conns.values()):
             self._close(conn)
+        self.listener.close()  # again, if ``run`` never ran
         self.selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -222,13 +230,18 @@ class EventLoop:
             self._do(conn, what)
 
     def _do(self, conn: _Conn, what: str) -> None:
-        if conn.fileno not in self.conns or self.conns[conn.fileno] is not conn:
+        if self.conns.get(conn.fileno) is not conn:
             return  # closed meanwhile
-        if what == "write":
-            self._write(conn)
-        elif what == "serve":
-            self._serve(conn)
-        elif what == "close":
+        try:
+            if what == "write":
+                self._write(conn)
+            elif what == "serve":
+                self._serve(conn)
+                self._update_events(conn)
+            elif what == "close":
+                self._close(conn)
+        except Exception:  # a bug must cost this connection, never the loop
+            log.exception("connection %d failed outside its error handling", conn.conn.id)
             self._close(conn)
 
     def _accept(self) -> None:
@@ -468,7 +481,7 @@ class EventLoop:
 
 def _length(inbox: bytearray) -> int:
     """The length the message at the head of ``inbox`` declares (header present)."""
-    return int(_DOC_SIZE.unpack_from(inbox, 0)[0])
+    return int(_INT32.unpack_from(inbox, 0)[0])
 
 
 def _encode_reply(request: wire.Request, reply: dict[str, Any]) -> bytes:
