@@ -166,7 +166,7 @@ class GroupCommitter:
         """Have the writer thread write what is queued, unless a write in progress will
         take it when it ends: for callers that queue commits without writing them (the
         server's event loop, once per round, so its connections' commits form one
-        group). Any lock may be held."""
+        group). Any lock but the committer's own may be held."""
         with self._cv:
             if self._queue and not self._writing and not self._broken:
                 self._wake_writer()
