@@ -162,6 +162,11 @@ class GroupCommitter:
             self._write_if_idle()
         return True
 
+    def write_queued(self) -> None:
+        """Write and finalize what is queued in this thread, and run the callbacks due,
+        unless a write is in progress (whose end takes it). Engine lock NOT held."""
+        self._write_if_idle()
+
     def kick(self) -> None:
         """Have the writer thread write what is queued, unless a write in progress will
         take it when it ends: for callers that queue commits without writing them (the

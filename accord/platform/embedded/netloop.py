@@ -91,6 +91,8 @@ class _Conn:
         self.inbox = bytearray()
         # A request is running, or its reply is due.
         self.busy = False
+        # ... and it counts as work in flight (``EventLoop._busy``).
+        self.counted = False
         # Reply bytes the socket has not taken yet.
         self.out = bytearray()
         self.closed = False
@@ -154,6 +156,10 @@ class EventLoop:
         self._thread_id: int | None = None
         self._stop = False
         self._next_expiry = 0.0
+        # Connections with a request running or a reply due, but for those that wait on
+        # purpose (``_set_busy``, ``_set_waiting``).
+        self._busy = 0
+        self._busy_lock = threading.Lock()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -177,8 +183,15 @@ class EventLoop:
                 while self._posted:
                     conn, what = self._posted.popleft()
                     self._do(conn, what)
-                # Everything this round queued goes to disk in one group.
-                committer.kick()
+                # Everything this round queued goes to disk in one group: written here
+                # when it is one connection's and nothing else is in flight (a lone
+                # client's commit then costs no hand-over to the writer thread; what
+                # arrives meanwhile waits for one fsync, and only on an engine with
+                # nothing else to do), else by the writer thread.
+                if self._busy == 1:
+                    committer.write_queued()
+                else:
+                    committer.kick()
                 now = time.monotonic()
                 if now >= self._next_expiry:
                     self._next_expiry = now + EXPIRY_INTERVAL_S
@@ -327,13 +340,15 @@ class EventLoop:
         del inbox[:length]
         conn.message_started = None
         with conn.lock:
-            conn.busy = True
+            self._set_busy(conn, True)
         name = command_name(op_code, body)
         if name in INLINE_COMMANDS and not self.server.failpoints_armed():
             request = self.parse(conn, request_id, op_code, body)
             if request is None:
                 return
             if name in HELLO_COMMANDS and "maxAwaitTimeMS" in request.command:
+                with conn.lock:
+                    self._set_waiting(conn)
                 self._worker(conn).jobs.put(request)  # it waits: not on the loop
                 return
             try:
@@ -343,6 +358,29 @@ class EventLoop:
                 self._close(conn)
             return
         self._worker(conn).jobs.put((request_id, op_code, body))
+
+    def _set_busy(self, conn: _Conn, busy: bool) -> None:
+        """Mark ``conn`` busy or not (``conn.lock`` held)."""
+        if conn.busy == busy:
+            return
+        conn.busy = busy
+        if busy:
+            conn.counted = True
+            self._count(1)
+        elif conn.counted:
+            conn.counted = False
+            self._count(-1)
+
+    def _set_waiting(self, conn: _Conn) -> None:
+        """``conn``'s request waits on purpose (an awaitable ``hello``): busy, but not
+        work in flight (``conn.lock`` held)."""
+        if conn.counted:
+            conn.counted = False
+            self._count(-1)
+
+    def _count(self, delta: int) -> None:
+        with self._busy_lock:
+            self._busy += delta
 
     def _worker(self, conn: _Conn) -> _Worker:
         if conn.worker is None:
@@ -395,6 +433,7 @@ class EventLoop:
             # Under the lock: no thread writes to a descriptor that may be reused.
             conn.closed = True
             conn.sock.close()
+            self._set_busy(conn, False)  # a reply still due is not sent
         if conn.worker is not None:
             conn.worker.jobs.put(None)
         self.server.release_connection()
@@ -447,7 +486,7 @@ class EventLoop:
         """End ``conn``'s current request, sending ``data`` (None: no reply), and let its
         next message run. Never blocks: what the socket does not take, the loop sends."""
         with conn.lock:
-            conn.busy = False
+            self._set_busy(conn, False)
             if conn.closed:
                 return
             if data:
@@ -472,7 +511,7 @@ class EventLoop:
     def drop(self, conn: _Conn) -> None:
         """Close ``conn`` from any thread (the loop does the closing)."""
         with conn.lock:
-            conn.busy = False
+            self._set_busy(conn, False)
             if not conn.closed:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)
