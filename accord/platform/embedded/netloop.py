@@ -9,7 +9,9 @@ what arrived and frames the messages:
 - A write (``INLINE_COMMANDS``) runs on the loop: its commit is installed under the
   engine lock and queued, and once everything that arrived in a round is queued the group
   committer's writer thread is woken once (``GroupCommitter.kick``), so the commits of
-  many connections share one wake-up, one SQLite transaction and one fsync. Whichever
+  many connections share one wake-up, one SQLite transaction and one fsync. With only one
+  connection's work in flight the loop writes that commit itself (a lone client's commit
+  then costs no hand-over; what arrives meanwhile waits for that one fsync). Whichever
   thread finalizes a commit sends its reply.
 - Every other command (reads, DDL, anything that may wait: an awaitable ``hello``, a
   change stream's ``getMore``, a command while a fail point is armed) runs on the
