@@ -419,7 +419,7 @@ class EventLoop:
             if started is not None and now - started > timeout:
                 log.info("connection %d: a message did not arrive whole in time", conn.conn.id)
                 self._close(conn)
-            elif not conn.busy and now - conn.last_active > READ_TIMEOUT_S:
+            elif now - conn.last_active > READ_TIMEOUT_S:
                 self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
@@ -481,7 +481,7 @@ class EventLoop:
             if not self.server.committer.on_durable(pending.ticket, send, write=not on_loop):
                 send()
             return
-        # An unacknowledged write: the client expects no reply.
+        # An unacknowledged write (``more_to_come``): the client expects no reply.
         self.reply(conn, None if request.more_to_come else _encode_reply(request, outcome))
 
     def reply(self, conn: _Conn, data: bytes | None) -> None:
