@@ -617,7 +617,7 @@ class Engine:
         """Wait (lock held) for a commit, abort or visibility change; the wait itself
         does not count as holding the lock."""
         # What it waits for may be a commit queued by the server's loop and not yet
-        # handed to the writer thread (the loop does that at the end of its round).
+        # written (the loop writes at the end of its round, which this thread may be in).
         self.committer.kick()
         self.lock_stats.pause()
         try:

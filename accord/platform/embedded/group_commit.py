@@ -2,10 +2,10 @@
 
 A commit is installed in memory under the engine lock (invisible to readers) and
 ``submit``ted here, in timestamp order. Outside the engine lock, its caller writes the
-queue itself if no write is in progress (``wait``, ``on_durable``), or leaves that to
-the writer thread (``on_durable(write=False)``, then ``kick``: the server's event loop,
-once per round); the writer thread also takes what queued during a write as soon as it
-ends. A
+queue itself if no write is in progress (``wait``, ``on_durable``), or queues first and
+writes later (``on_durable(write=False)``, then ``write_queued``: the server's event
+loop, once per round, which leaves a write that would not be quick to the writer
+thread); the writer thread also takes what queued during a write as soon as it ends. A
 write puts every queued batch in one SQLite transaction with one fsync and then, under
 the engine lock, finalizes them in order (they become visible, observers run). Readers
 never wait for any of this: they read at ``engine.visible``.
@@ -45,6 +45,13 @@ if TYPE_CHECKING:
     from accord.platform.embedded.versions import Record
 
 log = logging.getLogger("accord.engine")
+
+# ``write_queued`` writes in its caller's thread only a group of at most this many bytes
+# of documents, on a disk whose recent writes took at most QUICK_WRITE_S on average.
+QUICK_WRITE_BYTES = 256 * 1024
+QUICK_WRITE_S = 0.002
+# The weight of the newest write in that average.
+RECENT_WRITE_WEIGHT = 0.25
 
 
 class CommitFailed(EngineError):
@@ -111,6 +118,8 @@ class GroupCommitter:
         self._cv = threading.Condition(lock)
         self._work = threading.Condition(lock)
         self._queue: list[PendingCommit] = []
+        self._queued_bytes = 0  # of the documents in _queue
+        self._recent_write_s = 0.0  # moving average of a write's duration
         self._written: list[PendingCommit] = []
         # Done or failed commits whose callbacks the writer thread has yet to run.
         self._due: list[PendingCommit] = []
@@ -131,8 +140,10 @@ class GroupCommitter:
 
     def submit(self, item: PendingCommit) -> None:
         """Queue an installed commit (engine lock held, so queue order is ts order)."""
+        size = sum(len(data) for _, _, data in item.batch.puts)
         with self._cv:
             self._queue.append(item)
+            self._queued_bytes += size
             # Its caller writes it (``wait``, ``on_durable``) unless a write is in progress;
             # then the writer thread takes it when that write ends.
 
@@ -163,27 +174,38 @@ class GroupCommitter:
         return True
 
     def write_queued(self) -> None:
-        """Write and finalize what is queued in this thread, and run the callbacks due,
-        unless a write is in progress (whose end takes it). Engine lock NOT held."""
-        self._write_if_idle()
+        """Have what is queued written, unless a write in progress takes it when it ends:
+        in this thread (with the callbacks due) when that is quick, a group of at most
+        ``QUICK_WRITE_BYTES`` on a disk whose recent writes took at most
+        ``QUICK_WRITE_S``; else by the writer thread (``kick``), so a slow write never
+        holds up a caller that serves others (the server's event loop, once per round,
+        so its connections' commits form one group). Engine lock NOT held."""
+        self._write_if_idle(quick_only=True)
 
     def kick(self) -> None:
         """Have the writer thread write what is queued, unless a write in progress will
-        take it when it ends: for callers that queue commits without writing them (the
-        server's event loop, once per round, so its connections' commits form one
-        group). Any lock but the committer's own may be held."""
+        take it when it ends: for a caller that must not write itself and waits for a
+        commit the server's event loop queued but has not written yet (its round writes
+        that at the end). Any lock but the committer's own may be held."""
         with self._cv:
             if self._queue and not self._writing and not self._broken:
                 self._wake_writer()
 
-    def _write_if_idle(self) -> None:
+    def _write_if_idle(self, quick_only: bool = False) -> None:
         """With no write in progress, write and finalize the queue in this thread and run
         the callbacks due: the writer thread's step, which a commit's own caller takes
-        too, so a lone commit costs no hand-over to that thread."""
+        too, so a lone commit costs no hand-over to that thread. ``quick_only``: a write
+        that would not be quick is left to the writer thread."""
         with self._cv:
             if self._writing or self._broken or not self._queue:
                 return
+            if quick_only and (
+                self._queued_bytes > QUICK_WRITE_BYTES or self._recent_write_s > QUICK_WRITE_S
+            ):
+                self._wake_writer()
+                return
             batch, self._queue = self._queue, []
+            self._queued_bytes = 0
             self._writing = True
         self._write(batch)
         with self.engine.locked("commit"):
@@ -230,6 +252,7 @@ class GroupCommitter:
                 if self._queue and not self._broken:
                     batch: list[PendingCommit] | None
                     batch, self._queue = self._queue, []
+                    self._queued_bytes = 0
                     self._writing = True
                 elif self._written:
                     batch = None
@@ -292,8 +315,10 @@ class GroupCommitter:
             self.engine.storage.apply([item.batch for item in batch])
         except Exception as exc:
             error = CommitFailed(exc)
+        elapsed = time.perf_counter() - started
         with self._cv:
             self._writing = False
+            self._recent_write_s += (elapsed - self._recent_write_s) * RECENT_WRITE_WEIGHT
             for item in batch:
                 item.state = "written"
                 item.error = error
@@ -304,7 +329,7 @@ class GroupCommitter:
                 self._stats["batches"] += 1
                 self._stats["commits"] += len(batch)
                 self._stats["largestBatch"] = max(self._stats["largestBatch"], len(batch))
-            self._stats["writeMillis"] += (time.perf_counter() - started) * 1000
+            self._stats["writeMillis"] += elapsed * 1000
             self._written.extend(batch)
             self._cv.notify_all()
             if self._queue:  # a group formed during this write: the writer thread's
@@ -336,6 +361,7 @@ class GroupCommitter:
                 cause = failed[0].error
                 failed += self._queue
                 self._queue = []
+                self._queued_bytes = 0
         for item in durable:
             self.engine.finalize(item)
         if failed:

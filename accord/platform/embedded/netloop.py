@@ -7,12 +7,16 @@ loop thread (``accord-engine``) instead waits on all sockets at once (a selector
 what arrived and frames the messages:
 
 - A write (``INLINE_COMMANDS``) runs on the loop: its commit is installed under the
-  engine lock and queued, and once everything that arrived in a round is queued the group
-  committer's writer thread is woken once (``GroupCommitter.kick``), so the commits of
-  many connections share one wake-up, one SQLite transaction and one fsync. With only one
-  connection's work in flight the loop writes that commit itself (a lone client's commit
-  then costs no hand-over; what arrives meanwhile waits for that one fsync). Whichever
-  thread finalizes a commit sends its reply.
+  engine lock and queued, and once everything that arrived in a round is queued the loop
+  writes it (``GroupCommitter.write_queued``): the commits of many connections share one
+  SQLite transaction and one fsync, and what arrives during that fsync waits in the kernel
+  and forms the next group. Writing on the loop saves the hand-overs to and from a writer
+  thread (a wake-up, and the interpreter lock passed back and forth), which cost more
+  than the parallelism they bought: 25-35% more commits/s at 4 and 16 clients, with read
+  latency alongside unchanged (docs/benchmarks.md). The loop writes only what is quick,
+  though: a large group, or any group on a disk whose recent writes were slow, goes to
+  the group committer's writer thread, so a slow disk does not keep the loop from the
+  other connections' reads. Whichever thread finalizes a commit sends its reply.
 - Every other command (reads, DDL, anything that may wait: an awaitable ``hello``, a
   change stream's ``getMore``, a command while a fail point is armed) runs on the
   connection's own worker thread, started on first need, so a long query never holds the
@@ -93,8 +97,6 @@ class _Conn:
         self.inbox = bytearray()
         # A request is running, or its reply is due.
         self.busy = False
-        # ... and it counts as work in flight (``EventLoop._busy``).
-        self.counted = False
         # Reply bytes the socket has not taken yet.
         self.out = bytearray()
         self.closed = False
@@ -158,10 +160,6 @@ class EventLoop:
         self._thread_id: int | None = None
         self._stop = False
         self._next_expiry = 0.0
-        # Connections with a request running or a reply due, but for those that wait on
-        # purpose (``_set_busy``, ``_set_waiting``).
-        self._busy = 0
-        self._busy_lock = threading.Lock()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -172,7 +170,10 @@ class EventLoop:
         committer = self.server.committer
         try:
             while not self._stop:
-                for key, mask in self.selector.select(EXPIRY_INTERVAL_S):
+                # Work posted by this thread's own writes (a pipelined message whose turn
+                # came) is not signalled by the wake socket: look again at once.
+                timeout = 0 if self._posted else EXPIRY_INTERVAL_S
+                for key, mask in self.selector.select(timeout):
                     data = key.data
                     if data is None:
                         self._accept()
@@ -185,15 +186,9 @@ class EventLoop:
                 while self._posted:
                     conn, what = self._posted.popleft()
                     self._do(conn, what)
-                # Everything this round queued goes to disk in one group: written here
-                # when it is one connection's and nothing else is in flight (a lone
-                # client's commit then costs no hand-over to the writer thread; what
-                # arrives meanwhile waits for one fsync, and only on an engine with
-                # nothing else to do), else by the writer thread.
-                if self._busy == 1:
-                    committer.write_queued()
-                else:
-                    committer.kick()
+                # Everything this round queued goes to disk in one group, written here
+                # when that is quick, else by the writer thread (``write_queued``).
+                committer.write_queued()
                 now = time.monotonic()
                 if now >= self._next_expiry:
                     self._next_expiry = now + EXPIRY_INTERVAL_S
@@ -342,15 +337,13 @@ class EventLoop:
         del inbox[:length]
         conn.message_started = None
         with conn.lock:
-            self._set_busy(conn, True)
+            conn.busy = True
         name = command_name(op_code, body)
         if name in INLINE_COMMANDS and not self.server.failpoints_armed():
             request = self.parse(conn, request_id, op_code, body)
             if request is None:
                 return
             if name in HELLO_COMMANDS and "maxAwaitTimeMS" in request.command:
-                with conn.lock:
-                    self._set_waiting(conn)
                 self._worker(conn).jobs.put(request)  # it waits: not on the loop
                 return
             try:
@@ -360,29 +353,6 @@ class EventLoop:
                 self._close(conn)
             return
         self._worker(conn).jobs.put((request_id, op_code, body))
-
-    def _set_busy(self, conn: _Conn, busy: bool) -> None:
-        """Mark ``conn`` busy or not (``conn.lock`` held)."""
-        if conn.busy == busy:
-            return
-        conn.busy = busy
-        if busy:
-            conn.counted = True
-            self._count(1)
-        elif conn.counted:
-            conn.counted = False
-            self._count(-1)
-
-    def _set_waiting(self, conn: _Conn) -> None:
-        """``conn``'s request waits on purpose (an awaitable ``hello``): busy, but not
-        work in flight (``conn.lock`` held)."""
-        if conn.counted:
-            conn.counted = False
-            self._count(-1)
-
-    def _count(self, delta: int) -> None:
-        with self._busy_lock:
-            self._busy += delta
 
     def _worker(self, conn: _Conn) -> _Worker:
         if conn.worker is None:
@@ -435,7 +405,6 @@ class EventLoop:
             # Under the lock: no thread writes to a descriptor that may be reused.
             conn.closed = True
             conn.sock.close()
-            self._set_busy(conn, False)  # a reply still due is not sent
         if conn.worker is not None:
             conn.worker.jobs.put(None)
         self.server.release_connection()
@@ -488,7 +457,7 @@ class EventLoop:
         """End ``conn``'s current request, sending ``data`` (None: no reply), and let its
         next message run. Never blocks: what the socket does not take, the loop sends."""
         with conn.lock:
-            self._set_busy(conn, False)
+            conn.busy = False
             if conn.closed:
                 return
             if data:
@@ -513,7 +482,7 @@ class EventLoop:
     def drop(self, conn: _Conn) -> None:
         """Close ``conn`` from any thread (the loop does the closing)."""
         with conn.lock:
-            self._set_busy(conn, False)
+            conn.busy = False
             if not conn.closed:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)
