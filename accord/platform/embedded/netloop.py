@@ -12,11 +12,12 @@ what arrived and frames the messages:
   SQLite transaction and one fsync, and what arrives during that fsync waits in the kernel
   and forms the next group. Writing on the loop saves the hand-overs to and from a writer
   thread (a wake-up, and the interpreter lock passed back and forth), which cost more
-  than the parallelism they bought: 25-35% more commits/s at 4 and 16 clients, with read
-  latency alongside unchanged (docs/benchmarks.md). The loop writes only what is quick,
-  though: a large group, or any group on a disk whose recent writes were slow, goes to
-  the group committer's writer thread, so a slow disk does not keep the loop from the
-  other connections' reads. Whichever thread finalizes a commit sends its reply.
+  than the parallelism they bought: 13-25% more commits/s at 4 clients and a third more
+  at 16, with the latency of reads alongside unchanged (docs/benchmarks.md). The loop
+  writes only what is quick, though: a large group, or any group on a disk whose recent
+  writes were slow, goes to the group committer's writer thread, so a slow disk does not
+  keep the loop from the other connections' reads. Whichever thread finalizes a commit
+  sends its reply.
 - Every other command (reads, DDL, anything that may wait: an awaitable ``hello``, a
   change stream's ``getMore``, a command while a fail point is armed) runs on the
   connection's own worker thread, started on first need, so a long query never holds the

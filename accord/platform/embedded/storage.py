@@ -365,10 +365,11 @@ def _write_tables(cur: sqlite3.Cursor, batches: list[CommitBatch]) -> None:
     """Each batch's catalog operations, deletes, puts and transaction records, in order.
 
     Only each document's and each session's last state is written: a compaction moves
-    thousands of commits at once, most of them one session's retryable writes (a driver
-    reuses its sessions), so writing each commit's rows one by one cost the housekeeping
-    thread 15% of the engine's interpreter time at 16 clients. What a catalog operation
-    (a drop, a rename) acts on is written before it, so the order still holds."""
+    up to ``COMPACT_ROWS`` groups at once, and most of their commits are retryable writes
+    of a few sessions (a driver reuses its sessions), whose transaction records then take
+    one row write per session instead of one per commit; a document written several times
+    is written once. What a catalog operation (a drop, a rename) acts on is written before
+    it, so the order still holds."""
     documents: dict[tuple[str, bytes], bytes | None] = {}  # None: deleted
     sessions: dict[bytes, tuple[int, dict[str, Any]]] = {}
     for batch in batches:
