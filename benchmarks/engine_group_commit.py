@@ -5,11 +5,12 @@ document per command (an autocommitted write: one commit, acknowledged once dura
 against an engine in its own process with fsync on. In the same run, on the same
 filesystem: the raw fsync loop (``write`` 200 bytes + ``fdatasync``, one thread) and a raw
 SQLite loop (WAL, ``synchronous=FULL``, one single-row transaction per commit) give the
-disk's ceiling for one-commit-one-fsync (measured around each engine row, because this
+disk's ceiling for one-commit-one-fsync (measured around each engine turn, because this
 disk's rate drifts). Group commit lets many clients share one fsync, so the engine can
 pass the raw loop once enough clients wait together.
 
-``python -m benchmarks.engine_group_commit [--seconds 5] [--baseline REV]``.
+``python -m benchmarks.engine_group_commit [--seconds 10] [--baseline REV]`` (seconds of
+engine time per row, in ``TURNS`` turns).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import statistics
 import tempfile
 import threading
 import time
@@ -28,7 +30,8 @@ from pymongo.errors import PyMongoError
 from benchmarks.engine_proc import EngineProcess, baseline
 
 CLIENTS = (1, 4, 16)
-LOOP_SECONDS = 2.0
+# A row's engine turns, each between two raw fsync loops as long as it.
+TURNS = 5
 
 
 def fsync_loop(directory: Path, seconds: float) -> float:
@@ -100,10 +103,17 @@ def engine_rate(engine: EngineProcess, clients: int, seconds: float) -> dict[str
     lat = sorted(x for xs in latencies for x in xs)
     return {
         "rate": sum(counts) / elapsed,
+        "commits": sum(counts),
+        "elapsed": elapsed,
         "errors": sum(errors),
-        "p50_ms": lat[len(lat) // 2] * 1000 if lat else 0.0,
-        "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0,
+        "latencies": lat,
+        "p50_ms": _percentile_ms(lat, 0.50),
+        "p99_ms": _percentile_ms(lat, 0.99),
     }
+
+
+def _percentile_ms(sorted_seconds: list[float], q: float) -> float:
+    return sorted_seconds[int(len(sorted_seconds) * q)] * 1000 if sorted_seconds else 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -112,20 +122,49 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def measure_row(engine: EngineProcess, clients: int, seconds: float, tmp: Path) -> dict[str, Any]:
+    """One row: ``TURNS`` engine turns of ``seconds / TURNS``, each between two raw fsync
+    loops of the same length. Each turn's ratio is against the mean of the loops on either
+    side of it, and the row's ratio is the median turn's: a few seconds in which this
+    shared machine slows down move one turn, not the row."""
+    turn_s = seconds / TURNS
+    loops = [fsync_loop(tmp, turn_s)]
+    turns = []
+    cpu = cpu_seconds(engine.pid)
+    for _ in range(TURNS):
+        turns.append(engine_rate(engine, clients, turn_s))
+        loops.append(fsync_loop(tmp, turn_s))
+    cpu = cpu_seconds(engine.pid) - cpu
+    ratios = sorted(
+        t["rate"] / ((a + b) / 2) for t, a, b in zip(turns, loops[:-1], loops[1:], strict=True)
+    )
+    commits = sum(t["commits"] for t in turns)
+    lat = sorted(x for t in turns for x in t["latencies"])
+    return {
+        "rate": commits / sum(t["elapsed"] for t in turns),
+        "loop": statistics.mean(loops),
+        "ratio": statistics.median(ratios),
+        "ratio_min": ratios[0],
+        "ratio_max": ratios[-1],
+        "errors": sum(t["errors"] for t in turns),
+        "p50_ms": _percentile_ms(lat, 0.50),
+        "p99_ms": _percentile_ms(lat, 0.99),
+        # The warm-up insert of each client's connection counts: a few per turn.
+        "cpu_us": cpu / max(commits, 1) * 1e6,
+    }
+
+
 def measure(seconds: float, engines: dict[str, EngineProcess], tmp: Path) -> dict[str, Any]:
     """Every row of every engine, the engines alternating row by row (both running all
     along), so a baseline and the current engine see the same moments of this shared
-    machine; each row between two short raw-fsync-loop runs (this disk's rate drifts)."""
+    machine."""
     out: dict[str, Any] = {label: {"label": label} for label in engines}
     for clients in CLIENTS:
         for label, engine in engines.items():
-            before = fsync_loop(tmp, LOOP_SECONDS)
-            cpu = cpu_seconds(engine.pid)
-            row = engine_rate(engine, clients, seconds)
-            row["cpu_us"] = (cpu_seconds(engine.pid) - cpu) / max(row["rate"] * seconds, 1) * 1e6
-            row["loop"] = (before + fsync_loop(tmp, LOOP_SECONDS)) / 2
+            row = measure_row(engine, clients, seconds, tmp)
             out[label][clients] = row
-            print(f"  [{label}] {clients:>2} clients: {row}", flush=True)
+            shown = {k: round(v, 2) for k, v in row.items() if isinstance(v, float)}
+            print(f"  [{label}] {clients:>2} clients: {shown}", flush=True)
     for label, engine in engines.items():
         client = engine.client()
         status = client.admin.command("serverStatus").get("accordEngine")
@@ -134,7 +173,7 @@ def measure(seconds: float, engines: dict[str, EngineProcess], tmp: Path) -> dic
     return out
 
 
-def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
+def report(seconds: float = 10.0, baseline_rev: str | None = None) -> str:
     baseline_rev = baseline_rev or os.environ.get("ACCORD_BENCH_BASELINE") or None
     with tempfile.TemporaryDirectory(dir=os.environ.get("ACCORD_BENCH_DIR")) as tmp_name:
         tmp = Path(tmp_name)
@@ -157,25 +196,28 @@ def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
         "",
         f"Run alone: `python -m benchmarks.engine_group_commit` (`--baseline REV` adds the engine "
         f"of git revision REV). Each client inserts one small document per command (one commit, "
-        f"acknowledged once durable), {seconds:.0f} s per row, fsync on. Each row runs between "
-        f"two {LOOP_SECONDS:.0f} s raw fsync loops on the same disk (`write` 200 bytes + "
-        f"`fdatasync`, one thread); their mean is the row's fsync-loop rate and the ratio is "
-        f"against it (this disk's rate drifts by 3x within minutes). A raw SQLite WAL FULL loop "
-        f"(one single-row transaction per commit) ran at {lite:.0f}/s at the start. With a "
-        f"baseline both engines run throughout and take turns row by row; `engine CPU` is the "
-        f"engine process's user + system time per commit.",
+        f"acknowledged once durable), fsync on. A row is {TURNS} turns of "
+        f"{seconds / TURNS:.0f} s, each between two raw fsync loops as long (`write` 200 bytes + "
+        f"`fdatasync`, one thread, same disk); a turn's ratio is against the mean of the loops "
+        f"on either side of it, and `vs fsync loop` is the median turn's, with the lowest and "
+        f"highest turn beside it (this disk's rate drifts by 3x within minutes, and other "
+        f"sessions share the 2 cores). `commits/s` and `fsync loop /s` are the row's means. A "
+        f"raw SQLite WAL FULL loop (one single-row transaction per commit) ran at {lite:.0f}/s "
+        f"at the start. With a baseline both engines run throughout and take turns row by "
+        f"row; `engine CPU` is the engine process's user + system time per commit.",
         "",
-        "| engine | clients | commits/s | fsync loop /s | vs fsync loop | p50 ms | p99 ms "
+        "| engine | clients | commits/s | fsync loop /s | vs fsync loop | turns | p50 ms | p99 ms "
         "| engine CPU us / commit | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         for clients in CLIENTS:
             row = r[clients]
             lines.append(
                 f"| {r['label']} | {clients} | {row['rate']:.0f} | {row['loop']:.0f} "
-                f"| {row['rate'] / row['loop']:.2f}x | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} "
-                f"| {row['cpu_us']:.0f} | {row['errors']} |"
+                f"| {row['ratio']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f}x "
+                f"| {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['cpu_us']:.0f} "
+                f"| {row['errors']} |"
             )
     group = results[0].get("group")
     if group:
@@ -190,7 +232,7 @@ def report(seconds: float = 5.0, baseline_rev: str | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_group_commit")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--baseline", default=None)
     args = parser.parse_args()
     print(report(args.seconds, args.baseline))

@@ -12,6 +12,7 @@ tells apart from work done under the lock.
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any
 
@@ -76,24 +77,26 @@ class LockStats:
         self._what = what
 
     def _record(self, seconds: float, cpu_seconds: float) -> None:
+        # Every hold passes here (several per commit): kept to plain comparisons.
         ms = seconds * 1000.0
+        cpu_ms = cpu_seconds * 1000.0
+        what = self._what
         self.holds += 1
         self.total_ms += ms
         if ms > self.max_ms:
             self.max_ms = ms
-            self.max_what = self._what
-        if cpu_seconds * 1000.0 > self.max_cpu_ms:
-            self.max_cpu_ms = cpu_seconds * 1000.0
-            self.max_cpu_what = self._what
-        longest = self.by_kind.setdefault(self._what or "other", [0.0, 0.0])
-        longest[0] = max(longest[0], ms)
-        longest[1] = max(longest[1], cpu_seconds * 1000.0)
-        for i, bound in enumerate(BUCKETS_MS):
-            if ms <= bound:
-                self.histogram[i] += 1
-                break
-        else:
-            self.histogram[-1] += 1
+            self.max_what = what
+        if cpu_ms > self.max_cpu_ms:
+            self.max_cpu_ms = cpu_ms
+            self.max_cpu_what = what
+        longest = self.by_kind.get(what or "other")
+        if longest is None:
+            longest = self.by_kind[what or "other"] = [0.0, 0.0]
+        if ms > longest[0]:
+            longest[0] = ms
+        if cpu_ms > longest[1]:
+            longest[1] = cpu_ms
+        self.histogram[bisect.bisect_left(BUCKETS_MS, ms)] += 1
 
     def report(self) -> dict[str, Any]:
         labels = [f"le{b}ms" for b in BUCKETS_MS] + [f"gt{BUCKETS_MS[-1]}ms"]
