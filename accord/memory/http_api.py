@@ -48,9 +48,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     WrapValidator,
 )
+from pydantic_core import PydanticCustomError
 from pymongo import AsyncMongoClient
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -78,6 +80,21 @@ KIND_PATTERN = r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$"
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _json_integer(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would turn into an integer but JSON Schema's
+    ``integer`` does not allow (``true``, ``"5"``); ``5.0`` stays allowed, as there."""
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# Body fields as their schema types say, without lax coercions: a boolean is not a number,
+# a string is not a number or a boolean (``"yes"`` for ``true``), so those are 422s.
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+JsonNumber = Annotated[float, Strict()]
+JsonBool = Annotated[bool, Strict()]
 
 
 INT64 = (-(2**63), 2**63 - 1)
@@ -202,9 +219,9 @@ class SearchRequest(_Body):
     kinds: list[Annotated[str, Field(pattern=KIND_PATTERN)]] | None = Field(
         default=None, max_length=20, description="Only memories of these kinds."
     )
-    limit: int = Field(default=10, ge=1, le=MAX_PAGE)
-    offset: int = Field(default=0, ge=0, le=10_000)
-    recency_weight: float = Field(
+    limit: JsonInt = Field(default=10, ge=1, le=MAX_PAGE)
+    offset: JsonInt = Field(default=0, ge=0, le=10_000)
+    recency_weight: JsonNumber = Field(
         default=0.0, ge=0.0, le=1.0, description="Blend similarity with recency."
     )
 
@@ -221,8 +238,8 @@ class PutRequestBody(_Body):
         description="What is embedded for search (default: the value as JSON).",
     )
     kind: str = Field(default="item", pattern=KIND_PATTERN)
-    index: bool = Field(default=True, description="Embed it (false: not found by queries).")
-    ttl_minutes: float | None = Field(default=None, gt=0, le=60 * 24 * 3650)
+    index: JsonBool = Field(default=True, description="Embed it (false: not found by queries).")
+    ttl_minutes: JsonNumber | None = Field(default=None, gt=0, le=60 * 24 * 3650)
 
 
 class MemoryOut(BaseModel):

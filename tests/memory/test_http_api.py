@@ -210,6 +210,40 @@ def test_bad_input_elsewhere(api: TestClient, method: str, path: str, body: Any,
     assert fragment in r.json()["detail"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        # pydantic's lax mode would take these; the schema (number, integer, boolean) does not
+        ("/v1/memories/n/k", {"value": {}, "ttl_minutes": True}, "ttl_minutes"),
+        ("/v1/memories/n/k", {"value": {}, "ttl_minutes": "5"}, "ttl_minutes"),
+        ("/v1/memories/n/k", {"value": {}, "index": "yes"}, "index"),
+        ("/v1/memories/n/k", {"value": {}, "index": 1}, "index"),
+        ("/v1/search", {"limit": True}, "limit"),
+        ("/v1/search", {"offset": "2"}, "offset"),
+        ("/v1/search", {"offset": 0.5}, "offset"),
+        ("/v1/search", {"recency_weight": False}, "recency_weight"),
+    ],
+)
+def test_a_body_field_gets_no_lax_coercion(api: TestClient, path: str, body: Any,
+                                           field: str) -> None:  # fmt: skip
+    method = "put" if path.startswith("/v1/memories") else "post"
+    r = api.request(method, path, headers=h(KEY_A), json=body)
+    assert r.status_code == 422, r.text
+    assert f"body.{field}" in r.json()["detail"]
+    assert api.get("/v1/memories/n/k", headers=h(KEY_A)).status_code == 404  # nothing written
+
+
+def test_body_numbers_the_schema_allows_are_taken(api: TestClient) -> None:
+    # JSON Schema's integer includes 2.0, and a number includes 5
+    r = api.put("/v1/memories/n/k", headers=h(KEY_A), json={"value": {"v": 1}, "ttl_minutes": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["expires_at"] is not None
+    r = api.post("/v1/search", headers=h(KEY_A), json={"limit": 2.0, "offset": 0.0,
+                                                         "recency_weight": 1})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert [m["key"] for m in r.json()["items"]] == ["k"]
+
+
 def test_openapi(api: TestClient) -> None:
     spec = api.get("/openapi.json").json()
     assert {"/v1/search", "/v1/memories/{namespace}/{key}", "/v1/history/{namespace}/{key}",
