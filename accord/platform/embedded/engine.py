@@ -398,8 +398,9 @@ class Session:
 
 class LockHold:
     """``Engine.locked``'s context manager. A class rather than a generator: an insert
-    holds the lock four times (nested holds included), and a hold costs 3.0 us this way
-    against 4.1 us through ``contextlib.contextmanager`` (measured with the stats)."""
+    takes the lock four times (nested holds included), and a hold with its stats cost
+    4.1 us through ``contextlib.contextmanager`` and the stats' former bookkeeping, 3.0 us
+    with this and ``LockStats`` as they are now (in process, 200,000 holds)."""
 
     __slots__ = ("_engine", "_what", "_token")
 

@@ -77,7 +77,7 @@ class LockStats:
         self._what = what
 
     def _record(self, seconds: float, cpu_seconds: float) -> None:
-        # Every hold passes here (several per commit): kept to plain comparisons.
+        # Every outer hold passes here (two per autocommitted write): plain comparisons.
         ms = seconds * 1000.0
         cpu_ms = cpu_seconds * 1000.0
         what = self._what
