@@ -49,7 +49,7 @@ from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.synchronous.unit_of_work import UnitOfWork
-from accord.platform.transaction import DEFAULT_TIMEOUT, Hook, default_hooks
+from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
 __all__ = ["Accord", "AsyncAccord"]
 
@@ -74,7 +74,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         db_name: str = "accord",
         embedder: Any = None,
         dims: int | None = None,
-        hooks: Sequence[Hook] = (),
+        hooks: Sequence[Any] = (),
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:

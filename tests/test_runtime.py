@@ -25,7 +25,7 @@ class RecordingHook:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         self.seen.append(plan.context.operation)
 
 
@@ -37,7 +37,7 @@ class RefusingHook:
     def __init__(self, operation: str) -> None:
         self.operation = operation
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         if plan.context.operation == self.operation:
             raise AccordError(f"policy: {self.operation} refused")
 

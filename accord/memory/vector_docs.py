@@ -40,7 +40,8 @@ _NEVER_UPDATED = frozenset({"embedding", "embeddings", "tenant_id", "ns_prefixes
 
 
 class MemoryVectorsHook:
-    """Adds the ``memory_vectors`` writes of every ``long_term_memory`` write of a plan."""
+    """Kernel hook (derive phase): adds the ``memory_vectors`` writes of every
+    ``long_term_memory`` write of a plan."""
 
     name = HOOK_NAME
 
@@ -58,7 +59,7 @@ class MemoryVectorsHook:
             )
         self.collections[(db, memory_collection)] = vectors_collection
 
-    def extend(self, plan: Plan) -> None:
+    def derive(self, plan: Plan) -> None:
         added = []
         for group in plan.groups:
             if group.artifact != LONG_TERM_MEMORY:
@@ -168,7 +169,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def register(uow: Any, db: str, memory_collection: str, vectors_collection: str) -> None:
     """Make ``uow`` keep ``vectors_collection`` in step with ``memory_collection``."""
-    hook = next((h for h in uow.hooks if getattr(h, "name", None) == HOOK_NAME), None)
+    hook = next((h for h in uow.hooks.all if getattr(h, "name", None) == HOOK_NAME), None)
     if hook is None:
         hook = MemoryVectorsHook()
         uow.register(hook)

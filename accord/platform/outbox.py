@@ -94,11 +94,12 @@ def event_document(event: OutboxEvent, at: datetime) -> dict[str, Any]:
 
 
 class OutboxHook:
-    """Unit-of-work hook: inserts a plan's events, once each, in the plan's transaction."""
+    """Kernel hook (derive phase): inserts a plan's events, once each, in the plan's
+    transaction."""
 
     name = "outbox"
 
-    def extend(self, plan: Plan) -> None:
+    def derive(self, plan: Plan) -> None:
         if not plan.events:
             return
         at = now()

@@ -17,6 +17,13 @@ from typing import Any, Literal
 
 from pymongo import DeleteMany, DeleteOne, InsertOne, ReplaceOne, UpdateMany, UpdateOne
 
+from accord.platform.context import PlanContext, WriteContext
+
+__all__ = [
+    "COMMAND_KINDS", "Counts", "Expect", "Group", "Op", "OpKind", "OutboxEvent", "Plan",
+    "PlanContext", "PlanResult", "WriteContext", "insert_once",
+]  # fmt: skip
+
 OpKind = Literal[
     "insert", "update", "update_many", "replace", "delete", "delete_many", "find_one_and_update"
 ]
@@ -178,23 +185,16 @@ class OutboxEvent:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class PlanContext:
-    """Who writes, for whom, and why: what hooks (policy, audit) need to know."""
-
-    tenant_id: str
-    thread_id: str | None = None
-    principal: str | None = None
-    operation: str = ""
-
-
 @dataclass
 class Plan:
-    """Everything one transaction writes."""
+    """Everything one transaction writes, and its :class:`WriteContext` (who, for whom,
+    why; the run and its guard)."""
 
-    context: PlanContext
+    context: WriteContext
     groups: list[Group] = field(default_factory=list)
     events: list[OutboxEvent] = field(default_factory=list)
+    #: the run guard the kernel put first (from ``context.guard``), once it did
+    guard_group: Group | None = field(default=None, repr=False)
 
     def add(self, group: Group) -> Group:
         if any(g.name == group.name for g in self.groups):

@@ -46,12 +46,14 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-from accord.platform.plan import Op
+from accord.errors import ConcurrentRunError
+from accord.platform.artifacts import RUN
+from accord.platform.plan import Counts, Expect, Group, Op
 
 #: Default lease: how long a run holds a thread without renewing it.
 DEFAULT_LEASE_SECONDS = 30.0
@@ -318,3 +320,82 @@ def version_filter(tenant_id: str, thread_id: str) -> tuple[dict[str, Any], dict
         "fence": 1,
         "lease_expires": 1,
     }
+
+
+#: Name of the guard group the kernel puts first in a guarded transaction.
+GUARD_GROUP = "run"
+
+GuardKind = Literal["owner", "free", "takeover", "expired"]
+
+
+@dataclass(frozen=True)
+class ThreadGuard:
+    """The run-registry guard of one commit on a thread, as data: a
+    :class:`~accord.platform.context.WriteContext` carries it and the kernel puts its
+    group (:meth:`group`, named :data:`GUARD_GROUP`) first in the transaction, so no writer
+    can commit to a thread without it.
+
+    ``kind``: ``owner`` (:func:`owner_guard`: the run holding ``lease``; ``release`` gives
+    the lease back with this commit), ``free`` (:func:`free_guard`: a write of no run),
+    ``takeover`` (:func:`takeover`: an administrative write that ends any run) or
+    ``expired`` (:func:`expired_guard`: deleting an expired thread). ``db``/``collection``
+    locate the registry. ``refused(counts)`` is the error when the guard's counts say the
+    thread is not the writer's (the owner guard matched nothing, ...).
+    """
+
+    db: str
+    collection: str
+    kind: GuardKind
+    tenant_id: str
+    thread_id: str
+    version: str
+    at: datetime
+    lease: Lease | None = None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    expire_at: datetime | None = None
+    release: bool = False
+    refused: Callable[[Counts], BaseException] | None = None
+
+    def op(self) -> Op:
+        if self.kind == "owner":
+            if self.lease is None:
+                raise ValueError("an owner guard needs the run's lease")
+            return owner_guard(
+                self.lease,
+                self.version,
+                at=self.at,
+                lease_seconds=self.lease_seconds,
+                expire_at=self.expire_at,
+                release=self.release,
+            )
+        if self.kind == "free":
+            return free_guard(
+                self.tenant_id, self.thread_id, self.version, at=self.at, expire_at=self.expire_at
+            )
+        if self.kind == "expired":
+            return expired_guard(self.tenant_id, self.thread_id, self.version, at=self.at)
+        return takeover(self.tenant_id, self.thread_id, self.version, at=self.at)
+
+    def expect(self) -> Expect | None:
+        refused = self.refused or _not_the_writer(self)
+        if self.kind in ("owner", "expired"):
+            return Expect(matched=1, error=refused)
+        if self.kind == "free":
+            return Expect(touched=1, error=refused)
+        return None
+
+    def group(self) -> Group:
+        """The guard as the first group of a transaction."""
+        return Group(GUARD_GROUP, self.db, self.collection, RUN.name, [self.op()],
+                     expect=self.expect())  # fmt: skip
+
+
+def _not_the_writer(guard: ThreadGuard) -> Callable[[Counts], BaseException]:
+    def error(counts: Counts) -> BaseException:
+        return ConcurrentRunError(
+            f"the {guard.kind} guard of thread {guard.thread_id!r} did not match: another "
+            f"run holds the thread or took it over; nothing was written. Reload the "
+            f"thread's state and retry."
+        )
+
+    return error

@@ -38,7 +38,7 @@ class TenantGuard:
 
     name = "tenancy"
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         tenant = plan.context.tenant_id
         for group in plan.groups:
             cls = CLASSES.get(group.artifact)

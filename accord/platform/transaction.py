@@ -1,14 +1,14 @@
-"""What the sync and async units of work share: transaction settings and the hook protocol."""
+"""What the sync and async units of work share: transaction settings and the default hooks
+(the hook protocol and its phases: :mod:`accord.platform.hooks`)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any
 
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from accord.platform.outbox import OutboxHook
-from accord.platform.plan import Plan
 from accord.platform.tenancy import TenantGuard
 
 #: maxWireVersion of MongoDB 8.0, the first with the client-level ``bulkWrite`` command.
@@ -24,19 +24,7 @@ READ_CONCERN = ReadConcern("snapshot")
 DEFAULT_TIMEOUT = 30.0
 
 
-class Hook(Protocol):
-    """Sees (and may extend or refuse) every plan before it runs; pure, no I/O.
-
-    ``extend`` may add groups (an audit record, the outbox inserts) or raise an accord
-    error (``PermissionDenied``, ``InvalidInputError``) to refuse the plan: nothing of it
-    is sent then.
-    """
-
-    name: str
-
-    def extend(self, plan: Plan) -> None: ...
-
-
-def default_hooks() -> list[Hook]:
-    """Hooks every unit of work starts with: the tenancy guard, then the outbox."""
+def default_hooks() -> list[Any]:
+    """Hooks every unit of work starts with: the tenancy guard (check), the outbox
+    (derive)."""
     return [TenantGuard(), OutboxHook()]

@@ -230,3 +230,20 @@ def failure(exc: PyMongoError, timeout: float) -> DatabaseError:
         err.__cause__ = exc
         return err
     return _database_error(exc)
+
+
+def read_failure(exc: PyMongoError, collection: str, timeout: float) -> DatabaseError:
+    """A read the driver could not complete, as an accord error."""
+    if exc.timeout:
+        err: DatabaseError = TransactionTimeout(
+            f"Reading {collection!r} did not complete within {timeout:g}s "
+            f"({type(exc).__name__}: {exc}). The database is unreachable or overloaded; "
+            f"retry later, or raise the timeout."
+        )
+    else:
+        err = DatabaseError(
+            f"Reading {collection!r} failed: {type(exc).__name__}: {exc}. Check that MongoDB "
+            f"is reachable and that this principal may read the collection, then retry."
+        )
+    err.__cause__ = exc
+    return err

@@ -136,7 +136,7 @@ def test_writes_the_vectors_cannot_follow_are_refused(op):
     hook.watch("db", "long_term_memory", "memory_vectors")
     plan = Plan(PlanContext("A"), [Group("g", "db", "long_term_memory", LONG_TERM_MEMORY, [op])])
     with pytest.raises(InvalidInputError):
-        hook.extend(plan)
+        hook.derive(plan)
 
 
 def test_hook_mirrors_what_it_can_and_ignores_other_collections():
@@ -152,7 +152,7 @@ def test_hook_mirrors_what_it_can_and_ignores_other_collections():
         Group("heads", "db", "memory_heads", LONG_TERM_MEMORY, [Op("delete_many", {})]),
         Group("other_db", "db2", "long_term_memory", LONG_TERM_MEMORY, [Op("delete_many", {})]),
     ])  # fmt: skip
-    hook.extend(plan)
+    hook.derive(plan)
     added = plan.groups[3:]
     assert [(g.collection, [(o.kind, o.filter, o.doc) for o in g.ops]) for g in added] == [
         ("memory_vectors", [

@@ -251,7 +251,7 @@ def test_an_unreachable_server_fails_within_the_timeout(make_runner: Any) -> Non
 class Deny:
     name = "deny"
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         for g in plan.groups:
             if g.artifact == "audit":
                 raise PermissionDenied(f"{plan.context.principal} may not write audit")
@@ -260,7 +260,7 @@ class Deny:
 class Audit:
     name = "audit"
 
-    def extend(self, plan: Plan) -> None:
+    def derive(self, plan: Plan) -> None:
         touched = sorted(g.collection for g in plan.groups)
         plan.add(Group("audit", plan.groups[0].db, "audit_log", "audit",
                        [Op("insert", doc={"tenant_id": plan.context.tenant_id, "touched": touched})]))  # fmt: skip
@@ -387,7 +387,7 @@ def test_find_one_and_update_runs_in_the_transaction(
 
 
 def test_hook_registration_keeps_defaults(runner: Runner) -> None:
-    assert [h.name for h in runner.uow.hooks] == ["tenancy", "outbox"]
+    assert runner.uow.hooks.names() == ["tenancy", "outbox"]
 
 
 def test_timeout_must_be_positive(mongo_uri: str) -> None:
@@ -432,7 +432,7 @@ class Operations:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         self.seen.append(plan.context.operation)
 
 

@@ -1,42 +1,57 @@
 # Generated from accord/platform/asynchronous/unit_of_work.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
-"""The unit of work: the one write path of accord.
+"""The unit of work: accord's kernel, the one path of every write and every read.
 
-Every component hands it a :class:`~accord.platform.plan.Plan` (data) and it runs the
-plan in ONE multi-document transaction:
+Writes. Every component hands it a :class:`~accord.platform.plan.Plan` (data, with its
+:class:`~accord.platform.context.WriteContext`) and it runs the plan in ONE multi-document
+transaction:
 
-1. its hooks see the plan first, in registration order, and may extend it or refuse it:
-   the tenancy guard (writes from tenant input stay in their tenant), the outbox hook
-   (the plan's events become inserts in the same transaction), and governance's policy
-   check and audit append once registered (``runtime.py`` wires them);
-2. ``find_one_and_update`` ops (claims) run first, one command each;
-3. every other op goes in one client-level ``bulkWrite`` on MongoDB 8.0+
-   (maxWireVersion >= 25; batches of 100 ops), else one ``bulk_write``
-   per group: a plan that fits one batch costs two round trips, ``bulkWrite`` and
-   ``commitTransaction``;
-4. the groups' guards (:class:`~accord.platform.plan.Expect`) are checked on their counts;
-   a violated guard aborts the transaction and raises the guard's error;
+1. the ``check`` hooks (pure: the tenancy guard, governance's policy) may refuse it;
+2. the ``derive`` hooks (pure) may add groups: the outbox inserts, a memory's vectors;
+3. the run guard of the context (``context.guard``, :class:`~accord.platform.runs.ThreadGuard`)
+   becomes the transaction's first group: no writer can commit to a thread without it;
+4. in each transaction attempt: ``find_one_and_update`` ops (claims) first, one command each;
+   then the ``seal`` hooks read what they need in the session and add groups (an audit
+   chain's records and heads), on every attempt, after every plan of the batch is final;
+   then every write in one client-level ``bulkWrite`` on MongoDB 8.0+ (maxWireVersion >= 25;
+   batches of 100 ops), else one ``bulk_write`` per group; then the groups' guards
+   (:class:`~accord.platform.plan.Expect`): a violated guard aborts the transaction and
+   raises the guard's error;
 5. commit, with write concern majority.
 
-``execute_all`` runs several plans (a checkpointer run's queued saves) in one
-transaction the same way, each plan passing the hooks as itself.
+A plan that fits one batch costs two round trips (``bulkWrite`` and ``commitTransaction``);
+a seal hook that reads adds one per read. ``execute_all`` runs several plans (a checkpointer
+run's queued saves) in one transaction, each plan checked and derived as itself.
 
-Retries: ``TransientTransactionError`` (write conflicts, a dropped connection, an
-election) reruns the transaction and ``UnknownTransactionCommitResult`` reruns the commit,
-as ``ClientSession.with_transaction`` does, but within ``timeout`` seconds for everything
-(pymongo's client-side operation timeout), never minutes. Every op is idempotent by
-construction of the plans (deterministic ids, ``insert_once``), so a commit whose reply was
-lost and that is retried applies once.
+Reads. :meth:`AsyncUnitOfWork.find` / :meth:`find_one` / :meth:`aggregate` / :meth:`count`
+take a :class:`~accord.platform.context.ReadContext` and the artifact class read; the
+``read`` hooks may refuse the read, narrow its filter, or record it. A refusal (by a check
+or read hook, :class:`~accord.errors.PermissionDenied`) is handed to the ``refused`` hooks,
+whose plans run on their own (an audit record of the denial).
+
+Retries: ``TransientTransactionError`` (write conflicts, a dropped connection, an election,
+a :class:`~accord.platform.hooks.SealConflict`) reruns the transaction and
+``UnknownTransactionCommitResult`` reruns the commit, as ``ClientSession.with_transaction``
+does, but within ``timeout`` seconds for everything (pymongo's client-side operation
+timeout), never minutes. Every op is idempotent by construction of the plans
+(deterministic ids, ``insert_once``), so a commit whose reply was lost and that is retried
+applies once.
 
 Errors are accord's: :class:`~accord.errors.WriteRefused` (the database refused one write;
 the caller adds its context), the guard's own error, :class:`~accord.errors.TransactionTimeout`
 or :class:`~accord.errors.DatabaseError`; never a raw pymongo exception.
+
+Only :mod:`accord.runtime` constructs units of work (tests/test_module_boundaries.py);
+every part gets one from there, so a hook registered on the runtime sees every write.
 
 Generated from ``accord/platform/asynchronous/unit_of_work.py`` by ``tools/synchro.py``: edit that file, not this one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import pymongo
@@ -44,8 +59,17 @@ from pymongo import MongoClient, ReturnDocument
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
-from accord.errors import AccordError
+from accord.errors import AccordError, ConfigurationError, PermissionDenied
 from accord.platform import write_errors
+from accord.platform.context import RUNTIME, Principal, ReadContext
+from accord.platform.hooks import (
+    Hooks,
+    ReadKind,
+    ReadRequest,
+    Refusal,
+    SealBatch,
+    new_transaction_id,
+)
 from accord.platform.plan import COMMAND_KINDS, Counts, Group, Plan, PlanResult
 from accord.platform.transaction import (
     CLIENT_BULK_BATCH,
@@ -53,23 +77,25 @@ from accord.platform.transaction import (
     DEFAULT_TIMEOUT,
     READ_CONCERN,
     WRITE_CONCERN,
-    Hook,
     default_hooks,
 )
 
 _IS_SYNC = True
 
+logger = logging.getLogger("accord.platform")
+
 
 class UnitOfWork:
-    """Runs plans, one transaction each (see the module docstring).
+    """Runs plans, one transaction each, and reads, through the hooks (module docstring).
 
     Args:
         client: the driver client; transactions need a replica set, Atlas, or accord's
             embedded engine.
         client_bulk: use MongoDB 8.0's client-level ``bulkWrite``; ``None`` asks the
             server once (``hello.maxWireVersion``).
-        hooks: the hooks, in order; default :func:`default_hooks`.
-        timeout: seconds one ``execute`` may take, retries included.
+        hooks: the hooks; default :func:`~accord.platform.transaction.default_hooks`.
+        timeout: seconds one ``execute`` (or one read) may take, retries included.
+        principal: who acts when a context names nobody (default the ``runtime`` service).
     """
 
     def __init__(
@@ -77,65 +103,110 @@ class UnitOfWork:
         client: MongoClient[Any],
         *,
         client_bulk: bool | None = None,
-        hooks: Sequence[Hook] | None = None,
+        hooks: Sequence[Any] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        principal: Principal | None = None,
     ) -> None:
         if not timeout > 0:
             raise AccordError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.client = client
-        self.hooks: list[Hook] = default_hooks() if hooks is None else list(hooks)
+        self.hooks = Hooks(default_hooks() if hooks is None else hooks)
         self.timeout = timeout
-        self._client_bulk = client_bulk
+        self.principal = principal or Principal.service(RUNTIME)
+        self._bulk: dict[str, bool | None] = {"client_bulk": client_bulk}
 
-    def register(self, hook: Hook) -> None:
-        """Add ``hook`` after the existing ones (e.g. governance's audit)."""
-        if any(h.name == hook.name for h in self.hooks):
-            raise AccordError(f"a hook named {hook.name!r} is registered already")
-        self.hooks.append(hook)
+    def register(self, hook: Any) -> None:
+        """Add ``hook`` (its phases: docs/platform.md, "Hooks"); every view of this unit
+        of work (:meth:`acting_as`) sees it."""
+        self.hooks.add(hook)
+
+    def acting_as(self, principal: Principal) -> UnitOfWork:
+        """This unit of work (same client, hooks, settings) acting as ``principal`` by
+        default: what a part hands its own principal (the aggregator, an API key)."""
+        view = copy.copy(self)
+        view.principal = principal
+        return view
+
+    def with_timeout(self, timeout: float) -> UnitOfWork:
+        """This unit of work with another bound on each operation."""
+        if not timeout > 0:
+            raise AccordError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        view = copy.copy(self)
+        view.timeout = timeout
+        return view
 
     def client_bulk(self) -> bool:
         """Whether plans go in one client-level ``bulkWrite`` (asks the server once)."""
-        if self._client_bulk is None:
+        known = self._bulk["client_bulk"]
+        if known is None:
             try:
-                hello = self.client.admin.command("hello")
+                with pymongo.timeout(self.timeout):
+                    hello = self.client.admin.command("hello")
             except PyMongoError as exc:
                 raise write_errors.failure(exc, self.timeout) from exc
             wire = int(hello.get("maxWireVersion", 0))
-            self._client_bulk = wire >= CLIENT_BULK_WRITE_WIRE_VERSION
-        return self._client_bulk
+            known = self._bulk["client_bulk"] = wire >= CLIENT_BULK_WRITE_WIRE_VERSION
+        return known
+
+    # --- writes ---------------------------------------------------------------------
 
     def execute(self, plan: Plan, *, transaction: bool = True) -> PlanResult:
         """Run ``plan`` in one transaction; see the module docstring.
 
-        ``transaction=False``: a plan that is ONE op after the hooks ran (a lease claim,
+        ``transaction=False``: a plan that is ONE op once the hooks ran (a lease claim,
         renewal or release) runs as that single atomic command, one round trip, with no
         transaction left open if the caller is paused half-way; a plan the hooks
         extended runs in a transaction as usual.
         """
-        for hook in self.hooks:
-            hook.extend(plan)
-        return self._run(list(plan.writes()), transaction)
+        self._prepare(plan)
+        groups = _guarded(plan)
+        batch = SealBatch([plan], new_transaction_id())
+        if not transaction and len(groups) == 1 and len(groups[0].ops) == 1:
+            if not self._seals(batch):
+                return self._single(groups[0])
+        return self._run(batch, groups)
 
     def execute_all(self, plans: Sequence[Plan]) -> PlanResult:
-        """Run several plans in ONE transaction (e.g. a run's queued saves): each plan
-        goes through the hooks on its own, exactly as :meth:`execute` would take it
-        (its own context and operation, its own events), then all their groups are
-        written in order. A group keeps its name unless an earlier plan has one of that
-        name; then it becomes ``<i>:<name>`` (``i``: the plan's index). All of them
-        commit, or none."""
+        """Run several plans in ONE transaction (e.g. a run's queued saves): each plan is
+        checked and derived on its own, exactly as :meth:`execute` would take it (its own
+        context, its own events), then all their groups are written in order. A group
+        keeps its name unless an earlier plan has one of that name; then it becomes
+        ``<i>:<name>`` (``i``: the plan's index), before the seal hooks see the batch.
+        All of them commit, or none."""
         groups: list[Group] = []
         names: set[str] = set()
+        for plan in plans:
+            self._prepare(plan)
         for i, plan in enumerate(plans):
-            for hook in self.hooks:
-                hook.extend(plan)
-            for g in plan.writes():
+            for g in _guarded(plan):
                 if g.name in names:
                     g.name = f"{i}:{g.name}"
                 names.add(g.name)
                 groups.append(g)
-        return self._run(groups, True)
+        return self._run(SealBatch(list(plans), new_transaction_id()), groups)
 
-    def _run(self, groups: list[Group], transaction: bool) -> PlanResult:
+    def _prepare(self, plan: Plan) -> None:
+        """Name the principal, run the check hooks, then the derive hooks."""
+        if plan.context.principal is None:
+            plan.context = replace(plan.context, principal=self.principal)
+        try:
+            for hook in self.hooks.check:
+                hook.check(plan)
+        except PermissionDenied as exc:
+            self._refused(Refusal(plan.context, exc, plan=plan))
+            raise
+        for derive in self.hooks.derive:
+            derive.derive(plan)
+
+    def _seals(self, batch: SealBatch) -> bool:
+        """Whether a seal hook would add anything to ``batch`` (for the single-op path:
+        a hook that reads, or writes without reading, needs the transaction)."""
+        for hook in self.hooks.seal:
+            if hook.seal_reads(batch) or hook.seal(batch, {}):
+                return True
+        return False
+
+    def _run(self, batch: SealBatch, groups: list[Group]) -> PlanResult:
         for g in groups:
             kinds = {op.kind in COMMAND_KINDS for op in g.ops}
             if len(kinds) > 1:
@@ -145,8 +216,6 @@ class UnitOfWork:
                 )
         if not groups:
             return PlanResult({})
-        if not transaction and len(groups) == 1 and len(groups[0].ops) == 1:
-            return self._single(groups[0])
         bulk = self.client_bulk()
         attempts = 0
 
@@ -155,7 +224,8 @@ class UnitOfWork:
         ) -> tuple[dict[str, Counts], dict[str, list[Any]]]:
             nonlocal attempts
             attempts += 1
-            return self._write(session, groups, bulk)
+            batch.attempt = attempts
+            return self._write(session, batch, groups, bulk)
 
         try:
             with pymongo.timeout(self.timeout):
@@ -204,23 +274,53 @@ class UnitOfWork:
         return PlanResult({group.name: counts}, found, 1)
 
     def _write(
-        self, session: ClientSession, groups: list[Group], bulk: bool
+        self, session: ClientSession, batch: SealBatch, groups: list[Group], bulk: bool
     ) -> tuple[dict[str, Counts], dict[str, list[Any]]]:
-        counts: dict[str, Counts] = {g.name: Counts() for g in groups}
-        found: dict[str, list[Any]] = {}
         commands = [g for g in groups if g.ops[0].kind in COMMAND_KINDS]
         writes = [g for g in groups if g.ops[0].kind not in COMMAND_KINDS]
+        counts: dict[str, Counts] = {g.name: Counts() for g in groups}
+        found: dict[str, list[Any]] = {}
         for g in commands:
             found[g.name] = self._commands(session, g, counts[g.name])
+        batch.found = found
+        sealed = self._seal(session, batch, {g.name for g in groups})
+        for g in sealed:
+            counts[g.name] = Counts()
+        writes += sealed
         if writes:
             if bulk:
                 self._client_bulk_write(session, writes, counts)
             else:
                 self._collection_bulk_writes(session, writes, counts)
-        for g in groups:
+        for g in (*groups, *sealed):
             if g.expect is not None and g.expect.violated(counts[g.name]):
                 raise g.expect.error(counts[g.name])
         return counts, found
+
+    def _seal(self, session: ClientSession, batch: SealBatch, taken: set[str]) -> list[Group]:
+        """The seal hooks' groups for this attempt (their reads made in ``session``)."""
+        added: list[Group] = []
+        for hook in self.hooks.seal:
+            found: dict[str, list[Any]] = {}
+            for read in hook.seal_reads(batch):
+                cursor = self.client[read.db][read.collection].find(
+                    dict(read.filter), limit=read.limit, session=session
+                )
+                try:
+                    found[read.key] = cursor.to_list(None)
+                except PyMongoError as exc:
+                    _reraise(exc, write_errors.translate(exc, []))
+            for g in hook.seal(batch, found):
+                if not g.ops:
+                    continue
+                if g.name in taken:
+                    raise ConfigurationError(
+                        f"seal hook {hook.name!r} added a group named {g.name!r}, which the "
+                        f"batch has already; name seal groups after the hook"
+                    )
+                taken.add(g.name)
+                added.append(g)
+        return added
 
     def _commands(self, session: ClientSession, group: Group, counts: Counts) -> list[Any]:
         coll = self.client[group.db][group.collection]
@@ -290,6 +390,150 @@ class UnitOfWork:
                     deleted=res.deleted_count,
                 )
             )
+
+    # --- reads ----------------------------------------------------------------------
+
+    def find(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        filter: Mapping[str, Any],
+        *,
+        projection: Mapping[str, Any] | None = None,
+        sort: Sequence[tuple[str, int]] | None = None,
+        limit: int = 0,
+        skip: int = 0,
+        batch_size: int = 0,
+    ) -> list[Any]:
+        """The documents of ``collection`` (artifact class ``artifact``) matching
+        ``filter``, after the read hooks."""
+        request = self._request(context, artifact, db, collection, "find", filter=filter)
+        try:
+            with pymongo.timeout(self.timeout):
+                cursor = self.client[db][collection].find(
+                    dict(request.filter or {}),
+                    dict(projection) if projection is not None else None,
+                    sort=list(sort) if sort else None,
+                    limit=limit,
+                    skip=skip,
+                    batch_size=batch_size,
+                )
+                return cursor.to_list(None)
+        except PyMongoError as exc:
+            raise write_errors.read_failure(exc, collection, self.timeout) from exc
+
+    def find_one(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        filter: Mapping[str, Any],
+        *,
+        projection: Mapping[str, Any] | None = None,
+        sort: Sequence[tuple[str, int]] | None = None,
+    ) -> Any:
+        """The first document matching ``filter`` (after the read hooks), or None."""
+        found = self.find(
+            context, artifact, db, collection, filter, projection=projection, sort=sort, limit=1
+        )
+        return found[0] if found else None
+
+    def aggregate(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        pipeline: Sequence[Mapping[str, Any]],
+        *,
+        batch_size: int | None = None,
+    ) -> list[Any]:
+        """The results of ``pipeline`` on ``collection``, after the read hooks (which see
+        the pipeline; :meth:`ReadRequest.narrowed` keeps a ``$vectorSearch`` first)."""
+        request = self._request(context, artifact, db, collection, "aggregate", pipeline=pipeline)
+        kwargs: dict[str, Any] = {} if batch_size is None else {"batchSize": batch_size}
+        try:
+            with pymongo.timeout(self.timeout):
+                cursor = self.client[db][collection].aggregate(
+                    [dict(s) for s in request.pipeline or []], **kwargs
+                )
+                return cursor.to_list(None)
+        except PyMongoError as exc:
+            raise write_errors.read_failure(exc, collection, self.timeout) from exc
+
+    def count(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        filter: Mapping[str, Any],
+    ) -> int:
+        """How many documents match ``filter`` (after the read hooks)."""
+        request = self._request(context, artifact, db, collection, "count", filter=filter)
+        try:
+            with pymongo.timeout(self.timeout):
+                return self.client[db][collection].count_documents(dict(request.filter or {}))
+        except PyMongoError as exc:
+            raise write_errors.read_failure(exc, collection, self.timeout) from exc
+
+    def _request(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        kind: ReadKind,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        pipeline: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ReadRequest:
+        """The read as the read hooks leave it (a refusal is raised after the refusal
+        hooks saw it)."""
+        if context.principal is None:
+            context = context.with_principal(self.principal)
+        request = ReadRequest(context, artifact, db, collection, kind, filter, pipeline)
+        try:
+            for hook in self.hooks.read:
+                request = hook.read(request)
+        except PermissionDenied as exc:
+            self._refused(Refusal(context, exc, read=request))
+            raise
+        return request
+
+    def _refused(self, refusal: Refusal) -> None:
+        """Hand a refusal to the refused hooks and run the plans they return, each on
+        its own (derive and seal apply; checks do not: the refusal is what they made)."""
+        for hook in self.hooks.refused:
+            try:
+                plan = hook.refused(refusal)
+                if plan is None:
+                    continue
+                if plan.context.principal is None:
+                    plan.context = replace(plan.context, principal=self.principal)
+                for derive in self.hooks.derive:
+                    derive.derive(plan)
+                self._run(SealBatch([plan], new_transaction_id()), _guarded(plan))
+            except Exception as exc:  # the refusal itself is what the caller must see
+                logger.warning(
+                    "accord: hook %r could not record a refused %s (%s); the refusal stands",
+                    hook.name,
+                    "read" if refusal.read is not None else "write",
+                    exc,
+                )
+                logger.debug("recording the refusal failed", exc_info=True)
+
+
+def _guarded(plan: Plan) -> list[Group]:
+    """The plan's groups to write, led by its context's run guard (added once)."""
+    guard = plan.context.guard
+    if guard is not None and plan.guard_group is None:
+        plan.guard_group = guard.group()
+        plan.groups.insert(0, plan.guard_group)
+    return list(plan.writes())
 
 
 def _reraise(exc: BaseException, translated: BaseException) -> NoReturn:

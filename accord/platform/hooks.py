@@ -1,0 +1,230 @@
+"""The kernel's hooks and the phases they run in.
+
+A hook is an object with a ``name`` and one method per phase it takes part in. The kernel
+(the unit of work) calls the phases in this order for every plan, whatever the order the
+hooks were registered in (within one phase, registration order):
+
+``check(plan)``
+    before the transaction; pure. May refuse the plan by raising
+    (:class:`~accord.errors.PermissionDenied`, :class:`~accord.errors.InvalidInputError`):
+    nothing of it is sent. The tenancy guard and governance's policy are checks. Checks see
+    the plan as its producer built it (derived groups are accord's own consequences of
+    a write that was allowed).
+``derive(plan)``
+    before the transaction; pure. May add groups (and read the plan's events): the outbox
+    inserts, a memory's vectors.
+``seal_reads(batch)`` then ``seal(batch, found)``
+    INSIDE each transaction attempt, on every retry, once all plans of the batch are final
+    (checked, derived, their groups named). ``seal_reads`` names documents to read in the
+    transaction's snapshot (:class:`SealRead`); the kernel reads them in the session and
+    hands them to ``seal``, which returns groups to write in the same transaction (after
+    the plans' own writes). Both are pure: the kernel does the I/O, so one hook serves the
+    sync and the async kernel alike. An audit chain reads its stream heads here and
+    appends records and new heads; a write conflict on a head retries the whole attempt,
+    and ``seal`` runs again on fresh heads. A seal group's guard may raise
+    :class:`SealConflict` to retry the attempt (an optimistic head cache that was stale).
+``read(request)``
+    around every read (:class:`ReadRequest`): may refuse (raise), narrow the filter
+    (return a new request, e.g. :meth:`ReadRequest.narrowed`) or record; returns the
+    request to run.
+``refused(refusal)``
+    after a check or read hook refused an operation with
+    :class:`~accord.errors.PermissionDenied`: may return a plan that the kernel runs on its
+    own, outside anything refused (governance's audit records denials so).
+
+A hook with none of these methods is refused at registration.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pymongo.errors import PyMongoError
+
+from accord.errors import ConfigurationError
+from accord.platform.context import ReadContext
+from accord.platform.plan import Group, Plan
+
+PHASES = ("check", "derive", "seal", "read", "refused")
+Phase = Literal["check", "derive", "seal", "read", "refused"]
+ReadKind = Literal["find", "aggregate", "count", "distinct"]
+
+
+@runtime_checkable
+class Hook(Protocol):
+    """Any hook: a name; the phases are the methods it defines (module docstring)."""
+
+    name: str
+
+
+class CheckHook(Protocol):
+    name: str
+
+    def check(self, plan: Plan) -> None: ...
+
+
+class DeriveHook(Protocol):
+    name: str
+
+    def derive(self, plan: Plan) -> None: ...
+
+
+@dataclass(frozen=True)
+class SealRead:
+    """A read a seal hook needs inside the transaction: the documents of ``collection``
+    matching ``filter`` (at most ``limit``; 0: all), handed back under ``key``."""
+
+    key: str
+    db: str
+    collection: str
+    filter: Mapping[str, Any]
+    limit: int = 0
+
+
+@dataclass
+class SealBatch:
+    """What one transaction attempt writes, final: the plans (checked, derived, their
+    groups named as they will be written), in order.
+
+    ``transaction_id`` is the same on every attempt of one ``execute``; ``attempt``
+    counts from 1; ``found`` holds what the plans' ``find_one_and_update`` ops returned
+    in this attempt (per group name).
+    """
+
+    plans: Sequence[Plan]
+    transaction_id: str
+    attempt: int = 1
+    found: Mapping[str, list[Any]] = field(default_factory=dict)
+
+    def groups(self) -> Iterator[tuple[Plan, Group]]:
+        """Every group that writes something, with its plan."""
+        for plan in self.plans:
+            for group in plan.groups:
+                if group.ops:
+                    yield plan, group
+
+
+class SealHook(Protocol):
+    name: str
+
+    def seal_reads(self, batch: SealBatch) -> Sequence[SealRead]: ...
+
+    def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]: ...
+
+
+class SealConflict(PyMongoError):
+    """Raised by a seal group's guard (``Expect.error``) to run the attempt again: what the
+    seal hook assumed (a cached chain head) was not current. Labelled like a write
+    conflict, so the transaction is retried within the kernel's timeout."""
+
+    def __init__(self, message: str = "a seal hook's assumption was stale") -> None:
+        super().__init__(message)
+        self._add_error_label("TransientTransactionError")
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One read as the read hooks see it. ``filter`` for find/count/distinct, ``pipeline``
+    for aggregate."""
+
+    context: ReadContext
+    artifact: str
+    db: str
+    collection: str
+    kind: ReadKind
+    filter: Mapping[str, Any] | None = None
+    pipeline: Sequence[Mapping[str, Any]] | None = None
+
+    def narrowed(self, extra: Mapping[str, Any]) -> ReadRequest:
+        """This read, restricted further by ``extra`` (both must match). For an aggregate,
+        ``extra`` becomes a ``$match`` after a leading ``$vectorSearch`` (which must stay
+        first) or before everything else."""
+        if self.kind == "aggregate":
+            stages = list(self.pipeline or [])
+            at = 1 if stages and "$vectorSearch" in stages[0] else 0
+            stages.insert(at, {"$match": dict(extra)})
+            return replace(self, pipeline=stages)
+        base = dict(self.filter or {})
+        return replace(self, filter={"$and": [base, dict(extra)]} if base else dict(extra))
+
+
+class ReadHook(Protocol):
+    name: str
+
+    def read(self, request: ReadRequest) -> ReadRequest: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An operation a check or read hook refused: the plan or the read, and the error."""
+
+    context: Any  # WriteContext or ReadContext
+    error: BaseException
+    plan: Plan | None = None
+    read: ReadRequest | None = None
+
+
+class RefusalHook(Protocol):
+    name: str
+
+    def refused(self, refusal: Refusal) -> Plan | None: ...
+
+
+class Hooks:
+    """Registered hooks sorted by phase (registration order within a phase)."""
+
+    def __init__(self, hooks: Sequence[Any] = ()) -> None:
+        self.all: list[Any] = []
+        self.check: list[CheckHook] = []
+        self.derive: list[DeriveHook] = []
+        self.seal: list[SealHook] = []
+        self.read: list[ReadHook] = []
+        self.refused: list[RefusalHook] = []
+        for hook in hooks:
+            self.add(hook)
+
+    def add(self, hook: Any) -> None:
+        name = getattr(hook, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a hook needs a non-empty string `name`, {hook!r} has none")
+        if any(h.name == name for h in self.all):
+            raise ConfigurationError(f"a hook named {name!r} is registered already")
+        phases = phases_of(hook)
+        if not phases:
+            raise ConfigurationError(
+                f"hook {name!r} takes part in no phase: define one or more of check(plan), "
+                f"derive(plan), seal_reads(batch) + seal(batch, found), read(request), "
+                f"refused(refusal) (docs/platform.md, 'Hooks')"
+            )
+        self.all.append(hook)
+        for phase in phases:
+            getattr(self, phase).append(hook)
+
+    def names(self) -> list[str]:
+        return [h.name for h in self.all]
+
+
+def phases_of(hook: Any) -> list[Phase]:
+    """The phases ``hook`` takes part in (by the methods it defines)."""
+    found: list[Phase] = []
+    for phase in ("check", "derive", "read", "refused"):
+        if callable(getattr(hook, phase, None)):
+            found.append(phase)  # type: ignore[arg-type]
+    has_seal = callable(getattr(hook, "seal", None))
+    has_reads = callable(getattr(hook, "seal_reads", None))
+    if has_seal != has_reads:
+        raise ConfigurationError(
+            f"hook {getattr(hook, 'name', hook)!r} must define both seal_reads(batch) and "
+            f"seal(batch, found), or neither"
+        )
+    if has_seal:
+        found.append("seal")
+    return sorted(found, key=PHASES.index)
+
+
+def new_transaction_id() -> str:
+    """An id for one ``execute`` (the same on each of its attempts)."""
+    return secrets.token_hex(12)
