@@ -195,7 +195,7 @@ def claim_plan(
     }
     op = Op("find_one_and_update", filt, update, sort=sort)
     return Plan(
-        PlanContext(tenant_id="*", principal=owner, operation="outbox.claim"),
+        PlanContext(tenant_id="*", operation="outbox.claim"),
         [Group("claim", db, collection, OUTBOX.name, [op])],
     )
 

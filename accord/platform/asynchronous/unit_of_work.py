@@ -161,9 +161,9 @@ class AsyncUnitOfWork:
         await self._prepare(plan)
         groups = _guarded(plan)
         batch = SealBatch([plan], new_transaction_id())
-        if not transaction and len(groups) == 1 and len(groups[0].ops) == 1:
-            if not self._seals(batch):
-                return await self._single(groups[0])
+        single = not transaction and len(groups) == 1 and len(groups[0].ops) == 1
+        if single and not self._seals(batch):
+            return await self._single(groups[0])
         return await self._run(batch, groups)
 
     async def execute_all(self, plans: Sequence[Plan]) -> PlanResult:
@@ -201,10 +201,7 @@ class AsyncUnitOfWork:
     def _seals(self, batch: SealBatch) -> bool:
         """Whether a seal hook would add anything to ``batch`` (for the single-op path:
         a hook that reads, or writes without reading, needs the transaction)."""
-        for hook in self.hooks.seal:
-            if hook.seal_reads(batch) or hook.seal(batch, {}):
-                return True
-        return False
+        return any(hook.seal_reads(batch) or hook.seal(batch, {}) for hook in self.hooks.seal)
 
     async def _run(self, batch: SealBatch, groups: list[Group]) -> PlanResult:
         for g in groups:
@@ -482,9 +479,7 @@ class AsyncUnitOfWork:
         request = await self._request(context, artifact, db, collection, "count", filter=filter)
         try:
             with pymongo.timeout(self.timeout):
-                return await self.client[db][collection].count_documents(
-                    dict(request.filter or {})
-                )
+                return await self.client[db][collection].count_documents(dict(request.filter or {}))
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
 
@@ -527,8 +522,7 @@ class AsyncUnitOfWork:
                 await self._run(SealBatch([plan], new_transaction_id()), _guarded(plan))
             except Exception as exc:  # the refusal itself is what the caller must see
                 logger.warning(
-                    "accord: hook %r could not record a refused %s (%s); the refusal "
-                    "stands",
+                    "accord: hook %r could not record a refused %s (%s); the refusal stands",
                     hook.name,
                     "read" if refusal.read is not None else "write",
                     exc,

@@ -161,9 +161,9 @@ class UnitOfWork:
         self._prepare(plan)
         groups = _guarded(plan)
         batch = SealBatch([plan], new_transaction_id())
-        if not transaction and len(groups) == 1 and len(groups[0].ops) == 1:
-            if not self._seals(batch):
-                return self._single(groups[0])
+        single = not transaction and len(groups) == 1 and len(groups[0].ops) == 1
+        if single and not self._seals(batch):
+            return self._single(groups[0])
         return self._run(batch, groups)
 
     def execute_all(self, plans: Sequence[Plan]) -> PlanResult:
@@ -201,10 +201,7 @@ class UnitOfWork:
     def _seals(self, batch: SealBatch) -> bool:
         """Whether a seal hook would add anything to ``batch`` (for the single-op path:
         a hook that reads, or writes without reading, needs the transaction)."""
-        for hook in self.hooks.seal:
-            if hook.seal_reads(batch) or hook.seal(batch, {}):
-                return True
-        return False
+        return any(hook.seal_reads(batch) or hook.seal(batch, {}) for hook in self.hooks.seal)
 
     def _run(self, batch: SealBatch, groups: list[Group]) -> PlanResult:
         for g in groups:
