@@ -390,7 +390,6 @@ class AsyncAggregator:
         context = PlanContext(
             tenant,
             thread_id=conversation.thread_id if conversation else None,
-            principal=self.worker_id,
             operation="memory.aggregate",
         )
         return Plan(context, groups), len(decisions.changed())

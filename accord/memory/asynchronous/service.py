@@ -44,6 +44,7 @@ from accord.memory.writepath import (
     PlanContext,
 )
 from accord.platform.codes import DUPLICATE_KEY_CODES
+from accord.platform.context import Principal
 
 log = logging.getLogger("accord.memory")
 _IS_SYNC = False
@@ -75,7 +76,7 @@ class AsyncMemoryService:
         history_collection: str = model.HISTORY_COLLECTION,
         vectors_collection: str = model.VECTORS_COLLECTION,
         uow: AsyncUnitOfWork | None = None,
-        principal: str | None = None,
+        principal: Principal | None = None,
     ) -> None:
         self.client = client
         self.tenant_id = model.check_tenant(tenant_id)

@@ -389,7 +389,6 @@ class Aggregator:
         context = PlanContext(
             tenant,
             thread_id=conversation.thread_id if conversation else None,
-            principal=self.worker_id,
             operation="memory.aggregate",
         )
         return Plan(context, groups), len(decisions.changed())
