@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from langgraph.store.base import TTLConfig
+from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
@@ -48,10 +49,35 @@ from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
+from accord.platform.context import Principal
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord"]
+__all__ = ["Accord", "AsyncAccord", "kernel"]
+
+
+def kernel(
+    client: Any,
+    *,
+    hooks: Sequence[Any] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    client_bulk: bool | None = None,
+    principal: Principal | None = None,
+) -> Any:
+    """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
+    guard, outbox), then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an
+    ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place units of work are
+    made: the roots below use it, and so does a part constructed on its own (the drop-in
+    ``AccordSaver(client)``), so every door passes the same hooks."""
+    kind = AsyncUnitOfWork if isinstance(client, AsyncMongoClient) else UnitOfWork
+    return kind(
+        client,
+        hooks=[*default_hooks(), *hooks],
+        timeout=timeout,
+        client_bulk=client_bulk,
+        principal=principal,
+    )
+
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
 _UnitOfWork = TypeVar("_UnitOfWork", UnitOfWork, AsyncUnitOfWork)
@@ -63,7 +89,6 @@ class _Root(Generic[_Service, _UnitOfWork]):
     unit of work's class; the parts differ only by awaiting."""
 
     _connect: Callable[..., Any]
-    _unit_of_work: Callable[..., _UnitOfWork]
 
     def __init__(
         self,
@@ -87,9 +112,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self._services: dict[str, _Service] = {}
         self._owns_client = client is None
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
-        self.uow: _UnitOfWork = self._unit_of_work(
-            self.client, hooks=[*default_hooks(), *hooks], timeout=timeout
-        )
+        self.uow: _UnitOfWork = kernel(self.client, hooks=hooks, timeout=timeout)
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
         return service_class(
@@ -128,7 +151,6 @@ class Accord(_Root[MemoryService, UnitOfWork]):
     """
 
     _connect = staticmethod(connect)
-    _unit_of_work = UnitOfWork
 
     def checkpointer(self, **kwargs: Any) -> AccordSaver:
         """An :class:`~accord.checkpointers.AccordSaver` on this root's unit of work, set up.
@@ -194,7 +216,6 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
     unit of work."""
 
     _connect = staticmethod(connect_async)
-    _unit_of_work = AsyncUnitOfWork
 
     async def checkpointer(self, **kwargs: Any) -> AsyncAccordSaver:
         """An :class:`~accord.checkpointers.AsyncAccordSaver` on this root's unit of work,

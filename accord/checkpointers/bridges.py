@@ -34,7 +34,6 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from pymongo.errors import InvalidOperation
 
 from accord.checkpointers import ownership
 from accord.errors import AccordError, DatabaseError
@@ -426,73 +425,3 @@ def _release_if_start_fails(
             raise
 
     pregel_loop._first = guarded
-
-
-# --- the lease heartbeat -------------------------------------------------------------
-
-
-class ThreadTicker:
-    """Calls ``tick()`` every ``interval`` seconds in a daemon thread while ``alive()``."""
-
-    def __init__(self, tick: Callable[[], Any], interval: float, alive: Callable[[], bool]) -> None:
-        self._tick = tick
-        self._interval = interval
-        self._alive = alive
-        self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()
-
-    def ensure(self) -> None:
-        with self._mutex:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread = threading.Thread(target=self._run, name="accord-lease", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        stop = threading.Event()
-        while self._alive():
-            stop.wait(self._interval)
-            try:
-                self._tick()
-            except Exception as exc:
-                if _client_closed(exc):
-                    return
-                logger.exception("accord: lease heartbeat failed")
-
-
-class LoopTicker:
-    """Awaits ``tick()`` every ``interval`` seconds in a task on the running loop while
-    ``alive()``."""
-
-    def __init__(self, tick: Callable[[], Any], interval: float, alive: Callable[[], bool]) -> None:
-        self._tick = tick
-        self._interval = interval
-        self._alive = alive
-        self._task: asyncio.Task[None] | None = None
-
-    def ensure(self) -> None:
-        if self._task is not None and not self._task.done():
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="accord-lease")
-
-    async def _run(self) -> None:
-        while self._alive():
-            await asyncio.sleep(self._interval)
-            try:
-                await self._tick()
-            except Exception as exc:
-                if _client_closed(exc):
-                    return
-                logger.exception("accord: lease heartbeat failed")
-
-
-def _client_closed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) is pymongo's refusal of a closed client: the
-    application closed the saver's client, so there is no lease left to keep alive (a
-    heartbeat that kept trying would log the same traceback forever)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, InvalidOperation) and "after close" in str(seen):
-            return True
-        seen = seen.__cause__
-    return False

@@ -204,8 +204,6 @@ class ActiveRun:
         #: set when a heartbeat finds the lease taken over: commits fail fast
         self.lost: Holder | None = None
         self.ended = False
-        #: when the lease was last renewed (by a commit or a heartbeat), monotonic clock
-        self.renewed = time.monotonic()
         #: saves accepted but not committed yet ("async" durability): puts, and task
         #: writes without business writes, committed in order by one drainer at a time
         self.jobs: deque[Any] = deque()

@@ -157,7 +157,7 @@ def test_a_stale_owner_is_refused_at_commit(
     written after the takeover."""
     stale = saver_factory(lease_seconds=1.0)
     # the paused worker's heartbeat is paused too
-    monkeypatch.setattr(stale, "_renew_leases", _no_heartbeat(stale))
+    monkeypatch.setattr(stale.leases, "heartbeat", _no_heartbeat(stale))
     gate = Gate()
     cfg = {"configurable": {"thread_id": "stale"}}
     t, out = _in_thread(

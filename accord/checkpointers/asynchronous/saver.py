@@ -61,8 +61,10 @@ from accord.errors import (
 )
 from accord.platform import codes, runs
 from accord.platform.asynchronous.catalog import AsyncCatalog
+from accord.platform.asynchronous.leases import AsyncRunLeases
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
-from accord.platform.plan import Counts, Group, Op, Plan, PlanContext
+from accord.platform.plan import Counts, Plan
+from accord.platform.tickers import LoopTicker, ThreadTicker
 
 _IS_SYNC = False
 
@@ -71,7 +73,7 @@ logger = logging.getLogger("accord.checkpointers")
 # What differs between the twins (serving the other calling convention, locks, the lease
 # heartbeat's thread or task) lives in accord.checkpointers.bridges, which is not generated.
 _Bridge = bridges.AnswersAsyncCalls if _IS_SYNC else bridges.AnswersSyncCalls
-_Ticker = bridges.ThreadTicker if _IS_SYNC else bridges.LoopTicker
+_Ticker = ThreadTicker if _IS_SYNC else LoopTicker
 
 #: Checkpoints per page of ``list`` (each page is hydrated with a constant number of queries).
 _PAGE = 100
@@ -130,15 +132,24 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         )
         self.client = client
         self.db = client[self.db_name]
-        self.uow = uow or AsyncUnitOfWork(
-            client, client_bulk=self._client_bulk, timeout=self.timeout
+        if uow is None:  # the drop-in form: the runtime's kernel, with its hooks
+            from accord import runtime
+
+            uow = runtime.kernel(client, client_bulk=self._client_bulk)
+        self.uow = uow.with_timeout(self.timeout)
+        self._artifacts = self.collections.owned()
+        self.leases = AsyncRunLeases(
+            self.uow, self.db_name, self.collections.runs, lease_seconds=self.lease_seconds
         )
         self.loop = bridges.running_loop()
         self._setup_done = False
         self._setup_lock = bridges.new_async_lock()
         self._next_sweep = 0.0
-        self._heartbeat = _Ticker(
-            lambda: self._renew_leases(), self.lease_seconds / 6, self._holds_runs
+        self._sweeper = _Ticker(
+            lambda: self._sweep_now_and_then(),
+            1.0,
+            lambda: self.ttl is not None,
+            "accord-sweep",
         )
 
     @classmethod
@@ -192,7 +203,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._setup_done = True
         if self.ttl is not None:
-            self._heartbeat.ensure()  # sweeps expired threads
+            self._sweeper.ensure()  # sweeps expired threads
 
     async def _warm_sessions(self) -> None:
         """Fill the driver's session pool now: pymongo names every new server session
@@ -302,9 +313,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             return False
         if checkpoint_id is not None and not self.cache.knows(scope.tenant_id, scope.thread_id):
             return False  # an addressed read of a thread this saver does not know
-        filt, projection = runs.version_filter(scope.tenant_id, scope.thread_id)
-        doc = await self._find_one(self.collections.runs, filt, projection=projection)
-        version = doc.get("version") if doc is not None else None
+        version = await self.leases.version(scope.tenant_id, scope.thread_id)
         if self.cache.validate(scope.tenant_id, scope.thread_id, version):
             return True
         return version is not None
@@ -391,21 +400,21 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 remaining -= len(page)
 
     async def _find_one(self, collection: str, filt: Mapping[str, Any], **kwargs: Any) -> Any:
-        try:
-            with pymongo.timeout(self.timeout):
-                return await self.db[collection].find_one(dict(filt), **kwargs)
-        except PyMongoError as exc:
-            raise failures.read_failed(exc, collection, self.timeout) from exc
+        found = await self._find_all(collection, filt, limit=1, **kwargs)
+        return found[0] if found else None
 
     async def _find_all(
         self, collection: str, filt: Mapping[str, Any], **kwargs: Any
     ) -> builtins.list[Any]:
+        """A read of one of the saver's collections, through the kernel (its read hooks
+        see the tenant and thread the filter names)."""
         try:
-            with pymongo.timeout(self.timeout):
-                cursor = self.db[collection].find(dict(filt), batch_size=_BATCH, **kwargs)
-                return await cursor.to_list(None)
-        except PyMongoError as exc:
-            raise failures.read_failed(exc, collection, self.timeout) from exc
+            return await self.uow.find(
+                self._read_context(filt), self._artifacts[collection], self.db_name,
+                collection, filt, batch_size=_BATCH, **kwargs,
+            )  # fmt: skip
+        except DatabaseError as exc:
+            raise failures.read_failed(exc.__cause__ or exc, collection, self.timeout) from exc
 
     # --- runs --------------------------------------------------------------------------
 
@@ -418,37 +427,24 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         run_id = (
             ownership.langgraph_run_id(getattr(caller, "config", None)) or ownership.mint_run_id()
         )
-        at = runs.now()
-        filt, update = runs.claim(
+        lease = await self.leases.claim(
             scope.tenant_id,
             scope.thread_id,
             run_id,
-            holder=self.holder,
-            at=at,
-            lease_seconds=self.lease_seconds,
-            also_replace=self._ended_runs(scope),
+            refused=lambda holder: ownership.held_by_another(
+                scope.thread_id, holder, at=runs.now()
+            ),
         )
-        plan = Plan(
-            PlanContext(scope.tenant_id, scope.thread_id, operation="run.claim"),
-            [
-                self.target.group(
-                    "claim", "runs", [Op("find_one_and_update", filt, update, upsert=True)]
-                )
-            ],
-        )
-        try:
-            result = await self.uow.execute(plan, transaction=False)
-        except WriteRefused as err:
-            if err.code not in codes.DUPLICATE_KEY_CODES:
-                raise
-            holder = await self._holder(scope)
-            raise ownership.held_by_another(scope.thread_id, holder, at=at) from None
-        lease = runs.lease_from(result.found["claim"][0])
         run = ActiveRun(lease, anchor, bridges.new_async_lock())
         self._register(scope, run)
         self.cache.validate(scope.tenant_id, scope.thread_id, lease.version)
         bridges.on_loop_exit(caller, self._release, run, self._release_bridge())
-        self._heartbeat.ensure()
+
+        def lost(holder: runs.Holder, run: ActiveRun = run) -> None:
+            if not (run.ended or run.released):
+                run.lost = run.lost or holder
+
+        self.leases.track(lease, lost)
         return run
 
     def _release_bridge(self) -> Any:
@@ -466,65 +462,25 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         released = run.released  # by the transaction of the run's last queued saves
         try:
             if not released:
-                filt, update = runs.release(run.lease, at=runs.now())
                 async with run.lock:
-                    await self.uow.execute(
-                        Plan(
-                            PlanContext(
-                                run.lease.tenant_id, run.lease.thread_id, operation="run.release"
-                            ),
-                            [self.target.group("release", "runs", [Op("update", filt, update)])],
-                        ),
-                        transaction=False,
-                    )
-                released = True
-        except Exception:
-            logger.warning(
-                "accord: could not release run %s on thread %s; its lease expires by itself",
-                run.run_id,
-                run.lease.thread_id,
-                exc_info=True,
-            )
+                    released = await self.leases.release(run.lease)
+            else:
+                self.leases.untrack(run.lease)
         finally:
-            self._unregister(run, released=released)
+            self._unregister(run)
         if run.failure is not None and not run.surfaced:
             run.surfaced = True
             raise _again(run.failure)
 
-    def _holds_runs(self) -> bool:
-        return self.ttl is not None or bool(self._held_runs())
-
-    async def _renew_leases(self) -> None:
-        """Heartbeat: renew the leases of held runs that did not commit for a while; with
-        ``ttl``, sweep expired threads now and then."""
+    async def _sweep_now_and_then(self) -> None:
+        """With ``ttl``: sweep expired threads now and then (every ttl/2, at most a
+        minute apart)."""
         if self.ttl is not None and time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + min(self.ttl / 2, 60.0)
             await self.asweep()
-        for run in self._held_runs():
-            if run.ended or run.released or run.lost is not None:
-                continue
-            if time.monotonic() - run.renewed < self.lease_seconds / 3:
-                continue
-            filt, update = runs.renew(run.lease, at=runs.now(), lease_seconds=self.lease_seconds)
-            plan = Plan(
-                PlanContext(run.lease.tenant_id, run.lease.thread_id, operation="run.renew"),
-                [self.target.group("renew", "runs", [Op("update", filt, update)])],
-            )
-            async with run.lock:
-                if run.ended or run.released:
-                    continue  # a renewal now would take the lease back
-                result = await self.uow.execute(plan, transaction=False)
-                if result["renew"].matched == 1:
-                    run.renewed = time.monotonic()
-                else:
-                    scope = Scope(run.lease.tenant_id, run.lease.thread_id, "")
-                    run.lost = await self._holder(scope)
 
     async def _holder(self, scope: Scope) -> runs.Holder:
-        filt, projection = runs.version_filter(scope.tenant_id, scope.thread_id)
-        return runs.holder_of(
-            await self._find_one(self.collections.runs, filt, projection=projection)
-        )
+        return await self.leases.holder(scope.tenant_id, scope.thread_id)
 
     def _guard(
         self,
@@ -534,7 +490,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         what: str,
         *,
         release: bool = False,
-    ) -> Group:
+    ) -> runs.ThreadGuard:
         """The registry guard leading a commit (``release``: the run's last commit, which
         gives its lease back)."""
         at = runs.now()
@@ -546,23 +502,18 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 lost.lost = lost.lost or runs.Holder(None, None, 0, None)
                 return ownership.fenced_out(scope.thread_id, lost.run_id, what, None)
 
-            return plans.owner_guard(
-                self.target,
-                run.lease,
-                version,
-                at=at,
-                lease_seconds=self.lease_seconds,
-                refused=fenced,
-                expire_at=expire_at,
-                release=release,
-            )
+            return self.leases.guard(
+                "owner", scope.tenant_id, scope.thread_id, version, lease=run.lease, at=at,
+                expire_at=expire_at, release=release, refused=fenced,
+            )  # fmt: skip
 
         def held(counts: Counts) -> BaseException:
             return ownership.adhoc_refused(scope.thread_id, what, runs.Holder(None, None, 0, None))
 
-        return plans.free_guard(
-            self.target, scope, version, at=at, refused=held, expire_at=expire_at
-        )
+        return self.leases.guard(
+            "free", scope.tenant_id, scope.thread_id, version, at=at, expire_at=expire_at,
+            refused=held,
+        )  # fmt: skip
 
     async def _commit(
         self,
@@ -589,7 +540,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 raise ownership.fenced_out(scope.thread_id, run.run_id, what, holder) from None
             raise ownership.adhoc_refused(scope.thread_id, what, holder) from None
         if run is not None:
-            run.renewed = time.monotonic()
+            self.leases.renewed(run.lease)
 
     # --- writes ------------------------------------------------------------------------
 
@@ -767,22 +718,33 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         scope = batch[0].scope
         version = runs.new_version()
         what = _what(batch)
-        guard: Group | None = self._guard(scope, run, version, what, release=release)
+        guard: runs.ThreadGuard | None = self._guard(scope, run, version, what, release=release)
         parts: builtins.list[Plan] = []
         for j in batch:  # the first one leads with the guard; hooks see each one
             if isinstance(j, _PutJob):
-                parts.append(plans.put_plan(self.target, j.scope, guard, j.docs, j.checkpoint_id))
+                parts.append(
+                    plans.put_plan(
+                        self.target, j.scope, guard, j.docs, j.checkpoint_id, run=run.lease
+                    )
+                )
             else:
                 parts.append(
                     plans.writes_plan(
-                        self.target, j.scope, guard, j.docs, j.checkpoint_id, j.task_id
-                    )
+                        self.target,
+                        j.scope,
+                        guard,
+                        j.docs,
+                        j.checkpoint_id,
+                        j.task_id,
+                        run=run.lease,
+                    )  # fmt: skip
                 )
             guard = None
         async with run.lock:
             await self._commit(parts, scope, run, what)
             if release:
                 run.released = True
+                self.leases.untrack(run.lease)
             for j in batch:
                 ns = j.scope.checkpoint_ns
                 if isinstance(j, _WritesJob):
@@ -837,6 +799,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                     parent=plans.saved_guard(self.target, scope, parent_id, _not_saved)
                     if unsure and parent_id is not None
                     else None,
+                    run=run.lease if run is not None else None,
                 )
                 try:
                     async with run.lock if run is not None else contextlib.nullcontext():
@@ -1069,6 +1032,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 task_id,
                 business=business,
                 saved=saved,
+                run=run.lease if run is not None else None,
             )
             try:
                 async with run.lock if run is not None else contextlib.nullcontext():
@@ -1201,9 +1165,10 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         ]
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
-        guard = plans.takeover_guard(
-            self.target, scope, runs.new_version(), at=runs.now(), expired_only=expired_only
-        )
+        guard = self.leases.guard(
+            "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
+            runs.new_version(), refused=plans.gone if expired_only else None,
+        )  # fmt: skip
         await self.uow.execute(
             plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
         )
@@ -1225,7 +1190,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             ids = [d["_id"] for d in docs]
             version = runs.new_version()
             guard = (
-                plans.takeover_guard(self.target, scope, version, at=runs.now())
+                self.leases.guard("takeover", scope.tenant_id, scope.thread_id, version)
                 if takeover
                 else self._guard(scope, None, version, operation)
             )
