@@ -112,6 +112,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self._services: dict[str, _Service] = {}
         self._owns_client = client is None
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
+        self.timeout = timeout
         self.uow: _UnitOfWork = kernel(self.client, hooks=hooks, timeout=timeout)
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
@@ -155,6 +156,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
     def checkpointer(self, **kwargs: Any) -> AccordSaver:
         """An :class:`~accord.checkpointers.AccordSaver` on this root's unit of work, set up.
         ``kwargs`` as for the saver (``tenant_id``, ``ttl``, collection names, ...)."""
+        kwargs.setdefault("timeout", self.timeout)
         saver = AccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         saver.setup()
         return saver
@@ -220,6 +222,7 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
     async def checkpointer(self, **kwargs: Any) -> AsyncAccordSaver:
         """An :class:`~accord.checkpointers.AsyncAccordSaver` on this root's unit of work,
         set up."""
+        kwargs.setdefault("timeout", self.timeout)
         saver = AsyncAccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         await saver.setup()
         return saver
