@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from accord.checkpointers import cache, ownership, plans, schema, validation
+from accord.checkpointers import cache, langgraph_internals, plans, schema, validation
 from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
@@ -201,7 +201,7 @@ class AccordBase(BaseCheckpointSaver[str]):
 
     def _run_of(self, scope: Scope, config: RunnableConfig | None) -> ActiveRun | None:
         """The run this saver holds that ``config`` belongs to, if any."""
-        anchor = ownership.anchor_of(config)
+        anchor = langgraph_internals.anchor_of(config)
         if anchor is None:
             return None
         with self._runs_mutex:

@@ -35,7 +35,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from accord.checkpointers import ownership
+from accord.checkpointers import langgraph_internals
 from accord.errors import AccordError, DatabaseError
 
 logger = logging.getLogger("accord.checkpointers")
@@ -103,7 +103,7 @@ class AnswersSyncCalls:
         return loop
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        caller = ownership.calling_loop()
+        caller = langgraph_internals.calling_loop()
         return self._on_loop(self._get_tuple(config, caller))  # type: ignore[attr-defined,no-any-return]
 
     def list(
@@ -199,7 +199,7 @@ class AnswersAsyncCalls:
     """Mixin of ``AccordSaver``: LangGraph's async methods, each in a thread of its own."""
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        caller = ownership.calling_loop()
+        caller = langgraph_internals.calling_loop()
         return await in_thread(self._get_tuple, config, caller)  # type: ignore[attr-defined]
 
     async def alist(
@@ -353,7 +353,7 @@ def on_loop_exit(
     ``release`` is a coroutine function for the async saver (then ``on_saver_loop`` runs
     it from a sync loop's thread) or a plain function for the sync one.
     """
-    stack = pregel_loop.stack
+    stack = langgraph_internals.exit_stack(pregel_loop)
     is_coro = inspect.iscoroutinefunction(release)
     if isinstance(stack, contextlib.AsyncExitStack):
 
@@ -403,25 +403,21 @@ def _release_if_start_fails(
     run: Any,
     on_saver_loop: Callable[[Coroutine[Any, Any, Any]], Any] | None,
 ) -> None:
-    """Wrap the loop's ``_first`` (the rest of its ``__enter__`` after loading the
-    thread) so that the run is released if it raises."""
-    first = getattr(pregel_loop, "_first", None)
-    if first is None:
-        return
+    """Release the run at once if the loop fails to start after loading the thread."""
 
-    def guarded(*args: Any, **kwargs: Any) -> Any:
+    def now() -> None:
         try:
-            return first(*args, **kwargs)
-        except BaseException:
-            try:
-                if not inspect.iscoroutinefunction(release):
-                    release(run)
-                elif running_loop() is not None:  # the async saver in an async loop
-                    in_background(release, run)
-                else:
-                    _from_thread(release, run, on_saver_loop)
-            except Exception:  # the loop's own error is what the caller must see
-                logger.exception("accord: releasing run %s failed", getattr(run, "run_id", "?"))
-            raise
+            if not inspect.iscoroutinefunction(release):
+                release(run)
+            elif running_loop() is not None:  # the async saver in an async loop
+                in_background(release, run)
+            else:
+                _from_thread(release, run, on_saver_loop)
+        except Exception as exc:  # the loop's own error is what the caller must see
+            logger.warning(
+                "accord: releasing run %s failed (%s); its lease expires by itself",
+                getattr(run, "run_id", "?"), exc,
+            )  # fmt: skip
+            logger.debug("releasing the run failed", exc_info=True)
 
-    pregel_loop._first = guarded
+    langgraph_internals.on_start_failure(pregel_loop, now)

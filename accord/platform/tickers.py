@@ -35,19 +35,26 @@ class ThreadTicker:
         self._interval = interval
         self._alive = alive
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self._mutex = threading.Lock()
 
     def ensure(self) -> None:
         with self._mutex:
-            if self._thread is not None and self._thread.is_alive():
+            if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(self._stop,), name=self._name, daemon=True
+            )
             self._thread.start()
 
-    def _run(self) -> None:
-        stop = threading.Event()
-        while self._alive():
-            stop.wait(self._interval)
+    def stop(self) -> None:
+        """Stop ticking now (a later :meth:`ensure` starts again)."""
+        with self._mutex:
+            self._stop.set()
+
+    def _run(self, stop: threading.Event) -> None:
+        while self._alive() and not stop.wait(self._interval):
             try:
                 self._tick()
             except Exception as exc:
@@ -77,6 +84,14 @@ class LoopTicker:
         if self._task is not None and not self._task.done():
             return
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+
+    def stop(self) -> None:
+        """Stop ticking now (from any thread; a later :meth:`ensure` starts again)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            loop = task.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(task.cancel)
 
     async def _run(self) -> None:
         while self._alive():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from accord.checkpointers import failures, jobs, plans
+from accord.checkpointers import failures, jobs, langgraph_internals, plans
 from accord.checkpointers.asynchronous.saver_reads import AsyncSaverReads
 from accord.checkpointers.ownership import ActiveRun
 from accord.checkpointers.storage import Scope
@@ -45,7 +45,7 @@ class AsyncSaverQueue(AsyncSaverReads):
 
     def _deferred(self, run: ActiveRun, ns: str) -> bool:
         """Whether the run's loop of ``ns`` does not wait for its puts ("async")."""
-        return getattr(run.loops.get(ns), "durability", None) == "async"
+        return langgraph_internals.saves_in_background(run.loops.get(ns))
 
     async def _drain(self, run: ActiveRun) -> None:
         """Commit a run's queued saves, in order (one drainer per run at a time). The

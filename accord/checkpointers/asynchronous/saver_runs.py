@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from accord.checkpointers import bridges, jobs, ownership, plans
+from accord.checkpointers import bridges, jobs, langgraph_internals, ownership, plans
 from accord.checkpointers.asynchronous.saver_core import AsyncSaverCore
 from accord.checkpointers.ownership import ActiveRun
 from accord.checkpointers.storage import Scope
@@ -30,12 +30,13 @@ class AsyncSaverRuns(AsyncSaverCore):
 
     async def _claim(self, scope: Scope, config: RunnableConfig, caller: Any) -> ActiveRun | None:
         """Claim the thread for the run LangGraph's loop is starting (see ownership)."""
-        anchor = ownership.anchor_of(config)
+        anchor = langgraph_internals.anchor_of(config)
         if anchor is None:
             return None  # a loop without a runtime: its calls are ad hoc
         await self._ensure_setup()
         run_id = (
-            ownership.langgraph_run_id(getattr(caller, "config", None)) or ownership.mint_run_id()
+            ownership.langgraph_run_id(langgraph_internals.loop_config(caller))
+            or ownership.mint_run_id()
         )
         lease = await self.leases.claim(
             scope.tenant_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from accord.checkpointers import failures, jobs, plans
+from accord.checkpointers import failures, jobs, langgraph_internals, plans
 from accord.checkpointers.ownership import ActiveRun
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.synchronous.saver_reads import SaverReads
@@ -46,7 +46,7 @@ class SaverQueue(SaverReads):
 
     def _deferred(self, run: ActiveRun, ns: str) -> bool:
         """Whether the run's loop of ``ns`` does not wait for its puts ("async")."""
-        return getattr(run.loops.get(ns), "durability", None) == "async"
+        return langgraph_internals.saves_in_background(run.loops.get(ns))
 
     def _drain(self, run: ActiveRun) -> None:
         """Commit a run's queued saves, in order (one drainer per run at a time). The

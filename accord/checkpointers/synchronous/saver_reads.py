@@ -13,7 +13,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
-from accord.checkpointers import cache, ownership, reads, validation
+from accord.checkpointers import cache, langgraph_internals, reads, validation
 from accord.checkpointers.ownership import ActiveRun
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.synchronous.saver_runs import SaverRuns
@@ -35,7 +35,7 @@ class SaverReads(SaverRuns):
         constant number of indexed queries, however long the thread. When LangGraph's
         loop calls it on entry, the run claims the thread first.
         """
-        caller = ownership.calling_loop()
+        caller = langgraph_internals.calling_loop()
         return self._get_tuple(config, caller)
 
     def _get_tuple(self, config: RunnableConfig, caller: Any) -> CheckpointTuple | None:
@@ -45,7 +45,7 @@ class SaverReads(SaverRuns):
             validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
         )
         run = self._run_of(scope, config)
-        if run is None and caller is not None and not getattr(caller, "is_nested", True):
+        if run is None and caller is not None and langgraph_internals.is_top_level(caller):
             run = self._claim(scope, config, caller)
         if run is not None and caller is not None:
             run.loops[scope.checkpoint_ns] = caller

@@ -237,6 +237,9 @@ class RunLeases:
     def untrack(self, lease: runs.Lease) -> None:
         with self._mutex:
             self._held.pop(_key(lease), None)
+            idle = not self._held
+        if idle:
+            self._ticker.stop()
 
     def renewed(self, lease: runs.Lease) -> None:
         """A commit of the run renewed its lease (its guard does): no heartbeat needed yet."""
