@@ -213,7 +213,7 @@ def _list_databases(r: Request) -> bool:
     return True  # any authenticated user; the handler shows what they may see (mongod)
 
 
-@rule("dbStats")
+@rule("dbStats", "dbstats")
 def _db_stats(r: Request) -> bool:
     return r.on_db("dbStats")
 

@@ -128,7 +128,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
     }  # fmt: skip
 
 
-@command("dbStats")
+@command("dbStats", "dbstats")
 def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
     colls = ctx.engine.collections_in(ctx.db)
     objects = sum(c.count_visible(ctx.txn.snapshot) for c in colls)
