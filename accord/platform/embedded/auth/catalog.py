@@ -61,12 +61,14 @@ class AuthCatalog:
         self.generation = 0
         self._principals: dict[tuple[str, str], Principal | None] = {}
         self._closures: dict[RoleName, _Resolved] = {}
+        self._engine: Any = None
 
     # -- loading and the commit observer --------------------------------------------------
 
     def attach(self, engine: Any) -> None:
         """Load both collections and follow their commits (engine lock held or not yet
         serving)."""
+        self._engine = engine
         for ns in (USERS_NS, ROLES_NS):
             self._load(engine, ns)
         engine.commit_observers.append(self)
@@ -97,9 +99,10 @@ class AuthCatalog:
     def on_rename(self, old: str, new: str) -> None:
         if self.observes(old):
             self.on_drop(old)
-        # A collection renamed TO system.users/roles: its documents become users or roles;
-        # the observer learns them the next time the engine starts. mongod refuses the
-        # rename to a system collection; so does renameCollection (commands/catalog.py).
+        if self.observes(new):  # its documents are now users or roles (lock held)
+            with self._lock:
+                self._table(new)[0].clear()
+                self._load(self._engine, new)
 
     def _table(self, ns: str) -> tuple[dict[tuple[str, str], Doc], str]:
         return (self.users, "user") if ns == USERS_NS else (self.roles, "role")
