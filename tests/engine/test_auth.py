@@ -289,6 +289,57 @@ def test_listings_show_what_the_user_may_touch(server: AuthServer, dbname: str):
     client.close()
 
 
+def test_change_streams_and_explain_need_the_privileges_of_what_they_read(
+    server: AuthServer, dbname: str
+):
+    server.admin[dbname].allowed.insert_one({"_id": 1})
+    _find_one_role(server, dbname)
+    server.admin[dbname].command(
+        "createRole",
+        "watcher",
+        privileges=[
+            {
+                "resource": {"db": dbname, "collection": "allowed"},
+                "actions": ["find", "changeStream"],
+            }
+        ],
+        roles=[],
+    )
+    reader = _user(server, dbname, "plain_reader", ["reader"])
+    watcher = _user(server, dbname, "watcher_user", ["watcher"])
+    with pytest.raises(OperationFailure) as exc:  # find alone does not open a stream
+        reader[dbname].allowed.watch()
+    assert _code(exc) == 13
+    with watcher[dbname].allowed.watch() as stream:
+        assert stream.try_next() is None
+    with pytest.raises(OperationFailure) as exc:
+        watcher[dbname].other.watch()
+    assert _code(exc) == 13
+    assert reader[dbname].command("explain", {"find": "allowed", "filter": {}})["ok"] == 1
+    with pytest.raises(OperationFailure) as exc:
+        reader[dbname].command("explain", {"find": "other", "filter": {}})
+    assert _code(exc) == 13
+    reader.close()
+    watcher.close()
+
+
+def test_system_collections_need_privileges_that_name_them(server: AuthServer, dbname: str):
+    """A database-wide role does not reach system.* (mongod): a readWrite user of admin
+    cannot read the stored credentials; root can."""
+    name = f"adm_{dbname}"
+    server.admin.admin.command("createUser", name, pwd="pw", roles=["readWrite"])
+    try:
+        client = server.connect(name, "pw", "admin")
+        client.admin.plain.find_one()  # a normal collection of admin: allowed
+        with pytest.raises(OperationFailure) as exc:
+            client.admin["system.users"].find_one()
+        assert _code(exc) == 13
+        assert server.admin.admin["system.users"].find_one({"user": name})["db"] == "admin"
+        client.close()
+    finally:
+        server.admin.admin.command("dropUser", name)
+
+
 # -- managing users and roles -----------------------------------------------------------------
 
 

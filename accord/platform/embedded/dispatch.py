@@ -60,11 +60,6 @@ log = logging.getLogger("accord.engine")
 Doc = dict[str, Any]
 # How long an autocommit write waits for a transaction holding its documents.
 WRITE_WAIT_S = 30.0
-GENERIC_ARGS = {
-    "$db", "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern", "writeConcern",
-    "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
-    "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
-}  # fmt: skip
 
 
 # Commands that may read at a snapshot outside a transaction (readConcern level snapshot).

@@ -12,7 +12,7 @@ therefore need privileges that name them, as in mongod.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,7 +380,3 @@ def privileges_from_docs(docs: Any, where: str = "privileges") -> Privileges:
         resource = parse_resource(doc["resource"], f"{where}.{i}.resource")
         items.append((resource, parse_actions(doc["actions"], f"{where}.{i}.actions")))
     return Privileges(items)
-
-
-def as_mapping(privileges: Privileges) -> Mapping[Resource, frozenset[str]]:
-    return dict(privileges)

@@ -55,6 +55,13 @@ def writes_output(name: str, cmd: Doc) -> bool:
     return isinstance(last, dict) and len(last) == 1 and next(iter(last)) in PIPELINE_OUTPUTS
 
 
+# Arguments any command may carry besides its own fields (mongod's generic arguments).
+GENERIC_ARGS = {
+    "$db", "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern", "writeConcern",
+    "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
+    "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
+}  # fmt: skip
+
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
 # User and role management: outside a transaction they run in their own autocommitted

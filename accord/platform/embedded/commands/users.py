@@ -22,25 +22,25 @@ import bson
 
 from accord.platform.embedded import query
 from accord.platform.embedded.auth import builtin_roles, handshake
-from accord.platform.embedded.auth.catalog import ROLES_NS, USERS_NS, AuthCatalog, RoleName
+from accord.platform.embedded.auth.catalog import (
+    ROLES_NS,
+    USERS_NS,
+    AuthCatalog,
+    RoleName,
+    role_names,
+)
 from accord.platform.embedded.auth.privileges import Privileges, privileges_from_docs
 from accord.platform.embedded.auth.scram import MECHANISMS, make_credentials
-from accord.platform.embedded.commands.base import Context, Doc, command
+from accord.platform.embedded.commands.base import GENERIC_ARGS, Context, Doc, command
 from accord.platform.embedded.commands.write import insert_one, replace_one, write_collection
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
-
-# Arguments any command may carry (they are not the command's own fields).
-_GENERIC = {
-    "$db", "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern", "writeConcern",
-    "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
-    "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
-}  # fmt: skip
+from accord.platform.embedded.values import bson_type_name
 
 
 def _check_fields(cmd: Doc, allowed: set[str]) -> None:
     name = next(iter(cmd))
     for key in cmd:
-        if key != name and key not in allowed and key not in _GENERIC:
+        if key != name and key not in allowed and key not in GENERIC_ARGS:
             raise EngineError(
                 Code.IDLUnknownField, f"BSON field '{name}.{key}' is an unknown field."
             )
@@ -67,8 +67,6 @@ def _string(cmd: Doc, field: str) -> str:
 
 
 def _bson_type(value: Any) -> str:
-    from accord.platform.embedded.values import bson_type_name
-
     return bson_type_name(value)
 
 
@@ -324,8 +322,6 @@ def _change_user_roles(ctx: Context, cmd: Doc, grant: bool) -> Doc:
 
 
 def _stored_roles(value: Any) -> list[RoleName]:
-    from accord.platform.embedded.auth.catalog import role_names
-
     return list(role_names(value))
 
 
