@@ -5,9 +5,10 @@ Two engines, each in its own process without fsync (so the privilege check is no
 behind the disk): one started plainly and used without a user, one started with ``--auth``
 and used by a user whose custom role grants ``find``, ``insert`` and ``update`` on the one
 collection it works on (governance's per-artifact-class roles look like this). One client
-each, taking turns (``TURNS`` turns of ``OPS`` operations per engine and operation);
-the median latency per operation and the ratio auth / no auth. Opening an authenticated
-connection (the SCRAM exchange, speculative in the handshake) is measured too.
+each; ``TURNS`` turns, each on two fresh engines started in alternating order, of ``OPS``
+operations per engine and operation; the median latency per operation and the ratio
+auth / no auth. Opening an authenticated connection (the SCRAM exchange, speculative in the
+handshake, with pymongo deriving the key on the client side) is measured too.
 
 ``python -m benchmarks.engine_auth``
 """
@@ -25,7 +26,7 @@ from pymongo import MongoClient
 
 from benchmarks.engine_proc import EngineProcess
 
-TURNS = 5
+TURNS = 6
 OPS = 400
 CONNECTS = 20
 ADMIN = ("bench_admin", "bench-admin-password")
@@ -72,60 +73,52 @@ def _timed(op: Callable[[int], object], n: int, start: int) -> list[float]:
 def measure() -> dict[str, dict[str, float]]:
     """Median microseconds per operation, per configuration."""
     results: dict[str, dict[str, list[float]]] = {"no auth": {}, "--auth": {}}
-    with tempfile.TemporaryDirectory(prefix="accord-bench-auth-") as tmp:
-        engines = {
-            "no auth": _engine(Path(tmp) / "plain", auth=False),
-            "--auth": _engine(Path(tmp) / "auth", auth=True),
-        }
-        try:
-            clients = {name: _client(e, name == "--auth") for name, e in engines.items()}
-            for c in clients.values():
-                c.app.c.insert_many([{"_id": -i, "n": 0} for i in range(1, 1001)])
-            for turn in range(TURNS):
-                for name, c in clients.items():
-                    coll = c.app.c
-                    ops: dict[str, Callable[[int], object]] = {
-                        "find_one by _id": lambda i, coll=coll: coll.find_one(
-                            {"_id": -(i % 1000) - 1}
-                        ),
-                        "insert_one": lambda i, coll=coll: coll.insert_one({"_id": i}),
-                        "update_one by _id": lambda i, coll=coll: coll.update_one(
-                            {"_id": -(i % 1000) - 1}, {"$inc": {"n": 1}}
-                        ),
-                    }
-                    for op_name, op in ops.items():
-                        results[name].setdefault(op_name, []).extend(
-                            _timed(op, OPS, turn * OPS * 10 + 1)
-                            if op_name != "insert_one"
-                            else _timed(op, OPS, 10_000 + turn * OPS)
-                        )
-                    engine = engines[name]
-                    connect = []
-                    for _ in range(CONNECTS):
-                        t = time.perf_counter()
-                        fresh = (
-                            MongoClient(
-                                engine.uri,
-                                username="svc",
-                                password="svc-password",
-                                authSource="app",
-                            )  # fmt: skip
-                            if name == "--auth"
-                            else MongoClient(engine.uri)
-                        )
-                        fresh.app.c.find_one({"_id": -1})
-                        connect.append(time.perf_counter() - t)
-                        fresh.close()
-                    results[name].setdefault("new client + first find_one", []).extend(connect)
-            for c in clients.values():
-                c.close()
-        finally:
-            for e in engines.values():
-                e.stop()
+    for turn in range(TURNS):
+        # Fresh engines every turn, started in alternating order: the engine started second
+        # was measurably slower whichever it was (80 us per find_one on this machine), so
+        # the order must not favour one configuration.
+        names = ["no auth", "--auth"] if turn % 2 == 0 else ["--auth", "no auth"]
+        with tempfile.TemporaryDirectory(prefix="accord-bench-auth-") as tmp:
+            engines = {
+                n: _engine(Path(tmp) / str(i), auth=n == "--auth") for i, n in enumerate(names)
+            }
+            try:
+                for name in names:
+                    _turn(engines[name], name == "--auth", turn, results[name])
+            finally:
+                for e in engines.values():
+                    e.stop()
     return {
         name: {op: statistics.median(v) * 1e6 for op, v in ops.items()}
         for name, ops in results.items()
     }
+
+
+def _turn(engine: EngineProcess, auth: bool, turn: int, into: dict[str, list[float]]) -> None:
+    client = _client(engine, auth)
+    coll = client.app.c
+    coll.insert_many([{"_id": -i, "n": 0} for i in range(1, 1001)])
+    ops: dict[str, Callable[[int], object]] = {
+        "find_one by _id": lambda i: coll.find_one({"_id": -(i % 1000) - 1}),
+        "insert_one": lambda i: coll.insert_one({"_id": i}),
+        "update_one by _id": lambda i: coll.update_one(
+            {"_id": -(i % 1000) - 1}, {"$inc": {"n": 1}}
+        ),
+    }
+    _timed(ops["find_one by _id"], OPS // 4, 0)  # warm up
+    for op_name, op in ops.items():
+        into.setdefault(op_name, []).extend(_timed(op, OPS, 1))
+    for _ in range(CONNECTS):
+        t = time.perf_counter()
+        fresh = (
+            MongoClient(engine.uri, username="svc", password="svc-password", authSource="app")
+            if auth
+            else MongoClient(engine.uri)
+        )
+        fresh.app.c.find_one({"_id": -1})
+        into.setdefault("new client + first find_one", []).append(time.perf_counter() - t)
+        fresh.close()
+    client.close()
 
 
 def report() -> str:
@@ -134,7 +127,7 @@ def report() -> str:
         "### Embedded engine: what --auth costs a command",
         "",
         f"Median microseconds per operation, one client per engine, engines in their own "
-        f"processes without fsync, {TURNS} alternating turns of {OPS} operations each "
+        f"processes without fsync, {TURNS} turns (fresh engines, started in alternating order) of {OPS} operations each "
         f"({CONNECTS} new clients per turn). `--auth`: a user whose custom role grants find, "
         "insert and update on the collection. `python -m benchmarks.engine_auth`",
         "",

@@ -9,6 +9,7 @@ catalog, so a role granted or revoked, or the user dropped, applies to the next 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,10 @@ LOCALHOST_PRIVILEGES = Privileges(
 )
 
 
+# Most distinct privilege questions a connection remembers before starting over.
+MEMO_SIZE = 1024
+
+
 @dataclass
 class AuthSession:
     """Authentication state of one connection (``enforced``: the engine runs with --auth;
@@ -48,6 +53,10 @@ class AuthSession:
     user: tuple[str, str] | None = None  # (name, db)
     conversation: Conversation | None = None
     _cached: tuple[int, Principal | None] | None = field(default=None, repr=False)
+    # Answers of ``allows`` for the catalog generation ``_memo_generation`` (a connection
+    # asks the same few questions over and over: one dictionary look-up each).
+    _memo: dict[tuple[object, ...], bool] = field(default_factory=dict, repr=False)
+    _memo_generation: int = field(default=-1, repr=False)
 
     # -- who ------------------------------------------------------------------------------
 
@@ -77,10 +86,12 @@ class AuthSession:
     def login(self, name: str, db: str) -> None:
         self.user = (name, db)
         self._cached = None
+        self._memo.clear()
 
     def logout(self) -> None:
         self.user = None
         self._cached = None
+        self._memo.clear()
 
     # -- what -----------------------------------------------------------------------------
 
@@ -94,13 +105,31 @@ class AuthSession:
         return own.union(LOCALHOST_PRIVILEGES) if self.localhost_bypass() else own
 
     def allows(self, target: Resource, actions: set[str] | frozenset[str]) -> bool:
-        return self.unchecked or self.privileges().allows(target, actions)
+        if self.unchecked:
+            return True
+        return self._remember((target, *sorted(actions)), lambda: target, actions)
 
     def allows_ns(self, ns: str, *actions: str) -> bool:
-        return self.allows(Resource.exact(ns), set(actions))
+        if self.unchecked:
+            return True
+        return self._remember(("ns", ns, *actions), lambda: Resource.exact(ns), actions)
 
     def allows_db(self, db: str, *actions: str) -> bool:
-        return self.allows(Resource.database(db), set(actions))
+        if self.unchecked:
+            return True
+        return self._remember(("db", db, *actions), lambda: Resource.database(db), actions)
+
+    def _remember(
+        self, key: tuple[object, ...], target: Callable[[], Resource], actions: Iterable[str]
+    ) -> bool:
+        generation = self.catalog.generation if self.catalog is not None else 0
+        if generation != self._memo_generation or len(self._memo) > MEMO_SIZE:
+            self._memo.clear()
+            self._memo_generation = generation
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self.privileges().allows(target(), set(actions))
+        return found
 
     def may_see_collection(self, ns: str) -> bool:
         """listCollections' ``authorizedCollections``: any action on the collection."""
