@@ -131,7 +131,8 @@ def test_a_sigkilled_holder_on_this_machine_is_taken_over_at_once(
     if reap:
         worker.proc.wait()
     else:  # not reaped yet: a zombie still has its pid
-        while open(f"/proc/{worker.proc.pid}/stat").read().split(") ")[1][0] != "Z":
+        stat = Path(f"/proc/{worker.proc.pid}/stat")
+        while stat.read_text().split(") ")[1][0] != "Z":
             time.sleep(0.01)
     graph = _finishing_graph(client, db_name)
     state = graph.invoke({"n": 5}, {"configurable": {"thread_id": "killed"}})
