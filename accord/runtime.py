@@ -27,6 +27,7 @@ may import ``accord.governance`` (tests/test_module_boundaries.py keeps that tru
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -56,6 +57,11 @@ from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 __all__ = ["Accord", "AsyncAccord", "kernel"]
 
 
+#: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
+#: commas; each factory is called once per kernel and returns a hook.
+HOOKS_ENV = "ACCORD_HOOKS"
+
+
 def kernel(
     client: Any,
     *,
@@ -65,18 +71,37 @@ def kernel(
     principal: Principal | None = None,
 ) -> Any:
     """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
-    guard, outbox), then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an
-    ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place units of work are
-    made: the roots below use it, and so does a part constructed on its own (the drop-in
-    ``AccordSaver(client)``), so every door passes the same hooks."""
+    guard, outbox), the hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`),
+    then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an ``AsyncUnitOfWork`` for an
+    ``AsyncMongoClient``. The only place units of work are made: the roots below use it,
+    and so does a part constructed on its own (the drop-in ``AccordSaver(client)``), so
+    every door passes the same hooks."""
     kind = AsyncUnitOfWork if isinstance(client, AsyncMongoClient) else UnitOfWork
     return kind(
         client,
-        hooks=[*default_hooks(), *hooks],
+        hooks=[*default_hooks(), *configured_hooks(), *hooks],
         timeout=timeout,
         client_bulk=client_bulk,
         principal=principal,
     )
+
+
+def configured_hooks() -> list[Any]:
+    """The hooks named by ``ACCORD_HOOKS`` (``package.module:factory,...``), one new hook
+    per factory call. A name that does not resolve is a ``ConfigurationError`` naming it."""
+    spec = os.environ.get(HOOKS_ENV, "").strip()
+    found: list[Any] = []
+    for name in filter(None, (part.strip() for part in spec.split(","))):
+        module_name, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{HOOKS_ENV} names {name!r}, which is not an importable 'module:factory' "
+                f"({type(exc).__name__}: {exc}); fix or unset {HOOKS_ENV}"
+            ) from None
+        found.append(factory())
+    return found
 
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
