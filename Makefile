@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test test-local lint bench bench-full generate langgraph-suite spec clean
+.PHONY: demo test test-fast test-local lint bench bench-full generate langgraph-suite spec clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(STAMP)
 # subprocesses, so on 2 cores this takes about 14 minutes instead of 26-35 serially.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The tests not marked slow (no crash/kill suites, no external suites): a few minutes.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not external"
 
 test-local: $(LOCAL_STAMP)
 	ACCORD_REQUIRE_LOCAL_MODEL=1 $(BIN)/python -m pytest -q -m local_model -s
