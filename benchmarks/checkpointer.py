@@ -46,6 +46,7 @@ from langgraph.graph.message import add_messages
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
+from accord.checkpointers import business as accord_business
 from accord.platform.connection import read_lock
 
 TURNS = 200
@@ -72,9 +73,24 @@ def fake_model(state: ChatState) -> dict[str, Any]:
     return {"messages": [AIMessage(text, id=f"ai-{n}")], "turns": n}
 
 
-def build_graph() -> StateGraph:
+def order(n: int) -> dict[str, Any]:
+    """The business record a turn writes (users' workload): one small order."""
+    return {"_id": f"order-{n}", "tenant_id": "default", "total": n, "items": ["a", "b"]}
+
+
+def build_graph(write: Callable[[int], None] | None = None) -> StateGraph:
+    """``START -> fake_model -> END``; with ``write``, the node also writes one business
+    record per turn (``write(turn)``: ``insert_one`` on the application's client for
+    MongoDBSaver, ``business.insert_one`` for accord, committed with the step)."""
+
+    def node(state: ChatState) -> dict[str, Any]:
+        out = fake_model(state)
+        if write is not None:
+            write(out["turns"])
+        return out
+
     g = StateGraph(ChatState)
-    g.add_node("fake_model", fake_model)
+    g.add_node("fake_model", node if write is not None else fake_model)
     g.add_edge(START, "fake_model")
     g.add_edge("fake_model", END)
     return g
@@ -219,17 +235,10 @@ class Run:
     failed_turn: int | None = None
 
 
-def start_engine(tmp: str) -> tuple[subprocess.Popen[bytes], int]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "accord.platform.embedded",
-        "--dbpath",
-        tmp,
-        "--port",
-        "0",
-        "--no-sync",
-    ]
+def start_engine(tmp: str, *, fsync: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", tmp, "--port", "0"]
+    if not fsync:
+        cmd.append("--no-sync")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     proc.stdout.readline()
@@ -238,9 +247,14 @@ def start_engine(tmp: str) -> tuple[subprocess.Popen[bytes], int]:
     return proc, found[1]
 
 
-def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
+def run_all(
+    turns: int = TURNS, *, fsync: bool = False, business: bool = False
+) -> tuple[list[Run], dict[str, Any]]:
+    """Every saver, turn by turn. ``fsync``: the engine's default durability (every commit
+    fsynced) instead of ``--no-sync``; ``business``: each turn's node writes one business
+    record (users' workload)."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start_engine(tmp)
+        proc, port = start_engine(tmp, fsync=fsync)
         uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
         clients: list[MongoClient] = []
         aclients: list[AsyncMongoClient[Any]] = []
@@ -309,10 +323,20 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
                 async_run.failed_turn = 0
             runs.append(async_run)
 
+            writers: dict[str, Callable[[int], None] | None] = {r.name: None for r in runs}
+            if business:
+                memory_orders = plain["bench_memory"]["orders"]
+                mongo_orders = mongo.client["bench_mongodbsaver"]["orders"]
+                writers = {
+                    "InMemorySaver": lambda n: memory_orders.insert_one(order(n)) and None,
+                    "MongoDBSaver": lambda n: mongo_orders.insert_one(order(n)) and None,
+                    "AccordSaver": lambda n: accord_business.insert_one("orders", order(n)),
+                    "AsyncAccordSaver": lambda n: accord_business.insert_one("orders", order(n)),
+                }
             for run in runs:
                 if run.error or run.saver is None:
                     continue
-                run.graph = build_graph().compile(checkpointer=run.saver)
+                run.graph = build_graph(writers[run.name]).compile(checkpointer=run.saver)
                 if isinstance(run.saver, AsyncAccordSaver):
                     run.graph = AsyncGraph(run.graph, home)
                 if run.counter:
@@ -359,6 +383,12 @@ def run_all(turns: int = TURNS) -> tuple[list[Run], dict[str, Any]]:
                         run.failed_turn = turns
             hello = plain.admin.command("hello")
             info = {"elapsed": elapsed, "maxWireVersion": hello.get("maxWireVersion")}
+            if business:  # every saver wrote each turn's record exactly once
+                for run, db in (("MongoDBSaver", "bench_mongodbsaver"),
+                                ("AccordSaver", "bench_accord"),
+                                ("AsyncAccordSaver", "bench_accord_async")):  # fmt: skip
+                    found = plain[db]["orders"].count_documents({})
+                    info[f"orders:{run}"] = found
             return runs, info
         finally:
             for c in clients:

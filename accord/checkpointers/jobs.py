@@ -8,7 +8,8 @@ in an error live here, shared by the sync and async savers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 
@@ -32,17 +33,26 @@ def not_saved(counts: Counts) -> BaseException:
 
 
 class WritesJob:
-    """A task's writes (no business writes), serialized and queued ("async" durability)."""
+    """A task's writes, serialized and queued ("async" durability), with the business
+    writes it staged (committed with them, in the same transaction)."""
 
-    __slots__ = ("scope", "checkpoint_id", "task_id", "docs", "done")
+    __slots__ = ("scope", "checkpoint_id", "task_id", "docs", "business", "node", "done")
 
     def __init__(
-        self, scope: Scope, checkpoint_id: str, task_id: str, docs: storage.WriteDocs
+        self,
+        scope: Scope,
+        checkpoint_id: str,
+        task_id: str,
+        docs: storage.WriteDocs,
+        business: Sequence[Mapping[str, Any]] = (),
+        node: str | None = None,
     ) -> None:
         self.scope = scope
         self.checkpoint_id = checkpoint_id
         self.task_id = task_id
         self.docs = docs
+        self.business = list(business)
+        self.node = node
         self.done = False
 
 

@@ -159,8 +159,8 @@ class ActiveRun:
         #: set when a heartbeat finds the lease taken over: commits fail fast
         self.lost: Holder | None = None
         self.ended = False
-        #: saves accepted but not committed yet ("async" durability): puts, and task
-        #: writes without business writes, committed in order by one drainer at a time
+        #: saves accepted but not committed yet ("async" durability): puts and task writes
+        #: (with their business writes), committed in order by one drainer at a time
         self.jobs: deque[Any] = deque()
         #: (namespace, checkpoint) of the queued puts not committed yet
         self.queued_puts: set[tuple[str, str]] = set()
@@ -212,6 +212,22 @@ class ActiveRun:
             with self._mutex:
                 out.append(self.jobs.popleft())
         return out
+
+    def take_writes(self, ns: str, checkpoint_id: str) -> list[Any]:
+        """Take the queued task writes of ``checkpoint_id`` in ``ns``, wherever they are
+        in the queue (the drainer commits them before, or with, the put of the next
+        checkpoint, which must never commit before its parent's tasks' business writes)."""
+        with self._mutex:
+            taken = [
+                j
+                for j in self.jobs
+                if getattr(j, "task_id", None) is not None
+                and j.checkpoint_id == checkpoint_id
+                and j.scope.checkpoint_ns == ns
+            ]
+            for j in taken:
+                self.jobs.remove(j)
+        return taken
 
     def last_batch(self) -> bool:
         """Whether the drainer's batch in hand is the run's last (the loop exited and
@@ -276,6 +292,22 @@ class ActiveRun:
             self.mark_saved(ns, checkpoint_id)
         else:
             self.signal.notify()
+
+    def behind(self, ns: str) -> bool:
+        """Whether LangGraph's loop of ``ns`` has reached a checkpoint whose put has not
+        come yet: LangGraph submits a checkpoint's put right after making it, so it is on
+        its way, and a drainer that waits for it commits both in one transaction."""
+        current = langgraph_internals.current_checkpoint_id(self.loops.get(ns))
+        if current is None:
+            return False
+        key = (ns, current)
+        with self._mutex:
+            return not (key in self.queued_puts or key in self.saved or key in self.failed_puts)
+
+    def finished(self) -> bool:
+        """Whether the run's top-level loop will run no more tasks: its exit (and the
+        run's release) comes next."""
+        return langgraph_internals.finished(self.loops.get(""))
 
     def putting(self, ns: str) -> bool:
         with self._mutex:

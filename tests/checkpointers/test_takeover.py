@@ -81,6 +81,17 @@ def start_worker(mongo_uri: str, db_name: str, tmp_path: Path) -> Iterator[Any]:
         worker = Worker(proc, directory)
         started.append(worker)
         worker.wait_started()
+        # its saves before the node are committed: no transaction of it is open now (a
+        # process killed inside a commit holds that transaction's locks until the server
+        # ends it, docs/checkpointer.md "Limits")
+        client = MongoClient(mongo_uri)
+        try:
+            deadline = time.monotonic() + 60
+            while client[db_name].checkpoints.count_documents({"thread_id": thread}) < 2:
+                assert time.monotonic() < deadline, "the worker's first checkpoints never came"
+                time.sleep(0.01)
+        finally:
+            client.close()
         return worker
 
     yield start

@@ -67,6 +67,7 @@ class AsyncSaverRuns(AsyncSaverCore):
         if run.ended:
             return
         run.releasing = True  # the drainer may give the lease back with the last saves
+        run.signal.notify()  # a drainer waiting for this exit commits now
         while not run.idle():
             await run.signal.await_for(run.idle, self.timeout)
         run.ended = True

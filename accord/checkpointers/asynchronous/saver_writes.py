@@ -259,14 +259,10 @@ class AsyncSaverWrites(AsyncSaverQueue):
         node = failures.node_of(pairs)
         if (
             run is not None
-            and not staged
             and not failed_task
             and await self._queues_writes(run, scope, checkpoint_id, task_id)
         ):
-            run.writes_queued(ns)
-            run.task_failed(ns, checkpoint_id, None, task_id)
-            if run.enqueue(jobs.WritesJob(scope, checkpoint_id, task_id, docs)):
-                bridges.in_background(self._drain, run)
+            await self._queue_writes(run, scope, docs, checkpoint_id, task_id, staged, node)
             return
         error: BaseException | None = None
         try:
@@ -283,6 +279,37 @@ class AsyncSaverWrites(AsyncSaverQueue):
                 failure = FailedTask(task_id, node, error) if error is not None else None
                 run.task_failed(ns, checkpoint_id, failure, task_id)
             self._staged_of(run).done((scope.tenant_id, scope.thread_id, checkpoint_id), task_id)
+
+    async def _queue_writes(
+        self,
+        run: ActiveRun,
+        scope: Scope,
+        docs: storage.WriteDocs,
+        checkpoint_id: str,
+        task_id: str,
+        staged: Sequence[Mapping[str, Any]],
+        node: str | None,
+    ) -> None:
+        """ "async" durability: queue a task's writes, with the business writes it staged,
+        behind the run's saves (see :meth:`_queues_writes`). Business writes are checked
+        now (a refused target fails the task here); the put of the next checkpoint takes
+        them before itself, so it never commits before them."""
+        ns = scope.checkpoint_ns
+        key = (scope.tenant_id, scope.thread_id, checkpoint_id)
+        try:
+            if staged:
+                await self._ensure_setup()
+                await self._check_business(staged)
+        except BaseException as exc:
+            run.task_failed(ns, checkpoint_id, FailedTask(task_id, node, exc), task_id)
+            self._staged_of(run).done(key, task_id)
+            raise
+        run.writes_queued(ns)
+        run.task_failed(ns, checkpoint_id, None, task_id)
+        job = jobs.WritesJob(scope, checkpoint_id, task_id, docs, staged, node)
+        if run.enqueue(job):
+            bridges.in_background(self._drain, run)
+        self._staged_of(run).done(key, task_id)  # queued: the next put takes it first
 
     async def _check_business(self, staged: Sequence[Mapping[str, Any]]) -> None:
         if self._reserved_stale([str(s.get("collection")) for s in staged]):

@@ -13,17 +13,27 @@ import builtins
 from typing import Any
 
 from accord.checkpointers import failures, jobs, langgraph_internals, plans
-from accord.checkpointers.ownership import ActiveRun
+from accord.checkpointers.ownership import ActiveRun, FailedTask
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.synchronous.saver_reads import SaverReads
-from accord.errors import ConcurrentRunError, DatabaseError, TaskWriteError
-from accord.platform import runs
+from accord.errors import (
+    ConcurrentRunError,
+    DatabaseError,
+    InvalidInputError,
+    TaskWriteError,
+    TransactionTimeout,
+    WriteRefused,
+)
+from accord.platform import codes, runs
 from accord.platform.plan import Plan
 
 _IS_SYNC = True
 
 #: Queued saves of a run committed in one transaction, at most.
 _BATCH_JOBS = 8
+#: How long the drainer waits for a put LangGraph has made but not handed over yet
+#: (its checkpoint exists), to commit it in the same transaction (see ActiveRun.behind).
+_COALESCE = 0.05
 
 
 class SaverQueue(SaverReads):
@@ -62,6 +72,7 @@ class SaverQueue(SaverReads):
                 continue
             batch = [job]
             try:
+                self._coalesce(run, job.scope.checkpoint_ns)
                 if isinstance(job, jobs.PutJob) and jobs.unsure(job):
                     job.done = True  # _commit_put ends it
                     self._commit_put(run, job)
@@ -69,12 +80,45 @@ class SaverQueue(SaverReads):
                 self._ensure_setup()
                 if isinstance(job, jobs.PutJob) and job.parent_id is not None:
                     self._check_parent(run, job)
-                batch += run.more_jobs(lambda j: self._joins(run, j), _BATCH_JOBS - 1)
+                batch = self._with_parents_writes(run, [job])
+                while len(batch) < _BATCH_JOBS:
+                    more = run.more_jobs(lambda j: self._joins(run, j), 1)
+                    if not more:
+                        break
+                    batch = self._with_parents_writes(run, batch + more)
                 self._commit_queued(run, batch)
             except BaseException as exc:  # kept for the run's next put and its end
                 run.failure = run.failure or exc
                 for one in batch:
                     self._job_done(run, one, run.failure)
+
+    def _coalesce(self, run: ActiveRun, ns: str) -> None:
+        """Let what is on its way join the drainer's next transaction: a put LangGraph has
+        made but not handed over yet, and, once the run's loop is finished, its exit (the
+        release rides in the last transaction). Bounded by ``_COALESCE`` each."""
+
+        def arrived() -> bool:
+            return not run.behind(ns)
+
+        def exiting() -> bool:
+            return run.releasing
+
+        if run.releasing:
+            return
+        run.signal.wait_for(arrived, _COALESCE)
+        if run.finished():
+            run.signal.wait_for(exiting, _COALESCE)
+
+    @staticmethod
+    def _with_parents_writes(run: ActiveRun, batch: builtins.list[Any]) -> builtins.list[Any]:
+        """``batch`` with the queued task writes of its last put's parent taken from the
+        queue and put before that put: a checkpoint never commits before the business
+        writes of the tasks it says have run (they may have been queued after it)."""
+        last = batch[-1]
+        if not isinstance(last, jobs.PutJob) or last.parent_id is None:
+            return batch
+        parents = run.take_writes(last.scope.checkpoint_ns, last.parent_id)
+        return [*batch[:-1], *parents, last]
 
     def _joins(self, run: ActiveRun, job: jobs.PutJob | jobs.WritesJob) -> bool:
         """Whether a queued save may share the transaction of the saves before it: task
@@ -103,15 +147,76 @@ class SaverQueue(SaverReads):
         """Commit queued saves in one transaction; if it fails with more than one save
         in it, commit them one at a time, so the saves before a failing one commit (as
         they would have alone)."""
+        if len(batch) == 1:
+            self._commit_alone(run, batch[0], release=run.last_batch())
+            return
         try:
             self._commit_jobs(run, batch, release=run.last_batch())
-        except (ConcurrentRunError, DatabaseError):
+        except (ConcurrentRunError, TransactionTimeout):
             raise  # the same for each one alone
-        except Exception:
-            if len(batch) == 1:
+        except DatabaseError:
+            # a refused write the driver reported without saying which (a top-level
+            # error of the command) can only be told apart one save at a time
+            if not any(isinstance(j, jobs.WritesJob) and j.business for j in batch):
                 raise
-            for one in batch:
-                self._commit_jobs(run, [one], release=False)
+            self._commit_one_by_one(run, batch)
+        except Exception:
+            self._commit_one_by_one(run, batch)
+
+    def _commit_one_by_one(self, run: ActiveRun, batch: builtins.list[Any]) -> None:
+        """After a batch failed: its saves one at a time, in order, as they would have
+        committed alone. A task whose writes fail is recorded as failed; its sibling
+        tasks (writes of the same checkpoint) still commit, as they would have each in
+        its own transaction; nothing after them does (no checkpoint on top of a failed
+        task). The first failure is raised."""
+        failed: tuple[Any, BaseException] | None = None
+        for one in batch:
+            if failed is not None and not (
+                isinstance(one, jobs.WritesJob)
+                and one.checkpoint_id == failed[0].checkpoint_id
+                and one.scope.checkpoint_ns == failed[0].scope.checkpoint_ns
+            ):
+                break
+            try:
+                self._commit_alone(run, one, release=False)
+            except (ConcurrentRunError, DatabaseError):
+                raise
+            except Exception as exc:
+                if not isinstance(one, jobs.WritesJob):
+                    raise
+                failure = FailedTask(one.task_id, one.node, exc)
+                run.task_failed(one.scope.checkpoint_ns, one.checkpoint_id, failure, one.task_id)
+                self._job_done(run, one, exc)
+                failed = failed or (one, exc)
+        if failed is not None:
+            raise failed[1]
+
+    def _commit_alone(self, run: ActiveRun, job: Any, *, release: bool) -> None:
+        """Commit one queued save; for task writes with business writes, as the direct
+        path does: a task recorded before (a replayed task) is recorded again without
+        its business writes (exactly once), and a refused business write becomes the
+        task's BusinessWriteError."""
+        try:
+            self._commit_jobs(run, [job], release=release)
+        except WriteRefused as err:
+            if not (isinstance(job, jobs.WritesJob) and job.business):
+                raise
+            if err.group == plans.MARKS and err.code in codes.DUPLICATE_KEY_CODES:
+                job.business = []
+                self._commit_jobs(run, [job], release=release)
+                return
+            if err.group.startswith(plans.BUSINESS_PREFIX):
+                count = len(job.business)
+                raise failures.business_error(
+                    job.scope, job.checkpoint_id, job.task_id, err, count
+                ) from err
+            raise
+        except InvalidInputError as err:
+            if isinstance(job, jobs.WritesJob) and job.business:
+                raise failures.invalid_business_write(
+                    job.scope, job.task_id, job.node, err
+                ) from err
+            raise
 
     def _commit_jobs(self, run: ActiveRun, batch: builtins.list[Any], *, release: bool) -> None:
         scope = batch[0].scope
@@ -135,6 +240,7 @@ class SaverQueue(SaverReads):
                         j.docs,
                         j.checkpoint_id,
                         j.task_id,
+                        business=j.business,
                         run=run.lease,
                     )  # fmt: skip
                 )
@@ -195,20 +301,15 @@ class SaverQueue(SaverReads):
     def _queues_writes(
         self, run: ActiveRun, scope: Scope, checkpoint_id: str, task_id: str
     ) -> bool:
-        """ "async" durability: whether a task's writes (without business writes) go
-        behind the run's queued saves instead of committing now. LangGraph does not wait
-        for them; they must commit after the put of their checkpoint (they are queued
-        only once it is queued or saved) and before the run ends (its release waits for
-        the queue). Not for graphs with DeltaChannels (LangGraph records their writes
-        before their checkpoint), nor after a failed save (the direct path reports it),
-        nor for a task that staged business writes."""
+        """ "async" durability: whether a task's writes (and the business writes it
+        staged) go behind the run's queued saves instead of committing now. LangGraph
+        does not wait for them; they must commit after the put of their checkpoint (they
+        are queued only once it is queued or saved), before (or with) the put of the next
+        checkpoint (which takes them first), and before the run ends (its release waits
+        for the queue). Not for graphs with DeltaChannels (LangGraph records their writes
+        before their checkpoint), nor after a failed save (the direct path reports it)."""
         ns = scope.checkpoint_ns
-        if (
-            not self._deferred(run, ns)
-            or run.failure is not None
-            or run.delta_channels(ns)
-            or run.staged.noted((scope.tenant_id, scope.thread_id, checkpoint_id), task_id)
-        ):
+        if not self._deferred(run, ns) or run.failure is not None or run.delta_channels(ns):
             return False
 
         def ready() -> bool:

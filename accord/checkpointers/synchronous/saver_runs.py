@@ -68,6 +68,7 @@ class SaverRuns(SaverCore):
         if run.ended:
             return
         run.releasing = True  # the drainer may give the lease back with the last saves
+        run.signal.notify()  # a drainer waiting for this exit commits now
         while not run.idle():
             run.signal.wait_for(run.idle, self.timeout)
         run.ended = True
