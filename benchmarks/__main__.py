@@ -24,6 +24,7 @@ from benchmarks import (
     engine_commits,
     engine_group_commit,
     engine_scale,
+    takeover,
     vector_search,
 )
 
@@ -34,6 +35,7 @@ SUITES = [
     engine_scale.report,
     engine_auth.report,
     checkpointer.report,
+    takeover.report,
     vector_search.report,
     aggregation_lag.report,
 ]
