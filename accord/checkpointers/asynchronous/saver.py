@@ -46,6 +46,8 @@ from accord.checkpointers import (
     storage,
     validation,
 )
+from accord.checkpointers.asynchronous import layout_check
+from accord.checkpointers.asynchronous.outbox_gate import AsyncOutboxGate
 from accord.checkpointers.base import AccordBase, validate_writes
 from accord.checkpointers.ownership import ActiveRun, FailedTask
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
@@ -134,6 +136,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             client, client_bulk=self._client_bulk, timeout=self.timeout
         )
         self.loop = bridges.running_loop()
+        # outbox events only when something consumes them (outbox_gate)
+        self.outbox_gate = AsyncOutboxGate(self.db, self.collections.outbox, self._outbox_events)
         self._setup_done = False
         self._setup_lock = bridges.new_async_lock()
         self._next_sweep = 0.0
@@ -174,8 +178,15 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     async def setup(self) -> None:
         """Create the collections and indexes and record them in the catalog (idempotent,
-        safe when several processes set up at once)."""
+        safe when several processes set up at once).
+
+        Raises:
+            ForeignDataError: another saver's documents are in a collection this saver
+                would write, or MongoDBSaver threads beside it were not migrated (with
+                ``unmigrated="refuse"``); nothing was written.
+        """
         self._capture_loop()
+        await self._ensure_layout(force=True)
         names = self.collections
         indexes = {
             getattr(names, key): models for key, models in schema.index_models(names).items()
@@ -187,12 +198,27 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                     "checkpointer", names.owned(), indexes
                 )
                 await self._refresh_reserved()
+                await self.outbox_gate.refresh(force=True)
                 await self._warm_sessions()
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._setup_done = True
         if self.ttl is not None:
             self._heartbeat.ensure()  # sweeps expired threads
+
+    async def _ensure_layout(self, *, force: bool = False) -> None:
+        """Resolve the collection names and refuse another saver's data (once, before the
+        first read or write; accord.checkpointers.layout)."""
+        if self._layout_done and not force:
+            return
+        try:
+            with pymongo.timeout(self.timeout):
+                names = await layout_check.check(
+                    self.db, self.collections, unmigrated=self.unmigrated
+                )
+        except PyMongoError as exc:
+            raise failures.read_failed(exc, self.db_name, self.timeout) from exc
+        self._use_collections(names)
 
     async def _warm_sessions(self) -> None:
         """Fill the driver's session pool now: pymongo names every new server session
@@ -236,6 +262,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     async def _get_tuple(self, config: RunnableConfig, caller: Any) -> CheckpointTuple | None:
         self._capture_loop()
+        await self._ensure_layout()
         scope = self._scope(config)
         checkpoint_id = validation.optional_identifier(
             validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
@@ -364,6 +391,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         checkpoints and a constant number for their values, writes and messages)."""
         tenant = self.tenant_of(config)
         query = reads.list_query(tenant, config, filter, before)
+        await self._ensure_layout()
         if isinstance(query.get("thread_id"), str):
             await self._settle(Scope(tenant, query["thread_id"], ""), None)
         remaining = validation.limit(limit)
@@ -575,6 +603,7 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
+        await self.outbox_gate.apply(plan)
         try:
             if isinstance(plan, Plan):
                 await self.uow.execute(plan)
@@ -1154,12 +1183,20 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     # --- maintenance -------------------------------------------------------------------
 
-    async def adelete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+    async def adelete_thread(
+        self, thread_id: str, *, tenant_id: str | None = None, keep_memories: bool = False
+    ) -> None:
         """Delete every document of a thread (all namespaces). A run still working on the
         thread loses it (its next commit is refused). One transaction when the thread fits
         one; else the checkpoints go first (the thread reads as empty), then the rest in
-        batches: re-running it after a crash finishes the job."""
-        await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+        batches: re-running it after a crash finishes the job.
+
+        The same transaction writes a ``thread_deleted`` outbox event (when the outbox has
+        a consumer): the memory aggregator then removes the long-term memories derived
+        only from this thread and re-derives those that other threads stated too
+        (eventually, as it aggregates). ``keep_memories=True`` keeps them."""
+        scope = self._scope_for(thread_id, tenant_id)
+        await self._delete_thread(scope, expired_only=False, forget=not keep_memories)
 
     async def asweep(self) -> int:
         """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
@@ -1185,7 +1222,9 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 continue  # written or claimed since: not expired any more
         return swept
 
-    async def _delete_thread(self, scope: Scope, *, expired_only: bool) -> None:
+    async def _delete_thread(
+        self, scope: Scope, *, expired_only: bool, forget: bool | None = None
+    ) -> None:
         await self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -1201,12 +1240,17 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         ]
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
+        version = runs.new_version()
         guard = plans.takeover_guard(
-            self.target, scope, runs.new_version(), at=runs.now(), expired_only=expired_only
+            self.target, scope, version, at=runs.now(), expired_only=expired_only
         )
-        await self.uow.execute(
-            plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
+        plan = plans.maintenance_plan(
+            self.target, scope, guard, deletes, "checkpoint.delete_thread"
         )
+        # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
+        if (not expired_only if forget is None else forget) and await self.outbox_gate.refresh():
+            plan.events.append(self.target.thread_deleted(scope, version))
+        await self.uow.execute(plan)
         self.cache.drop(scope.tenant_id, scope.thread_id)
         if not small:
             for key in maintenance.THREAD_DATA[1:]:

@@ -49,6 +49,8 @@ from accord.checkpointers import (
 from accord.checkpointers.base import AccordBase, validate_writes
 from accord.checkpointers.ownership import ActiveRun, FailedTask
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
+from accord.checkpointers.synchronous import layout_check
+from accord.checkpointers.synchronous.outbox_gate import OutboxGate
 from accord.errors import (
     AccordError,
     BusinessWriteError,
@@ -132,6 +134,8 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         self.db = client[self.db_name]
         self.uow = uow or UnitOfWork(client, client_bulk=self._client_bulk, timeout=self.timeout)
         self.loop = bridges.running_loop()
+        # outbox events only when something consumes them (outbox_gate)
+        self.outbox_gate = OutboxGate(self.db, self.collections.outbox, self._outbox_events)
         self._setup_done = False
         self._setup_lock = bridges.new_thread_lock()
         self._next_sweep = 0.0
@@ -172,8 +176,15 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     def setup(self) -> None:
         """Create the collections and indexes and record them in the catalog (idempotent,
-        safe when several processes set up at once)."""
+        safe when several processes set up at once).
+
+        Raises:
+            ForeignDataError: another saver's documents are in a collection this saver
+                would write, or MongoDBSaver threads beside it were not migrated (with
+                ``unmigrated="refuse"``); nothing was written.
+        """
         self._capture_loop()
+        self._ensure_layout(force=True)
         names = self.collections
         indexes = {
             getattr(names, key): models for key, models in schema.index_models(names).items()
@@ -183,12 +194,25 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
             with pymongo.timeout(self.timeout):
                 Catalog(self.uow, self.db_name).setup("checkpointer", names.owned(), indexes)
                 self._refresh_reserved()
+                self.outbox_gate.refresh(force=True)
                 self._warm_sessions()
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._setup_done = True
         if self.ttl is not None:
             self._heartbeat.ensure()  # sweeps expired threads
+
+    def _ensure_layout(self, *, force: bool = False) -> None:
+        """Resolve the collection names and refuse another saver's data (once, before the
+        first read or write; accord.checkpointers.layout)."""
+        if self._layout_done and not force:
+            return
+        try:
+            with pymongo.timeout(self.timeout):
+                names = layout_check.check(self.db, self.collections, unmigrated=self.unmigrated)
+        except PyMongoError as exc:
+            raise failures.read_failed(exc, self.db_name, self.timeout) from exc
+        self._use_collections(names)
 
     def _warm_sessions(self) -> None:
         """Fill the driver's session pool now: pymongo names every new server session
@@ -232,6 +256,7 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     def _get_tuple(self, config: RunnableConfig, caller: Any) -> CheckpointTuple | None:
         self._capture_loop()
+        self._ensure_layout()
         scope = self._scope(config)
         checkpoint_id = validation.optional_identifier(
             validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
@@ -360,6 +385,7 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         checkpoints and a constant number for their values, writes and messages)."""
         tenant = self.tenant_of(config)
         query = reads.list_query(tenant, config, filter, before)
+        self._ensure_layout()
         if isinstance(query.get("thread_id"), str):
             self._settle(Scope(tenant, query["thread_id"], ""), None)
         remaining = validation.limit(limit)
@@ -569,6 +595,7 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
+        self.outbox_gate.apply(plan)
         try:
             if isinstance(plan, Plan):
                 self.uow.execute(plan)
@@ -1146,12 +1173,20 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
 
     # --- maintenance -------------------------------------------------------------------
 
-    def delete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+    def delete_thread(
+        self, thread_id: str, *, tenant_id: str | None = None, keep_memories: bool = False
+    ) -> None:
         """Delete every document of a thread (all namespaces). A run still working on the
         thread loses it (its next commit is refused). One transaction when the thread fits
         one; else the checkpoints go first (the thread reads as empty), then the rest in
-        batches: re-running it after a crash finishes the job."""
-        self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+        batches: re-running it after a crash finishes the job.
+
+        The same transaction writes a ``thread_deleted`` outbox event (when the outbox has
+        a consumer): the memory aggregator then removes the long-term memories derived
+        only from this thread and re-derives those that other threads stated too
+        (eventually, as it aggregates). ``keep_memories=True`` keeps them."""
+        scope = self._scope_for(thread_id, tenant_id)
+        self._delete_thread(scope, expired_only=False, forget=not keep_memories)
 
     def sweep(self) -> int:
         """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
@@ -1177,7 +1212,9 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                 continue  # written or claimed since: not expired any more
         return swept
 
-    def _delete_thread(self, scope: Scope, *, expired_only: bool) -> None:
+    def _delete_thread(
+        self, scope: Scope, *, expired_only: bool, forget: bool | None = None
+    ) -> None:
         self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -1193,12 +1230,17 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         ]
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
+        version = runs.new_version()
         guard = plans.takeover_guard(
-            self.target, scope, runs.new_version(), at=runs.now(), expired_only=expired_only
+            self.target, scope, version, at=runs.now(), expired_only=expired_only
         )
-        self.uow.execute(
-            plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
+        plan = plans.maintenance_plan(
+            self.target, scope, guard, deletes, "checkpoint.delete_thread"
         )
+        # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
+        if (not expired_only if forget is None else forget) and self.outbox_gate.refresh():
+            plan.events.append(self.target.thread_deleted(scope, version))
+        self.uow.execute(plan)
         self.cache.drop(scope.tenant_id, scope.thread_id)
         if not small:
             for key in maintenance.THREAD_DATA[1:]:
