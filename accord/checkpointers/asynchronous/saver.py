@@ -1195,6 +1195,8 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
         a consumer): the memory aggregator then removes the long-term memories derived
         only from this thread and re-derives those that other threads stated too
         (eventually, as it aggregates). ``keep_memories=True`` keeps them."""
+        if not isinstance(keep_memories, bool):
+            raise InvalidInputError(f"keep_memories must be True or False, got {keep_memories!r}.")
         scope = self._scope_for(thread_id, tenant_id)
         await self._delete_thread(scope, expired_only=False, forget=not keep_memories)
 

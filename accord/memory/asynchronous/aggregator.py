@@ -155,7 +155,9 @@ class AsyncAggregator:
         self.on_stage = on_stage
         self._db = client[self.config.db_name]
         self._next_expired_check = 0.0
-        self._forgetter = AsyncThreadForgetter(self.service, self.config, self.uow, self.worker_id)
+        self._forgetter = AsyncThreadForgetter(
+            self.service, self.config, self.uow, self.worker_id, self._stage
+        )
 
     # -- setup ------------------------------------------------------------------------------
 

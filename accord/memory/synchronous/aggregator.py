@@ -154,7 +154,9 @@ class Aggregator:
         self.on_stage = on_stage
         self._db = client[self.config.db_name]
         self._next_expired_check = 0.0
-        self._forgetter = ThreadForgetter(self.service, self.config, self.uow, self.worker_id)
+        self._forgetter = ThreadForgetter(
+            self.service, self.config, self.uow, self.worker_id, self._stage
+        )
 
     # -- setup ------------------------------------------------------------------------------
 

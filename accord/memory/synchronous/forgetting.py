@@ -29,7 +29,7 @@ from typing import Any
 
 from accord.errors import MemoryConflictError
 from accord.memory import forgetting, model
-from accord.memory.aggregation import AggregatorConfig
+from accord.memory.aggregation import AggregatorConfig, Stage
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.writepath import UnitOfWork
 from accord.platform import outbox
@@ -52,11 +52,13 @@ class ThreadForgetter:
         config: AggregatorConfig,
         uow: UnitOfWork,
         worker_id: str,
+        stage: Stage | None = None,
     ) -> None:
         self.service = service
         self.config = config
         self.uow = uow
         self.worker_id = worker_id
+        self.stage = stage
         self._db = service.client[config.db_name]
 
     def forget(self, event: outbox.ClaimedEvent) -> int:
@@ -65,7 +67,9 @@ class ThreadForgetter:
         if not isinstance(thread_id, str) or not thread_id:
             raise ValueError(f"thread_deleted event {event.id} names no thread_id")
         for attempt in range(self.config.conflict_retries):
+            self._stage("extract", event)  # (the aggregator's stages, for crash tests)
             plan, changed = self.plan(event, thread_id)
+            self._stage("commit", event)
             try:
                 self.uow.execute(plan)
             except MemoryConflictError:
@@ -101,6 +105,7 @@ class ThreadForgetter:
         }
         vectors: dict[str, Any] = {}
         if texts:
+            self._stage("embed", event)
             embedded = self.service.embedder.embed_documents(list(texts.values()))
             vectors = dict(zip(texts, embedded, strict=True))
         groups = []
@@ -119,6 +124,10 @@ class ThreadForgetter:
             tenant, thread_id=thread_id, principal=self.worker_id, operation="memory.forget_thread"
         )
         return Plan(context, groups), len(decided)
+
+    def _stage(self, name: str, event: outbox.ClaimedEvent) -> None:
+        if self.stage is not None:
+            self.stage(name, event)
 
     def _decide(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
         memories = self._db[self.service.memory_collection]
