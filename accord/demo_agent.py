@@ -113,6 +113,8 @@ def run_worker(uri: str, thread: str) -> None:
 def main(uri: str, console: Any) -> None:
     client: MongoClient = MongoClient(uri)
     client.drop_database(DB)
+    with Accord(uri, db_name=DB) as accord:
+        accord.aggregator()  # set up first: the steps write outbox events for a consumer
     thread = "order-42"
     console.print(
         "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write"

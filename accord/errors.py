@@ -14,6 +14,12 @@ class ConfigurationError(AccordError, ValueError):
     """A setting, argument or policy value is invalid."""
 
 
+class ForeignDataError(ConfigurationError):
+    """A database holds another saver's data where accord would write or read threads: a
+    collection of accord's with documents accord did not write, or MongoDBSaver threads
+    that were not migrated. Nothing was written; the message names the migration."""
+
+
 class InvalidInputError(AccordError, ValueError):
     """A caller passed a value accord refuses before touching the database."""
 

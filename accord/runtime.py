@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -135,6 +136,8 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self.embedder = embedder
         self.dims = dims
         self._services: dict[str, _Service] = {}
+        #: the savers built here: told at once when an aggregator is set up
+        self._savers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._owns_client = client is None
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
         self.timeout = timeout
@@ -148,6 +151,13 @@ class _Root(Generic[_Service, _UnitOfWork]):
 
     def _store_index(self, service: Any, fields: Sequence[str] | None) -> dict[str, Any]:
         return {"dims": service.dims, "fields": list(fields) if fields else ["$"]}
+
+    def _consumer_registered(self, config: AggregatorConfig) -> None:
+        """An aggregator now consumes ``config.outbox``: the savers built here write its
+        events from their next commit (others see it within a few seconds)."""
+        for saver in list(self._savers):
+            if saver.collections.outbox == config.outbox:
+                saver.outbox_gate.consumer_registered()
 
     def _aggregator_config(self, config: AggregatorConfig | None) -> AggregatorConfig:
         config = config or AggregatorConfig(db_name=self.db_name)
@@ -184,6 +194,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         kwargs.setdefault("timeout", self.timeout)
         saver = AccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         saver.setup()
+        self._savers.add(saver)
         return saver
 
     def memory(self, tenant_id: str = "default") -> MemoryService:
@@ -196,15 +207,17 @@ class Accord(_Root[MemoryService, UnitOfWork]):
 
     def store(
         self,
-        tenant_id: str = "default",
+        tenant_id: str | None = None,
         *,
         fields: Sequence[str] | None = None,
         ttl: TTLConfig | None = None,
     ) -> AccordStore:
-        """A LangGraph ``BaseStore`` over ``tenant_id``'s long-term memory (what the
-        aggregator derives and what agents put share its namespaces). ``fields``: the
-        JSON paths of a value that are embedded (default the whole value)."""
-        service = self.memory(tenant_id)
+        """A LangGraph ``BaseStore`` over long-term memory (what the aggregator derives and
+        what agents put share its namespaces): in a run, the run's tenant
+        (``configurable.tenant_id``), else ``"default"``; with ``tenant_id``, that tenant
+        only. ``fields``: the JSON paths of a value that are embedded (default the whole
+        value)."""
+        service = self.memory(tenant_id or "default")
         return AccordStore(
             self.client, index=self._store_index(service, fields), ttl=ttl,  # type: ignore[arg-type]
             tenant_id=tenant_id, db_name=self.db_name, service=service,
@@ -218,6 +231,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
             uow=self.uow, **kwargs,
         )  # fmt: skip
         aggregator.setup()
+        self._consumer_registered(aggregator.config)
         return aggregator
 
     def background_aggregator(self, **kwargs: Any) -> BackgroundAggregator:
@@ -250,6 +264,7 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
         kwargs.setdefault("timeout", self.timeout)
         saver = AsyncAccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         await saver.setup()
+        self._savers.add(saver)
         return saver
 
     async def memory(self, tenant_id: str = "default") -> AsyncMemoryService:
@@ -262,13 +277,14 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
 
     async def store(
         self,
-        tenant_id: str = "default",
+        tenant_id: str | None = None,
         *,
         fields: Sequence[str] | None = None,
         ttl: TTLConfig | None = None,
     ) -> AsyncAccordStore:
-        """The async LangGraph store over ``tenant_id``'s long-term memory."""
-        service = await self.memory(tenant_id)
+        """The async LangGraph store over long-term memory (the run's tenant in a run;
+        see :meth:`Accord.store`)."""
+        service = await self.memory(tenant_id or "default")
         return AsyncAccordStore(
             self.client, index=self._store_index(service, fields), ttl=ttl,  # type: ignore[arg-type]
             tenant_id=tenant_id, db_name=self.db_name, service=service,
@@ -284,6 +300,7 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
             uow=self.uow, **kwargs,
         )  # fmt: skip
         await aggregator.setup()
+        self._consumer_registered(aggregator.config)
         return aggregator
 
     async def background_aggregator(self, **kwargs: Any) -> AsyncBackgroundAggregator:

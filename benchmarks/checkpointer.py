@@ -45,9 +45,12 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
-from accord.checkpointers import AccordSaver, AsyncAccordSaver
+from accord.checkpointers import AccordSaver, AsyncAccordSaver, CollectionNames
 from accord.checkpointers import business as accord_business
 from accord.platform.connection import read_lock
+
+#: accord's collection names (MongoDBSaver's are ``checkpoints`` / ``checkpoint_writes``).
+ACCORD = CollectionNames()
 
 TURNS = 200
 SNAPSHOTS = (50, 100, 200)
@@ -283,7 +286,7 @@ def run_all(
                 )
             )
 
-            accord_counter = CommandCounter("checkpoints", "checkpoint_writes")
+            accord_counter = CommandCounter(ACCORD.checkpoints, ACCORD.writes)
             accord_run = Run(
                 "AccordSaver",
                 None,
@@ -299,7 +302,7 @@ def run_all(
             runs.append(accord_run)
 
             home = LoopThread()
-            async_counter = CommandCounter("checkpoints", "checkpoint_writes")
+            async_counter = CommandCounter(ACCORD.checkpoints, ACCORD.writes)
             async_run = Run(
                 "AsyncAccordSaver",
                 None,
@@ -441,16 +444,20 @@ def scaling() -> list[tuple[str, int, str, int, int]]:
         uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
         plain: MongoClient = MongoClient(uri)
         try:
-            for name, make in (
-                ("AccordSaver", lambda c: AccordSaver(c, db_name="scale_accord")),
-                ("MongoDBSaver", lambda c: MongoDBSaver(c, db_name="scale_mongodbsaver")),
+            for name, make, names in (
+                ("AccordSaver", lambda c: AccordSaver(c, db_name="scale_accord"), ACCORD),
+                (
+                    "MongoDBSaver",
+                    lambda c: MongoDBSaver(c, db_name="scale_mongodbsaver"),
+                    CollectionNames(checkpoints="checkpoints", writes="checkpoint_writes"),
+                ),
             ):
                 writer = make(plain)
                 if hasattr(writer, "setup"):
                     writer.setup()
                 for n in SCALING:
                     _fill(writer, f"t{n}", n)
-                counter = CommandCounter("checkpoints", "checkpoint_writes")
+                counter = CommandCounter(names.checkpoints, names.writes)
                 reader_client: MongoClient = MongoClient(uri, event_listeners=[counter])
                 reader = make(reader_client)
                 for n in SCALING:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from accord.checkpointers import AccordSaver
+from accord.checkpointers import AccordSaver, CollectionNames
 from accord.errors import ConcurrentRunError
 from accord.platform import runs
 from benchmarks.checkpointer import start_engine
@@ -45,7 +45,7 @@ def _hold(uri: str, db: str, thread: str, directory: Path, machine: str | None) 
     deadline = time.monotonic() + 60
     # started, and its first checkpoints committed (no transaction of it open)
     while not (directory / "started").exists() or (
-        client[db].checkpoints.count_documents({"thread_id": thread}) < 2
+        client[db][CollectionNames().checkpoints].count_documents({"thread_id": thread}) < 2
     ):
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError("the worker did not start its node")

@@ -174,3 +174,12 @@ def test_the_import_checker_sees_both_forms(tmp_path: Path) -> None:
     sample.write_text("import langgraph.graph\nfrom accord.governance.audit import x\n")
     assert _importers([sample], ("langgraph", "langgraph.")) != []
     assert _importers([sample], ("accord.governance", "accord.governance.")) != []
+
+
+def test_the_checkpointers_never_import_memory() -> None:
+    """memory may read the checkpointers' public event contract
+    (``accord.checkpointers.events``); the checkpointers know nothing of memory."""
+    checkpointers = sorted((ROOT / "checkpointers").rglob("*.py"))
+    assert len(checkpointers) > 20
+    assert _importers(checkpointers, ("accord.memory", "accord.memory.")) == []
+    assert _importers(checkpointers, ("accord.runtime", "accord.runtime.")) == []

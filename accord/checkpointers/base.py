@@ -22,7 +22,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from accord.checkpointers import cache, langgraph_internals, plans, schema, validation
+from accord.checkpointers import cache, langgraph_internals, layout, plans, schema, validation
 from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
@@ -71,6 +71,12 @@ class AccordBase(BaseCheckpointSaver[str]):
         lease_seconds: how long a run holds a thread without renewing its lease.
         timeout: bound in seconds on every call (transactions with retries, reads, waits).
         cache_threads, cache_bytes: bounds of the fast-step cache (0 threads disables it).
+        unmigrated: what setup does when the database holds MongoDBSaver threads that
+            were not migrated: ``"refuse"`` (raise ``ForeignDataError`` naming the
+            migration command) or ``"ignore"`` (run beside them). Another saver's
+            documents in a collection this saver writes are always refused.
+        outbox_events: write outbox events: ``None`` (default) when a consumer (the memory
+            aggregator) is registered for the outbox, ``True`` always, ``False`` never.
     """
 
     def __init__(
@@ -91,6 +97,8 @@ class AccordBase(BaseCheckpointSaver[str]):
         timeout: float = DEFAULT_TIMEOUT,
         cache_threads: int = 256,
         cache_bytes: int = 64 * 1024 * 1024,
+        unmigrated: str = "refuse",
+        outbox_events: bool | None = None,
     ) -> None:
         super().__init__(serde=serde)
         self.db_name = validation.identifier(db_name, "db_name")
@@ -122,6 +130,9 @@ class AccordBase(BaseCheckpointSaver[str]):
         if not isinstance(cache_threads, int) or cache_threads < 0:
             raise ConfigurationError("cache_threads must be an int >= 0 (0 disables the cache).")
         self._client_bulk = client_bulk
+        self.unmigrated = layout.check_unmigrated_mode(unmigrated)
+        self._outbox_events = outbox_events
+        self._layout_done = False
         self.target = plans.Target(self.db_name, self.collections, self.business_db)
         self.cache = cache.ThreadCache(cache_threads, cache_bytes)
         self._revisions = RevisionCache()
@@ -133,6 +144,14 @@ class AccordBase(BaseCheckpointSaver[str]):
         self._reserved: frozenset[str] = frozenset()
         self._reserved_at = -1.0
         self._allowed: set[str] = set()
+
+    def _use_collections(self, names: schema.CollectionNames) -> None:
+        """Use ``names`` (resolved at setup: a database an earlier accord set up keeps
+        its collection names, accord.checkpointers.layout)."""
+        if names != self.collections:
+            self.collections = names
+            self.target = plans.Target(self.db_name, names, self.business_db)
+        self._layout_done = True
 
     # --- scoping and validation ----------------------------------------------------
 

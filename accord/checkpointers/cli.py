@@ -1,24 +1,137 @@
-"""``accord threads``: who holds a thread, and taking a thread over.
+"""The checkpointer's commands of the ``accord`` CLI: ``accord checkpoints ...`` and
+``accord threads ...``.
 
-A run holds its thread with a lease (docs/checkpointer.md, "Ownership"). A process that
-died on this machine is noticed by the next claimer at once; one that died on another
-machine holds the thread until its lease expires (10 s by default). ``accord threads
-release THREAD`` ends whatever run holds the thread now, fenced: that run's next commit
-is refused, and the next invocation takes the thread at once.
+They register on the platform's typer app through the ``accord.cli`` entry point
+(pyproject.toml).
+
+* ``accord checkpoints migrate`` copies a database's MongoDBSaver threads into accord
+  (:mod:`accord.checkpointers.asynchronous.migration`, run by its sync twin): resumable,
+  idempotent, with a progress bar.
+* ``accord threads show|release THREAD``: who holds a thread, and taking it over. A run
+  holds its thread with a lease (docs/checkpointer.md, "Ownership"). A process that died
+  on this machine is noticed by the next claimer at once; one that died on another
+  machine holds the thread until its lease expires (10 s by default). ``release`` ends
+  whatever run holds the thread now, fenced: that run's next commit is refused, and the
+  next invocation takes the thread at once.
+
+Configuration: ``MONGODB_URI`` (else the embedded engine).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from accord.checkpointers import schema
 from accord.errors import AccordError
 
 if TYPE_CHECKING:
     from accord.platform.synchronous.leases import RunLeases
+
+checkpoints_app = typer.Typer(
+    help="The LangGraph checkpointer: migrate threads from MongoDBSaver.", no_args_is_help=True
+)
+console = Console(stderr=True)
+out = Console()
+
+URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
+DBPATH = typer.Option(
+    None, "--dbpath", help="Data directory of the embedded engine (default .accord/data)."
+)
+THREADS = typer.Option(
+    None,
+    "--thread",
+    help="Only this thread (repeatable); the database is then not recorded as migrated.",
+)
+
+
+@checkpoints_app.command("migrate")
+def migrate(
+    db: str = typer.Option(
+        "checkpointing_db", "--db", help="MongoDBSaver's database (its default)."
+    ),
+    to_db: str | None = typer.Option(
+        None, "--to-db", help="accord's database (default: the same as --db)."
+    ),
+    tenant: str = typer.Option("default", "--tenant", help="Tenant of the migrated threads."),
+    checkpoints: str = typer.Option(
+        "checkpoints", "--checkpoints", help="MongoDBSaver's checkpoint collection."
+    ),
+    writes: str = typer.Option(
+        "checkpoint_writes", "--writes", help="MongoDBSaver's pending-writes collection."
+    ),
+    thread: list[str] | None = THREADS,
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+) -> None:
+    """Copy MongoDBSaver's threads into accord (MongoDBSaver's collections are only read).
+    Re-running it skips the threads already in accord, so it resumes after a crash."""
+    from pymongo import MongoClient
+
+    from accord.checkpointers.migrate import MigrationProgress
+    from accord.checkpointers.synchronous.migration import MongoDBSaverMigration
+    from accord.platform import connection
+
+    client: MongoClient[Any] | None = None
+    try:
+        client = MongoClient(connection.resolve_uri(uri, dbpath))
+        migration = MongoDBSaverMigration(
+            client, db, target_db=to_db, tenant_id=tenant, checkpoint_collection_name=checkpoints,
+            writes_collection_name=writes, threads=thread or None,
+        )  # fmt: skip
+        console.print(
+            f"migrating MongoDBSaver threads of {db}.{checkpoints} into accord "
+            f"({migration.target_db}, tenant {tenant!r})"
+        )
+        with Progress(
+            TextColumn("[bold]threads"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("migrate", total=None, detail="")
+
+            def shown(p: MigrationProgress) -> None:
+                bar.update(
+                    task, total=p.total, completed=p.done,
+                    detail=f"{p.migrated} copied, {p.skipped} already there, "
+                    f"{p.checkpoints} checkpoints",
+                )  # fmt: skip
+
+            report = migration.run(on_progress=shown)
+    except AccordError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        if client is not None:
+            client.close()
+    out.print(
+        f"{report.threads} threads: {report.migrated} migrated ({report.checkpoints} "
+        f"checkpoints, {report.writes} pending writes), {report.skipped} already in accord."
+    )
+    if report.separated:
+        out.print(
+            f"{report.separated} documents an earlier accord had written into MongoDBSaver's "
+            f"collections were copied into accord's own ({report.target})."
+        )
+    if report.recorded:
+        out.print(
+            f"{report.source} is recorded as migrated ({db}.accord_migrations): savers on "
+            f"{db} set up from now on continue these threads."
+        )
+    else:
+        out.print("Only the threads named were migrated; the database is not recorded as migrated.")
+
 
 threads_app = typer.Typer(
     help="Inspect and take over threads held by runs (leases).", no_args_is_help=True
@@ -55,9 +168,9 @@ def show(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -> N
         console.print(f"[red]{err}[/red]")
         raise typer.Exit(1) from None
     if holder.run_id is None:
-        console.print(f"thread {thread!r} (tenant {tenant!r}) is held by no run")
+        out.print(f"thread {thread!r} (tenant {tenant!r}) is held by no run")
     else:
-        console.print(f"thread {thread!r} (tenant {tenant!r}) is held by {holder.describe()}")
+        out.print(f"thread {thread!r} (tenant {tenant!r}) is held by {holder.describe()}")
 
 
 @threads_app.command("release")
@@ -75,17 +188,18 @@ def release(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -
         console.print(f"[red]{err}[/red]")
         raise typer.Exit(1) from None
     if before.run_id is None:
-        console.print(
+        out.print(
             f"thread {thread!r} (tenant {tenant!r}) was held by no run; it is free, and its "
             f"fence moved on"
         )
     else:
-        console.print(
+        out.print(
             f"released thread {thread!r} (tenant {tenant!r}) from {before.describe()}; that "
             f"run's next commit will be refused"
         )
 
 
 def register(app: typer.Typer) -> None:
-    """Entry point (``accord.cli``): add the thread commands to the ``accord`` app."""
+    """Entry point (``accord.cli``): add the checkpointer's commands to the ``accord`` app."""
+    app.add_typer(checkpoints_app, name="checkpoints")
     app.add_typer(threads_app, name="threads")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from accord.checkpointers import schema
+from accord.checkpointers import events, schema
 from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
 from accord.errors import ConfigurationError
 from accord.platform import runs
@@ -54,6 +54,18 @@ class Target:
 
     def group(self, name: str, key: str, ops: list[Op], **kw: Any) -> Group:
         return Group(name, self.db, getattr(self.names, key), schema.ARTIFACTS[key], ops, **kw)
+
+    def thread_deleted(self, scope: Scope, version: str) -> OutboxEvent:
+        """The event of a deleted thread (``version``: the deletion's registry version,
+        so deleting a thread again after it was written anew is a new event)."""
+        return OutboxEvent(
+            self.db,
+            self.names.outbox,
+            events.THREAD_DELETED,
+            scope.tenant_id,
+            (scope.thread_id, version),
+            {"thread_id": scope.thread_id, "checkpoint_ns": ""},
+        )
 
     def event(self, scope: Scope, kind: str, checkpoint_id: str, **fields: Any) -> OutboxEvent:
         """An outbox event of the thread (the public event contract: docs/checkpointer.md)."""
@@ -118,7 +130,13 @@ def put_plan(
         groups.append(target.group("blobs", "blobs", docs.blobs))
     if docs.messages:
         groups.append(target.group("messages", "messages", docs.messages))
-    event = target.event(scope, "checkpoint", checkpoint_id, messages=docs.message_keys or None)
+    event = target.event(
+        scope,
+        events.CHECKPOINT,
+        checkpoint_id,
+        messages=docs.message_keys or None,
+        **{events.CONFIGURABLE: docs.configurable or None},
+    )
     return Plan(context(scope, "checkpoint.put", guard, run), groups, [event])
 
 
@@ -151,7 +169,7 @@ def writes_plan(
         groups.extend(business_groups(target.business_db, business))
     if docs.ops:
         groups.append(target.group("writes", "writes", docs.ops))
-    event = target.event(scope, "writes", checkpoint_id, task_id=task_id)
+    event = target.event(scope, events.WRITES, checkpoint_id, task_id=task_id)
     return Plan(context(scope, "checkpoint.put_writes", guard, run), groups, [event])
 
 

@@ -29,6 +29,11 @@ MSGREFS_TYPE = "__accord_msgrefs__"
 class CollectionNames:
     """Names of the collections the checkpointer owns (all configurable).
 
+    The checkpoint collections are prefixed ``accord_`` so that they never collide with
+    MongoDBSaver's ``checkpoints`` / ``checkpoint_writes`` in a database both use; a
+    database set up by an accord version before that keeps its names
+    (:data:`LEGACY_NAMES`, resolved at setup from the catalog).
+
     Attributes:
         checkpoints: execution state of a super-step, pointers to blobs, no channel values.
         blobs: one channel value at one version (chunked when large).
@@ -40,9 +45,9 @@ class CollectionNames:
             transaction as the step.
     """
 
-    checkpoints: str = "checkpoints"
-    blobs: str = "checkpoint_blobs"
-    writes: str = "checkpoint_writes"
+    checkpoints: str = "accord_checkpoints"
+    blobs: str = "accord_checkpoint_blobs"
+    writes: str = "accord_checkpoint_writes"
     messages: str = "short_term_memory"
     runs: str = "runs"
     outbox: str = "outbox"
@@ -54,6 +59,15 @@ class CollectionNames:
         """Collection name -> artifact class (what ``setup()`` records in the catalog)."""
         return {getattr(self, key): cls for key, cls in ARTIFACTS.items()}
 
+
+#: The default names accord used before its checkpoint collections were prefixed
+#: ``accord_`` (collection key -> name). A saver on the new defaults whose database's
+#: catalog records these (and not the new ones) keeps using them.
+LEGACY_NAMES = {
+    "checkpoints": "checkpoints",
+    "blobs": "checkpoint_blobs",
+    "writes": "checkpoint_writes",
+}
 
 #: Artifact class of each collection (``accord.platform.artifacts``).
 ARTIFACTS = {

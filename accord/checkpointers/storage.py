@@ -39,7 +39,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from accord.checkpointers import cache, chains, schema
+from accord.checkpointers import cache, chains, events, schema
 from accord.checkpointers.chains import RefState, group_fragments
 from accord.checkpointers.serde import (
     RevisionCache,
@@ -116,6 +116,9 @@ class PutDocs:
     messages: list[Op] = field(default_factory=list)
     #: keys of the new short-term-memory documents (for the outbox event)
     message_keys: list[str] = field(default_factory=list)
+    #: the run's plain config values, for the outbox event of a step that added messages
+    #: (consumers fill namespace templates from them: accord.checkpointers.events)
+    configurable: dict[str, str] = field(default_factory=dict)
     #: the checkpoint as the cache keeps it
     entry: cache.Entry | None = None
 
@@ -271,6 +274,7 @@ def build_put(
         blobs=blobs,
         messages=message_ops,
         message_keys=message_keys,
+        configurable=events.configurable_of(metadata) if message_keys else {},
         entry=entry,
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import string
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 
+from accord.checkpointers import events
 from accord.errors import ConfigurationError, MemoryConflictError
 from accord.memory import model
 from accord.memory.consolidation import DEFAULT_THRESHOLD, Decisions
@@ -31,13 +33,19 @@ from accord.platform.ids import doc_id
 from accord.platform.plan import Expect, Group, Op, Plan, PlanContext, insert_once
 
 COMPONENT = "memory.aggregator"
-#: Where a kind of memory goes by default. Labels are templates: ``{thread_id}``,
-#: ``{tenant_id}`` and ``{kind}`` are filled in (``.`` in a value is escaped as ``%2E``,
-#: since namespace labels cannot contain dots). ``*`` is every other kind.
+#: Where a kind of memory goes by default. Labels are templates filled from the event:
+#: ``{tenant_id}``, ``{thread_id}``, ``{kind}``, and any plain string value of the run's
+#: ``config["configurable"]`` (``{user_id}``, ``{assistant_id}``...; the checkpointer's
+#: events carry them). ``.`` in a value is escaped as ``%2E`` (namespace labels cannot
+#: contain dots). A label naming a value the run did not give is left out, so the default
+#: keeps each user's memories under ``("memories", "<user_id>")`` and, for runs without a
+#: ``user_id``, under ``("memories",)``. ``*`` is every other kind.
 DEFAULT_NAMESPACES: Mapping[str, tuple[str, ...]] = {
     EPISODE: ("episodes", "{thread_id}"),
-    "*": ("memories",),
+    "*": ("memories", "{user_id}"),
 }
+#: Template values every event has (the others come from the run's configuration).
+ALWAYS = frozenset({"tenant_id", "thread_id", "kind"})
 
 Stage = Callable[[str, outbox.ClaimedEvent], None]
 
@@ -75,7 +83,7 @@ class AggregatorConfig:
     outbox: str = "outbox"
     messages: str = "short_term_memory"
     heads: str = "memory_heads"
-    kinds: tuple[str, ...] = ("checkpoint", "writes")
+    kinds: tuple[str, ...] = (events.CHECKPOINT, events.WRITES, events.THREAD_DELETED)
     lease: float = 60.0
     max_attempts: int = 5
     threshold: float = DEFAULT_THRESHOLD
@@ -106,11 +114,7 @@ class AggregatorConfig:
         if "*" not in self.namespaces:
             raise ConfigurationError("namespaces needs a '*' entry (the default namespace)")
         for kind, template in self.namespaces.items():
-            if not isinstance(template, tuple | list) or not template:
-                raise ConfigurationError(f"namespace of {kind!r} must be a tuple of labels")
-            model.check_namespace(
-                [str(label).format(tenant_id="t", thread_id="t", kind="k") for label in template]
-            )
+            check_template(kind, template)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,72 @@ class Outcome:
 def label_value(value: str) -> str:
     """``value`` made fit for a namespace label (``%`` and ``.`` escaped)."""
     return value.replace("%", "%25").replace(".", "%2E")
+
+
+def _pieces(label: str) -> list[tuple[str, str | None]]:
+    """A template label as (literal text, field name or None) pieces."""
+    try:
+        parsed = list(string.Formatter().parse(label))
+    except ValueError as exc:
+        raise ConfigurationError(f"namespace label {label!r} is not a template: {exc}") from None
+    out: list[tuple[str, str | None]] = []
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (not name.isidentifier() or spec or conversion):
+            raise ConfigurationError(
+                f"namespace label {label!r}: placeholders are plain names such as "
+                f"{{user_id}} (no attributes, indexes, formats or conversions)"
+            )
+        out.append((literal, name))
+    return out
+
+
+def check_template(kind: str, template: Any) -> None:
+    """A namespace template: labels that are valid once filled, at least one of them
+    filled only from values every event has (so no event is left without a namespace)."""
+    if not isinstance(template, tuple | list) or not template:
+        raise ConfigurationError(f"namespace of {kind!r} must be a tuple of labels")
+    labels = [str(label) for label in template]
+    filled = [
+        "".join(lit + ("x" if name else "") for lit, name in _pieces(label)) for label in labels
+    ]
+    model.check_namespace(filled)
+    if not any(all(n is None or n in ALWAYS for _, n in _pieces(label)) for label in labels):
+        raise ConfigurationError(
+            f"namespace of {kind!r} {tuple(labels)} needs a label that every event fills "
+            f"(plain text, or only {{tenant_id}}, {{thread_id}}, {{kind}}): labels naming "
+            f"a value the run did not give are left out"
+        )
+
+
+def template_values(event: Mapping[str, Any], tenant_id: str, kind: str) -> dict[str, str]:
+    """What a namespace template is filled from: the run's plain configuration values the
+    checkpointer's event carries, then the event's tenant and thread and the kind (which
+    a configuration value never overrides)."""
+    given = event.get(events.CONFIGURABLE)
+    values = {
+        str(k): v for k, v in (given.items() if isinstance(given, Mapping) else ())
+        if isinstance(v, str) and v
+    }  # fmt: skip
+    values.update(tenant_id=tenant_id, thread_id=str(event.get("thread_id") or ""), kind=kind)
+    return values
+
+
+def fill_namespace(
+    template: Sequence[str], values: Mapping[str, str], *, stop_at: str | None = None
+) -> tuple[str, ...]:
+    """``template`` filled from ``values``; a label naming a missing (or empty) value is
+    left out. ``stop_at``: end the namespace before the first label naming that value
+    (the prefix a recall searches, before ``{kind}``)."""
+    out: list[str] = []
+    for label in template:
+        pieces = _pieces(str(label))
+        names = [n for _, n in pieces if n is not None]
+        if stop_at is not None and stop_at in names:
+            break
+        if any(not values.get(n) for n in names):
+            continue
+        out.append("".join(lit + (label_value(values[n]) if n else "") for lit, n in pieces))
+    return model.check_namespace(out, allow_empty=stop_at is not None)
 
 
 def default_worker_id() -> str:

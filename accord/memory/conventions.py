@@ -28,6 +28,53 @@ def _interval(store: Any, minutes: float | None) -> float:
                  or DEFAULT_SWEEP_MINUTES)  # fmt: skip
 
 
+class RunTenants:
+    """Which tenant a store call serves: the run's, when the call is made in a run (a
+    node's ``get_store()``; LangGraph's config context variable, which the checkpointer
+    reads the same key from), else the store's own. A store pinned to a tenant refuses a
+    run of another one. One service view per tenant, sharing the store's client,
+    embedder and unit of work."""
+
+    def __init__(self, own: Any, *, pinned: bool) -> None:
+        self.own = own
+        self.pinned = pinned
+        self._views: dict[str, Any] = {}
+
+    def current(self) -> Any:
+        tenant = run_tenant()
+        if tenant is None or tenant == self.own.tenant_id:
+            return self.own
+        if self.pinned:
+            raise InvalidInputError(
+                f"this store serves tenant {self.own.tenant_id!r} only, and the run's config "
+                f"names tenant {tenant!r}: build the store without tenant_id= to serve each "
+                f"run's tenant, or one store per tenant"
+            )
+        view = self._views.get(tenant)
+        if view is None:
+            view = self._views[tenant] = self.own.for_tenant(tenant)
+        return view
+
+
+def run_tenant() -> str | None:
+    """The tenant of the LangGraph run this code runs in (``configurable.tenant_id``), or
+    None outside runs or when the run names none."""
+    from langgraph.config import get_config
+
+    try:
+        config = get_config()
+    except RuntimeError:  # not in a runnable context
+        return None
+    tenant = (config.get("configurable") or {}).get("tenant_id")
+    if tenant is None:
+        return None
+    if not isinstance(tenant, str) or not tenant:
+        raise InvalidInputError(
+            f"configurable tenant_id must be a non-empty string, got {tenant!r}"
+        )
+    return tenant
+
+
 class ServesSyncCalls:
     """Mixin for the async store: sync ``batch`` and an asyncio TTL sweeper."""
 
@@ -50,12 +97,14 @@ class ServesSyncCalls:
                     "from_conn_string() or pass conn_string=, or use the async methods"
                 )
             client: MongoClient[Any] = MongoClient(store.conn_string)
+            own = store.own_service
             service = MemoryService(
-                client, tenant_id=store.service.tenant_id, db_name=store.service.db_name,
-                embedder=store.service.embedder, dims=store.service.dims,
+                client, tenant_id=own.tenant_id, db_name=own.db_name,
+                embedder=own.embedder, dims=own.dims,
             )  # fmt: skip
             twin = AccordStore(client, index=store.index_config, ttl=store.ttl_config,
-                               service=service)  # fmt: skip
+                               service=service,
+                               tenant_id=own.tenant_id if store.pinned else None)  # fmt: skip
             store._twin = twin
         return twin
 
@@ -98,7 +147,8 @@ class ServesAsyncCalls:
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Async calls on the sync store run the sync batch in a worker thread."""
         store: Any = self
-        return await asyncio.get_running_loop().run_in_executor(None, store.batch, list(ops))  # type: ignore[no-any-return]
+        # to_thread copies the context: the batch serves the run's tenant (RunTenants)
+        return await asyncio.to_thread(store.batch, list(ops))  # type: ignore[no-any-return]
 
     def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> threading.Thread:
         """Sweep expired items every ``sweep_interval_minutes`` (default

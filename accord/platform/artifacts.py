@@ -41,14 +41,16 @@ class ArtifactClass:
 
 
 CHECKPOINT = ArtifactClass(
-    "checkpoint", "execution state of a super-step", "checkpoints", thread_scoped=True
+    "checkpoint", "execution state of a super-step", "accord_checkpoints", thread_scoped=True
 )
 CHECKPOINT_BLOB = ArtifactClass(
-    "checkpoint_blob", "a channel value at one version", "checkpoint_blobs", thread_scoped=True
-)
+    "checkpoint_blob", "a channel value at one version", "accord_checkpoint_blobs",
+    thread_scoped=True,
+)  # fmt: skip
 CHECKPOINT_WRITE = ArtifactClass(
-    "checkpoint_write", "pending writes of a task", "checkpoint_writes", thread_scoped=True
-)
+    "checkpoint_write", "pending writes of a task", "accord_checkpoint_writes",
+    thread_scoped=True,
+)  # fmt: skip
 CHECKPOINT_HEAD = ArtifactClass(
     "checkpoint_head", "the checkpoint a thread's writer extends", "checkpoint_heads",
     thread_scoped=True,
@@ -70,6 +72,9 @@ MEMORY_VECTOR = ArtifactClass(
 AUDIT = ArtifactClass("audit", "hash-chained mutation records", "audit")
 RUN = ArtifactClass("run", "run registry: active run, lease, fence", "runs", thread_scoped=True)
 CATALOG = ArtifactClass("catalog", "the collections accord owns", "accord_catalog")
+MIGRATION = ArtifactClass(
+    "migration", "progress of migrations from other savers into accord", "accord_migrations"
+)
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -89,6 +94,7 @@ CLASSES: dict[str, ArtifactClass] = {
         AUDIT,
         RUN,
         CATALOG,
+        MIGRATION,
         BUSINESS,
     )
 }

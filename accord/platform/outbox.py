@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pymongo import ASCENDING, IndexModel
 
 from accord.errors import LeaseLost
-from accord.platform.artifacts import OUTBOX
+from accord.platform.artifacts import CATALOG, CATALOG_COLLECTION, OUTBOX
 from accord.platform.ids import doc_id
 from accord.platform.plan import (
     Counts,
@@ -71,8 +71,41 @@ INDEXES = [
 ]
 
 
+#: Field of an outbox collection's catalog entry (``accord_catalog``) naming the
+#: components that consume its events. Producers write events only into an outbox that
+#: has a consumer, so a checkpointer used alone accumulates none.
+CONSUMERS = "consumers"
+
+
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def consumer_plan(db: str, collection: str, component: str) -> Plan:
+    """Record ``component`` as a consumer of outbox ``db.collection`` in the catalog
+    (idempotent; a consumer's setup runs it)."""
+    op = Op(
+        "update",
+        {"_id": collection},
+        {
+            "$addToSet": {CONSUMERS: component},
+            "$setOnInsert": {
+                "artifact": OUTBOX.name,
+                "component": component,
+                "registered_at": now(),
+            },
+        },
+        upsert=True,
+    )
+    return Plan(
+        PlanContext(tenant_id="*", operation=f"{component}.setup"),
+        [Group("catalog:consumer", db, CATALOG_COLLECTION, CATALOG.name, [op])],
+    )
+
+
+def has_consumers(entry: Mapping[str, Any] | None) -> bool:
+    """Whether an outbox's catalog entry names a consumer."""
+    return bool(entry and entry.get(CONSUMERS))
 
 
 def event_id(event: OutboxEvent) -> str:

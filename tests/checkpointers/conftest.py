@@ -63,7 +63,10 @@ def make_saver(
     setup: bool = True,
     **kwargs: Any,
 ) -> Iterator[AccordSaver | AsyncAccordSaver]:
-    """A saver of ``kind`` ("sync" / "async") on its own client."""
+    """A saver of ``kind`` ("sync" / "async") on its own client. It writes outbox events
+    (``outbox_events=True``) unless told otherwise, as if an aggregator consumed them:
+    tests of what it writes check them too."""
+    kwargs.setdefault("outbox_events", True)
     if kind == "sync":
         client: MongoClient = MongoClient(uri, event_listeners=listeners or [])
         try:
@@ -89,6 +92,15 @@ def make_saver(
     finally:
         home.run(saver_a.client.close())
         home.close()
+
+
+def register_consumer(client: MongoClient, db_name: str, component: str = "test") -> None:
+    """Record a consumer of ``db_name``'s outbox, as the memory aggregator's setup does:
+    savers set up after it write outbox events."""
+    from accord.platform import outbox
+    from accord.platform.synchronous.unit_of_work import UnitOfWork
+
+    UnitOfWork(client).execute(outbox.consumer_plan(db_name, "outbox", component))
 
 
 @pytest.fixture(params=KINDS)

@@ -75,7 +75,7 @@ def check_stopped(db: Any, state: Any, history: list[Any]) -> None:
     assert state.next == ("a",)
     assert [s.metadata["step"] for s in history] == [0, -1]  # nothing after step 0
     task_a = state.tasks[0].id
-    assert db.checkpoint_writes.count_documents({"task_id": task_a}) == 0
+    assert db.accord_checkpoint_writes.count_documents({"task_id": task_a}) == 0
     assert db.outbox.count_documents({"kind": "writes", "task_id": task_a}) == 0
     assert db.counters.count_documents({}) == 0  # rolled back with the failed insert
     assert list(db.ledger.find({}, {"_id": 1, "by": 1})) == [{"_id": "taken"}]
@@ -140,7 +140,7 @@ def test_failed_business_write_records_nothing_and_resume_reruns_the_task(
     db.ledger.insert_one({"_id": "taken", "tenant_id": "default"})
     proxy = TopLevelErrors(client)
     if mode == "top-level":
-        saver: Any = AccordSaver(proxy, db_name=db_name)  # type: ignore[arg-type]
+        saver: Any = AccordSaver(proxy, db_name=db_name, outbox_events=True)  # type: ignore[arg-type]
         saver.setup()
         _run_failure(db, saver, durability, proxy)
         return
@@ -216,7 +216,7 @@ def test_async_saver_failed_business_write(
     async def main() -> None:
         aclient: AsyncMongoClient = AsyncMongoClient(mongo_uri)
         try:
-            saver = AsyncAccordSaver(aclient, db_name=name)
+            saver = AsyncAccordSaver(aclient, db_name=name, outbox_events=True)
             await saver.setup()
             graph = chain().compile(checkpointer=saver)
             cfg = {"configurable": {"thread_id": "t"}}

@@ -33,6 +33,8 @@ from accord.errors import AccordError, DatabaseError, InvalidInputError, Transac
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.synchronous.service import MemoryService
 from accord.platform import artifacts, runs
+from accord.platform.synchronous.catalog import Catalog
+from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.checkpointers.conftest import config, make_saver
 from tests.checkpointers.lossy_proxy import LossyProxy, uri_through
 
@@ -204,6 +206,10 @@ def test_business_writes_cannot_target_another_components_collections(
             vectors_collection="m_vectors",
         )
         memory.setup()
+        # the collection a MongoDBSaver migration records its progress in
+        Catalog(UnitOfWork(client), db_name).setup(
+            "checkpointer.migration", {"accord_migrations": artifacts.MIGRATION.name}
+        )
         cataloged = {d["_id"]: d["artifact"] for d in client[db_name].accord_catalog.find()}
         owned_classes = {c.name for c in artifacts.CLASSES.values() if c.default_collection}
         targets = [
@@ -212,6 +218,7 @@ def test_business_writes_cannot_target_another_components_collections(
             "m_memories",
             "m_history",
             "m_vectors",
+            "accord_migrations",
             artifacts.CATALOG_COLLECTION,
         ]
         # every artifact class that has collections so far is covered (audit records
@@ -280,7 +287,7 @@ def test_oversized_metadata_is_an_accord_error(saver: Any, client: MongoClient) 
         saver.put(config("big-meta"), cp, meta, {"v": "1"})
     assert not isinstance(info.value, PyMongoError)
     assert "16 MiB" in str(info.value), str(info.value)
-    assert client[saver.db_name].checkpoints.count_documents({"thread_id": "big-meta"}) == 0
+    assert client[saver.db_name].accord_checkpoints.count_documents({"thread_id": "big-meta"}) == 0
 
 
 def test_a_blocked_write_is_bounded_and_an_accord_error(

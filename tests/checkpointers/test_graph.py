@@ -236,7 +236,7 @@ def test_async_graph(mongo_uri: str) -> None:
             db = aclient[name]
             assert await db.orders.count_documents({"tenant_id": "acme"}) == 1
             assert await db.counters.count_documents({"tenant_id": "acme"}) == 2
-            assert await db.checkpoints.count_documents({"tenant_id": {"$ne": "acme"}}) == 0
+            assert await db.accord_checkpoints.count_documents({"tenant_id": {"$ne": "acme"}}) == 0
             state = await graph.aget_state(cfg)
             assert [m.id for m in state.values["messages"]] == ["h-1", "ai-1"]
             # other tenants see nothing

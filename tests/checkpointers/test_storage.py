@@ -53,7 +53,7 @@ def test_40mb_value_round_trips(client: MongoClient, saver: Any) -> None:
     ids = _chain(saver, "big", [{"blob": big, "small": "x"}])
     tup = saver.get_tuple(config("big"))
     assert tup is not None and tup.checkpoint["channel_values"]["blob"] == big
-    blobs = client[saver.db_name].checkpoint_blobs
+    blobs = client[saver.db_name].accord_checkpoint_blobs
     assert blobs.count_documents({"channel": "blob"}) == 5  # 8 MiB chunks
     # a 40 MB pending write round-trips too
     saver.put_writes(config("big", ids[-1]), [("blob", big)], "task-1")
@@ -63,7 +63,7 @@ def test_40mb_value_round_trips(client: MongoClient, saver: Any) -> None:
 
 def test_only_changed_channels_get_blobs(client: MongoClient, saver: Any) -> None:
     _chain(saver, "inc", [{"a": 1, "b": "big" * 1000}, {"a": 2}, {"a": 3}])
-    blobs = client[saver.db_name].checkpoint_blobs
+    blobs = client[saver.db_name].accord_checkpoint_blobs
     assert blobs.count_documents({"channel": "b"}) == 1
     assert blobs.count_documents({"channel": "a"}) == 3
     history = [t.checkpoint["channel_values"] for t in saver.list(config("inc"))]
@@ -139,7 +139,12 @@ def test_encrypted_serializer(client: MongoClient, db_name: str, saver_factory: 
     assert tup.checkpoint["channel_values"]["messages"][0].content == secret
     assert tup.pending_writes == [("t1", "v", secret)]
     db = client[db_name]
-    for name in ("checkpoint_blobs", "checkpoint_writes", "short_term_memory", "checkpoints"):
+    for name in (
+        "accord_checkpoint_blobs",
+        "accord_checkpoint_writes",
+        "short_term_memory",
+        "accord_checkpoints",
+    ):
         for doc in db[name].find():
             assert secret.encode() not in repr(doc).encode(), (name, doc)
     assert "text" not in db.short_term_memory.find_one()
@@ -157,7 +162,7 @@ def test_tenants_are_isolated(client: MongoClient, saver: Any) -> None:
     saver.delete_thread("same")
     assert saver.get_tuple(config("same")) is None
     assert saver.get_tuple(config("same", tenant_id="acme")) is not None
-    for name in ("checkpoints", "checkpoint_blobs"):
+    for name in ("accord_checkpoints", "accord_checkpoint_blobs"):
         assert client[saver.db_name][name].count_documents({"tenant_id": {"$nin": ["acme"]}}) == 0
 
 
@@ -172,12 +177,12 @@ def test_prune_and_delete_for_runs_collect_garbage(client: MongoClient, saver: A
     assert db.short_term_memory.count_documents({"thread_id": "gc"}) == 3
     saver.prune(["gc"])
     # the latest checkpoint keeps exactly what it references
-    assert db.checkpoints.count_documents({"thread_id": "gc"}) == 1
+    assert db.accord_checkpoints.count_documents({"thread_id": "gc"}) == 1
     assert sorted(d["message_id"] for d in db.short_term_memory.find({"thread_id": "gc"})) == [
         "2",
         "3",
     ]
-    assert sorted(d["channel"] for d in db.checkpoint_blobs.find({"thread_id": "gc"})) == [
+    assert sorted(d["channel"] for d in db.accord_checkpoint_blobs.find({"thread_id": "gc"})) == [
         "messages",
         "x",
     ]
@@ -210,7 +215,7 @@ def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
     """A message channel is stored as segments (the keys appended since the previous
     version) chained down to a snapshot: every checkpoint reassembles exactly, through
     edits and removals (new snapshots), a fork (a new chain), a cold cache, and pruning."""
-    blobs = client[saver.db_name].checkpoint_blobs
+    blobs = client[saver.db_name].accord_checkpoint_blobs
     msgs: list[Any] = []
     steps = []
     for i in range(300):
@@ -233,7 +238,7 @@ def test_message_ref_chains_round_trip_through_edits_forks_and_gc(
     assert sum(len(d["refs"]) for d in refs) <= 4 * 300
     assert max(d["seq"] for d in refs) <= 130
     # a reader fetches the snapshot, the pages and its own page window, not the whole chain
-    latest = client[saver.db_name].checkpoints.find_one(
+    latest = client[saver.db_name].accord_checkpoints.find_one(
         {"thread_id": "chains", "checkpoint_id": ids[-1]}
     )
     batch = ReadBatch(saver.tenant_id, [latest], saver.serde)
@@ -302,7 +307,7 @@ def test_message_refs_of_the_earlier_layout_still_read(
     next change starts a chain."""
     m = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(3)]
     ids = _chain(saver, "old", [{"messages": m[:2]}, {"messages": m}])
-    blobs = client[saver.db_name].checkpoint_blobs
+    blobs = client[saver.db_name].accord_checkpoint_blobs
     first, second = sorted(
         blobs.find({"thread_id": "old", "channel": "messages"}), key=lambda d: d["version"]
     )
@@ -314,7 +319,9 @@ def test_message_refs_of_the_earlier_layout_still_read(
             "$set": {"base": first["key"], "base_len": 2},
         },
     )
-    client[saver.db_name].checkpoints.update_many({"thread_id": "old"}, {"$unset": {"chains": ""}})
+    client[saver.db_name].accord_checkpoints.update_many(
+        {"thread_id": "old"}, {"$unset": {"chains": ""}}
+    )
     fresh = saver_factory(setup=False)
     assert [mid for mid, _ in _messages_at(fresh, "old", ids[0])] == ["m0", "m1"]
     head = fresh.get_tuple(config("old"))
@@ -342,12 +349,12 @@ def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any)
     s.put_writes(config("old", ids[-1]), [("v", 3)], "task")
     assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 2
     assert db.my_writes.count_documents({"thread_id": "old"}) == 1
-    assert "checkpoints" not in db.list_collection_names()
+    assert "accord_checkpoints" not in db.list_collection_names()
     time.sleep(1.2)
     _chain(s, "fresh", [{"v": 1}])  # written just now
     assert s.sweep() == 1
     assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 0
-    assert db.checkpoint_blobs.count_documents({"thread_id": "old"}) == 0
+    assert db.accord_checkpoint_blobs.count_documents({"thread_id": "old"}) == 0
     assert s.get_tuple(config("old")) is None
     assert s.get_tuple(config("fresh")) is not None
     assert s.sweep() == 0
@@ -403,8 +410,8 @@ def test_mongodbsaver_calls_work_unchanged(client: MongoClient, mongo_uri: str) 
             db = client[name]
             assert db.my_checkpoints.count_documents({"thread_id": "t"}) == 1, name
             assert db.my_writes.count_documents({"thread_id": "t"}) == 1, name
-            assert "checkpoints" not in db.list_collection_names(), name
-            assert "checkpoint_writes" not in db.list_collection_names(), name
+            assert "accord_checkpoints" not in db.list_collection_names(), name
+            assert "accord_checkpoint_writes" not in db.list_collection_names(), name
     finally:
         for name in dbs:
             client.drop_database(name)

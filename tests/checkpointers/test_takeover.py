@@ -29,7 +29,7 @@ import pytest
 from pymongo import MongoClient
 from typer.testing import CliRunner
 
-from accord.checkpointers import AccordSaver
+from accord.checkpointers import AccordSaver, CollectionNames
 from accord.errors import ConcurrentRunError
 from accord.platform import runs
 from accord.platform.cli import app
@@ -37,6 +37,7 @@ from tests.checkpointers.takeover_worker import _graph
 
 pytestmark = pytest.mark.embedded_only  # the workers must share this machine's pid table
 WORKER = Path(__file__).with_name("takeover_worker.py")
+NAMES = CollectionNames()
 
 
 class Worker:
@@ -87,7 +88,7 @@ def start_worker(mongo_uri: str, db_name: str, tmp_path: Path) -> Iterator[Any]:
         client = MongoClient(mongo_uri)
         try:
             deadline = time.monotonic() + 60
-            while client[db_name].checkpoints.count_documents({"thread_id": thread}) < 2:
+            while client[db_name][NAMES.checkpoints].count_documents({"thread_id": thread}) < 2:
                 assert time.monotonic() < deadline, "the worker's first checkpoints never came"
                 time.sleep(0.01)
         finally:

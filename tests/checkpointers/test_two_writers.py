@@ -36,6 +36,7 @@ from pymongo import MongoClient
 
 from accord.checkpointers import AccordSaver, CollectionNames
 from tests.checkpointers import kill_worker
+from tests.checkpointers.conftest import register_consumer
 from tests.checkpointers.kill_worker import (
     STEPS_PER_TURN,
     FakeChatModel,
@@ -174,6 +175,7 @@ def check_round(
 @pytest.fixture()
 def race_db(client: MongoClient) -> Iterator[str]:
     name = "race_" + uuid.uuid4().hex[:10]
+    register_consumer(client, name)  # the workers' savers write outbox events (checked)
     AccordSaver(client, db_name=name).setup()
     try:
         yield name

@@ -120,7 +120,7 @@ def test_business_writes_cannot_target_checkpointer_collections(
     from accord.checkpointers import business
 
     def node(state: dict[str, Any]) -> dict[str, Any]:
-        business.insert_one("checkpoints", {"x": 1})
+        business.insert_one("accord_checkpoints", {"x": 1})
         return {"n": 1}
 
     g = StateGraph(dict)
@@ -128,7 +128,9 @@ def test_business_writes_cannot_target_checkpointer_collections(
     g.add_edge(START, "node")
     with pytest.raises(InvalidInputError, match="one of accord's own collections"):
         g.compile(checkpointer=saver).invoke({"n": 0}, config("biz"))
-    assert client[saver.db_name].checkpoints.count_documents({"thread_id": "biz", "x": 1}) == 0
+    assert (
+        client[saver.db_name].accord_checkpoints.count_documents({"thread_id": "biz", "x": 1}) == 0
+    )
 
 
 def test_a_task_recorded_twice_applies_its_business_writes_once(

@@ -335,13 +335,13 @@ def test_the_checkpointers_steps_are_aggregated(
     builder = StateGraph(MessagesState)
     builder.add_node("reply", reply)
     builder.add_edge(START, "reply")
+    agg = make(db_name)  # set up first: the saver writes events for a registered consumer
     saver = AccordSaver(client, db_name=db_name, tenant_id="acme")
     saver.setup()
     graph = builder.compile(checkpointer=saver)
     config = {"configurable": {"thread_id": "chat-1"}}
     graph.invoke({"messages": [HumanMessage("Hi, my name is Dana. I prefer trains.")]}, config)
     graph.invoke({"messages": [HumanMessage("Remember that I am vegetarian.")]}, config)
-    agg = make(db_name)
     agg.drain()
     assert agg.stats().backlog == 0 and agg.stats().dead == 0
     mem = memories(client, db_name, tenant_id="acme")

@@ -23,6 +23,8 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from accord.checkpointers import bridges, failures, schema
+from accord.checkpointers.asynchronous import layout_check
+from accord.checkpointers.asynchronous.outbox_gate import AsyncOutboxGate
 from accord.checkpointers.base import AccordBase
 from accord.errors import DatabaseError
 from accord.platform.asynchronous.catalog import AsyncCatalog
@@ -79,6 +81,8 @@ class AsyncSaverCore(AccordBase):
             self.uow, self.db_name, self.collections.runs, lease_seconds=self.lease_seconds
         )
         self.loop = bridges.running_loop()
+        # outbox events only when something consumes them (outbox_gate)
+        self.outbox_gate = AsyncOutboxGate(self.db, self.collections.outbox, self._outbox_events)
         self._setup_done = False
         self._setup_lock = bridges.new_async_lock()
         # with ttl, sweeps expired threads every ttl/2 (5 s to a minute)
@@ -91,8 +95,15 @@ class AsyncSaverCore(AccordBase):
 
     async def setup(self) -> None:
         """Create the collections and indexes and record them in the catalog (idempotent,
-        safe when several processes set up at once)."""
+        safe when several processes set up at once).
+
+        Raises:
+            ForeignDataError: another saver's documents are in a collection this saver
+                would write, or MongoDBSaver threads beside it were not migrated (with
+                ``unmigrated="refuse"``); nothing was written.
+        """
         self._capture_loop()
+        await self._ensure_layout(force=True)
         names = self.collections
         indexes = {
             getattr(names, key): models for key, models in schema.index_models(names).items()
@@ -104,12 +115,34 @@ class AsyncSaverCore(AccordBase):
                     "checkpointer", names.owned(), indexes
                 )
                 await self._refresh_reserved()
+                await self.outbox_gate.refresh(force=True)
                 await self._warm_sessions()
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._setup_done = True
         if self.ttl is not None:
             self._sweeper.ensure()  # sweeps expired threads
+
+    async def _ensure_layout(self, *, force: bool = False) -> None:
+        """Resolve the collection names and refuse another saver's data (once, before the
+        first read or write; accord.checkpointers.layout)."""
+        if self._layout_done and not force:
+            return
+        try:
+            with pymongo.timeout(self.timeout):
+                names = await layout_check.check(
+                    self.db, self.collections, unmigrated=self.unmigrated
+                )
+        except PyMongoError as exc:
+            raise failures.read_failed(exc, self.db_name, self.timeout) from exc
+        self._use_collections(names)
+
+    def _use_collections(self, names: schema.CollectionNames) -> None:
+        super()._use_collections(names)
+        # what addresses the collections by name follows
+        self._artifacts = self.collections.owned()
+        self.leases.collection = self.collections.runs
+        self.outbox_gate.collection = self.collections.outbox
 
     async def _warm_sessions(self) -> None:
         """Fill the driver's session pool now: pymongo names every new server session

@@ -21,12 +21,22 @@ _IS_SYNC = False
 class AsyncSaverMaintenance(AsyncSaverWrites):
     """Deleting, sweeping, copying and pruning threads (see the module docstring)."""
 
-    async def adelete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+    async def adelete_thread(
+        self, thread_id: str, *, tenant_id: str | None = None, keep_memories: bool = False
+    ) -> None:
         """Delete every document of a thread (all namespaces). A run still working on the
         thread loses it (its next commit is refused). One transaction when the thread fits
         one; else the checkpoints go first (the thread reads as empty), then the rest in
-        batches: re-running it after a crash finishes the job."""
-        await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+        batches: re-running it after a crash finishes the job.
+
+        The same transaction writes a ``thread_deleted`` outbox event (when the outbox has
+        a consumer): the memory aggregator then removes the long-term memories derived
+        only from this thread and re-derives those that other threads stated too
+        (eventually, as it aggregates). ``keep_memories=True`` keeps them."""
+        if not isinstance(keep_memories, bool):
+            raise InvalidInputError(f"keep_memories must be True or False, got {keep_memories!r}.")
+        scope = self._scope_for(thread_id, tenant_id)
+        await self._delete_thread(scope, expired_only=False, forget=not keep_memories)
 
     async def asweep(self) -> int:
         """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
@@ -52,7 +62,9 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
                 continue  # written or claimed since: not expired any more
         return swept
 
-    async def _delete_thread(self, scope: Scope, *, expired_only: bool) -> None:
+    async def _delete_thread(
+        self, scope: Scope, *, expired_only: bool, forget: bool | None = None
+    ) -> None:
         await self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -68,13 +80,18 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
         ]
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
+        version = runs.new_version()
         guard = self.leases.guard(
             "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
-            runs.new_version(), refused=plans.gone if expired_only else None,
+            version, refused=plans.gone if expired_only else None,
         )  # fmt: skip
-        await self.uow.execute(
-            plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
+        plan = plans.maintenance_plan(
+            self.target, scope, guard, deletes, "checkpoint.delete_thread"
         )
+        # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
+        if (not expired_only if forget is None else forget) and await self.outbox_gate.refresh():
+            plan.events.append(self.target.thread_deleted(scope, version))
+        await self.uow.execute(plan)
         self.cache.drop(scope.tenant_id, scope.thread_id)
         if not small:
             for key in maintenance.THREAD_DATA[1:]:

@@ -39,6 +39,7 @@ class AsyncSaverReads(AsyncSaverRuns):
 
     async def _get_tuple(self, config: RunnableConfig, caller: Any) -> CheckpointTuple | None:
         self._capture_loop()
+        await self._ensure_layout()
         scope = self._scope(config)
         checkpoint_id = validation.optional_identifier(
             validation.configurable(config).get("checkpoint_id"), "checkpoint_id"
@@ -165,6 +166,7 @@ class AsyncSaverReads(AsyncSaverRuns):
         checkpoints and a constant number for their values, writes and messages)."""
         tenant = self.tenant_of(config)
         query = reads.list_query(tenant, config, filter, before)
+        await self._ensure_layout()
         if isinstance(query.get("thread_id"), str):
             await self._settle(Scope(tenant, query["thread_id"], ""), None)
         remaining = validation.limit(limit)

@@ -131,6 +131,7 @@ class AsyncSaverRuns(AsyncSaverCore):
         guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
+        await self.outbox_gate.apply(plan)
         try:
             if isinstance(plan, Plan):
                 await self.uow.execute(plan)

@@ -132,6 +132,7 @@ class SaverRuns(SaverCore):
         guard); a refused guard becomes ConcurrentRunError naming the holder."""
         if run is not None and run.lost is not None:
             raise ownership.fenced_out(scope.thread_id, run.run_id, what, run.lost)
+        self.outbox_gate.apply(plan)
         try:
             if isinstance(plan, Plan):
                 self.uow.execute(plan)

@@ -53,6 +53,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
 
+from accord.checkpointers import events
 from accord.errors import (
     AccordError,
     ConfigurationError,
@@ -71,13 +72,15 @@ from accord.memory.aggregation import (
     Stage,
     VectorDims,
     default_worker_id,
+    fill_namespace,
     head_groups,
     head_id,
-    label_value,
     memory_groups,
     percentile,
+    template_values,
 )
 from accord.memory.asynchronous.consolidation import AsyncConsolidator
+from accord.memory.asynchronous.forgetting import AsyncThreadForgetter
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.consolidation import Prepared
 from accord.memory.embedders import check_dimensions
@@ -152,6 +155,9 @@ class AsyncAggregator:
         self.on_stage = on_stage
         self._db = client[self.config.db_name]
         self._next_expired_check = 0.0
+        self._forgetter = AsyncThreadForgetter(
+            self.service, self.config, self.uow, self.worker_id, self._stage
+        )
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -166,6 +172,10 @@ class AsyncAggregator:
                 self.config.outbox: CONSUMER_INDEXES,
                 self.config.heads: [IndexModel([("tenant_id", ASCENDING)], name="tenant")],
             },
+        )
+        # the checkpointer writes outbox events only while something consumes them
+        await self.uow.execute(
+            outbox.consumer_plan(self.config.db_name, self.config.outbox, COMPONENT)
         )
 
     # -- the loop ---------------------------------------------------------------------------
@@ -272,6 +282,8 @@ class AsyncAggregator:
             self.on_stage(stage, event)
 
     async def _aggregate(self, event: outbox.ClaimedEvent) -> int:
+        if event.kind == events.THREAD_DELETED:  # forget what the thread gave (forgetting)
+            return await self._forgetter.forget(event)
         conversation = await self.read(event)
         for attempt in range(self.config.conflict_retries):
             self._stage("extract", event)
@@ -335,12 +347,9 @@ class AsyncAggregator:
         if change.namespace is not None:
             return model.check_namespace(change.namespace)
         template = self.config.namespaces.get(change.kind) or self.config.namespaces["*"]
-        values = {
-            "tenant_id": label_value(event.tenant_id),
-            "thread_id": label_value(str(event.document.get("thread_id") or "")),
-            "kind": label_value(change.kind),
-        }
-        return model.check_namespace([str(label).format(**values) for label in template])
+        return fill_namespace(
+            template, template_values(event.document, event.tenant_id, change.kind)
+        )
 
     async def plan(
         self,
@@ -441,13 +450,17 @@ class AsyncAggregator:
 
     def _recall(self, event: outbox.ClaimedEvent) -> AsyncRecall:
         service = self.service.for_tenant(event.tenant_id)
+        # what the event's run may see: its namespace of every other kind (a user's own
+        # memories when the template names {user_id}), up to a {kind} label
+        values = template_values(event.document, event.tenant_id, "*")
+        scope = fill_namespace(self.config.namespaces["*"], values, stop_at="kind")
 
         async def recall(
             text: str, *, kinds: Sequence[str] | None = None, limit: int = 5
         ) -> list[Existing]:
             self._stage("embed", event)
             hits = await service.search(
-                (), query=text, kinds=kinds, limit=limit, include_unscored=False
+                scope, query=text, kinds=kinds, limit=limit, include_unscored=False
             )
             return [Existing(m.namespace, m.key, m.text, m.kind, m.score or 0.0, m.value)
                     for m in hits]  # fmt: skip

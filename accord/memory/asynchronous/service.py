@@ -134,11 +134,16 @@ class AsyncMemoryService:
                     IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING)],
                                name="tenant_updated"),
                     IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
+                    # what a deleted thread gave (accord.memory.forgetting)
+                    IndexModel([("tenant_id", ASCENDING), ("provenance.thread_id", ASCENDING)],
+                               name="tenant_thread"),
                 ],
                 self.history_collection: [
                     IndexModel([("memory_id", ASCENDING), ("version", ASCENDING)],
                                name="memory_version"),
                     IndexModel([("tenant_id", ASCENDING)], name="tenant"),
+                    IndexModel([("tenant_id", ASCENDING), ("provenance.thread_id", ASCENDING)],
+                               name="tenant_thread"),
                 ],
                 self.vectors_collection: [
                     IndexModel([("memory_id", ASCENDING)], name="memory"),

@@ -48,7 +48,7 @@ from pymongo import AsyncMongoClient
 from accord.errors import InvalidInputError
 from accord.memory import model
 from accord.memory.asynchronous.service import AsyncMemoryService
-from accord.memory.conventions import ServesAsyncCalls, ServesSyncCalls
+from accord.memory.conventions import RunTenants, ServesAsyncCalls, ServesSyncCalls
 from accord.memory.embedders import LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
 
@@ -77,7 +77,13 @@ _Conventions = ServesAsyncCalls if _IS_SYNC else ServesSyncCalls
 
 
 class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
-    """A LangGraph store whose items are accord long-term memories of one tenant."""
+    """A LangGraph store whose items are accord long-term memories of one tenant.
+
+    Inside a run (a node's ``get_store()``), the store serves the run's tenant
+    (``config["configurable"]["tenant_id"]``, as the checkpointer does). ``tenant_id``
+    given: the store serves only that tenant, and a run of another tenant is refused.
+    Not given: ``"default"`` outside runs.
+    """
 
     supports_ttl = True
 
@@ -87,7 +93,7 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
         *,
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
-        tenant_id: str = "default",
+        tenant_id: str | None = None,
         db_name: str = "accord",
         service: AsyncMemoryService | None = None,
         conn_string: str | None = None,
@@ -97,19 +103,32 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
         self.index_config = index
         self.ttl_config = ttl
         dims = index["dims"] if index else None
-        self.service = service or AsyncMemoryService(
-            client, tenant_id=tenant_id, db_name=db_name, embedder=_embedder_for(index),
-            dims=dims,
+        #: the service of the store's own tenant (outside runs, and when pinned)
+        self.own_service: AsyncMemoryService = service or AsyncMemoryService(
+            client, tenant_id=tenant_id or "default", db_name=db_name,
+            embedder=_embedder_for(index), dims=dims,
         )  # fmt: skip
+        if tenant_id is not None and tenant_id != self.own_service.tenant_id:
+            raise InvalidInputError(
+                f"tenant_id {tenant_id!r} differs from the given service's tenant "
+                f"{self.own_service.tenant_id!r}"
+            )
+        self.pinned = tenant_id is not None
+        self._tenants = RunTenants(self.own_service, pinned=self.pinned)
         fields = (index or {}).get("fields") or ["$"]
         self._fields = [(f, tokenize_path(f) if f != "$" else f) for f in fields]
         self._sweeper: Any = None
+
+    @property
+    def service(self) -> AsyncMemoryService:
+        """The memory service of the tenant this call serves: the run's, in a run."""
+        return self._tenants.current()  # type: ignore[no-any-return]
 
     @classmethod
     @asynccontextmanager
     async def from_conn_string(
         cls, conn_string: str, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None,
-        tenant_id: str = "default", db_name: str = "accord",
+        tenant_id: str | None = None, db_name: str = "accord",
     ) -> AsyncIterator[AsyncAccordStore]:  # fmt: skip
         """A store on a new client for ``conn_string``, set up, closed on exit."""
         client: AsyncMongoClient[Any] = AsyncMongoClient(conn_string)

@@ -52,6 +52,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient
 
+from accord.checkpointers import events
 from accord.errors import (
     AccordError,
     ConfigurationError,
@@ -70,11 +71,12 @@ from accord.memory.aggregation import (
     Stage,
     VectorDims,
     default_worker_id,
+    fill_namespace,
     head_groups,
     head_id,
-    label_value,
     memory_groups,
     percentile,
+    template_values,
 )
 from accord.memory.consolidation import Prepared
 from accord.memory.embedders import check_dimensions
@@ -90,6 +92,7 @@ from accord.memory.extraction import (
 )
 from accord.memory.running import Runner, Stop
 from accord.memory.synchronous.consolidation import Consolidator
+from accord.memory.synchronous.forgetting import ThreadForgetter
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.writepath import LONG_TERM_MEMORY, Catalog, UnitOfWork
 from accord.platform import outbox
@@ -151,6 +154,9 @@ class Aggregator:
         self.on_stage = on_stage
         self._db = client[self.config.db_name]
         self._next_expired_check = 0.0
+        self._forgetter = ThreadForgetter(
+            self.service, self.config, self.uow, self.worker_id, self._stage
+        )
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -166,6 +172,8 @@ class Aggregator:
                 self.config.heads: [IndexModel([("tenant_id", ASCENDING)], name="tenant")],
             },
         )
+        # the checkpointer writes outbox events only while something consumes them
+        self.uow.execute(outbox.consumer_plan(self.config.db_name, self.config.outbox, COMPONENT))
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -271,6 +279,8 @@ class Aggregator:
             self.on_stage(stage, event)
 
     def _aggregate(self, event: outbox.ClaimedEvent) -> int:
+        if event.kind == events.THREAD_DELETED:  # forget what the thread gave (forgetting)
+            return self._forgetter.forget(event)
         conversation = self.read(event)
         for attempt in range(self.config.conflict_retries):
             self._stage("extract", event)
@@ -334,12 +344,9 @@ class Aggregator:
         if change.namespace is not None:
             return model.check_namespace(change.namespace)
         template = self.config.namespaces.get(change.kind) or self.config.namespaces["*"]
-        values = {
-            "tenant_id": label_value(event.tenant_id),
-            "thread_id": label_value(str(event.document.get("thread_id") or "")),
-            "kind": label_value(change.kind),
-        }
-        return model.check_namespace([str(label).format(**values) for label in template])
+        return fill_namespace(
+            template, template_values(event.document, event.tenant_id, change.kind)
+        )
 
     def plan(
         self,
@@ -438,12 +445,18 @@ class Aggregator:
 
     def _recall(self, event: outbox.ClaimedEvent) -> Recall:
         service = self.service.for_tenant(event.tenant_id)
+        # what the event's run may see: its namespace of every other kind (a user's own
+        # memories when the template names {user_id}), up to a {kind} label
+        values = template_values(event.document, event.tenant_id, "*")
+        scope = fill_namespace(self.config.namespaces["*"], values, stop_at="kind")
 
         def recall(
             text: str, *, kinds: Sequence[str] | None = None, limit: int = 5
         ) -> list[Existing]:
             self._stage("embed", event)
-            hits = service.search((), query=text, kinds=kinds, limit=limit, include_unscored=False)
+            hits = service.search(
+                scope, query=text, kinds=kinds, limit=limit, include_unscored=False
+            )
             return [Existing(m.namespace, m.key, m.text, m.kind, m.score or 0.0, m.value)
                     for m in hits]  # fmt: skip
 

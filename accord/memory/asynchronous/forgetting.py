@@ -1,0 +1,144 @@
+"""The aggregator's ``thread_deleted`` events: long-term memory forgets a deleted thread.
+
+:mod:`accord.memory.forgetting` decides what each memory the thread reached becomes
+(deleted, re-derived from the other threads that stated it, or pruned of the thread's
+history); this module reads what that needs, embeds the re-derived texts (outside any
+transaction), and commits everything in ONE plan with the event's completion:
+
+* the memories (compare-and-set on their versions) and their history; their vectors follow
+  through the memory service's vectors hook;
+* the thread's other outbox events up to the deletion are deleted: one still claimed by a
+  worker can then not commit (its completion finds no claim), and a guard fails this
+  commit if one of them completed since the memories were read (its memories were not
+  seen): the event is decided again.
+
+So when the event is done nothing derived only from the thread is left, and nothing can
+appear later from the thread's steps before its deletion. Guarantee: eventual, like the
+aggregation itself: ``delete_thread`` returns when the thread is deleted; its memories go
+when the aggregator processes the event (``accord memory status`` shows the backlog).
+
+This module is the async source; :mod:`accord.memory.synchronous.forgetting` is generated
+from it by ``tools/synchro.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from accord.errors import MemoryConflictError
+from accord.memory import forgetting, model
+from accord.memory.aggregation import AggregatorConfig, Stage
+from accord.memory.asynchronous.service import AsyncMemoryService
+from accord.memory.writepath import AsyncUnitOfWork
+from accord.platform import outbox
+from accord.platform.plan import Plan, PlanContext
+
+log = logging.getLogger("accord.memory.aggregator")
+_IS_SYNC = False
+
+#: Outbox events of the thread that may still write memories (not done yet).
+_OPEN = [outbox.PENDING, outbox.CLAIMED, outbox.DEAD]
+
+
+class AsyncThreadForgetter:
+    """Processes ``thread_deleted`` events for an aggregator (same service, config and
+    unit of work)."""
+
+    def __init__(
+        self,
+        service: AsyncMemoryService,
+        config: AggregatorConfig,
+        uow: AsyncUnitOfWork,
+        worker_id: str,
+        stage: Stage | None = None,
+    ) -> None:
+        self.service = service
+        self.config = config
+        self.uow = uow
+        self.worker_id = worker_id
+        self.stage = stage
+        self._db = service.client[config.db_name]
+
+    async def forget(self, event: outbox.ClaimedEvent) -> int:
+        """Forget the event's thread and complete the event; returns the memories changed."""
+        thread_id = event.document.get("thread_id")
+        if not isinstance(thread_id, str) or not thread_id:
+            raise ValueError(f"thread_deleted event {event.id} names no thread_id")
+        for attempt in range(self.config.conflict_retries):
+            self._stage("extract", event)  # (the aggregator's stages, for crash tests)
+            plan, changed = await self.plan(event, thread_id)
+            self._stage("commit", event)
+            try:
+                await self.uow.execute(plan)
+            except MemoryConflictError:
+                if attempt == self.config.conflict_retries - 1:
+                    raise
+                log.info("event %s: memories changed meanwhile; deciding again", event.id)
+                continue
+            if changed:
+                log.info(
+                    "thread %s deleted: %d memories forgotten or re-derived", thread_id, changed
+                )
+            return changed
+        raise AssertionError("unreachable")
+
+    async def plan(self, event: outbox.ClaimedEvent, thread_id: str) -> tuple[Plan, int]:
+        """The plan that forgets ``thread_id`` and completes ``event``."""
+        tenant = event.tenant_id
+        db, box = self.config.db_name, self.config.outbox
+        # events that may still write memories of the thread: read before the memories
+        open_ids = [
+            d["_id"]
+            async for d in self._db[box].find(
+                {"tenant_id": tenant, "thread_id": thread_id, "status": {"$in": _OPEN},
+                 "_id": {"$ne": event.id}},
+                {"_id": 1},
+            )
+        ]  # fmt: skip
+        decided = await self._decide(tenant, thread_id)
+        texts = {
+            doc["_id"]: str(version["text"])
+            for doc, version in decided.restore
+            if version.get("text")
+        }
+        vectors: dict[str, Any] = {}
+        if texts:
+            self._stage("embed", event)
+            embedded = await self.service.embedder.aembed_documents(list(texts.values()))
+            vectors = dict(zip(texts, embedded, strict=True))
+        groups = []
+        if open_ids:
+            groups.append(forgetting.not_yet_done_guard(db, box, open_ids))
+        groups += forgetting.groups(
+            thread_id, tenant, decided, vectors, db=db,
+            memories=self.service.memory_collection, history=self.service.history_collection,
+        )  # fmt: skip
+        groups.append(forgetting.events_of_thread(db, box, tenant, thread_id, event.document,
+                                                  event.created_at))  # fmt: skip
+        groups.append(
+            outbox.complete_group(db, box, event, retention=timedelta(days=self.config.retention))
+        )
+        context = PlanContext(tenant, thread_id=thread_id, operation="memory.forget_thread")
+        return Plan(context, groups), len(decided)
+
+    def _stage(self, name: str, event: outbox.ClaimedEvent) -> None:
+        if self.stage is not None:
+            self.stage(name, event)
+
+    async def _decide(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
+        memories = self._db[self.service.memory_collection]
+        history = self._db[self.service.history_collection]
+        mine = {"tenant_id": tenant, "provenance.thread_id": thread_id}
+        ids = {d["_id"] async for d in memories.find(mine, {"_id": 1})}
+        ids |= {d["memory_id"] async for d in history.find(mine, {"memory_id": 1})}
+        if not ids:
+            return forgetting.Forgetting()
+        docs = [d async for d in memories.find({"_id": {"$in": sorted(ids)}, "tenant_id": tenant})]
+        versions: dict[str, list[model.Doc]] = {}
+        async for h in history.find(
+            {"tenant_id": tenant, "memory_id": {"$in": [d["_id"] for d in docs]}}
+        ):
+            versions.setdefault(h["memory_id"], []).append(h)
+        return forgetting.decide(thread_id, docs, versions)
