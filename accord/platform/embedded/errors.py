@@ -71,6 +71,7 @@ class Code(IntEnum):
     InvalidIndexSpecificationOption = 197
     NoSuchSession = 206
     TransactionTooOld = 225
+    CursorKilled = 237
     NotImplemented = 238
     SnapshotTooOld = 239
     ConversionFailure = 241
@@ -85,6 +86,7 @@ class Code(IntEnum):
     IndexBuildAborted = 276
     ChangeStreamHistoryLost = 286
     TransactionExceededLifetimeLimitSeconds = 290
+    CursorInUse = 292
     APIStrictError = 323
     SocketException = 9001
     NotWritablePrimary = 10107

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -713,10 +714,13 @@ def _candidates(
 def execute(
     coll: Collection, txn: Txn, q: Query, *, matches: Callable[[Doc, Doc], bool] = query.matches,
     chosen: Plan | None = None, pause: Pause | None = None,
+    release: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> Execution:  # fmt: skip
     """Run ``q`` for ``txn``: plan, scan, re-check the filter, sort, skip and limit.
     ``pause`` lets the scan release the engine lock between documents (see
-    ``_candidates``)."""
+    ``_candidates``); ``release`` (``Engine.released``) lets an in-memory sort run with
+    the lock released: it orders the hits the scan collected, whose documents are the
+    read's own."""
     started = time.perf_counter()
     chosen = chosen or plan(coll, q)
     stats = ScanStats()
@@ -737,9 +741,10 @@ def execute(
             break
     if needs_sort:
         assert q.sort is not None
-        ordered = query.sort_docs([h.doc for h in hits], q.sort)
-        by_id = {id(h.doc): h for h in hits}
-        hits = [by_id[id(d)] for d in ordered]
+        with release() if release is not None else nullcontext():
+            ordered = query.sort_docs([h.doc for h in hits], q.sort)
+            by_id = {id(h.doc): h for h in hits}
+            hits = [by_id[id(d)] for d in ordered]
     if q.skip:
         hits = hits[q.skip :]
     if q.limit:

@@ -52,6 +52,7 @@ import numpy as np
 
 from accord.platform.embedded import query
 from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.indexes import PAUSE_EVERY
 from accord.platform.embedded.paths import MISSING
 
 log = logging.getLogger("accord.engine.vector_search")
@@ -1060,7 +1061,13 @@ class SearchIndexes:
         scored.sort(key=lambda t: (-t[0], t[1]))
         out = []
         own = txn.writes.get(ns, {})
-        for score, _, key in scored[: q.limit]:
+        # Fetching up to 10,000 winners is the long part: a read lets other commands run
+        # between slices of it (the winners are chosen; each is read at the snapshot).
+        coll = self.engine.get_collection(ns, txn)
+        pause = self.engine.read_pause(txn, coll) if txn.yields and coll is not None else None
+        for n, (score, _, key) in enumerate(scored[: q.limit]):
+            if pause is not None and n % PAUSE_EVERY == 0:
+                pause()
             doc = self.engine.get(txn, ns, key)
             if doc is None:
                 continue

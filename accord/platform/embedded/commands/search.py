@@ -23,6 +23,7 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
+from accord.platform.embedded.cursors import packed
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 
 _plain_aggregate = COMMANDS["aggregate"]
@@ -129,13 +130,15 @@ def _finish(
     owned: bool = False,
 ) -> Doc:  # fmt: skip
     name = ns.split(".", 1)[1]
-    result = Pipeline(read.reader(ctx), name).run(docs, rest, owned=owned) if rest else docs
-    if strip:
-        for doc in result:
-            doc.pop(vector_search.SCORE_FIELD, None)
+    with ctx.engine.released(ctx.txn):
+        result = Pipeline(read.reader(ctx), name).run(docs, rest, owned=owned) if rest else docs
+        if strip:
+            for doc in result:
+                doc.pop(vector_search.SCORE_FIELD, None)
+        reply = packed(result)
     cursor_opts = cmd.get("cursor")
     batch_size = opt_int(cursor_opts if isinstance(cursor_opts, dict) else {}, "batchSize")
-    return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)
+    return read.reply_cursor(ctx, ns, reply, batch_size)
 
 
 def _with_score(stage: Any) -> Any:
