@@ -28,6 +28,7 @@ class Code(IntEnum):
     UserNotFound = 11
     Unauthorized = 13
     TypeMismatch = 14
+    Overflow = 15
     AuthenticationFailed = 18
     IllegalOperation = 20
     LockTimeout = 24
