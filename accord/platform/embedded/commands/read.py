@@ -78,7 +78,9 @@ def run_query(ctx: Context, ns: str, q: planner.Query) -> planner.Execution:
         docs = docs[q.skip :]
         if q.limit:
             docs = docs[: q.limit]
-    hits = [planner.Hit(b"", None, d, float(i)) for i, d in enumerate(docs)]  # no keys: read-only
+    hits = planner.Hits(  # no keys: read-only
+        planner.Hit(b"", None, d, float(i)) for i, d in enumerate(docs)
+    )
     return planner.Execution(
         hits, planner.Plan("VIEW", 0.0), planner.ScanStats(), bool(q.sort), 0.0
     )
@@ -348,7 +350,7 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
                     Code.InvalidOptions, f"{name} cannot be used with a 'linearizable' read concern"
                 )
             output, pipeline = (name, stage[name]), pipeline[:-1]
-    hits: list[planner.Hit] = []
+    hits = planner.Hits()
     docs: list[Doc] = []
     if target == 1:
         name = None
