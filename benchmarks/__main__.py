@@ -22,6 +22,7 @@ from benchmarks import (
     checkpointer,
     engine_commits,
     engine_group_commit,
+    engine_reads,
     engine_scale,
     vector_search,
 )
@@ -31,6 +32,7 @@ SUITES = [
     engine_commits.report,
     engine_group_commit.report,
     engine_scale.report,
+    engine_reads.report,
     checkpointer.report,
     vector_search.report,
     aggregation_lag.report,
