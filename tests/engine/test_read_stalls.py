@@ -70,7 +70,9 @@ class Gate:
         def stopped(*args: Any, **kwargs: Any) -> Any:
             if not self.entered.is_set():
                 self.entered.set()
-                self._open.wait(WAIT_S)
+                # Longer than the insert is given: an insert stuck behind the stopped step
+                # must be seen stuck before the step goes on by itself.
+                self._open.wait(3 * WAIT_S)
             return fn(*args, **kwargs)
 
         return stopped
@@ -89,15 +91,23 @@ def _insert_while_stopped(
     reader.start()
     try:
         assert gate.entered.wait(WAIT_S), "the read never reached the step under test"
-        inserter = threading.Thread(target=lambda: _run(d, {"insert": "o", "documents": [{}]}))
-        inserter.start()
-        inserter.join(WAIT_S)
-        completed = not inserter.is_alive()
+        completed = _insert_within_wait(d)
     finally:
         gate.open()
         reader.join()
-    inserter.join()
     return replies[0], completed
+
+
+def _insert_within_wait(d: Dispatcher) -> bool:
+    """Insert from another thread; whether it was acknowledged within ``WAIT_S``."""
+    done = threading.Event()
+
+    def insert() -> None:
+        _run(d, {"insert": "o", "documents": [{}]})
+        done.set()
+
+    threading.Thread(target=insert, daemon=True).start()
+    return done.wait(WAIT_S)
 
 
 @embedded_only
@@ -186,25 +196,18 @@ def test_an_insert_completes_while_a_getmore_encodes_its_batch(
     get_more = {"getMore": bson.Int64(cursor_id), "collection": "c", "batchSize": 20}
     second: list[dict[str, Any]] = []
 
-    def read() -> dict[str, Any]:
-        reply = _run(d, get_more)
-        return reply
-
-    def insert_and_try_the_same_cursor() -> None:
+    def same_cursor() -> None:
         # While the first getMore holds the cursor, another is refused as mongod refuses
         # a getMore on a cursor in use.
         second.append(bson.decode(bson.encode(d.execute({**get_more, "$db": "t"}))))
 
     replies: list[dict[str, Any]] = []
-    reader = threading.Thread(target=lambda: replies.append(read()))
+    reader = threading.Thread(target=lambda: replies.append(_run(d, get_more)))
     reader.start()
     try:
         assert gate.entered.wait(WAIT_S)
-        inserter = threading.Thread(target=lambda: _run(d, {"insert": "o", "documents": [{}]}))
-        inserter.start()
-        inserter.join(WAIT_S)
-        completed = not inserter.is_alive()
-        other = threading.Thread(target=insert_and_try_the_same_cursor)
+        completed = _insert_within_wait(d)
+        other = threading.Thread(target=same_cursor)
         other.start()
         other.join(WAIT_S)
     finally:
