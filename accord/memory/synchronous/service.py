@@ -131,8 +131,9 @@ class MemoryService:
                 self.memory_collection: [
                     IndexModel([("tenant_id", ASCENDING), ("ns_prefixes", ASCENDING)],
                                name="tenant_ns_prefixes"),
-                    IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING)],
-                               name="tenant_updated"),
+                    # _scan's order (updated_at desc, _id) read off the index, no sort.
+                    IndexModel([("tenant_id", ASCENDING), ("updated_at", DESCENDING),
+                                ("_id", ASCENDING)], name="tenant_updated_id"),
                     IndexModel([("expires_at", ASCENDING)], name="ttl", expireAfterSeconds=0),
                     # what a deleted thread gave (accord.memory.forgetting)
                     IndexModel([("tenant_id", ASCENDING), ("provenance.thread_id", ASCENDING)],

@@ -65,8 +65,9 @@ WRITE_WAIT_S = 30.0
 # Commands that may read at a snapshot outside a transaction (readConcern level snapshot).
 SNAPSHOT_READS = {"find", "aggregate", "distinct"}
 # Reads whose queries let other commands run between slices of their work
-# (``Engine.read_pause``); a command that writes never pauses.
-YIELDING_READS = {"find", "aggregate", "count", "distinct"}
+# (``Engine.read_pause``) and that work on the documents they collected with the engine
+# lock released (``Engine.released``); a command that writes never does either.
+YIELDING_READS = {"find", "aggregate", "count", "distinct", "getMore"}
 _NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
 
 

@@ -29,6 +29,7 @@ class Code(IntEnum):
     Unauthorized = 13
     TypeMismatch = 14
     ProtocolError = 17
+    Overflow = 15
     AuthenticationFailed = 18
     IllegalOperation = 20
     LockTimeout = 24
@@ -74,6 +75,7 @@ class Code(IntEnum):
     InvalidIndexSpecificationOption = 197
     NoSuchSession = 206
     TransactionTooOld = 225
+    CursorKilled = 237
     NotImplemented = 238
     SnapshotTooOld = 239
     ConversionFailure = 241
@@ -88,6 +90,7 @@ class Code(IntEnum):
     IndexBuildAborted = 276
     ChangeStreamHistoryLost = 286
     TransactionExceededLifetimeLimitSeconds = 290
+    CursorInUse = 292
     APIStrictError = 323
     MechanismUnavailable = 334
     SocketException = 9001
@@ -132,13 +135,17 @@ class Code(IntEnum):
     Location40352 = 40352  # FieldPath cannot be constructed with empty string
     Location40353 = 40353  # FieldPath must not end with a '.'
     Location40571 = 40571  # OP_MSG requests require a $db argument
+    Location40600 = 40600  # stage not allowed within a $facet stage
     Location40601 = 40601  # stage only valid as the last stage of a pipeline
     Location40602 = 40602  # stage only valid as the first stage of a pipeline
     Location50911 = 50911  # a transaction with this txnNumber was already started
+    Location51047 = 51047  # stage not allowed within a $lookup's sub-pipeline
     Location51156 = 51156  # error executing a regular expression (mongod: PCRE's match limit)
     Location51183 = 51183  # $merge 'on' fields need a unique index
     Location51185 = 51185  # $merge 'on' field missing, repeated or an array
     Location51091 = 51091  # invalid regular expression
+    Location7912700 = 7912700  # $vectorSearch: limit must be positive (mongod's own check)
+    Location8575100 = 8575100  # $vectorSearch: limit must be a number (mongod's own check)
 
 
 TRANSIENT = "TransientTransactionError"

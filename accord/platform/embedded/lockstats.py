@@ -2,8 +2,9 @@
 
 The engine lock serialises commands; a long hold is a stall for every other client, so
 the engine measures it (``serverStatus().accordEngine.lock``, and the lock-hold
-benchmark). A condition wait releases the lock, so it ends one hold and the wake-up
-starts the next. Only the lock's owner calls these methods.
+benchmark). A condition wait, a read's pause and a read's released stretch give the lock
+up: ``suspend`` ends the hold and hands the count of nested holds back, ``restore`` starts
+the next hold with it. Only the lock's owner calls these methods; ``owner`` names it.
 
 Each hold is measured in wall time and in the holding thread's CPU time: on a busy
 machine a hold can be long because the process was not scheduled, which the CPU time
@@ -13,6 +14,7 @@ tells apart from work done under the lock.
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from typing import Any
 
@@ -22,6 +24,8 @@ BUCKETS_MS = (1, 5, 10, 50, 100, 1000)
 class LockStats:
     def __init__(self) -> None:
         self._depth = 0
+        # The thread holding the lock (0: none), so code can tell that it holds it.
+        self.owner = 0
         self._start = 0.0
         self._cpu_start = 0.0
         self._what = ""
@@ -42,6 +46,7 @@ class LockStats:
     def enter(self, what: str = "") -> int:
         self._depth += 1
         if self._depth == 1:
+            self.owner = threading.get_ident()
             self._start = time.perf_counter()
             self._cpu_start = time.thread_time()
             self._what = what
@@ -52,14 +57,27 @@ class LockStats:
             self._what = what
         self._depth -= 1
         if self._depth == 0:
+            self.owner = 0
             self._record(time.perf_counter() - self._start, time.thread_time() - self._cpu_start)
 
-    def pause(self) -> None:
-        if self._depth:
+    def suspend(self) -> int:
+        """The owner is about to give the lock up (all its nested holds): end the current
+        hold and return how deep it was held, for ``restore``. Whoever takes the lock
+        meanwhile starts its own holds from depth 0 (before, it found the depth of the
+        thread that gave the lock up: its holds went unrecorded and a read could not
+        pause, since pausing needs a depth of 1)."""
+        depth = self._depth
+        if depth:
             self._record(time.perf_counter() - self._start, time.thread_time() - self._cpu_start)
+        self._depth = 0
+        self.owner = 0
+        return depth
 
-    def resume(self) -> None:
-        if self._depth:
+    def restore(self, depth: int) -> None:
+        """The thread that called ``suspend`` holds the lock again, ``depth`` deep."""
+        self._depth = depth
+        if depth:
+            self.owner = threading.get_ident()
             self._start = time.perf_counter()
             self._cpu_start = time.thread_time()
 

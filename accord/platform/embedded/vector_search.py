@@ -52,6 +52,7 @@ import numpy as np
 
 from accord.platform.embedded import query
 from accord.platform.embedded.errors import Code, EngineError
+from accord.platform.embedded.indexes import PAUSE_EVERY
 from accord.platform.embedded.paths import MISSING
 
 log = logging.getLogger("accord.engine.vector_search")
@@ -733,16 +734,22 @@ def parse_stage(spec: Any) -> VectorQuery:
     limit = spec.get("limit")
     if limit is None:
         raise plan_error('"limit" is required')
-    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit != int(limit):
+    # mongod checks limit itself when it parses the stage, before mongot sees it: a
+    # number, positive once converted to a 64-bit integer (NaN converts to 0).
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise EngineError(
+            Code.Location8575100, "Expected limit field to be a number in $vectorSearch"
+        )
+    if _safe_long(limit) <= 0:
+        raise EngineError(Code.Location7912700, "Expected limit to be positive")
+    if not _is_whole(limit):
         raise plan_error('"limit" must be a int')
-    if limit <= 0:
-        raise plan_error('"limit" must be positive')
     exact = spec.get("exact", False)
     if not isinstance(exact, bool):
         raise plan_error('"exact" must be a boolean')
     nc = spec.get("numCandidates")
     if nc is not None:
-        if isinstance(nc, bool) or not isinstance(nc, int | float) or nc != int(nc):
+        if not _is_whole(nc):
             raise plan_error('"numCandidates" must be a int')
         if not 1 <= nc <= MAX_NUM_CANDIDATES:
             raise plan_error(f'"numCandidates" must be within bounds [1..{MAX_NUM_CANDIDATES}]')
@@ -764,6 +771,27 @@ def parse_stage(spec: Any) -> VectorQuery:
         raise plan_error('"filter" must be a document')
     return VectorQuery(index, path, vector, int(limit), None if nc is None else int(nc), exact,
                        filt or None)  # fmt: skip
+
+
+def _safe_long(value: int | float) -> int:
+    """mongod's ``BSONElement::safeNumberLong``: NaN is 0, out-of-range values clamp."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return 0
+        if value >= 2.0**63:
+            return 2**63 - 1
+        if value < -(2.0**63):
+            return -(2**63)
+        return int(value)
+    return max(-(2**63), min(2**63 - 1, value))
+
+
+def _is_whole(value: Any) -> bool:
+    """A number with an integral value: NaN and infinities are not (``int()`` raised
+    ValueError or OverflowError on them, which the client saw as an internal error)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or (math.isfinite(value) and value == int(value))
 
 
 def _query_list(raw: list[Any]) -> np.ndarray | None:
@@ -1060,7 +1088,13 @@ class SearchIndexes:
         scored.sort(key=lambda t: (-t[0], t[1]))
         out = []
         own = txn.writes.get(ns, {})
-        for score, _, key in scored[: q.limit]:
+        # Fetching up to 10,000 winners is the long part: a read lets other commands run
+        # between slices of it (the winners are chosen; each is read at the snapshot).
+        coll = self.engine.get_collection(ns, txn)
+        pause = self.engine.read_pause(txn, coll) if txn.yields and coll is not None else None
+        for n, (score, _, key) in enumerate(scored[: q.limit]):
+            if pause is not None and n % PAUSE_EVERY == 0:
+                pause()
             doc = self.engine.get(txn, ns, key)
             if doc is None:
                 continue

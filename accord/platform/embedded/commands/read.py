@@ -1,4 +1,11 @@
-"""Read commands: find, getMore, killCursors, count, distinct, aggregate."""
+"""Read commands: find, getMore, killCursors, count, distinct, aggregate.
+
+A read collects its documents under the engine lock, in slices (``Engine.read_pause``);
+what it then does with them (sort, project, run pipeline stages, encode the reply's
+batch) works on documents it owns and runs with the lock released
+(``Engine.released``). A stage that reads another collection ($lookup) takes the lock
+for that read only (``reader``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,10 @@ import copy
 import datetime as dt
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import bson
-from bson.raw_bson import RawBSONDocument
 
 from accord.platform.embedded import collation, planner, query
 from accord.platform.embedded.aggregate import Pipeline
@@ -27,6 +33,7 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
+from accord.platform.embedded.cursors import packed
 from accord.platform.embedded.errors import (
     Code,
     EngineError,
@@ -41,6 +48,7 @@ from accord.platform.embedded.variables import (
     bind_pipeline,
     evaluate_let,
 )
+from accord.platform.embedded.versions import decode
 
 
 def find_hits(
@@ -60,15 +68,19 @@ def run_query(ctx: Context, ns: str, q: planner.Query) -> planner.Execution:
     assert coll is not None
     query.check_filter(q.filter)
     source, pipeline = views.resolve(ctx, coll)
-    docs = [h.doc for h in run_query(ctx, source, planner.Query({})).hits]
-    docs = Pipeline(reader(ctx), source.split(".", 1)[1]).run(docs, pipeline, owned=True)
-    docs = [d for d in docs if query.matches(q.filter, d)]
-    if q.sort:
-        docs = query.sort_docs(docs, q.sort)
-    docs = docs[q.skip :]
-    if q.limit:
-        docs = docs[: q.limit]
-    hits = [planner.Hit(b"", None, d, float(i)) for i, d in enumerate(docs)]  # no keys: read-only
+    found = run_query(ctx, source, planner.Query({})).hits
+    with ctx.engine.released(ctx.txn):
+        docs = [h.doc for h in found]
+        docs = Pipeline(reader(ctx), source.split(".", 1)[1]).run(docs, pipeline, owned=True)
+        docs = [d for d in docs if query.matches(q.filter, d)]
+        if q.sort:
+            docs = query.sort_docs(docs, q.sort)
+        docs = docs[q.skip :]
+        if q.limit:
+            docs = docs[: q.limit]
+    hits = planner.Hits(  # no keys: read-only
+        planner.Hit(b"", None, d, float(i)) for i, d in enumerate(docs)
+    )
     return planner.Execution(
         hits, planner.Plan("VIEW", 0.0), planner.ScanStats(), bool(q.sort), 0.0
     )
@@ -81,14 +93,33 @@ def visible_docs(ctx: Context, ns: str, filt: Doc | None = None) -> list[tuple[b
 
 
 def reader(ctx: Context) -> Callable[[str], list[Doc]]:
-    """Documents of another collection (or view) of the database, for $lookup."""
-    return lambda name: [d for _, d in visible_docs(ctx, f"{ctx.db}.{name}")]
+    """Documents of another collection (or view) of the database, for $lookup: read under
+    the engine lock (pipeline stages may run with it released), decoded after."""
+
+    def read(name: str) -> list[Doc]:
+        with ctx.engine.locked("aggregate"):
+            hits = find_hits(ctx, f"{ctx.db}.{name}").hits
+        return [h.doc for h in hits]
+
+    return read
+
+
+def reply_cursor(
+    ctx: Context, ns: str, docs: list[Any], batch_size: int | None, *,
+    single_batch: bool = False,
+) -> Doc:  # fmt: skip
+    """The reply of a read with its first batch (encoded with the engine lock released)
+    and the rest kept as a cursor."""
+    return ctx.cursors.first_batch(
+        ns, docs, batch_size, ctx.session_key, single_batch=single_batch,
+        release=lambda: ctx.engine.released(ctx.txn),
+    )  # fmt: skip
 
 
 def reply_doc(hit: planner.Hit) -> Any:
     """A result as the reply carries it: the stored BSON as is when there is one."""
     if hit.raw is not None:
-        return RawBSONDocument(hit.raw)
+        return hit.raw
     return hit.doc
 
 
@@ -97,25 +128,38 @@ def cmd_find(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "find")
     q, projection, batch_size, single_batch = parse_find(cmd)
     run = run_query(ctx, ns, q)
-    if projection is not None:
-        filt = q.filter
-        docs = [
-            query.project(h.doc if h.raw is not None else copy.deepcopy(h.doc), projection, filt)
-            for h in run.hits
-        ]
-    else:
-        docs = [reply_doc(h) for h in run.hits]
-    if opt_bool(cmd, "returnKey"):
-        docs = [_index_key(run.plan, h.doc) for h in run.hits]
-    elif opt_bool(cmd, "showRecordId"):
-        # A transaction's own new documents have no record id yet (rid inf): 0.
-        docs = [
-            {**dict(d), "$recordId": bson.Int64(h.rid if h.rid != float("inf") else 0)}
-            for d, h in zip(docs, run.hits, strict=True)
-        ]
+    with ctx.engine.released(ctx.txn):
+        # One result at a time, encoded at once: a cursor keeps bytes only (see cursors).
+        docs = packed(_results(cmd, run, projection, q.filter))
     if q.limit and (batch_size is None or batch_size > q.limit):
         batch_size = q.limit
-    return ctx.cursors.first_batch(ns, docs, batch_size, ctx.session_key, single_batch=single_batch)
+    return reply_cursor(ctx, ns, docs, batch_size, single_batch=single_batch)
+
+
+def _results(cmd: Doc, run: planner.Execution, projection: Doc | None, filt: Doc) -> Iterator[Any]:
+    """A find's results as its reply carries them, made one at a time (a hit's decoded
+    document is not kept on the hit: 100,000 of them alive at once kept Python's garbage
+    collector busy)."""
+    if opt_bool(cmd, "returnKey"):
+        for hit in run.hits:
+            yield _index_key(run.plan, _fresh(hit))
+        return
+    record_id = opt_bool(cmd, "showRecordId")
+    for hit in run.hits:
+        doc: Any = reply_doc(hit)
+        if projection is not None:
+            doc = query.project(_fresh(hit), projection, filt)
+        if record_id:
+            # A transaction's own new documents have no record id yet (rid inf): 0.
+            rid = bson.Int64(hit.rid if hit.rid != float("inf") else 0)
+            doc = {**(_fresh(hit) if projection is None else doc), "$recordId": rid}
+        yield doc
+
+
+def _fresh(hit: planner.Hit) -> Doc:
+    """The hit's document as a dict the caller owns (decoded anew, or a copy of the
+    transaction's own staged one)."""
+    return decode(hit.raw) if hit.raw is not None else copy.deepcopy(hit.doc)
 
 
 def _index_key(plan: planner.Plan, doc: Doc) -> Doc:
@@ -167,7 +211,10 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     stream = ctx.cursors.streams.get(int(cursor_id))
     if stream is not None:
         return changestreams.get_more(ctx, stream, cmd, f"{ctx.db}.{name}")
-    return ctx.cursors.get_more(int(cursor_id), f"{ctx.db}.{name}", opt_int(cmd, "batchSize"))
+    return ctx.cursors.get_more(
+        int(cursor_id), f"{ctx.db}.{name}", opt_int(cmd, "batchSize"),
+        release=lambda: ctx.engine.released(ctx.txn),
+    )  # fmt: skip
 
 
 @command("killCursors")
@@ -196,14 +243,16 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
     key = cmd.get("key")
     if not isinstance(key, str) or not key:
         raise type_mismatch("'key' must be a non-empty string")
+    hits = find_hits(ctx, ns, opt_doc(cmd, "query")).hits
     seen: dict[bytes, Any] = {}
-    for _, doc in visible_docs(ctx, ns, opt_doc(cmd, "query")):
-        for value in query.path_values(doc, key, empty_array_as_null=False):
-            if value is MISSING:
-                continue
-            dedupe = bson.encode({"": query.canonical(collation.key_values(value))})
-            seen.setdefault(dedupe, value)
-    values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
+    with ctx.engine.released(ctx.txn):
+        for hit in hits:
+            for value in query.path_values(hit.doc, key, empty_array_as_null=False):
+                if value is MISSING:
+                    continue
+                dedupe = bson.encode({"": query.canonical(collation.key_values(value))})
+                seen.setdefault(dedupe, value)
+        values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
     return {"values": [d["v"] for d in values], "ok": 1.0}
 
 
@@ -301,8 +350,10 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
                     Code.InvalidOptions, f"{name} cannot be used with a 'linearizable' read concern"
                 )
             output, pipeline = (name, stage[name]), pipeline[:-1]
+    hits = planner.Hits()
+    docs: list[Doc] = []
     if target == 1:
-        name, docs = None, []
+        name = None
         ns = f"{ctx.db}.$cmd.aggregate"
         if pipeline and isinstance(pipeline[0], dict) and "$listLocalSessions" in pipeline[0]:
             docs, pipeline = _local_sessions(ctx, pipeline[0]["$listLocalSessions"]), pipeline[1:]
@@ -311,11 +362,14 @@ def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
         ns = f"{ctx.db}.{name}"
         q, used = pipeline_query(pipeline)
         q.hint = cmd.get("hint")
-        docs = [h.doc for h in run_query(ctx, ns, q).hits]
+        hits = run_query(ctx, ns, q).hits
         pipeline = pipeline[used:]
-    result = Pipeline(reader(ctx), name).run(docs, pipeline, owned=True)
+    with ctx.engine.released(ctx.txn):
+        docs = docs or [h.doc for h in hits]
+        result = Pipeline(reader(ctx), name).run(docs, pipeline, owned=True)
+        reply: list[bytes] = [] if output is not None else packed(result)
     if output is not None:
+        # An aggregate that writes returns an empty cursor.
         PIPELINE_OUTPUTS[output[0]](ctx, result, output[1])
-        result = []  # an aggregate that writes returns an empty cursor
     batch_size = opt_int(cursor_opts or {}, "batchSize")
-    return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)
+    return reply_cursor(ctx, ns, reply, batch_size)

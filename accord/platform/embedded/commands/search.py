@@ -3,14 +3,15 @@
 ``createSearchIndexes``, ``updateSearchIndex``, ``dropSearchIndex`` as pymongo sends them
 (``Collection.create_search_index`` and friends), ``$listSearchIndexes`` and
 ``$vectorSearch`` as first stages of ``aggregate``. Everything else about ``aggregate`` is the
-read module's handler, which this one wraps.
+read module's handler, which this one wraps; every pipeline is checked first
+(``stage_rules``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from accord.platform.embedded import vector_search
+from accord.platform.embedded import stage_rules, vector_search
 from accord.platform.embedded.aggregate import Pipeline
 from accord.platform.embedded.commands import read
 from accord.platform.embedded.commands.base import (
@@ -23,10 +24,10 @@ from accord.platform.embedded.commands.base import (
     opt_int,
     opt_list,
 )
+from accord.platform.embedded.cursors import packed
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 
 _plain_aggregate = COMMANDS["aggregate"]
-FIRST_ONLY = {"$vectorSearch", "$listSearchIndexes", "$search", "$searchMeta"}
 
 
 @command("createSearchIndexes")
@@ -83,12 +84,8 @@ def cmd_drop_search_index(ctx: Context, cmd: Doc) -> Doc:
 def cmd_aggregate(ctx: Context, cmd: Doc) -> Doc:
     pipeline = cmd.get("pipeline")
     if isinstance(pipeline, list):
-        for stage in pipeline[1:]:
-            if isinstance(stage, dict) and FIRST_ONLY & set(stage):
-                name = sorted(FIRST_ONLY & set(stage))[0]
-                raise EngineError(
-                    Code.Location40602, f"{name} is only valid as the first stage in a pipeline"
-                )
+        # The whole pipeline is checked before any of it runs, as mongod parses it.
+        stage_rules.check(pipeline)
     first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
     if not isinstance(first, dict) or len(first) != 1 or cmd.get("aggregate") == 1:
         return _plain_aggregate(ctx, cmd)
@@ -129,13 +126,15 @@ def _finish(
     owned: bool = False,
 ) -> Doc:  # fmt: skip
     name = ns.split(".", 1)[1]
-    result = Pipeline(read.reader(ctx), name).run(docs, rest, owned=owned) if rest else docs
-    if strip:
-        for doc in result:
-            doc.pop(vector_search.SCORE_FIELD, None)
+    with ctx.engine.released(ctx.txn):
+        result = Pipeline(read.reader(ctx), name).run(docs, rest, owned=owned) if rest else docs
+        if strip:
+            for doc in result:
+                doc.pop(vector_search.SCORE_FIELD, None)
+        reply = packed(result)
     cursor_opts = cmd.get("cursor")
     batch_size = opt_int(cursor_opts if isinstance(cursor_opts, dict) else {}, "batchSize")
-    return ctx.cursors.first_batch(ns, result, batch_size, ctx.session_key)
+    return read.reply_cursor(ctx, ns, reply, batch_size)
 
 
 def _with_score(stage: Any) -> Any:

@@ -78,6 +78,45 @@ def prepare_new_doc(doc: Any) -> Doc:
     return doc
 
 
+# How deep a stored document may nest: mongod's BSONDepth::getMaxDepthForUserStorage(),
+# its maxBSONDepth (200 by default) less the 20 levels it keeps for documents that wrap
+# stored ones (oplog entries). MongoDB's documentation speaks of 100 levels; 180 is what
+# mongod enforces ("cannot insert document because it exceeds 180 levels of nesting").
+MAX_STORAGE_DEPTH = 180
+# Each level of nesting costs at least 7 bytes of BSON (type, key, length, terminator):
+# anything shorter cannot be too deep, and is not walked.
+_MIN_DEPTH_BYTES = 7
+
+
+def _too_deep(doc: Doc, data: bytes) -> bool:
+    """Whether ``doc`` (its BSON: ``data``) nests deeper than ``MAX_STORAGE_DEPTH``: an
+    element below level 180 (top-level fields are level 1; empty documents and arrays
+    add no level, as in mongod)."""
+    if len(data) < MAX_STORAGE_DEPTH * _MIN_DEPTH_BYTES:
+        return False
+    frames: list[tuple[Any, int]] = [(doc, 1)]
+    while frames:
+        container, depth = frames.pop()
+        for value in container.values() if isinstance(container, dict) else container:
+            if isinstance(value, dict | list) and value:
+                if depth == MAX_STORAGE_DEPTH:
+                    return True
+                frames.append((value, depth + 1))
+    return False
+
+
+def _check_depth(doc: Doc, data: bytes, *, updated: bool) -> None:
+    """Refuse a document nested too deep for storage with mongod's error: an insert's, or
+    an update's (replacements and upserts included: mongod's update path checks them)."""
+    if not _too_deep(doc, data):
+        return
+    if updated:
+        message = f"Document exceeds maximum nesting depth of {MAX_STORAGE_DEPTH}"
+    else:
+        message = f"cannot insert document because it exceeds {MAX_STORAGE_DEPTH} levels of nesting"
+    raise EngineError(Code.Overflow, message)
+
+
 def _check_size(doc: Doc) -> bytes:
     """``doc``'s BSON (what the commit stores), refused over MongoDB's 16 MB limit."""
     data = encode(doc)
@@ -110,9 +149,13 @@ def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None
         raise
 
 
-def insert_one(ctx: Context, coll: Collection, doc: Doc, bypass: bool = False) -> Doc:
+def insert_one(
+    ctx: Context, coll: Collection, doc: Doc, bypass: bool = False, *, upsert: bool = False
+) -> Doc:
+    """Stage the insert of ``doc`` (``upsert``: made by an update, and refused as one)."""
     doc = prepare_new_doc(doc)
     data = _check_size(doc)
+    _check_depth(doc, data, updated=upsert)
     _check_time_field(coll, doc)
     key = query.id_key(doc["_id"])
     if ctx.engine.get(ctx.txn, coll.ns, key) is not None:
@@ -141,6 +184,7 @@ def replace_one(
             "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
     data = _check_size(new)
+    _check_depth(new, data, updated=True)
     _check_time_field(coll, new)
     _validate(coll, new, old, bypass)
     ctx.engine.write(ctx.txn, coll, key, new, data)
@@ -240,7 +284,7 @@ def update_docs(
         new = update.apply_update(
             update.upsert_seed(filt), upd, array_filters=array_filters, query=filt, is_insert=True
         )
-    new = insert_one(ctx, coll, new, bypass)
+    new = insert_one(ctx, coll, new, bypass, upsert=True)
     return 1, 0, new["_id"], None, new
 
 
