@@ -22,8 +22,17 @@ class EngineStartError(AccordError):
     """The embedded engine could not be started or reached."""
 
 
+class PortInUseError(EngineStartError):
+    """The embedded engine's port is taken by another process (another engine, a mongod)."""
+
+
 class DataDirLockedError(EngineStartError):
     """Another engine process already owns the data directory."""
+
+
+class MissingExtraError(AccordError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'accord[server]'``)."""
 
 
 class ConcurrentRunError(AccordError):
@@ -116,6 +125,11 @@ class EmbeddingDimensionError(ConfigurationError):
 class DatabaseError(AccordError):
     """The database failed or could not be reached; nothing of the operation was committed
     unless the message says otherwise."""
+
+
+class DatabaseUnreachable(DatabaseError):
+    """No MongoDB server answered within the client's server-selection timeout. The message
+    names the hosts tried (never the credentials) and the likely fix; nothing was written."""
 
 
 class TransactionTimeout(DatabaseError):

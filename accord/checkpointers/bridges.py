@@ -38,6 +38,7 @@ from pymongo.errors import InvalidOperation
 
 from accord.checkpointers import ownership
 from accord.errors import AccordError, DatabaseError
+from accord.platform.logs import describe, log_failure
 
 logger = logging.getLogger("accord.checkpointers")
 
@@ -322,8 +323,8 @@ class _Workers:
                 continue  # a job came in as the wait ended: take it
             try:
                 contextvars.Context().run(fn, *args)
-            except BaseException:  # what a thread of its own would have printed
-                logger.exception("accord: a background save raised")
+            except BaseException as exc:  # what a thread of its own would have printed
+                log_failure(logger, logging.ERROR, "accord: a background save raised", exc=exc)
             finally:
                 del fn, args
             with self._lock:
@@ -364,10 +365,10 @@ def on_loop_exit(
                     await release(run)
                 else:
                     await in_thread(release, run)
-            except Exception:
+            except Exception as failed:
                 if exc is None:
                     raise  # the run's outcome: a queued save failed
-                logger.warning("accord: ending run after %r", exc, exc_info=True)
+                _ending_after(exc, failed)
             return False
 
         stack.push_async_exit(aexit)
@@ -379,14 +380,27 @@ def on_loop_exit(
                     _from_thread(release, run, on_saver_loop)
                 else:
                     release(run)
-            except Exception:
+            except Exception as failed:
                 if exc is None:
                     raise
-                logger.warning("accord: ending run after %r", exc, exc_info=True)
+                _ending_after(exc, failed)
             return False
 
         stack.push(exit_)
     _release_if_start_fails(pregel_loop, release, run, on_saver_loop)
+
+
+def _ending_after(exc: BaseException, failed: BaseException) -> None:
+    """Releasing a run failed while the run was already raising ``exc`` to the caller
+    (who handles it: a ``BusinessWriteError`` caught by the application): one line."""
+    if describe(failed) == describe(exc):  # the same failure, surfaced by the release
+        logger.warning("accord: the run ended after %s", describe(exc))
+        logger.debug("traceback of the run's failure", exc_info=failed)
+        return
+    log_failure(
+        logger, logging.WARNING, "accord: the run ended after %s; releasing it also failed",
+        describe(exc), exc=failed,
+    )  # fmt: skip
 
 
 def _from_thread(
@@ -421,8 +435,11 @@ def _release_if_start_fails(
                     in_background(release, run)
                 else:
                     _from_thread(release, run, on_saver_loop)
-            except Exception:  # the loop's own error is what the caller must see
-                logger.exception("accord: releasing run %s failed", getattr(run, "run_id", "?"))
+            except Exception as failed:  # the loop's own error is what the caller must see
+                log_failure(
+                    logger, logging.ERROR, "accord: releasing run %s failed",
+                    getattr(run, "run_id", "?"), exc=failed,
+                )  # fmt: skip
             raise
 
     pregel_loop._first = guarded
@@ -457,7 +474,7 @@ class ThreadTicker:
             except Exception as exc:
                 if _client_closed(exc):
                     return
-                logger.exception("accord: lease heartbeat failed")
+                log_failure(logger, logging.ERROR, "accord: lease heartbeat failed", exc=exc)
 
 
 class LoopTicker:
@@ -483,7 +500,7 @@ class LoopTicker:
             except Exception as exc:
                 if _client_closed(exc):
                     return
-                logger.exception("accord: lease heartbeat failed")
+                log_failure(logger, logging.ERROR, "accord: lease heartbeat failed", exc=exc)
 
 
 def _client_closed(exc: BaseException) -> bool:

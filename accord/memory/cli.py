@@ -272,14 +272,15 @@ def serve(
     port: int = typer.Option(8000, min=0, max=65535),
     keys_file: Path | None = KEYS_FILE,
 ) -> None:
-    """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs)."""
-    import uvicorn
-
-    from accord.memory.http_api import create_app
+    """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs). Needs the
+    server extra: pip install 'accord[server]'."""
+    from accord.extras import require
     from accord.memory.principals import ApiKeys
 
     settings = MemorySettings()
     try:
+        uvicorn = require("uvicorn", "accord serve")
+        create_app = require("accord.memory.http_api", "accord serve").create_app
         keys = ApiKeys.from_file(keys_file) if keys_file else ApiKeys.from_env()
         resolved, database = _connect(uri, dbpath, db)
         app = create_app(resolved, keys=keys, db_name=database, embedder=settings.embedder,
@@ -299,13 +300,15 @@ def mcp(
     db: str | None = DB,
 ) -> None:
     """Serve accord memory to an MCP client over stdio (tools: search_memory, save_memory,
-    get_memory, delete_memory, list_namespaces)."""
+    get_memory, delete_memory, list_namespaces). Needs the server extra:
+    pip install 'accord[server]'."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout is the protocol
-    from accord.memory.mcp_server import create_server
+    from accord.extras import require
 
     settings = MemorySettings()
     tenant = tenant or settings.mcp_tenant
     try:
+        create_server = require("accord.memory.mcp_server", "accord mcp").create_server
         if not tenant:
             raise ConfigurationError("give the tenant: --tenant or ACCORD_MCP_TENANT")
         resolved, database = _connect(uri, dbpath, db)

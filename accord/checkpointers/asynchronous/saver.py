@@ -63,6 +63,7 @@ from accord.platform import codes, runs
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.plan import Counts, Group, Op, Plan, PlanContext
+from accord.platform.logs import log_failure
 
 _IS_SYNC = False
 
@@ -478,13 +479,12 @@ class AsyncAccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                         transaction=False,
                     )
                 released = True
-        except Exception:
-            logger.warning(
+        except Exception as exc:
+            log_failure(
+                logger, logging.WARNING,
                 "accord: could not release run %s on thread %s; its lease expires by itself",
-                run.run_id,
-                run.lease.thread_id,
-                exc_info=True,
-            )
+                run.run_id, run.lease.thread_id, exc=exc,
+            )  # fmt: skip
         finally:
             self._unregister(run, released=released)
         if run.failure is not None and not run.surfaced:

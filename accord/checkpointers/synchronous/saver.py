@@ -60,6 +60,7 @@ from accord.errors import (
     WriteRefused,
 )
 from accord.platform import codes, runs
+from accord.platform.logs import log_failure
 from accord.platform.plan import Counts, Group, Op, Plan, PlanContext
 from accord.platform.synchronous.catalog import Catalog
 from accord.platform.synchronous.unit_of_work import UnitOfWork
@@ -474,13 +475,12 @@ class AccordSaver(_Bridge, AccordBase):  # type: ignore[misc,valid-type]
                         transaction=False,
                     )
                 released = True
-        except Exception:
-            logger.warning(
+        except Exception as exc:
+            log_failure(
+                logger, logging.WARNING,
                 "accord: could not release run %s on thread %s; its lease expires by itself",
-                run.run_id,
-                run.lease.thread_id,
-                exc_info=True,
-            )
+                run.run_id, run.lease.thread_id, exc=exc,
+            )  # fmt: skip
         finally:
             self._unregister(run, released=released)
         if run.failure is not None and not run.surfaced:
