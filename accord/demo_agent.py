@@ -93,10 +93,14 @@ def run_worker(uri: str, thread: str) -> None:
         try:
             graph.invoke(inputs, config, durability="sync")
             break
-        except ConcurrentRunError as exc:
+        except ConcurrentRunError:
             if time.monotonic() > deadline:
                 raise
-            print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
+            print(
+                f"worker: refused: the killed worker's run still holds thread {thread!r}; "
+                f"waiting for its lease ({LEASE_SECONDS:g} s in this demo) to run out",
+                flush=True,
+            )
             time.sleep(LEASE_SECONDS / 2)
         except TransactionTimeout:
             if time.monotonic() > deadline:
@@ -115,7 +119,9 @@ def main(uri: str, console: Any) -> None:
     client.drop_database(DB)
     thread = "order-42"
     console.print(
-        "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write"
+        "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write. "
+        f"A run holds its thread with a lease ({LEASE_SECONDS:g} s in this demo), renewed "
+        "while it works."
     )
     worker = subprocess.Popen(
         [sys.executable, "-m", "accord.demo_agent", uri, thread], stdout=subprocess.PIPE, text=True

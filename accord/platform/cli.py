@@ -47,6 +47,7 @@ def main(
 ) -> None:
     """accord: transactional state and memory for LangGraph agents on MongoDB."""
 
+
 DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
 
 

@@ -29,11 +29,13 @@ _CONFIGURED = re.compile(r" \(configured timeouts: [^)]*\)")
 
 
 def redact(uri: str) -> str:
-    """``uri`` with any password replaced by ``***`` (the user name is kept)."""
+    """``uri`` with any password replaced by ``***``. The user name of ``user:password``
+    is kept (it helps to debug authentication); credentials of one part (a token) are
+    hidden whole."""
 
     def hide(m: re.Match[str]) -> str:
-        user = m.group("userinfo").split(":", 1)[0]
-        return f"{m.group('scheme')}{user}:***@" if user else f"{m.group('scheme')}***@"
+        user, colon, _ = m.group("userinfo").partition(":")
+        return f"{m.group('scheme')}{user}:***@" if colon and user else f"{m.group('scheme')}***@"
 
     return _CREDENTIALS.sub(hide, uri)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,9 +15,9 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from accord.errors import DataDirLockedError, EngineStartError
+from accord.errors import DataDirLockedError, EngineStartError, PortInUseError
 from accord.platform import connect, connect_async, ensure_engine, stop_engine
-from accord.platform.connection import read_lock
+from accord.platform.connection import read_lock, spawn_engine
 from accord.platform.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.embedded_only
@@ -252,3 +254,29 @@ def test_a_stale_lock_file_does_not_name_the_engine_that_replaces_it(tmp_path: P
             assert client.admin.command("ping")["ok"] == 1
     finally:
         stop_engine(directory)
+
+
+def test_starting_an_engine_says_where_which_port_and_how_to_stop_it(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="accord.platform.connection"):
+        connect(data_dir=data_dir).close()
+        connect(data_dir=data_dir).close()  # reusing the running engine says nothing
+    said = [r for r in caplog.records if r.name == "accord.platform.connection"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    pid, port = read_lock(data_dir) or (0, 0)
+    line = said[0].getMessage()
+    assert str(data_dir.resolve()) in line and f":{port}" in line and f"pid {pid}" in line
+    assert f"accord engine stop --dbpath {data_dir.resolve()}" in line
+
+
+def test_a_failed_start_says_why_at_once(tmp_path: Path) -> None:
+    """The engine process's own error, not "did not start within 20s; see engine.log"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(PortInUseError, match="address already in use"):
+            spawn_engine(tmp_path, port=port, host="127.0.0.1", sync=False, timeout=20)
+    assert time.monotonic() - started < 8
