@@ -23,6 +23,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 from rich.console import Console
+from rich.markup import escape
 
 from accord import demo_agent
 from accord.errors import AccordError
@@ -41,7 +42,7 @@ def run(data_dir: Path) -> None:
     try:
         client: MongoClient = connect(data_dir=data_dir)
     except AccordError as exc:  # e.g. MONGODB_URI names a server that does not answer
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise SystemExit(1) from None
     where = os.environ.get("MONGODB_URI") or f"embedded engine, data in {data_dir}"
     console.print(f"[bold]accord demo[/bold] on {where} (server {client.server_info()['version']})")

@@ -28,6 +28,7 @@ import typer
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
@@ -77,7 +78,7 @@ def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str,
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     return typer.Exit(2)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from accord.errors import AccordError
 from accord.platform import connection
@@ -152,7 +153,7 @@ def engine_start(
             timeout=Settings().engine_start_timeout, options=options,
         )  # fmt: skip
     except AccordError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from exc
     console.print(f"engine started: {uri}  (dbpath {dbpath})", highlight=False)
     console.print(f"stop it with: accord engine stop --dbpath {dbpath}", highlight=False)

@@ -15,6 +15,7 @@ A client from :func:`connect` waits at most ``ACCORD_SERVER_SELECTION_TIMEOUT`` 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -220,10 +221,8 @@ def running_engines() -> list[dict[str, Any]]:
         if found and found[0] == record.get("pid"):
             running.append({k: record[k] for k in ("dbpath", "host", "port", "pid")})
         elif found is None:  # nothing serves that directory any more: a stale entry
-            try:
+            with contextlib.suppress(OSError):
                 Path(record["entry"]).unlink()
-            except OSError:
-                pass
     return sorted(running, key=lambda r: r["dbpath"])
 
 
@@ -272,7 +271,9 @@ def _start_failed(directory: Path, since: int, code: int) -> EngineStartError:
             written = f.read().decode(errors="replace")
     except OSError:
         written = ""
-    reasons = [line[len("error: ") :] for line in written.splitlines() if line.startswith("error: ")]
+    reasons = [
+        line[len("error: ") :] for line in written.splitlines() if line.startswith("error: ")
+    ]
     if reasons:
         reason = reasons[-1]
         cls = PortInUseError if "address already in use" in reason else EngineStartError

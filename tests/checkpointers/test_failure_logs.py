@@ -38,7 +38,7 @@ class DenyOrders:
 
     name = "deny-orders"
 
-    def extend(self, plan: Plan) -> None:
+    def check(self, plan: Plan) -> None:
         if any(g.collection == "orders" for g in plan.writes()):
             raise PermissionDenied("this principal may not write orders")
 
@@ -60,9 +60,8 @@ def test_a_caught_business_write_error_is_one_warning_line(
 ) -> None:
     graph = _graph(AccordSaver(client, db_name=db_name))
     graph.invoke({"n": 0}, {"configurable": {"thread_id": "first"}})
-    with caplog.at_level(logging.DEBUG, logger="accord"):
-        with pytest.raises(BusinessWriteError):
-            graph.invoke({"n": 0}, {"configurable": {"thread_id": "second"}})
+    with caplog.at_level(logging.DEBUG, logger="accord"), pytest.raises(BusinessWriteError):
+        graph.invoke({"n": 0}, {"configurable": {"thread_id": "second"}})
     _assert_one_line_each(caplog)
     # the traceback is still there for whoever turns DEBUG on
     assert any(r.exc_info for r in _accord_records(caplog, logging.DEBUG))
@@ -73,7 +72,7 @@ def test_a_caught_permission_denied_is_one_warning_line(
 ) -> None:
     uow = UnitOfWork(client, hooks=[*default_hooks(), DenyOrders()])
     graph = _graph(AccordSaver(client, db_name=db_name, uow=uow))
-    with caplog.at_level(logging.DEBUG, logger="accord"):
-        with pytest.raises((PermissionDenied, TaskWriteError)):
-            graph.invoke({"n": 0}, {"configurable": {"thread_id": "denied"}})
+    denied = pytest.raises((PermissionDenied, TaskWriteError))
+    with caplog.at_level(logging.DEBUG, logger="accord"), denied:
+        graph.invoke({"n": 0}, {"configurable": {"thread_id": "denied"}})
     _assert_one_line_each(caplog)

@@ -101,7 +101,9 @@ def test_engine_ls_lists_running_engines_and_forgets_dead_ones(tmp_path: Path) -
     first, second = tmp_path / "a", tmp_path / "b"
     assert run_env("engine", "ls", env=env).stdout.strip() == "no engine running"
     for d in (first, second):
-        assert run_env("engine", "start", "--dbpath", str(d), "--port", "0", env=env).returncode == 0
+        assert (
+            run_env("engine", "start", "--dbpath", str(d), "--port", "0", env=env).returncode == 0
+        )
     try:
         listed = run_env("engine", "ls", env=env).stdout.splitlines()
         assert len(listed) == 2, listed

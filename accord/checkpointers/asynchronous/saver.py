@@ -62,8 +62,8 @@ from accord.errors import (
 from accord.platform import codes, runs
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
-from accord.platform.plan import Counts, Group, Op, Plan, PlanContext
 from accord.platform.logs import log_failure
+from accord.platform.plan import Counts, Group, Op, Plan, PlanContext
 
 _IS_SYNC = False
 

@@ -12,6 +12,7 @@ engine) and drop stale ones, so the list never names a dead engine.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -77,10 +78,8 @@ def unregister(dbpath: Path, pid: int) -> None:
     entry = _entry(dbpath)
     record = _read(entry)
     if record is not None and record.get("pid") == pid:
-        try:
+        with contextlib.suppress(OSError):
             entry.unlink()
-        except OSError:
-            pass
 
 
 def listed_engines() -> list[dict[str, Any]]:
