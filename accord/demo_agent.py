@@ -79,8 +79,8 @@ def build_graph(saver: AccordSaver, thread: str) -> Any:
 
 def run_worker(uri: str, thread: str) -> None:
     """Child process: run (or resume) the thread until the graph ends."""
-    accord = Accord(uri, db_name=DB)
-    saver = accord.checkpointer(lease_seconds=LEASE_SECONDS)
+    app = Accord(uri, db_name=DB)
+    saver = app.checkpointer(lease_seconds=LEASE_SECONDS)
     graph = build_graph(saver, thread)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
@@ -111,7 +111,7 @@ def run_worker(uri: str, thread: str) -> None:
                 flush=True,
             )
     print("worker: finished", flush=True)
-    accord.close()
+    app.close()
 
 
 def main(uri: str, console: Any) -> None:
@@ -167,8 +167,8 @@ def show_memory(uri: str, console: Any) -> None:
     console.print(
         "\n[bold]Long-term memory[/bold], derived from the committed messages through the outbox"
     )
-    with Accord(uri, db_name=DB) as accord:
-        aggregator = accord.aggregator()
+    with Accord(uri, db_name=DB) as app:
+        aggregator = app.aggregator()
         backlog = aggregator.stats().backlog
         done = aggregator.drain()
         console.print(
@@ -176,7 +176,7 @@ def show_memory(uri: str, console: Any) -> None:
             f"dead-lettered: {aggregator.stats().dead}"
         )
         question = "when should deliveries come"
-        for memory in accord.memory().search(("memories",), query=question, limit=2):
+        for memory in app.memory().search(("memories",), query=question, limit=2):
             source = memory.provenance
             console.print(
                 f"  {memory.kind} {memory.namespace}: {memory.text!r} (score "
@@ -184,7 +184,7 @@ def show_memory(uri: str, console: Any) -> None:
                 f"{source.get('message_ids')})"
             )
         # what a node sees through `get_store()` when the graph is compiled with it
-        hits = accord.store().search(("memories",), query=question, limit=1)
+        hits = app.store().search(("memories",), query=question, limit=1)
         console.print(f"  through the LangGraph store: {[hit.value for hit in hits]}")
         again = aggregator.drain()
         console.print(f"  a second pass finds nothing left to do ({again} events): exactly once")
