@@ -127,14 +127,15 @@ class DatabaseError(AccordError):
     unless the message says otherwise."""
 
 
-class DatabaseUnreachable(DatabaseError):
-    """No MongoDB server answered within the client's server-selection timeout. The message
-    names the hosts tried (never the credentials) and the likely fix; nothing was written."""
-
-
 class TransactionTimeout(DatabaseError):
     """A transaction kept failing with retryable errors (write conflicts, a lost connection,
     an unknown commit result) until its time bound ran out. Nothing of it was committed."""
+
+
+class DatabaseUnreachable(TransactionTimeout):
+    """No MongoDB server answered within the client's server-selection timeout (or the
+    operation's bound, if shorter). The message names the hosts tried (never the
+    credentials), their errors and the likely fix; nothing was written."""
 
 
 class WriteRefused(AccordError):

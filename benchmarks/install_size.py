@@ -48,17 +48,22 @@ class Size:
     packages: int
     megabytes: float
     seconds: float
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or f"`pip install {self.target}`"
 
 
-def measure(target: str, what: str, workdir: Path) -> Size:
-    """Install ``target`` (this tree, with its extra) in a fresh venv under ``workdir``."""
+def measure(target: str, what: str, workdir: Path, source: Path = ROOT) -> Size:
+    """Install ``target`` (the tree at ``source``, with its extra) in a fresh venv under
+    ``workdir``."""
     venv = workdir / target.replace("[", "-").replace("]", "")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     started = time.monotonic()
     if target == LOCAL[0]:  # as `make test-local`: not a CUDA build of several GB
         _pip(python, "torch==2.13.0")
-    _pip(python, str(ROOT) + target[len("accord") :])
+    _pip(python, str(source) + target[len("accord") :])
     seconds = time.monotonic() - started
     listed = json.loads(
         subprocess.run(
@@ -82,16 +87,14 @@ def _pip(python: Path, requirement: str) -> None:
 
 
 def table(sizes: list[Size]) -> str:
-    core = sizes[0]
+    core = next(s for s in sizes if s.target == "accord")
     lines = [
         "| install | what | packages | MB | vs core |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
     for s in sizes:
         ratio = f"{s.megabytes / core.megabytes:.2f}x" if core.megabytes else "-"
-        lines.append(
-            f"| `pip install {s.target}` | {s.what} | {s.packages} | {s.megabytes:.0f} | {ratio} |"
-        )
+        lines.append(f"| {s.label} | {s.what} | {s.packages} | {s.megabytes:.0f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -111,10 +114,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.install_size")
     parser.add_argument("--local", action="store_true", help="also accord[local] (~1.4 GB)")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--baseline", default=None, help="git revision whose core install to measure first"
+    )
     args = parser.parse_args()
     targets = list(TARGETS.items()) + ([LOCAL] if args.local else [])
     sizes = []
     with tempfile.TemporaryDirectory(prefix="accord-install-size-") as tmp:
+        if args.baseline:  # the same core install from another revision, side by side
+            tree = Path(tmp) / "baseline-tree"
+            tree.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", args.baseline],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            rev = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
+                check=True, capture_output=True, text=True,
+            ).stdout.strip()  # fmt: skip
+            size = measure(
+                "accord", f"the core at {args.baseline} ({rev}), before", Path(tmp), tree
+            )
+            size.target = f"accord` ({rev}) `"
+            print(f"baseline {rev}: {size.packages} packages, {size.megabytes:.0f} MB", flush=True)
+            sizes.append(size)
         for target, what in targets:
             size = measure(target, what, Path(tmp))
             print(f"{target}: {size.packages} packages, {size.megabytes:.0f} MB "

@@ -258,10 +258,10 @@ def api_key(
     the keys file holds only its SHA-256. With --keys-file the entry is added to the
     file, else it is printed for you to add."""
     from accord.memory import model
-    from accord.memory.principals import ApiKeys, Principal, hash_key, new_key
+    from accord.memory.principals import ApiKeys, Principal, Scope, hash_key, new_key
 
     key = new_key()
-    scopes = ["read"] if read_only else ["read", "write"]
+    scopes: list[Scope] = ["read"] if read_only else ["read", "write"]
     try:
         model.check_tenant(tenant)
         principal = Principal(

@@ -78,22 +78,38 @@ def is_unreachable(exc: BaseException) -> bool:
 
 def unreachable(exc: BaseException, hosts: Iterable[str], timeout: float) -> DatabaseUnreachable:
     """The accord error for a server selection that timed out after ``timeout`` seconds."""
-    named = ", ".join(hosts) or "the configured hosts"
     reasons = server_errors(exc)
-    why = f" ({reasons[0]})" if reasons else ""
-    if "replicaset" in str(exc).lower() or "ReplicaSetNoPrimary" in str(exc):
-        hint = (
-            " A replica set's members must be reachable under the names the set reports "
-            "(with Docker, add directConnection=true to the URI for a single node)."
-        )
-    else:
-        hint = ""
-    err = DatabaseUnreachable(
-        f"MongoDB at {named} did not answer within {timeout:g}s{why}. Nothing was written. "
-        f"Check that the server is running and that MONGODB_URI (or the URI you passed) "
-        f"names it; unset MONGODB_URI to use the embedded engine instead.{hint} On a slow "
-        f"network raise the wait with ACCORD_SERVER_SELECTION_TIMEOUT (seconds) or the "
-        f"URI's serverSelectionTimeoutMS."
-    )
+    replica_set = "replicaset" in str(exc).lower()
+    err = _unreachable(list(hosts), reasons, timeout, replica_set)
     err.__cause__ = exc
     return err
+
+
+def unreachable_topology(description: Any, timeout: float) -> DatabaseUnreachable:
+    """The accord error for a client whose topology ``description`` (pymongo's
+    ``TopologyDescription``) found no writable server within ``timeout`` seconds."""
+    servers = description.server_descriptions()
+    hosts = [f"{host}:{port}" for host, port in servers]
+    reasons = [redact(_CONFIGURED.sub("", str(sd.error))) for sd in servers.values() if sd.error]
+    replica_set = "ReplicaSet" in str(description.topology_type_name)
+    return _unreachable(hosts, reasons, timeout, replica_set)
+
+
+def _unreachable(
+    hosts: list[str], reasons: list[str], timeout: float, replica_set: bool
+) -> DatabaseUnreachable:
+    named = ", ".join(hosts) or "the configured hosts"
+    why = f" ({reasons[0]})" if reasons else ""
+    hint = (
+        " A replica set's members must be reachable under the names the set reports "
+        "(with Docker, add directConnection=true to the URI for a single node)."
+        if replica_set and not reasons
+        else ""
+    )
+    return DatabaseUnreachable(
+        f"MongoDB at {named} is unreachable: no server answered within {timeout:g}s{why}. "
+        f"Nothing was written. Check that the server is running and that MONGODB_URI (or "
+        f"the URI you passed) names it; unset MONGODB_URI to use the embedded engine "
+        f"instead.{hint} On a slow network raise the wait with "
+        f"ACCORD_SERVER_SELECTION_TIMEOUT (seconds) or the URI's serverSelectionTimeoutMS."
+    )

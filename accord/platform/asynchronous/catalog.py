@@ -47,7 +47,9 @@ class AsyncCatalog:
         """Create ``owned`` (collection -> artifact class) with their ``indexes`` and
         record them as ``component``'s. Idempotent and safe to run concurrently."""
         db = self.uow.client[self.db_name]
-        await ensure_reachable(self.uow.client)  # fail in seconds, naming the hosts
+        await ensure_reachable(
+            self.uow.client, self.uow.timeout
+        )  # fail in seconds, naming the hosts
         try:
             existing = set(await db.list_collection_names())
             for name in sorted({*owned, CATALOG_COLLECTION} - existing):

@@ -4,10 +4,12 @@ accord bounds every call with pymongo's client-side operation timeout (30 s by d
 and under that bound pymongo waits for a server for the whole bound, whatever the
 client's ``serverSelectionTimeoutMS``: an unreachable server cost 30 s and ended in
 "the transaction did not complete". :func:`ensure_reachable` is called first: when the
-client knows no writable server yet, it pings within the client's own server-selection
-timeout (``connect()`` sets 5 s, ``ACCORD_SERVER_SELECTION_TIMEOUT``) and raises
-:class:`~accord.errors.DatabaseUnreachable` naming the hosts. When a writable server is
-known it costs nothing (no I/O).
+client knows no writable server yet, it waits for its monitor to find one, at most the
+client's server-selection timeout (``connect()`` sets 5 s,
+``ACCORD_SERVER_SELECTION_TIMEOUT``) or the caller's bound if shorter, and raises
+:class:`~accord.errors.DatabaseUnreachable` naming the hosts and their errors. It sends
+no command (it watches the topology the driver's monitor keeps), so it adds nothing to a
+plan's round trips; when a writable server is known it costs one attribute read.
 
 This module is the async source; its sync twin is generated from it by
 ``tools/synchro.py``.
@@ -15,33 +17,34 @@ This module is the async source; its sync twin is generated from it by
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-import pymongo
 from pymongo import AsyncMongoClient
-from pymongo.errors import ConnectionFailure, OperationFailure
 
-from accord.errors import DatabaseError
 from accord.platform import reachability
 
 _IS_SYNC = False
 
+#: How often the topology is looked at while waiting for a server.
+POLL_S = 0.005
 
-async def ensure_reachable(client: AsyncMongoClient[Any]) -> None:
-    """Return once ``client`` has a writable server; raise
-    :class:`~accord.errors.DatabaseUnreachable` after its server-selection timeout."""
+
+async def ensure_reachable(client: AsyncMongoClient[Any], bound: float | None = None) -> None:
+    """Return once ``client`` knows a writable server; raise
+    :class:`~accord.errors.DatabaseUnreachable` after its server-selection timeout (or
+    ``bound`` seconds, if shorter)."""
     if client.topology_description.has_writable_server():
         return
-    timeout = client.options.server_selection_timeout
-    try:
-        # Nested in a caller's pymongo.timeout, the shorter of the two bounds the ping.
-        with pymongo.timeout(timeout):
-            await client.admin.command("ping")
-    except ConnectionFailure as exc:  # ServerSelectionTimeoutError, or a dropped connection
-        raise reachability.unreachable(exc, reachability.hosts_of(client), timeout) from exc
-    except OperationFailure as exc:  # e.g. authentication failed
-        hosts = ", ".join(reachability.hosts_of(client)) or "the configured hosts"
-        raise DatabaseError(
-            f"MongoDB at {hosts} refused accord's connection check: {exc} (code {exc.code}). "
-            f"Check the user name, password and authSource of the URI; nothing was written."
-        ) from exc
+    timeout: float = client.options.server_selection_timeout
+    if bound is not None:
+        timeout = min(timeout, bound)
+    # Opens the client if it is not yet (an async client, or one made with connect=False,
+    # starts its monitors on first use); pymongo's own first step of every operation.
+    await client._get_topology()
+    deadline = time.monotonic() + timeout
+    while not client.topology_description.has_writable_server():
+        if time.monotonic() >= deadline:
+            raise reachability.unreachable_topology(client.topology_description, timeout)
+        await asyncio.sleep(POLL_S)

@@ -214,7 +214,7 @@ class AsyncUnitOfWork:
                 )
         if not groups:
             return PlanResult({})
-        await ensure_reachable(self.client)  # no I/O once a writable server is known
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         bulk = await self.client_bulk()
         attempts = 0
 
@@ -238,7 +238,7 @@ class AsyncUnitOfWork:
 
     async def _single(self, group: Group) -> PlanResult:
         """One op as one atomic command (retryable write, write concern majority)."""
-        await ensure_reachable(self.client)  # no I/O once a writable server is known
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         op = group.ops[0]
         coll = self.client[group.db][group.collection].with_options(write_concern=WRITE_CONCERN)
         counts = Counts()
@@ -508,7 +508,7 @@ class AsyncUnitOfWork:
         except PermissionDenied as exc:
             await self._refused(Refusal(context, exc, read=request))
             raise
-        await ensure_reachable(self.client)  # no I/O once a writable server is known
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
 
     async def _refused(self, refusal: Refusal) -> None:

@@ -214,7 +214,7 @@ class UnitOfWork:
                 )
         if not groups:
             return PlanResult({})
-        ensure_reachable(self.client)  # no I/O once a writable server is known
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         bulk = self.client_bulk()
         attempts = 0
 
@@ -238,7 +238,7 @@ class UnitOfWork:
 
     def _single(self, group: Group) -> PlanResult:
         """One op as one atomic command (retryable write, write concern majority)."""
-        ensure_reachable(self.client)  # no I/O once a writable server is known
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         op = group.ops[0]
         coll = self.client[group.db][group.collection].with_options(write_concern=WRITE_CONCERN)
         counts = Counts()
@@ -502,7 +502,7 @@ class UnitOfWork:
         except PermissionDenied as exc:
             self._refused(Refusal(context, exc, read=request))
             raise
-        ensure_reachable(self.client)  # no I/O once a writable server is known
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
 
     def _refused(self, refusal: Refusal) -> None:
