@@ -9,7 +9,7 @@ it); ``accord engine ls`` lists the running ones.
 
 A client from :func:`connect` waits at most ``ACCORD_SERVER_SELECTION_TIMEOUT`` seconds
 (5 by default; a URI's own ``serverSelectionTimeoutMS`` wins) for a server, and
-:func:`connect` checks that one answers: an unreachable server is a
+:func:`connect` checks that one is found: an unreachable server is a
 :class:`~accord.errors.DatabaseUnreachable` naming the hosts, in seconds.
 """
 
@@ -187,8 +187,8 @@ def connect(
 ) -> MongoClient[dict[str, Any]]:
     """A ``MongoClient`` on ``uri``, ``MONGODB_URI``, or the embedded engine for ``data_dir``.
 
-    ``check`` (default): wait for a server now, at most the server-selection timeout
-    (``ACCORD_SERVER_SELECTION_TIMEOUT``, 5 s), and raise
+    ``check`` (default): wait now until the driver has found a writable server, at most
+    the server-selection timeout (``ACCORD_SERVER_SELECTION_TIMEOUT``, 5 s), and raise
     :class:`~accord.errors.DatabaseUnreachable` naming the hosts if none answers.
     ``kwargs`` go to ``MongoClient``.
     """
