@@ -58,9 +58,11 @@ bench: $(STAMP)
 bench-full: $(STAMP)
 	$(BIN)/python -m benchmarks --full
 
-# Install sizes of the core and each extra, each in a fresh venv (a few minutes).
+# Install sizes of the core and each extra, each in a fresh venv (a few minutes; --local
+# adds accord[local], about 1.5 GB; --baseline REV measures REV's core install too), e.g.
+# make bench-install ARGS="--baseline main --local".
 bench-install: $(STAMP)
-	$(BIN)/python -m benchmarks.install_size
+	$(BIN)/python -m benchmarks.install_size $(ARGS)
 
 # The external contract suites (docs/external-suites.md); `make test` runs both as well.
 # ARGS passes options, e.g. make spec ARGS="--suites crud -k insert".

@@ -1,6 +1,6 @@
 """What ``pip install accord`` costs: packages and megabytes, for the core and each extra.
 
-``make bench-install`` (= ``.venv/bin/python -m benchmarks.install_size``): for each
+``make bench-install`` (= ``.venv/bin/python -m benchmarks.install_size $(ARGS)``): for each
 target (``accord``, ``accord[server]``, ``accord[voyage]``, ``accord[dev]``; ``--local``
 adds ``accord[local]``, which needs PyTorch's CPU build first and about 1.4 GB), make a
 fresh venv in a temporary directory, ``pip install`` this source tree into it, and count
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
 START = "<!-- install-size: written by python -m benchmarks.install_size -->"
 END = "<!-- /install-size -->"
-COMMAND = "make bench-install  (= .venv/bin/python -m benchmarks.install_size)"
+COMMAND = ".venv/bin/python -m benchmarks.install_size"
 #: What each target is for, as the table says it.
 TARGETS = {
     "accord": "the core: checkpointer, store, aggregator, embedded engine, CLI",
@@ -146,7 +146,7 @@ def main() -> None:
             sizes.append(size)
     text = (
         "### Install sizes\n\n"
-        f"Produced by `{COMMAND}` on {dt.date.today().isoformat()}, Python "
+        f"Produced by `{' '.join([COMMAND, *sys.argv[1:]])}` on {dt.date.today().isoformat()}, Python "
         f"{sys.version.split()[0]}: each install in a fresh venv, packages less pip and "
         "setuptools, MB of site-packages (10^6 bytes).\n\n" + table(sizes)
     )
