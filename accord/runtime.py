@@ -27,11 +27,13 @@ may import ``accord.governance`` (tests/test_module_boundaries.py keeps that tru
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from langgraph.store.base import TTLConfig
+from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
@@ -48,10 +50,59 @@ from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
+from accord.platform.context import Principal
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord"]
+__all__ = ["Accord", "AsyncAccord", "kernel"]
+
+
+#: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
+#: commas; each factory is called once per kernel and returns a hook.
+HOOKS_ENV = "ACCORD_HOOKS"
+
+
+def kernel(
+    client: Any,
+    *,
+    hooks: Sequence[Any] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    client_bulk: bool | None = None,
+    principal: Principal | None = None,
+) -> Any:
+    """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
+    guard, outbox), the hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`),
+    then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an ``AsyncUnitOfWork`` for an
+    ``AsyncMongoClient``. The only place units of work are made: the roots below use it,
+    and so does a part constructed on its own (the drop-in ``AccordSaver(client)``), so
+    every door passes the same hooks."""
+    kind = AsyncUnitOfWork if isinstance(client, AsyncMongoClient) else UnitOfWork
+    return kind(
+        client,
+        hooks=[*default_hooks(), *configured_hooks(), *hooks],
+        timeout=timeout,
+        client_bulk=client_bulk,
+        principal=principal,
+    )
+
+
+def configured_hooks() -> list[Any]:
+    """The hooks named by ``ACCORD_HOOKS`` (``package.module:factory,...``), one new hook
+    per factory call. A name that does not resolve is a ``ConfigurationError`` naming it."""
+    spec = os.environ.get(HOOKS_ENV, "").strip()
+    found: list[Any] = []
+    for name in filter(None, (part.strip() for part in spec.split(","))):
+        module_name, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{HOOKS_ENV} names {name!r}, which is not an importable 'module:factory' "
+                f"({type(exc).__name__}: {exc}); fix or unset {HOOKS_ENV}"
+            ) from None
+        found.append(factory())
+    return found
+
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
 _UnitOfWork = TypeVar("_UnitOfWork", UnitOfWork, AsyncUnitOfWork)
@@ -63,7 +114,6 @@ class _Root(Generic[_Service, _UnitOfWork]):
     unit of work's class; the parts differ only by awaiting."""
 
     _connect: Callable[..., Any]
-    _unit_of_work: Callable[..., _UnitOfWork]
 
     def __init__(
         self,
@@ -87,9 +137,8 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self._services: dict[str, _Service] = {}
         self._owns_client = client is None
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
-        self.uow: _UnitOfWork = self._unit_of_work(
-            self.client, hooks=[*default_hooks(), *hooks], timeout=timeout
-        )
+        self.timeout = timeout
+        self.uow: _UnitOfWork = kernel(self.client, hooks=hooks, timeout=timeout)
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
         return service_class(
@@ -128,11 +177,11 @@ class Accord(_Root[MemoryService, UnitOfWork]):
     """
 
     _connect = staticmethod(connect)
-    _unit_of_work = UnitOfWork
 
     def checkpointer(self, **kwargs: Any) -> AccordSaver:
         """An :class:`~accord.checkpointers.AccordSaver` on this root's unit of work, set up.
         ``kwargs`` as for the saver (``tenant_id``, ``ttl``, collection names, ...)."""
+        kwargs.setdefault("timeout", self.timeout)
         saver = AccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         saver.setup()
         return saver
@@ -194,11 +243,11 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
     unit of work."""
 
     _connect = staticmethod(connect_async)
-    _unit_of_work = AsyncUnitOfWork
 
     async def checkpointer(self, **kwargs: Any) -> AsyncAccordSaver:
         """An :class:`~accord.checkpointers.AsyncAccordSaver` on this root's unit of work,
         set up."""
+        kwargs.setdefault("timeout", self.timeout)
         saver = AsyncAccordSaver(self.client, db_name=self.db_name, uow=self.uow, **kwargs)
         await saver.setup()
         return saver

@@ -20,6 +20,7 @@ from pathlib import Path
 from benchmarks import (
     aggregation_lag,
     checkpointer,
+    engine_auth,
     engine_commits,
     engine_group_commit,
     engine_scale,
@@ -31,6 +32,7 @@ SUITES = [
     engine_commits.report,
     engine_group_commit.report,
     engine_scale.report,
+    engine_auth.report,
     checkpointer.report,
     vector_search.report,
     aggregation_lag.report,

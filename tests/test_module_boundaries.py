@@ -3,7 +3,11 @@
 - No module uses another module's private (``_name``) members, whether imported
   (``from m import _x``) or reached through a module (``m._x``). The one exception is
   ``accord/platform/embedded/mongomock_bridge.py``, the single place that may reach into
-  mongomock (whose versions pyproject pins for that reason).
+  mongomock (whose versions pyproject pins for that reason), and
+  ``accord/checkpointers/langgraph_internals.py``, the single place that reads LangGraph's
+  private API (checked by tests/checkpointers/test_langgraph_internals.py).
+- Only ``accord.runtime`` constructs units of work (the kernel): every part gets its unit
+  of work from there, so a hook registered on the runtime sees every write.
 - ``import accord.platform`` (and the CLI) must not load the embedded engine or mongomock:
   a user on Atlas never pays for them.
 - ``accord.platform`` never imports LangGraph or LangChain (memory, governance and durable
@@ -21,7 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "accord"
 ALLOWED = {
     ROOT / "platform" / "embedded" / "mongomock_bridge.py",
+    ROOT / "checkpointers" / "langgraph_internals.py",
 }
+#: The kernel's classes; only accord/runtime.py may call them.
+KERNEL_CLASSES = {"UnitOfWork", "AsyncUnitOfWork"}
 
 
 def _is_private(name: str) -> bool:
@@ -57,6 +64,33 @@ def test_no_module_uses_another_modules_private_names() -> None:
         v for path in sorted(ROOT.rglob("*.py")) if path not in ALLOWED for v in private_uses(path)
     ]
     assert violations == [], "\n".join(violations)
+
+
+def kernel_constructions(path: Path) -> list[str]:
+    """``file:line`` of every call of a unit-of-work class in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in KERNEL_CLASSES:
+                found.append(f"{path}:{node.lineno}: {ast.unparse(func)}(...)")
+    return found
+
+
+def test_only_the_runtime_constructs_units_of_work() -> None:
+    runtime = ROOT / "runtime.py"
+    elsewhere = [
+        found
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != runtime
+        for found in kernel_constructions(path)
+    ]
+    assert elsewhere == [], (
+        "units of work are built by accord.runtime.kernel() only:\n" + "\n".join(elsewhere)
+    )
+    assert kernel_constructions(runtime), "accord/runtime.py builds the kernel"
 
 
 def test_the_checker_catches_both_forms(tmp_path: Path) -> None:

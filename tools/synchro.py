@@ -14,7 +14,10 @@ and friends, names starting with ``Async`` lose the prefix (``AsyncUnitOfWork`` 
 it), ``asyncio.sleep(x)`` becomes ``time.sleep(x)`` (the source imports ``time``), the
 source's closing docstring sentence "This module is the async source; ... by
 ``tools/synchro.py``." becomes a note that the file is generated, and ruff formats the
-result and drops imports the sync code no longer uses.
+result and drops imports the sync code no longer uses. Docstrings and comments are
+translated too (``AsyncX`` -> ``X``, ``asynchronous`` -> ``synchronous``, the names of
+:data:`REPLACEMENTS`), so the generated module describes itself, not its source: a source's
+prose should therefore name its own twin's things in a way that reads right both ways.
 
 Usage::
 
@@ -27,7 +30,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import re
+import tokenize
 import shutil
 import subprocess
 import sys
@@ -76,6 +82,10 @@ REPLACEMENTS: dict[str, str] = {
     "arun_extractor": "run_extractor",
 }
 
+_ASYNC_NAME = re.compile(r"\bAsync(?=[A-Z])")
+_PROSE_WORDS = re.compile(
+    r"\b(" + "|".join(sorted(map(re.escape, REPLACEMENTS), key=len, reverse=True)) + r")\b"
+)
 _SOURCE_NOTE = re.compile(r"This module is the async source;.*?``tools/synchro\.py``\.", re.DOTALL)
 _SLEEP = re.compile(r"\basyncio\.sleep\(")
 
@@ -100,12 +110,56 @@ def target_of(source: Path) -> Path:
     return source.parent.parent / "synchronous" / source.name
 
 
+def _prose(fragment: str) -> str:
+    """Translate the names in a docstring or comment as unasync translates code."""
+    fragment = _ASYNC_NAME.sub("", fragment)
+    return _PROSE_WORDS.sub(lambda m: REPLACEMENTS[m.group(1)], fragment)
+
+
+def _translate_prose(text: str) -> str:
+    """Apply :func:`_prose` to every docstring and comment of ``text`` (Python source)."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(row: int, col: int, *, in_bytes: bool) -> int:
+        line = lines[row - 1]
+        if in_bytes:  # ast columns count UTF-8 bytes, tokenize's count characters
+            col = len(line.encode("utf-8")[:col].decode("utf-8", errors="ignore"))
+        return starts[row - 1] + col
+
+    spans: list[tuple[int, int]] = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        first = node.body[0] if node.body else None
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+            and first.end_lineno is not None
+            and first.end_col_offset is not None
+        ):
+            spans.append((
+                offset(first.lineno, first.col_offset, in_bytes=True),
+                offset(first.end_lineno, first.end_col_offset, in_bytes=True),
+            ))  # fmt: skip
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            spans.append((offset(*tok.start, in_bytes=False), offset(*tok.end, in_bytes=False)))
+    for start, end in sorted(spans, reverse=True):  # from the end: earlier offsets hold
+        text = text[:start] + _prose(text[start:end]) + text[end:]
+    return text
+
+
 def _postprocess(text: str, source: Path) -> str:
     rel = source.relative_to(ROOT).as_posix()
     if "\n_IS_SYNC = False\n" not in text:
         raise SystemExit(f"{rel}: an async source must define `_IS_SYNC = False` at top level")
     text = text.replace("\n_IS_SYNC = False\n", "\n_IS_SYNC = True\n", 1)
     text = _SLEEP.sub("time.sleep(", text)
+    text = _translate_prose(text)
     text, notes = _SOURCE_NOTE.subn(
         f"Generated from ``{rel}`` by ``tools/synchro.py``: edit that file, not this one.",
         text,

@@ -22,12 +22,13 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from accord.checkpointers import cache, ownership, plans, schema, validation
+from accord.checkpointers import cache, langgraph_internals, plans, schema, validation
 from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import ConfigurationError, InvalidInputError
 from accord.platform import runs
+from accord.platform.context import ReadContext
 
 logger = logging.getLogger("accord.checkpointers")
 
@@ -122,13 +123,10 @@ class AccordBase(BaseCheckpointSaver[str]):
             raise ConfigurationError("cache_threads must be an int >= 0 (0 disables the cache).")
         self._client_bulk = client_bulk
         self.target = plans.Target(self.db_name, self.collections, self.business_db)
-        self.holder = runs.holder_name()
         self.cache = cache.ThreadCache(cache_threads, cache_bytes)
         self._revisions = RevisionCache()
         #: runs this saver holds: (id(anchor), tenant, thread) -> run
         self._runs: dict[tuple[int, str, str], ActiveRun] = {}
-        #: run ids of this saver's runs whose release failed: its next claim replaces them
-        self._ended: dict[tuple[str, str], set[str]] = {}
         self._runs_mutex = threading.Lock()
         #: staged business writes of calls that belong to no run this saver holds
         self._staged = StagedTasks()
@@ -160,6 +158,15 @@ class AccordBase(BaseCheckpointSaver[str]):
             self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
         )
         return Scope(tenant, validation.identifier(thread_id, "thread_id"), "")
+
+    def _read_context(self, filt: Mapping[str, Any]) -> ReadContext:
+        """The context of a read by this saver: the tenant and thread its filter names."""
+        tenant, thread = filt.get("tenant_id"), filt.get("thread_id")
+        return ReadContext(
+            tenant_id=tenant if isinstance(tenant, str) else self.tenant_id,
+            thread_id=thread if isinstance(thread, str) else None,
+            operation="checkpoint.read",
+        )
 
     def _remember(self, message: Any, key: str) -> None:
         self._revisions.remember(message, key)
@@ -194,7 +201,7 @@ class AccordBase(BaseCheckpointSaver[str]):
 
     def _run_of(self, scope: Scope, config: RunnableConfig | None) -> ActiveRun | None:
         """The run this saver holds that ``config`` belongs to, if any."""
-        anchor = ownership.anchor_of(config)
+        anchor = langgraph_internals.anchor_of(config)
         if anchor is None:
             return None
         with self._runs_mutex:
@@ -203,18 +210,11 @@ class AccordBase(BaseCheckpointSaver[str]):
     def _register(self, scope: Scope, run: ActiveRun) -> None:
         with self._runs_mutex:
             self._runs[(id(run.anchor), scope.tenant_id, scope.thread_id)] = run
-            self._ended.pop((scope.tenant_id, scope.thread_id), None)
 
-    def _unregister(self, run: ActiveRun, *, released: bool) -> None:
+    def _unregister(self, run: ActiveRun) -> None:
         lease = run.lease
         with self._runs_mutex:
             self._runs.pop((id(run.anchor), lease.tenant_id, lease.thread_id), None)
-            if not released:
-                self._ended.setdefault((lease.tenant_id, lease.thread_id), set()).add(run.run_id)
-
-    def _ended_runs(self, scope: Scope) -> list[str]:
-        with self._runs_mutex:
-            return sorted(self._ended.get((scope.tenant_id, scope.thread_id), ()))
 
     def _runs_on(self, scope: Scope) -> list[ActiveRun]:
         """This saver's runs on ``scope``'s thread (its own, or one a read comes from)."""
@@ -224,10 +224,6 @@ class AccordBase(BaseCheckpointSaver[str]):
                 for (_, tenant, thread), r in self._runs.items()
                 if (tenant, thread) == (scope.tenant_id, scope.thread_id)
             ]
-
-    def _held_runs(self) -> list[ActiveRun]:
-        with self._runs_mutex:
-            return list(self._runs.values())
 
     # --- staged business writes (see business.py) --------------------------------------
 

@@ -34,9 +34,8 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from pymongo.errors import InvalidOperation
 
-from accord.checkpointers import ownership
+from accord.checkpointers import langgraph_internals
 from accord.errors import AccordError, DatabaseError
 from accord.platform.logs import describe, log_failure
 
@@ -105,7 +104,7 @@ class AnswersSyncCalls:
         return loop
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        caller = ownership.calling_loop()
+        caller = langgraph_internals.calling_loop()
         return self._on_loop(self._get_tuple(config, caller))  # type: ignore[attr-defined,no-any-return]
 
     def list(
@@ -201,7 +200,7 @@ class AnswersAsyncCalls:
     """Mixin of ``AccordSaver``: LangGraph's async methods, each in a thread of its own."""
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        caller = ownership.calling_loop()
+        caller = langgraph_internals.calling_loop()
         return await in_thread(self._get_tuple, config, caller)  # type: ignore[attr-defined]
 
     async def alist(
@@ -355,7 +354,7 @@ def on_loop_exit(
     ``release`` is a coroutine function for the async saver (then ``on_saver_loop`` runs
     it from a sync loop's thread) or a plain function for the sync one.
     """
-    stack = pregel_loop.stack
+    stack = langgraph_internals.exit_stack(pregel_loop)
     is_coro = inspect.iscoroutinefunction(release)
     if isinstance(stack, contextlib.AsyncExitStack):
 
@@ -418,98 +417,21 @@ def _release_if_start_fails(
     run: Any,
     on_saver_loop: Callable[[Coroutine[Any, Any, Any]], Any] | None,
 ) -> None:
-    """Wrap the loop's ``_first`` (the rest of its ``__enter__`` after loading the
-    thread) so that the run is released if it raises."""
-    first = getattr(pregel_loop, "_first", None)
-    if first is None:
-        return
+    """Release the run at once if the loop fails to start after loading the thread."""
 
-    def guarded(*args: Any, **kwargs: Any) -> Any:
+    def now() -> None:
         try:
-            return first(*args, **kwargs)
-        except BaseException:
-            try:
-                if not inspect.iscoroutinefunction(release):
-                    release(run)
-                elif running_loop() is not None:  # the async saver in an async loop
-                    in_background(release, run)
-                else:
-                    _from_thread(release, run, on_saver_loop)
-            except Exception as failed:  # the loop's own error is what the caller must see
-                log_failure(
-                    logger, logging.ERROR, "accord: releasing run %s failed",
-                    getattr(run, "run_id", "?"), exc=failed,
-                )  # fmt: skip
-            raise
+            if not inspect.iscoroutinefunction(release):
+                release(run)
+            elif running_loop() is not None:  # the async saver in an async loop
+                in_background(release, run)
+            else:
+                _from_thread(release, run, on_saver_loop)
+        except Exception as exc:  # the loop's own error is what the caller must see
+            logger.warning(
+                "accord: releasing run %s failed (%s); its lease expires by itself",
+                getattr(run, "run_id", "?"), exc,
+            )  # fmt: skip
+            logger.debug("releasing the run failed", exc_info=True)
 
-    pregel_loop._first = guarded
-
-
-# --- the lease heartbeat -------------------------------------------------------------
-
-
-class ThreadTicker:
-    """Calls ``tick()`` every ``interval`` seconds in a daemon thread while ``alive()``."""
-
-    def __init__(self, tick: Callable[[], Any], interval: float, alive: Callable[[], bool]) -> None:
-        self._tick = tick
-        self._interval = interval
-        self._alive = alive
-        self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()
-
-    def ensure(self) -> None:
-        with self._mutex:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread = threading.Thread(target=self._run, name="accord-lease", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        stop = threading.Event()
-        while self._alive():
-            stop.wait(self._interval)
-            try:
-                self._tick()
-            except Exception as exc:
-                if _client_closed(exc):
-                    return
-                log_failure(logger, logging.ERROR, "accord: lease heartbeat failed", exc=exc)
-
-
-class LoopTicker:
-    """Awaits ``tick()`` every ``interval`` seconds in a task on the running loop while
-    ``alive()``."""
-
-    def __init__(self, tick: Callable[[], Any], interval: float, alive: Callable[[], bool]) -> None:
-        self._tick = tick
-        self._interval = interval
-        self._alive = alive
-        self._task: asyncio.Task[None] | None = None
-
-    def ensure(self) -> None:
-        if self._task is not None and not self._task.done():
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="accord-lease")
-
-    async def _run(self) -> None:
-        while self._alive():
-            await asyncio.sleep(self._interval)
-            try:
-                await self._tick()
-            except Exception as exc:
-                if _client_closed(exc):
-                    return
-                log_failure(logger, logging.ERROR, "accord: lease heartbeat failed", exc=exc)
-
-
-def _client_closed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) is pymongo's refusal of a closed client: the
-    application closed the saver's client, so there is no lease left to keep alive (a
-    heartbeat that kept trying would log the same traceback forever)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, InvalidOperation) and "after close" in str(seen):
-            return True
-        seen = seen.__cause__
-    return False
+    langgraph_internals.on_start_failure(pregel_loop, now)

@@ -37,17 +37,17 @@ from typing import Any
 
 from langgraph.config import get_config
 
+from accord.checkpointers import langgraph_internals
 from accord.checkpointers.plans import business_op
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
 from accord.errors import ConfigurationError, InvalidInputError
 from accord.platform.tenancy import op_problem
 
-# LangGraph's configurable keys for the running task (langgraph._internal._constants).
-_SEND = "__pregel_send"
-_CHECKPOINTER = "__pregel_checkpointer"
-_DURABILITY = "__pregel_durability"
-_RUNTIME = "__pregel_runtime"
+_SEND = langgraph_internals.CONFIG_SEND
+_CHECKPOINTER = langgraph_internals.CONFIG_CHECKPOINTER
+_DURABILITY = langgraph_internals.CONFIG_DURABILITY
+_RUNTIME = langgraph_internals.CONFIG_RUNTIME
 
 __all__ = ["insert_one", "update_one", "replace_one", "delete_one", "BUSINESS_CHANNEL"]
 

@@ -29,7 +29,6 @@ only while no live run holds the thread.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import secrets
 import threading
 import time
@@ -39,11 +38,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from accord.checkpointers import langgraph_internals
 from accord.errors import ConcurrentRunError
 from accord.platform.runs import Holder, Lease
-
-#: LangGraph's configurable key of the invocation's ``Runtime`` (langgraph._internal._constants).
-RUNTIME_KEY = "__pregel_runtime"
 
 #: What to do about a ConcurrentRunError; every message ends with it.
 WHAT_TO_DO = (
@@ -51,48 +48,6 @@ WHAT_TO_DO = (
     "lease to expire, if its worker died), reload the thread's latest state "
     "(graph.get_state(config)) and retry, and make sure a single worker runs this thread."
 )
-
-#: How many frames above a saver's entry point to look for LangGraph's loop (the loop's
-#: ``__enter__`` calls ``get_tuple`` directly, or through ``checkpoint_superseded``).
-_FRAMES = 4
-
-
-def calling_loop() -> Any | None:
-    """LangGraph's ``PregelLoop`` whose ``__enter__``/``__aenter__`` is calling the saver
-    (``get_tuple``/``aget_tuple``), or None for any other caller (``graph.get_state``,
-    direct use). Call it first thing in the saver's entry point.
-
-    Duck-typed on purpose (no import of LangGraph's private modules): a frame of a method
-    named ``__enter__``/``__aenter__`` whose ``self`` has LangGraph's loop attributes.
-    """
-    here = inspect.currentframe()  # this function's frame
-    frame: Any = here.f_back.f_back if here is not None and here.f_back is not None else None
-    for _ in range(_FRAMES):
-        if frame is None:
-            return None
-        if frame.f_code.co_name in ("__enter__", "__aenter__"):
-            obj = frame.f_locals.get("self")
-            if (
-                obj is not None
-                and type(obj).__module__.startswith("langgraph.")
-                and hasattr(obj, "checkpoint_config")
-                and hasattr(obj, "stack")
-                and hasattr(obj, "is_nested")
-            ):
-                return obj
-        frame = frame.f_back
-    return None
-
-
-def anchor_of(config: Mapping[str, Any] | None) -> Any | None:
-    """The run tree's anchor in ``config``: LangGraph's per-invocation ``RunControl``
-    (shared by nested loops and tasks), else the ``Runtime`` itself, else None."""
-    conf = (config or {}).get("configurable") or {}
-    runtime = conf.get(RUNTIME_KEY) if isinstance(conf, Mapping) else None
-    if runtime is None:
-        return None
-    control = getattr(runtime, "control", None)
-    return control if control is not None else runtime
 
 
 def langgraph_run_id(config: Mapping[str, Any] | None) -> str | None:
@@ -204,8 +159,6 @@ class ActiveRun:
         #: set when a heartbeat finds the lease taken over: commits fail fast
         self.lost: Holder | None = None
         self.ended = False
-        #: when the lease was last renewed (by a commit or a heartbeat), monotonic clock
-        self.renewed = time.monotonic()
         #: saves accepted but not committed yet ("async" durability): puts, and task
         #: writes without business writes, committed in order by one drainer at a time
         self.jobs: deque[Any] = deque()
@@ -341,20 +294,13 @@ class ActiveRun:
         reached it (it saves every checkpoint it creates, in order, so one it has reached
         and that is not saved yet is queued behind the previous put: "async"
         durability). Checkpoint ids are time-ordered (uuid6)."""
-        loop = self.loops.get(ns)
-        checkpoint = getattr(loop, "checkpoint", None)
-        if not isinstance(checkpoint, Mapping):
-            return False
-        current = checkpoint.get("id")
-        return isinstance(current, str) and current >= checkpoint_id
+        current = langgraph_internals.current_checkpoint_id(self.loops.get(ns))
+        return current is not None and current >= checkpoint_id
 
     def delta_channels(self, ns: str) -> bool:
         """Whether the graph of ``ns`` has LangGraph DeltaChannels (its loop's channel
         specs): LangGraph then saves a checkpoint only after its tasks' writes."""
-        specs = getattr(self.loops.get(ns), "specs", None)
-        if not isinstance(specs, Mapping):
-            return False
-        return any(type(spec).__name__ == "DeltaChannel" for spec in specs.values())
+        return langgraph_internals.uses_delta_channels(self.loops.get(ns))
 
     def put_error(self, ns: str, checkpoint_id: str) -> BaseException | None:
         with self._mutex:

@@ -1,7 +1,8 @@
 """Write plans of the checkpointer (pure data for the platform's unit of work).
 
-Every plan that touches a thread starts with a *guard* on the thread's run-registry
-document (:mod:`accord.platform.runs`), executed first in the transaction:
+Every plan that touches a thread carries a *guard* on the thread's run-registry document
+(:class:`accord.platform.runs.ThreadGuard`) in its context; the kernel executes it first in
+the transaction:
 
 * the owner guard, for a run that holds the thread: refused (fenced out) if another run
   took the thread since;
@@ -22,7 +23,6 @@ in the same transaction (the outbox hook).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from accord.checkpointers import schema
@@ -30,10 +30,11 @@ from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
 from accord.errors import ConfigurationError
 from accord.platform import runs
 from accord.platform.artifacts import BUSINESS
-from accord.platform.plan import Counts, Expect, Group, Op, OutboxEvent, Plan, PlanContext
+from accord.platform.context import WriteContext
+from accord.platform.plan import Counts, Expect, Group, Op, OutboxEvent, Plan
 
-#: Name of the guard group in every plan (the run registry).
-GUARD = "run"
+#: Name of the guard group the kernel puts first in every plan (the run registry).
+GUARD = runs.GUARD_GROUP
 #: Prefix of the names of groups that hold a task's staged business writes.
 BUSINESS_PREFIX = "business:"
 #: Group of a guard that the checkpoint of a task's writes is stored.
@@ -71,54 +72,27 @@ class Target:
 # --- guards -----------------------------------------------------------------------------
 
 
-def owner_guard(
-    target: Target,
-    lease: runs.Lease,
-    version: str,
-    *,
-    at: datetime,
-    lease_seconds: float,
-    refused: Refusal,
-    expire_at: datetime | None = None,
-    release: bool = False,
-) -> Group:
-    op = runs.owner_guard(
-        lease, version, at=at, lease_seconds=lease_seconds, expire_at=expire_at, release=release
-    )
-    return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=refused))
-
-
-def free_guard(
-    target: Target,
-    scope: Scope,
-    version: str,
-    *,
-    at: datetime,
-    refused: Refusal,
-    expire_at: datetime | None = None,
-) -> Group:
-    op = runs.free_guard(scope.tenant_id, scope.thread_id, version, at=at, expire_at=expire_at)
-    return target.group(GUARD, "runs", [op], expect=Expect(touched=1, error=refused))
-
-
-def takeover_guard(
-    target: Target, scope: Scope, version: str, *, at: datetime, expired_only: bool = False
-) -> Group:
-    """``expired_only``: the deletion of an expired thread (``ttl``), refused (matched 0 or
-    a duplicate key on the registry) if the thread was written since or a run holds it."""
-    if expired_only:
-        op = runs.expired_guard(scope.tenant_id, scope.thread_id, version, at=at)
-        return target.group(GUARD, "runs", [op], expect=Expect(matched=1, error=_gone))
-    op = runs.takeover(scope.tenant_id, scope.thread_id, version, at=at)
-    return target.group(GUARD, "runs", [op])
-
-
 class StillInUse(Exception):
     """Internal: an expired thread was written (or claimed) before the sweep deleted it."""
 
 
-def _gone(counts: Counts) -> BaseException:
+def gone(counts: Counts) -> BaseException:
+    """The refusal of an expired-thread deletion whose thread was written since."""
     return StillInUse()
+
+
+def context(
+    scope: Scope,
+    operation: str,
+    guard: runs.ThreadGuard | None,
+    run: runs.Lease | None = None,
+) -> WriteContext:
+    """The context of a plan on ``scope``'s thread: the kernel puts ``guard`` first in the
+    transaction (None: the plan runs behind another plan's guard, ``execute_all``)."""
+    return WriteContext(
+        tenant_id=scope.tenant_id, thread_id=scope.thread_id, operation=operation,
+        run=run, guard=guard,
+    )  # fmt: skip
 
 
 # --- put / put_writes ----------------------------------------------------------------
@@ -127,24 +101,25 @@ def _gone(counts: Counts) -> BaseException:
 def put_plan(
     target: Target,
     scope: Scope,
-    guard: Group | None,
+    guard: runs.ThreadGuard | None,
     docs: PutDocs,
     checkpoint_id: str,
     *,
     parent: Group | None = None,
+    run: runs.Lease | None = None,
 ) -> Plan:
     """A checkpoint; ``parent``: a guard that the parent is stored (when the put stores
     only what changed since a parent the saver is not sure still exists). ``guard``
     None: the plan runs behind another plan's guard in one transaction
     (``execute_all``)."""
-    groups = [g for g in (guard, parent) if g is not None]
+    groups = [parent] if parent is not None else []
     groups.append(target.group("checkpoint", "checkpoints", [docs.checkpoint]))
     if docs.blobs:
         groups.append(target.group("blobs", "blobs", docs.blobs))
     if docs.messages:
         groups.append(target.group("messages", "messages", docs.messages))
     event = target.event(scope, "checkpoint", checkpoint_id, messages=docs.message_keys or None)
-    return Plan(_context(scope, "checkpoint.put"), groups, [event])
+    return Plan(context(scope, "checkpoint.put", guard, run), groups, [event])
 
 
 def saved_guard(target: Target, scope: Scope, checkpoint_id: str, refused: Refusal) -> Group:
@@ -157,17 +132,18 @@ def saved_guard(target: Target, scope: Scope, checkpoint_id: str, refused: Refus
 def writes_plan(
     target: Target,
     scope: Scope,
-    guard: Group | None,
+    guard: runs.ThreadGuard | None,
     docs: WriteDocs,
     checkpoint_id: str,
     task_id: str,
     *,
     business: Sequence[Mapping[str, Any]] = (),
     saved: Group | None = None,
+    run: runs.Lease | None = None,
 ) -> Plan:
     """A task's writes; with ``business`` (staged operations), its marks and business
     writes too. ``guard`` as in :func:`put_plan`."""
-    groups = [guard] if guard is not None else []
+    groups: list[Group] = []
     if saved is not None:
         groups.append(saved)
     if business:
@@ -176,7 +152,7 @@ def writes_plan(
     if docs.ops:
         groups.append(target.group("writes", "writes", docs.ops))
     event = target.event(scope, "writes", checkpoint_id, task_id=task_id)
-    return Plan(_context(scope, "checkpoint.put_writes"), groups, [event])
+    return Plan(context(scope, "checkpoint.put_writes", guard, run), groups, [event])
 
 
 def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]:
@@ -216,27 +192,23 @@ def business_op(spec: Mapping[str, Any]) -> Op:
     raise ConfigurationError(f"unknown staged business operation {kind!r}")
 
 
-def _context(scope: Scope, operation: str) -> PlanContext:
-    return PlanContext(tenant_id=scope.tenant_id, thread_id=scope.thread_id, operation=operation)
-
-
 # --- maintenance ------------------------------------------------------------------------
 
 
 def maintenance_plan(
     target: Target,
     scope: Scope,
-    guard: Group,
+    guard: runs.ThreadGuard,
     deletes: Sequence[tuple[str, dict[str, Any]]],
     operation: str,
     inserts: Sequence[tuple[str, list[Op]]] = (),
 ) -> Plan:
     """``deletes``: (collection key, filter) pairs run as ``delete_many`` in order;
     ``inserts``: (collection key, ops)."""
-    groups = [guard]
+    groups: list[Group] = []
     for i, (key, filt) in enumerate(deletes):
         groups.append(target.group(f"delete:{i}:{key}", key, [Op("delete_many", filt)]))
     for i, (key, ops) in enumerate(inserts):
         if ops:
             groups.append(target.group(f"insert:{i}:{key}", key, ops))
-    return Plan(_context(scope, operation), groups)
+    return Plan(context(scope, operation, guard), groups)

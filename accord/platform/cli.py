@@ -111,6 +111,14 @@ def engine_start(
         "--enable-test-commands",
         help="Serve test commands such as configureFailPoint (mongod's enableTestCommands).",
     ),
+    auth: bool = typer.Option(
+        False,
+        "--auth",
+        help="Require authentication (SCRAM-SHA-256) and check every command against the "
+        "user's roles (mongod's --auth). The first user: from 127.0.0.1 while none exists "
+        "(the localhost exception), or ACCORD_ENGINE_ADMIN_USER / "
+        "ACCORD_ENGINE_ADMIN_PASSWORD in the environment (a root user).",
+    ),
 ) -> None:
     """Start the engine on DBPATH (in the background unless --foreground)."""
     if foreground:
@@ -127,6 +135,7 @@ def engine_start(
             repair=repair,
             max_connections=max_conns,
             enable_test_commands=enable_test_commands,
+            auth=auth,
         )
         raise typer.Exit(code)
     found = connection.read_lock(dbpath.resolve())
@@ -147,6 +156,8 @@ def engine_start(
         options.append("--repair")
     if enable_test_commands:
         options.append("--enable-test-commands")
+    if auth:
+        options.append("--auth")
     try:
         uri = connection.spawn_engine(
             dbpath.resolve(), port=port, host=host, sync=not no_sync,

@@ -70,11 +70,13 @@ def ensure_engine(
     sync: bool | None = None,
     timeout: float | None = None,
     enable_test_commands: bool = False,
+    auth: bool = False,
 ) -> str:
     """Start (or find) the embedded engine for ``data_dir`` and return its URI.
 
     ``enable_test_commands`` starts it with ``--enable-test-commands`` (drivers' spec tests;
-    never for production). An engine already serving ``data_dir`` is returned as it runs.
+    never for production); ``auth`` with ``--auth`` (docs/engine.md, "Authentication and
+    roles"). An engine already serving ``data_dir`` is returned as it runs.
     """
     settings = Settings()
     directory = Path(data_dir or settings.data_dir).resolve()
@@ -90,6 +92,7 @@ def ensure_engine(
         sync=sync,
         timeout=timeout,
         enable_test_commands=enable_test_commands,
+        options=["--auth"] if auth else [],
     )
     found = read_lock(directory)
     log.info(

@@ -53,10 +53,13 @@ from typing import Any, Literal
 
 from accord.errors import ConcurrentRunError
 from accord.platform.artifacts import RUN
+from accord.platform.hosts import ProcessId
 from accord.platform.plan import Counts, Expect, Group, Op
 
-#: Default lease: how long a run holds a thread without renewing it.
-DEFAULT_LEASE_SECONDS = 30.0
+#: Default lease: how long a run holds a thread without renewing it. Short, because a
+#: holder that died on another machine is only noticed when its lease expires; a live one
+#: renews it every ``lease / 3`` (the heartbeat: one small update).
+DEFAULT_LEASE_SECONDS = 10.0
 
 
 def now() -> datetime:
@@ -100,12 +103,14 @@ class Lease:
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a thread according to its registry document (for error messages)."""
+    """Who holds a thread according to its registry document (for error messages, and to
+    judge whether the holding process is dead: ``process``)."""
 
     run_id: str | None
     holder: str | None
     fence: int
     expires_at: datetime | None
+    process: ProcessId | None = None
 
     def live(self, at: datetime) -> bool:
         return self.run_id is not None and self.expires_at is not None and self.expires_at > at
@@ -114,7 +119,7 @@ class Holder:
         if self.run_id is None:
             return "no run"
         until = self.expires_at.isoformat(timespec="seconds") if self.expires_at else "?"
-        return f"run {self.run_id!r} (held by {self.holder or '?'}, lease until {until})"
+        return f"run {self.run_id!r} (held by process {self.holder or '?'}, lease until {until})"
 
 
 def _aware(value: Any) -> datetime | None:
@@ -128,11 +133,13 @@ def holder_of(doc: Mapping[str, Any] | None) -> Holder:
     if doc is None:
         return Holder(None, None, 0, None)
     released = doc.get("lease_expires") is None
+    fence = doc.get("fence")
     return Holder(
         None if released else doc.get("run_id"),
         doc.get("holder"),
-        int(doc.get("fence") or 0),
+        fence if isinstance(fence, int) and not isinstance(fence, bool) else 0,
         _aware(doc.get("lease_expires")),
+        ProcessId.of_document(dict(doc)),
     )
 
 
@@ -152,24 +159,28 @@ def claim(
     thread_id: str,
     run_id: str,
     *,
-    holder: str,
+    holder: ProcessId,
     at: datetime,
     lease_seconds: float,
     also_replace: list[str] | None = None,
+    dead: Holder | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(filter, update) of a claim: ``find_one_and_update(filter, update, upsert=True,
     return_document=AFTER)``. A ``DuplicateKeyError`` means another run holds a live lease
     (read the document for :func:`holder_of`). ``also_replace``: run ids this caller knows
     have ended (e.g. its own run whose release failed), which it may take over at once.
+    ``dead``: a holder the caller found dead (:func:`accord.platform.hosts.is_dead`): the
+    claim takes the thread from exactly that run and fence, whatever its lease says.
     """
-    filt = {
-        "_id": run_doc_id(tenant_id, thread_id),
-        "$or": _free(at, [run_id, *(also_replace or [])]),
-    }
+    doc_id = run_doc_id(tenant_id, thread_id)
+    if dead is not None:
+        filt: dict[str, Any] = {"_id": doc_id, "run_id": dead.run_id, "fence": dead.fence}
+    else:
+        filt = {"_id": doc_id, "$or": _free(at, [run_id, *(also_replace or [])])}
     update = {
         "$set": {
             "run_id": run_id,
-            "holder": holder,
+            **holder.fields(),
             "lease_expires": at + timedelta(seconds=lease_seconds),
             "claimed_at": at,
             "renewed_at": at,
@@ -202,8 +213,9 @@ def _mine(lease: Lease) -> dict[str, Any]:
 def renew(
     lease: Lease, *, at: datetime, lease_seconds: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(filter, update) of a heartbeat: ``update_one``; matched 0 means the lease is lost."""
-    return _mine(lease), {
+    """(filter, update) of a heartbeat: ``update_one``; matched 0 means the lease is lost
+    (taken over) or was given back (a renewal never takes a released lease back)."""
+    return {**_mine(lease), "lease_expires": {"$ne": None}}, {
         "$set": {"lease_expires": at + timedelta(seconds=lease_seconds), "renewed_at": at}
     }
 
@@ -317,6 +329,10 @@ def version_filter(tenant_id: str, thread_id: str) -> tuple[dict[str, Any], dict
         "version": 1,
         "run_id": 1,
         "holder": 1,
+        "holder_host": 1,
+        "holder_pid": 1,
+        "holder_started": 1,
+        "holder_machine": 1,
         "fence": 1,
         "lease_expires": 1,
     }

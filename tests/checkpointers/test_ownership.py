@@ -25,15 +25,6 @@ class S(TypedDict):
     n: int
 
 
-def _counts(client: MongoClient, db_name: str) -> dict[str, int]:
-    db = client[db_name]
-    return {
-        name: db[name].count_documents({})
-        for name in db.list_collection_names()
-        if name not in ("runs", "accord_catalog")
-    }
-
-
 class Gate:
     """A node that signals it started, then waits until released."""
 
@@ -132,7 +123,8 @@ def test_writes_that_belong_to_no_run_wait_for_the_run(
     other = saver_factory()
     other_graph = _graph(gate).compile(checkpointer=other)
     assert other_graph.get_state(cfg).values == {"n": 10}  # reads are never refused
-    before = _counts(client, saver.db_name)
+    # (the run's own START task may still be recording its writes in the background:
+    # what the refused calls would have written is looked for by what it is)
     with pytest.raises(ConcurrentRunError) as info:
         other_graph.update_state(cfg, {"n": 99})
     _says_what_and_what_to_do(info.value, "adhoc")
@@ -141,7 +133,10 @@ def test_writes_that_belong_to_no_run_wait_for_the_run(
         other.put(config("adhoc"), cp, generate_metadata(), {"n": "1"})
     with pytest.raises(ConcurrentRunError):
         other.put_writes(config("adhoc", cp["id"]), [("n", 1)], "task")
-    assert _counts(client, saver.db_name) == before
+    db = client[saver.db_name]
+    assert db.checkpoints.count_documents({"checkpoint_id": cp["id"]}) == 0
+    assert db.checkpoint_writes.count_documents({"task_id": "task"}) == 0
+    assert db.checkpoints.count_documents({"thread_id": "adhoc", "source": "update"}) == 0
     gate.release.set()
     t.join(30)
     assert out == [{"n": 11}]
@@ -157,7 +152,7 @@ def test_a_stale_owner_is_refused_at_commit(
     written after the takeover."""
     stale = saver_factory(lease_seconds=1.0)
     # the paused worker's heartbeat is paused too
-    monkeypatch.setattr(stale, "_renew_leases", _no_heartbeat(stale))
+    monkeypatch.setattr(stale.leases, "heartbeat", _no_heartbeat(stale))
     gate = Gate()
     cfg = {"configurable": {"thread_id": "stale"}}
     t, out = _in_thread(

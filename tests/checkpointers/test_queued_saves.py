@@ -91,7 +91,7 @@ def test_a_stale_owners_queued_saves_are_refused(
     ConcurrentRunError from ``invoke`` (its queued saves were refused), and nothing of
     it is written after the takeover."""
     stale = saver_factory(lease_seconds=1.0)
-    monkeypatch.setattr(stale, "_renew_leases", _no_heartbeat(stale))
+    monkeypatch.setattr(stale.leases, "heartbeat", _no_heartbeat(stale))
     gate = Gate()
     cfg = {"configurable": {"thread_id": "stale-async"}}
     t, out = _in_thread(

@@ -44,11 +44,15 @@ class Engine:
 
 
 @contextmanager
-def engine(*, enable_test_commands: bool = False, prefer_port: int = 0) -> Iterator[Engine]:
+def engine(
+    *, enable_test_commands: bool = False, prefer_port: int = 0, auth: bool = False
+) -> Iterator[Engine]:
     """ONE server for a run: ``MONGODB_URI`` if set, else an embedded engine, stopped after.
 
     ``prefer_port``: listen there if it is free (some upstream tests ignore the configured
-    port and dial the default 27017), else on any free port.
+    port and dial the default 27017), else on any free port. ``auth``: start it with
+    ``--auth`` (no user yet: the suite creates its first one through the localhost
+    exception, as on a fresh mongod).
     """
     uri = os.environ.get("MONGODB_URI")
     if uri:
@@ -67,6 +71,7 @@ def engine(*, enable_test_commands: bool = False, prefer_port: int = 0) -> Itera
             sync=False,
             timeout=60.0,
             enable_test_commands=enable_test_commands,
+            options=["--auth"] if auth else [],
         )
         found = read_lock(data_dir)
         if not found:

@@ -68,8 +68,19 @@ MODULES: dict[str, tuple[str, ...]] = {
     "test_session (prose)": ("test/test_session.py",),
     "test_retryable_writes (prose)": ("test/test_retryable_writes.py",),
     "test_retryable_reads (prose)": ("test/test_retryable_reads.py",),
+    # Authentication (SCRAM-SHA-256 / SHA-1), on a second engine started with --auth:
+    # the spec's connection-string tests and its unified tests (MONGODB-OIDC only: all
+    # skipped), and pymongo's SCRAM prose tests (test_auth.py: SCRAM-SHA-1, SCRAM-SHA-256,
+    # mechanism negotiation, SASLprep, URI options; GSSAPI and PLAIN skip themselves).
+    "auth": ("test/test_auth_spec.py",),
+    "test_auth_spec (prose)": ("test/test_auth_spec.py",),
+    "test_auth (prose)": ("test/test_auth.py",),
 }
 SUITES = tuple(MODULES)
+# Suites that need a server with authentication on; the rest run on one without.
+AUTH_SUITES = frozenset({"auth", "test_auth_spec (prose)", "test_auth (prose)"})
+# The user pymongo's runner creates (through the localhost exception) and runs as there.
+AUTH_ENV = {"DB_USER": "accord_spec", "DB_PASSWORD": "accord-spec-password"}
 
 
 @dataclass
@@ -90,6 +101,7 @@ class SpecRun:
     engine: harness.Engine
     log: Path
     suites: tuple[str, ...] = field(default=SUITES)
+    logs: tuple[Path, ...] = ()
 
 
 def prepare_tree(version: str | None = None) -> tuple[Path, str]:
@@ -112,42 +124,94 @@ def run_specs(
     version: str | None = None,
     echo: bool = False,
 ) -> SpecRun:
-    """Run pymongo's runner for ``suites`` against one engine with test commands enabled."""
+    """Run pymongo's runner for ``suites``: one engine with test commands enabled for the
+    suites without authentication, a second one also with ``--auth`` for ``AUTH_SUITES``."""
     unknown = [s for s in suites if s not in MODULES]
     if unknown:
         raise HarnessError(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
     run, version = prepare_tree(version)
-    log, results_path = harness.run_files(f"pymongo-{version}")
+    groups = [
+        [s for s in suites if s not in AUTH_SUITES],
+        [s for s in suites if s in AUTH_SUITES],
+    ]
+    started = time.monotonic()
+    results: list[Result] = []
+    cpu = 0.0
+    engines: list[harness.Engine] = []
+    logs: list[Path] = []
+    for auth, group in zip((False, True), groups, strict=True):
+        if not group:
+            continue
+        label = f"pymongo-{version}" + ("-auth" if auth else "")
+        records, used, server, log = _run_group(run, label, group, select, echo, auth=auth)
+        cpu += used
+        engines.append(server)
+        logs.append(log)
+        wanted = set(group)
+        results += [
+            Result(
+                r["nodeid"], r["suite"], r["outcome"], r.get("message", ""), r.get("duration", 0)
+            )
+            for r in records
+            if r["suite"] in wanted
+        ]
+    wall = time.monotonic() - started
+    engine = _combined(engines)
+    return SpecRun(version, results, wall, cpu, engine, logs[-1], tuple(suites), tuple(logs))
+
+
+def _run_group(
+    run: Path, label: str, suites: Sequence[str], select: str | None, echo: bool, *, auth: bool
+) -> tuple[list[dict[str, Any]], float, harness.Engine, Path]:
+    """pymongo's runner on ``suites`` against one engine (with ``--auth`` if ``auth``)."""
+    log, results_path = harness.run_files(label)
     modules = sorted({m for s in suites for m in MODULES[s]})
     args = [*modules, "-p", "accord_spec_plugin", "-p", "no:cacheprovider", "-q", "--tb=line"]
-    # pymongo's addopts write a junit file and select its "default" marker; keep the marker.
-    args += ["-o", "addopts=--strict-markers -m 'default or default_async'", "-rN"]
+    # pymongo's addopts write a junit file and select its "default" marker; keep the marker
+    # (the authentication modules carry pymongo's "auth" marker instead).
+    marker = "auth" if auth else "default or default_async"
+    args += ["-o", f"addopts=--strict-markers -m '{marker}'", "-rN"]
     args += [f"--timeout={PER_TEST_TIMEOUT_S}", "--durations=20"]
     if select:
         args += ["-k", select]
-    started = time.monotonic()
     # Port 27017 when free: a few of pymongo's tests ignore DB_PORT and dial the default.
-    with harness.engine(enable_test_commands=True, prefer_port=27017) as server:
+    with harness.engine(enable_test_commands=True, prefer_port=27017, auth=auth) as server:
         env = {"ACCORD_SPEC_RESULTS": str(results_path)}
         if server.embedded:
             env |= {"DB_IP": server.host, "DB_PORT": str(server.port)}
         else:
             env |= _env_for_uri(server.uri)
+        if auth:
+            env |= AUTH_ENV
         code, cpu = harness.run_pytest(args, cwd=run, env=env, log=log, echo=echo)
-    wall = time.monotonic() - started
     records = json.loads(results_path.read_text()) if results_path.exists() else []
+    if code == 5 and select:  # -k selected nothing of this group
+        return [], cpu, server, log
     if code not in (0, 1) or not records:
         raise HarnessError(
             f"pymongo's spec tests did not run (pytest exit {code}, {len(records)} results); "
             f"see {log}"
         )
-    wanted = set(suites)
-    results = [
-        Result(r["nodeid"], r["suite"], r["outcome"], r.get("message", ""), r.get("duration", 0))
-        for r in records
-        if r["suite"] in wanted
-    ]
-    return SpecRun(version, results, wall, cpu, server, log, tuple(suites))
+    return records, cpu, server, log
+
+
+def _combined(engines: list[harness.Engine]) -> harness.Engine:
+    """One report for the engines of a run: CPU summed, down if any was down at its end."""
+    if len(engines) == 1:
+        return engines[0]
+    first = engines[0]
+    cpus = [e.cpu_s for e in engines]
+    return harness.Engine(
+        uri=first.uri,
+        host=first.host,
+        port=first.port,
+        embedded=first.embedded,
+        cpu_s=None if any(c is None for c in cpus) else sum(c for c in cpus if c is not None),
+        alive_at_end=None
+        if all(e.alive_at_end is None for e in engines)
+        else all(e.alive_at_end is not False for e in engines),
+        log_tail="\n".join(e.log_tail for e in engines if e.alive_at_end is False),
+    )
 
 
 def _env_for_uri(uri: str) -> dict[str, str]:
@@ -215,6 +279,10 @@ FEATURES: tuple[tuple[str, str], ...] = (
     (r"\$changeStream", "change streams missing"),
     (r"\$listLocalSessions", "$listLocalSessions missing"),
     (r"[Ss]econdary", "secondary read preference (one node: no secondaries)"),
+    (
+        r"test_scram_threaded",
+        "$where (server-side JavaScript) is not supported: the test queries with it",
+    ),
     (r"no such command: '(\w+)'", "command missing: {0}"),
 )
 
@@ -346,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nFailures by cause ({len(causes)} largest groups):")
         for text, n, where in causes:
             print(f"{n:>5}  {text}  [{', '.join(where)}]")
-    print(f"\nlog: {run.log}")
+    for log in run.logs or (run.log,):
+        print(f"\nlog: {log}")
     if args.write_baseline:
         if args.select or set(suites) != set(SUITES):
             print("error: --write-baseline needs a full run of every suite")

@@ -14,7 +14,7 @@ import pytest
 from pymongo import MongoClient, monitoring
 
 from accord.errors import AccordError, WriteRefused
-from accord.platform import codes, runs
+from accord.platform import codes, hosts, runs
 from accord.platform.plan import Counts, Expect, Group, Op, Plan, PlanContext, insert_once
 from tests.platform.conftest import Runner
 
@@ -26,7 +26,9 @@ def _plan(db: str, *groups: Group) -> Plan:
 
 
 def _claim(runner: Runner, db: str, run_id: str, at: Any, lease: float = 30.0) -> runs.Lease:
-    filt, update = runs.claim(TENANT, THREAD, run_id, holder="test", at=at, lease_seconds=lease)
+    filt, update = runs.claim(
+        TENANT, THREAD, run_id, holder=hosts.current(), at=at, lease_seconds=lease
+    )
     op = Op("find_one_and_update", filt, update, upsert=True)
     result = runner.call(
         runner.uow.execute, _plan(db, Group("claim", db, "runs", "run", [op])), transaction=False

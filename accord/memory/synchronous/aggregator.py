@@ -30,12 +30,12 @@ changed since it read them (another worker, a store write) decides the event aga
 
 Steps 2-4 run outside any transaction (model and embedding calls never run inside one).
 Several aggregator processes may run at once (``accord memory worker``), or one
-background runner in the application's process (:class:`AsyncBackgroundAggregator`, a task
+background runner in the application's process (:class:`BackgroundAggregator`, a task
 on the event loop; ``BackgroundAggregator``, a thread). Done events keep ``expire_at``
 (``retention``); the outbox's TTL index removes them.
 
 Nothing CPU-bound runs on the event loop: an extractor without ``aextract`` runs in a
-worker thread (:func:`~accord.memory.extraction.arun_extractor`), and the embedders' async
+worker thread (:func:`~accord.memory.extraction.run_extractor`), and the embedders' async
 methods run the hashing and local models in threads too (Voyage's is a native async
 client).
 
@@ -104,8 +104,8 @@ class Aggregator:
     """Consumes outbox events into long-term memory (see the module docstring).
 
     Args:
-        client: a pymongo ``AsyncMongoClient`` (replica set, Atlas, or the embedded engine).
-        embedder, dims: as for :class:`~accord.memory.asynchronous.service.AsyncMemoryService`
+        client: a pymongo ``MongoClient`` (replica set, Atlas, or the embedded engine).
+        embedder, dims: as for :class:`~accord.memory.synchronous.service.MemoryService`
             (default: the deterministic hashing embedder). Use the same as the store that
             searches the memories.
         extractor: an :class:`~accord.memory.extraction.Extractor` (default
@@ -522,7 +522,7 @@ class BackgroundAggregator:
     """An aggregator running in the background of this process (embedded use, tests, the
     demo): a task on the event loop here, a daemon thread in the sync twin.
 
-    ``async with AsyncBackgroundAggregator(aggregator): ...`` starts it and stops it on
+    ``async with BackgroundAggregator(aggregator): ...`` starts it and stops it on
     exit; ``wait_idle()`` waits until no event is available (handy in tests and
     notebooks). ``outcomes`` keeps the last 1,000 outcomes.
     """

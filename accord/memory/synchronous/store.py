@@ -1,11 +1,11 @@
 # Generated from accord/memory/asynchronous/store.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
 """LangGraph ``BaseStore`` on accord's memory service.
 
-``AsyncAccordStore`` is native async on pymongo's ``AsyncMongoClient``; ``AccordStore``
+``AccordStore`` is native async on pymongo's ``MongoClient``; ``AccordStore``
 (:mod:`accord.memory.synchronous.store`) is its sync twin. Use either as
 ``graph.compile(store=...)`` and from ``get_store()`` in nodes::
 
-    async with AsyncAccordStore.from_conn_string(uri, index={"dims": 1024,
+    async with AccordStore.from_conn_string(uri, index={"dims": 1024,
                                                    "embed": "voyage:voyage-3.5"}) as store:
         graph = builder.compile(store=store)
 

@@ -34,6 +34,9 @@ class Cursor:
     pos: int = 0
     session: bytes | None = None
     last_used: float = field(default_factory=time.monotonic)
+    # Who opened it, when the engine checks privileges: (user, re-check of the privileges
+    # that opened it); see auth/checks.py.
+    owner: Any = None
 
 
 class CursorManager:
@@ -43,6 +46,21 @@ class CursorManager:
         # ``session`` and ``last_used``; served by their own module, killed and reaped here.
         self.streams: dict[int, Any] = {}
         self._ids = itertools.count(random.randint(1, 2**40))
+
+    def owner_of(self, cursor_id: int) -> Any:
+        """The ``owner`` recorded for a live cursor (None: no such cursor, or none
+        recorded)."""
+        found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
+        return getattr(found, "owner", None)
+
+    def exists(self, cursor_id: int) -> bool:
+        return cursor_id in self.cursors or cursor_id in self.streams
+
+    def claim(self, cursor_id: int, owner: Any) -> None:
+        """Record who opened ``cursor_id`` (the dispatcher, right after the command)."""
+        found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
+        if found is not None:
+            found.owner = owner
 
     def new_id(self) -> int:
         return next(self._ids)

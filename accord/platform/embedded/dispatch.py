@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,12 @@ import bson
 from bson.timestamp import Timestamp
 
 from accord.platform.embedded import collation, commands, limits
+from accord.platform.embedded.auth import handshake
+from accord.platform.embedded.auth.catalog import AuthCatalog
+from accord.platform.embedded.auth.checks import Authorizer, cursor_owner_error, recheck
+from accord.platform.embedded.auth.session import AuthSession
 from accord.platform.embedded.commands import (
+    AUTH_WRITE_COMMANDS,
     COMMANDS,
     TEST_COMMANDS,
     TXN_COMMANDS,
@@ -55,11 +60,6 @@ log = logging.getLogger("accord.engine")
 Doc = dict[str, Any]
 # How long an autocommit write waits for a transaction holding its documents.
 WRITE_WAIT_S = 30.0
-GENERIC_ARGS = {
-    "$db", "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern", "writeConcern",
-    "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
-    "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
-}  # fmt: skip
 
 
 # Commands that may read at a snapshot outside a transaction (readConcern level snapshot).
@@ -91,6 +91,10 @@ class Connection:
     id: int = 0
     # The handshake's client.application.name (failCommand's appName matches it).
     app_name: str | None = None
+    # From the loopback interface (the localhost exception applies to it).
+    local: bool = True
+    # Who authenticated on it (set by the dispatcher on the first command).
+    auth: AuthSession | None = None
 
 
 HELLO_COMMANDS = ("hello", "isMaster", "ismaster")
@@ -173,8 +177,15 @@ class Dispatcher:
         txn_lifetime: float = TXN_LIFETIME_LIMIT_S,
         test_commands: bool = False,
         topology_version: Doc | None = None,
+        authz: Authorizer | None = None,
     ) -> None:
         self.engine = engine
+        if authz is None:  # users and roles are served even without --auth, as by mongod
+            catalog = AuthCatalog()
+            catalog.attach(engine)
+            authz = Authorizer(catalog, enforced=False)
+        # Users, roles and whether privileges are checked (--auth): auth/checks.py.
+        self.authz = authz
         # mongod's transactionLifetimeLimitSeconds: older open transactions are aborted.
         self.txn_lifetime = txn_lifetime
         self.cursors = CursorManager()
@@ -187,29 +198,37 @@ class Dispatcher:
         # What hello reports; state-change errors carry it too (see _labelled).
         self.topology_version = topology_version
 
-    def execute(self, cmd: Doc, conn: Connection | None = None) -> Doc:
+    def execute(
+        self, cmd: Doc, conn: Connection | None = None, sequences: Collection[str] = ()
+    ) -> Doc:
         """The reply to ``cmd``, once any commit it made is durable; raises
         ``CloseConnection`` when a fail point says so."""
-        outcome = self.start(cmd, conn)
+        outcome = self.start(cmd, conn, sequences=sequences)
         if isinstance(outcome, PendingReply):
             return outcome.wait()
         return outcome
 
     def start(
-        self, cmd: Doc, conn: Connection | None = None, *, may_wait: bool = True
-    ) -> Doc | PendingReply:
+        self, cmd: Doc, conn: Connection | None = None, *, may_wait: bool = True,
+        sequences: Collection[str] = (),
+    ) -> Doc | PendingReply:  # fmt: skip
         """Execute ``cmd``: its reply, or for a command that committed a write, a
         ``PendingReply`` that is ready once the commit is durable (the engine lock is free
         meanwhile). Raises ``CloseConnection`` when a fail point says so, and without
-        ``may_wait`` ``WouldWait`` where the command would wait for a transaction."""
-        self._local.may_wait = may_wait
+        ``may_wait`` ``WouldWait`` where the command would wait for a transaction.
+        ``sequences``: the fields that arrived as OP_MSG document sequences (an
+        Unauthorized message leaves them out, as mongod's does)."""
+        conn = conn or Connection()
+        if conn.auth is None:
+            conn.auth = self.authz.new_session(local=conn.local)
+        local = self._local
+        local.may_wait, local.conn, local.sequences = may_wait, conn, sequences
         try:
             return self._start(cmd, conn)
         finally:
-            self._local.may_wait = True
+            local.may_wait, local.conn, local.sequences = True, None, ()
 
-    def _start(self, cmd: Doc, conn: Connection | None) -> Doc | PendingReply:
-        conn = conn or Connection()
+    def _start(self, cmd: Doc, conn: Connection) -> Doc | PendingReply:
         name = next(iter(cmd), "")
         action = self.failpoints.on_command(name, conn.app_name)
         if action is not None:
@@ -226,7 +245,10 @@ class Dispatcher:
             app = client.get("application") if isinstance(client, dict) else None
             if isinstance(app, dict) and isinstance(app.get("name"), str):
                 conn.app_name = app["name"]  # the handshake names the application
-            return self.hello(cmd)
+            reply = self.hello(cmd)
+            assert conn.auth is not None
+            handshake.authenticate_in_hello(self.authz, conn.auth, cmd, reply)
+            return reply
         call = _Call()
         reply = self._reply(cmd, call)
         if call.ticket is not None:
@@ -292,12 +314,29 @@ class Dispatcher:
         cursor_id = cmd.get("getMore") if name == "getMore" else None
         if isinstance(cursor_id, int) and cursor_id in self.cursors.streams:
             max_time = None
+        sess: AuthSession = self._local.conn.auth
         with limits.time_limit(max_time), self.engine.locked(name):
+            self._authorize(sess, name, db, cmd)
             limits.check()
             with collation.active(self._collation(db, name, cmd)):
                 reply = self._run(name, handler, db, cmd, call)
+            cursor = reply.get("cursor")
+            if isinstance(cursor, dict) and cursor.get("id") and name != "getMore":
+                # A cursor belongs to who opened it (getMore and killCursors check).
+                again = recheck(name, db, cmd, self.cursors) if sess.enforced else None
+                self.cursors.claim(int(cursor["id"]), (sess.owner(), again))
         # A commit (call.ticket) is acknowledged only once durable: see PendingReply.
         return reply
+
+    def _authorize(self, sess: AuthSession, name: str, db: str, cmd: Doc) -> None:
+        """The privilege check (auth/checks.py); a getMore also checks its cursor's owner."""
+        self.authz.check(sess, name, db, cmd, self.cursors, self._local.sequences)
+        if name == "getMore" and isinstance(cmd.get("getMore"), int):
+            cursor_id = int(cmd["getMore"])
+            if self.cursors.exists(cursor_id):
+                error = cursor_owner_error(sess, cursor_id, self.cursors.owner_of(cursor_id))
+                if error is not None:
+                    raise error
 
     def _collation(self, db: str, name: str, cmd: Doc) -> collation.Collation | None:
         """The command's ``collation``, else its collection's default (None: binary)."""
@@ -339,7 +378,11 @@ class Dispatcher:
                     "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
                 )
             return self._retryable(handler, db, cmd, session, txn_number, call)
-        if name in WRITE_COMMANDS or commands.writes_output(name, cmd):
+        if (
+            name in WRITE_COMMANDS
+            or name in AUTH_WRITE_COMMANDS
+            or commands.writes_output(name, cmd)
+        ):
             return self._autocommit(handler, db, cmd, session, None, call)
         view = engine.begin(explicit=False, snapshot=snapshot_at)
         view.yields = name in YIELDING_READS
@@ -394,6 +437,7 @@ class Dispatcher:
             engine=self.engine, cursors=self.cursors, db=db, txn=txn, in_transaction=in_txn,
             session_key=session.key if session else None, hello=self.hello,
             failpoints=self.failpoints, test_commands=self.test_commands,
+            auth=self._local.conn.auth, authz=self.authz,
         )  # fmt: skip
 
     # -- autocommit writes ------------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def serve(
     repair: bool = False,
     enable_test_commands: bool = False,
     max_connections: int = 1000,
+    auth: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
@@ -37,10 +39,18 @@ def serve(
     files damaged); exit code 100 (mongod's for a data directory in use): another engine
     serves ``dbpath``, and a starter that lost the race to start it polls for the winner's
     lock. The reason is printed on stderr as one ``error: ...`` line.
+    ``ACCORD_ENGINE_ADMIN_USER`` and ``ACCORD_ENGINE_ADMIN_PASSWORD``, when both are set,
+    name a ``root`` user created at start if no user exists yet (read from the
+    environment, never the command line, where other users of the machine could see the
+    password).
     """
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    admin = admin_from_environment()
+    if isinstance(admin, str):
+        print(f"error: {admin}", file=sys.stderr)
+        return EXIT_START_FAILED
     server = EmbeddedServer(
         dbpath,
         host=host,
@@ -52,6 +62,8 @@ def serve(
         repair=repair,
         enable_test_commands=enable_test_commands,
         max_connections=max_connections,
+        auth=auth,
+        admin_user=admin,
     )
 
     # The handler only notes the signal; the main thread stops the server. It waits in
@@ -79,3 +91,20 @@ def serve(
         pass
     server.stop()
     return 0
+
+
+ADMIN_USER_ENV = "ACCORD_ENGINE_ADMIN_USER"
+ADMIN_PASSWORD_ENV = "ACCORD_ENGINE_ADMIN_PASSWORD"
+
+
+def admin_from_environment() -> tuple[str, str] | None | str:
+    """(user, password) from the environment, None if neither is set, or what is wrong."""
+    user, password = os.environ.get(ADMIN_USER_ENV), os.environ.get(ADMIN_PASSWORD_ENV)
+    if not user and not password:
+        return None
+    if not user or not password:
+        return (
+            f"{ADMIN_USER_ENV} and {ADMIN_PASSWORD_ENV} go together: set both to create "
+            "the first admin user, or neither"
+        )
+    return user, password

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ipaddress
 import logging
 import queue
 import selectors
@@ -89,10 +90,10 @@ class _Conn:
     """One client connection. ``lock`` guards ``busy``, ``out`` and ``closed``, which
     other threads (a worker, whichever thread finalizes a commit) change."""
 
-    def __init__(self, sock: socket.socket, cid: int) -> None:
+    def __init__(self, sock: socket.socket, cid: int, local: bool = True) -> None:
         self.sock = sock
         self.fileno = sock.fileno()
-        self.conn = Connection(id=cid)
+        self.conn = Connection(id=cid, local=local)
         self.lock = threading.Lock()
         # Bytes read and not yet framed (loop thread only).
         self.inbox = bytearray()
@@ -270,7 +271,7 @@ class EventLoop:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, next(self.server.connection_ids))
+            conn = _Conn(sock, next(self.server.connection_ids), _is_loopback(address))
             self.conns[conn.fileno] = conn
             self._update_events(conn)
 
@@ -488,6 +489,14 @@ class EventLoop:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)
         self._post(conn, "close")
+
+
+def _is_loopback(address: Any) -> bool:
+    """Whether a peer address is the loopback interface (the localhost exception)."""
+    try:
+        return ipaddress.ip_address(str(address[0]).split("%", 1)[0]).is_loopback
+    except (ValueError, IndexError, TypeError):
+        return False
 
 
 def _length(inbox: bytearray) -> int:

@@ -21,6 +21,8 @@ import bson
 
 from accord.errors import DataDirLockedError, EngineStartError, PortInUseError
 from accord.platform.embedded import discovery, vector_search, wire
+from accord.platform.embedded.auth.catalog import AuthCatalog
+from accord.platform.embedded.auth.checks import Authorizer
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
 from accord.platform.embedded.discovery import DEFAULT_PORT, LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Connection, Dispatcher, PendingReply
@@ -65,6 +67,8 @@ class EmbeddedServer:
         enable_test_commands: bool = False,
         max_connections: int = MAX_CONNECTIONS,
         message_timeout: float = MESSAGE_TIMEOUT_S,
+        auth: bool = False,
+        admin_user: tuple[str, str] | None = None,
     ) -> None:
         self.dbpath = Path(dbpath)
         self.snapshot_history = snapshot_history
@@ -77,6 +81,12 @@ class EmbeddedServer:
         self.ttl_interval = ttl_interval
         self.transaction_lifetime = transaction_lifetime
         self.enable_test_commands = enable_test_commands
+        # mongod's --auth: every command is checked against the user's privileges.
+        self.auth = auth
+        # (user, password) of a root user created at start when no user exists yet.
+        if admin_user is not None and not (admin_user[0] and admin_user[1]):
+            raise EngineStartError("the first admin user needs both a name and a password")
+        self.admin_user = admin_user
         self.connection_ids = itertools.count(1)
         if max_connections < 1 or message_timeout <= 0:
             raise EngineStartError("max_connections and message_timeout must be positive")
@@ -180,13 +190,25 @@ class EmbeddedServer:
             raise
         # Vector search matrices are built now, not on the first search after a start.
         vector_search.open_at_startup(self.engine)
+        catalog = AuthCatalog()
+        catalog.attach(self.engine)
         self.dispatcher = Dispatcher(
             self.engine,
             self.hello,
             txn_lifetime=self.transaction_lifetime,
             test_commands=self.enable_test_commands,
             topology_version=self.topology_version,
+            authz=Authorizer(catalog, enforced=self.auth),
         )
+        if self.admin_user is not None:
+            try:
+                self._create_first_admin(*self.admin_user)
+            except BaseException:
+                self._listener.close()
+                self._listener = None
+                self.engine.close()
+                self._release_lock()
+                raise
         # Kept: a command still running at shutdown (an awaitable hello) may ask for it
         # after the listening socket is closed.
         self._port = int(self._listener.getsockname()[1])
@@ -199,6 +221,24 @@ class EmbeddedServer:
         )
         housekeeping.start()
         self._threads.append(housekeeping)
+
+    def _create_first_admin(self, user: str, password: str) -> None:
+        """Create ``user`` with the ``root`` role on ``admin`` unless a user exists
+        (ACCORD_ENGINE_ADMIN_USER / ..._PASSWORD, docs/engine.md)."""
+        assert self.dispatcher is not None
+        if self.dispatcher.authz.catalog.users:
+            return
+        conn = Connection(auth=self.dispatcher.authz.internal_session())
+        reply = self.dispatcher.execute(
+            {"createUser": user, "pwd": password, "roles": [{"role": "root", "db": "admin"}],
+             "$db": "admin"},
+            conn,
+        )  # fmt: skip
+        if not reply.get("ok"):
+            raise EngineStartError(
+                f"could not create the first admin user {user!r}: {reply.get('errmsg')}"
+            )
+        log.info("created the first admin user %s@admin (root)", user)
 
     def start(self) -> EmbeddedServer:
         """Start serving in background threads; returns once the port accepts connections."""
@@ -313,7 +353,9 @@ class EmbeddedServer:
         (``Dispatcher.start``); raises ``CloseConnection`` if a fail point says so, and
         without ``may_wait`` ``WouldWait`` instead of waiting for a transaction."""
         assert self.dispatcher is not None
-        return self.dispatcher.start(request.command, conn, may_wait=may_wait)
+        return self.dispatcher.start(
+            request.command, conn, may_wait=may_wait, sequences=request.sequences.keys()
+        )
 
     def failpoints_armed(self) -> bool:
         """Whether a fail point may act on a command (the loop then runs none itself:

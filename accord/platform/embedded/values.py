@@ -281,6 +281,8 @@ def format_value(value: Any) -> str:
         return f"Timestamp({value.time}, {value.inc})"
     if isinstance(value, re.Pattern | Regex):
         return f"/{value.pattern}/"
+    if isinstance(value, Binary) and value.subtype == 4 and len(value) == 16:
+        return f'UUID("{uuid.UUID(bytes=bytes(value))}")'
     if isinstance(value, bytes):
         subtype = value.subtype if isinstance(value, Binary) else 0
         return f"BinData({subtype}, {bytes(value).hex().upper()})"

@@ -2,10 +2,10 @@
 """Setting up a component's collections and recording them in the catalog.
 
 Every component (checkpointer, memory store, aggregator, governance) calls
-:meth:`AsyncCatalog.setup` once: it creates the component's collections and indexes,
+:meth:`Catalog.setup` once: it creates the component's collections and indexes,
 safely when several processes do it at the same time (a racing ``create`` that finds the
 collection made by another is fine), and records the collections in the database's
-``accord_catalog`` through the unit of work. :meth:`AsyncCatalog.reserved` reads back
+``accord_catalog`` through the unit of work. :meth:`Catalog.reserved` reads back
 every collection accord owns in the database, whichever component or application
 configured its name, so tenant input can never target one.
 

@@ -22,7 +22,7 @@ A plan that fits one batch costs two round trips (``bulkWrite`` and ``commitTran
 a seal hook that reads adds one per read. ``execute_all`` runs several plans (a checkpointer
 run's queued saves) in one transaction, each plan checked and derived as itself.
 
-Reads. :meth:`AsyncUnitOfWork.find` / :meth:`find_one` / :meth:`aggregate` / :meth:`count`
+Reads. :meth:`UnitOfWork.find` / :meth:`find_one` / :meth:`aggregate` / :meth:`count`
 take a :class:`~accord.platform.context.ReadContext` and the artifact class read; the
 ``read`` hooks may refuse the read, narrow its filter, or record it. A refusal (by a check
 or read hook, :class:`~accord.errors.PermissionDenied`) is handed to the ``refused`` hooks,

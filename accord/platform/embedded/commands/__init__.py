@@ -14,9 +14,11 @@ from accord.platform.embedded.commands import (
     read,
     search,
     testing,
+    users,
     write,
 )
 from accord.platform.embedded.commands.base import (
+    AUTH_WRITE_COMMANDS,
     COMMANDS,
     MAX_WIRE_VERSION,
     SERVER_VERSION,
@@ -30,6 +32,7 @@ from accord.platform.embedded.commands.base import (
 )
 
 __all__ = [
+    "AUTH_WRITE_COMMANDS",
     "COMMANDS",
     "MAX_WIRE_VERSION",
     "SERVER_VERSION",
@@ -46,6 +49,7 @@ __all__ = [
     "read",
     "search",
     "testing",
+    "users",
     "write",
     "writes_output",
 ]

@@ -84,6 +84,7 @@ def cmd_get_parameter(ctx: Context, cmd: Doc) -> Doc:
     known: Doc = {
         "featureCompatibilityVersion": {"version": "8.0"},
         "enableTestCommands": ctx.test_commands,
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
     }
     if cmd.get("getParameter") == "*":
         return {**known, "ok": 1.0}
@@ -107,6 +108,9 @@ def cmd_get_cmd_line_opts(ctx: Context, cmd: Doc) -> Doc:
         )
     argv = ["accord-engine"]
     parsed: Doc = {}
+    if ctx.authz is not None and ctx.authz.enforced:
+        argv.append("--auth")
+        parsed["security"] = {"authorization": "enabled"}
     if ctx.test_commands:
         argv.append("--enable-test-commands")
         parsed["setParameter"] = {"enableTestCommands": "1"}
@@ -124,7 +128,7 @@ def cmd_server_status(ctx: Context, cmd: Doc) -> Doc:
     }  # fmt: skip
 
 
-@command("dbStats")
+@command("dbStats", "dbstats")
 def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
     colls = ctx.engine.collections_in(ctx.db)
     objects = sum(c.count_visible(ctx.txn.snapshot) for c in colls)
@@ -133,7 +137,20 @@ def cmd_db_stats(ctx: Context, cmd: Doc) -> Doc:
 
 @command("connectionStatus")
 def cmd_connection_status(ctx: Context, cmd: Doc) -> Doc:
-    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}, "ok": 1.0}
+    """Who the connection is authenticated as, with every role it holds (mongod's shape)."""
+    principal = ctx.auth.principal() if ctx.auth is not None else None
+    users: list[Doc] = []
+    roles: list[Doc] = []
+    info: Doc = {"authenticatedUsers": users, "authenticatedUserRoles": roles}
+    if principal is not None:
+        users.append({"user": principal.user, "db": principal.db})
+        for role, db in sorted(principal.all_roles, key=lambda r: (r[1], r[0])):
+            roles.append({"role": role, "db": db})
+        if cmd.get("showPrivileges"):
+            info["authenticatedUserPrivileges"] = principal.privileges.to_docs()
+    elif cmd.get("showPrivileges"):
+        info["authenticatedUserPrivileges"] = []
+    return {"authInfo": info, "ok": 1.0}
 
 
 @command("commitTransaction", "abortTransaction")

@@ -5,12 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import Engine, Txn
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 from accord.platform.embedded.failpoints import FailPoints
+
+if TYPE_CHECKING:
+    from accord.platform.embedded.auth.checks import Authorizer
+    from accord.platform.embedded.auth.session import AuthSession
 
 Doc = dict[str, Any]
 SERVER_VERSION = "8.0.4"
@@ -29,6 +33,10 @@ class Context:
     failpoints: FailPoints = field(default_factory=FailPoints)
     # Whether the engine serves TEST_COMMANDS (--enable-test-commands).
     test_commands: bool = False
+    # The connection's authentication (who, and whether privileges are checked) and the
+    # engine's users and roles (auth/).
+    auth: AuthSession | None = None
+    authz: Authorizer | None = None
 
 
 Handler = Callable[[Context, Doc], Doc]
@@ -47,8 +55,23 @@ def writes_output(name: str, cmd: Doc) -> bool:
     return isinstance(last, dict) and len(last) == 1 and next(iter(last)) in PIPELINE_OUTPUTS
 
 
+# Arguments any command may carry besides its own fields (mongod's generic arguments).
+GENERIC_ARGS = {
+    "$db", "lsid", "txnNumber", "autocommit", "startTransaction", "readConcern", "writeConcern",
+    "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors",
+    "maxTimeMS", "comment", "$audit", "$client", "mayBypassWriteBlocking",
+}  # fmt: skip
+
 # Commands that write: outside a transaction they run in their own autocommitted txn.
 WRITE_COMMANDS = {"insert", "update", "delete", "findAndModify", "bulkWrite"}
+# User and role management: outside a transaction they run in their own autocommitted
+# transaction (their documents live in admin.system.users / admin.system.roles).
+AUTH_WRITE_COMMANDS = {
+    "createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase", "grantRolesToUser",
+    "revokeRolesFromUser", "createRole", "updateRole", "dropRole", "dropAllRolesFromDatabase",
+    "grantRolesToRole", "revokeRolesFromRole", "grantPrivilegesToRole",
+    "revokePrivilegesFromRole",
+}  # fmt: skip
 # Test commands (commands/testing.py): served only when the engine runs with
 # --enable-test-commands; CommandNotFound otherwise, as in mongod.
 TEST_COMMANDS: set[str] = set()

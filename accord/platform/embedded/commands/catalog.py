@@ -9,6 +9,7 @@ from typing import Any
 from bson.regex import Regex
 
 from accord.platform.embedded import collation, query, validation
+from accord.platform.embedded.auth.privileges import CLUSTER
 from accord.platform.embedded.commands import views
 from accord.platform.embedded.commands.base import (
     Context,
@@ -527,8 +528,12 @@ def cmd_drop_indexes(ctx: Context, cmd: Doc) -> Doc:
 def cmd_list_collections(ctx: Context, cmd: Doc) -> Doc:
     filt = opt_doc(cmd, "filter")
     name_only = opt_bool(cmd, "nameOnly")
+    # authorizedCollections: only what the user holds a privilege on (checked engines).
+    authorized = opt_bool(cmd, "authorizedCollections") and ctx.auth is not None
     out = []
     for coll in ctx.engine.collections_in(ctx.db, ctx.txn):
+        if authorized and ctx.auth is not None and not ctx.auth.may_see_collection(coll.ns):
+            continue
         if views.is_view(coll):
             info: Doc = {"name": coll.name, "type": "view"}
             if not name_only:
@@ -557,8 +562,18 @@ def cmd_list_databases(ctx: Context, cmd: Doc) -> Doc:
             Code.Unauthorized, "listDatabases may only be run against the admin database."
         )
     filt = opt_doc(cmd, "filter")
+    sess = ctx.auth
+    # mongod: a user who may not list every database sees those it holds a privilege in
+    # (authorizedDatabases defaults to that); asking for all of them is then refused.
+    may_list_all = sess is None or sess.allows(CLUSTER, {"listDatabases"})
+    wanted = cmd.get("authorizedDatabases")
+    if wanted is not None and not wanted and not may_list_all:
+        raise EngineError(Code.Unauthorized, "Insufficient permissions to list all databases")
+    only_authorized = bool(wanted) if wanted is not None else not may_list_all
     dbs = []
     for name in ctx.engine.database_names():
+        if only_authorized and sess is not None and not sess.may_see_database(name):
+            continue
         info = {"name": name, "sizeOnDisk": 0, "empty": False}
         if query.matches(filt, info):
             dbs.append({"name": name} if opt_bool(cmd, "nameOnly") else info)

@@ -215,6 +215,8 @@ class Stream:
     session: bytes | None
     last_used: float = field(default_factory=time.monotonic)
     invalidated: bool = False
+    # Who opened it when privileges are checked (CursorManager.claim).
+    owner: Any = None
 
     def in_scope(self, ns: str) -> bool:
         db, coll = self.scope

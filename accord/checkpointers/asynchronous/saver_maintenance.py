@@ -1,0 +1,250 @@
+"""The checkpointer's maintenance: ``delete_thread``, the ``ttl`` sweep, ``copy_thread``,
+``delete_for_runs`` and ``prune``; each a plan (or a few, in batches) through the kernel.
+
+This module is the async source; its sync twin ``accord/checkpointers/synchronous/saver_maintenance.py`` is generated from it by ``tools/synchro.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from accord.checkpointers import maintenance, plans, schema, validation
+from accord.checkpointers.asynchronous.saver_writes import AsyncSaverWrites
+from accord.checkpointers.storage import Scope
+from accord.errors import InvalidInputError, WriteRefused
+from accord.platform import runs
+
+_IS_SYNC = False
+
+
+class AsyncSaverMaintenance(AsyncSaverWrites):
+    """Deleting, sweeping, copying and pruning threads (see the module docstring)."""
+
+    async def adelete_thread(self, thread_id: str, *, tenant_id: str | None = None) -> None:
+        """Delete every document of a thread (all namespaces). A run still working on the
+        thread loses it (its next commit is refused). One transaction when the thread fits
+        one; else the checkpoints go first (the thread reads as empty), then the rest in
+        batches: re-running it after a crash finishes the job."""
+        await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+
+    async def asweep(self) -> int:
+        """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
+        seconds) and that no live run holds; returns how many. Savers with ``ttl`` run it
+        in the background; call it to sweep now."""
+        if self.ttl is None:
+            return 0
+        await self._ensure_setup()
+        at = runs.now()
+        expired = await self._find_all(
+            self.collections.runs,
+            runs.expired(at),
+            projection={"tenant_id": 1, "thread_id": 1},
+            limit=maintenance.BATCH,
+        )
+        swept = 0
+        for doc in expired:
+            scope = Scope(doc["tenant_id"], doc["thread_id"], "")
+            try:
+                await self._delete_thread(scope, expired_only=True)
+                swept += 1
+            except (plans.StillInUse, WriteRefused):
+                continue  # written or claimed since: not expired any more
+        return swept
+
+    async def _delete_thread(self, scope: Scope, *, expired_only: bool) -> None:
+        await self._ensure_setup()
+        names = self.collections
+        f = scope.thread_filter
+        small = True
+        for key in maintenance.THREAD_DATA:
+            ids = await self._find_all(
+                getattr(names, key), f, projection={"_id": 1}, limit=maintenance.BATCH + 1
+            )
+            small = small and len(ids) <= maintenance.BATCH
+        deletes: list[tuple[str, dict[str, Any]]] = [
+            ("checkpoints", f),
+            ("outbox", {**f, "status": "pending"}),
+        ]
+        if small:
+            deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
+        guard = self.leases.guard(
+            "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
+            runs.new_version(), refused=plans.gone if expired_only else None,
+        )  # fmt: skip
+        await self.uow.execute(
+            plans.maintenance_plan(self.target, scope, guard, deletes, "checkpoint.delete_thread")
+        )
+        self.cache.drop(scope.tenant_id, scope.thread_id)
+        if not small:
+            for key in maintenance.THREAD_DATA[1:]:
+                await self._delete_in_batches(
+                    scope, key, f, "checkpoint.delete_thread", takeover=True
+                )
+
+    async def _delete_in_batches(
+        self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool
+    ) -> None:
+        coll = getattr(self.collections, key)
+        while True:
+            docs = await self._find_all(coll, filt, projection={"_id": 1}, limit=maintenance.BATCH)
+            if not docs:
+                return
+            ids = [d["_id"] for d in docs]
+            version = runs.new_version()
+            guard = (
+                self.leases.guard("takeover", scope.tenant_id, scope.thread_id, version)
+                if takeover
+                else self._guard(scope, None, version, operation)
+            )
+            plan = plans.maintenance_plan(
+                self.target, scope, guard, [(key, {**filt, "_id": {"$in": ids}})], operation
+            )
+            if takeover:
+                await self.uow.execute(plan)
+            else:
+                await self._commit(plan, scope, None, operation)
+            self.cache.drop(scope.tenant_id, scope.thread_id)
+
+    async def acopy_thread(
+        self, source_thread_id: str, target_thread_id: str, *, tenant_id: str | None = None
+    ) -> None:
+        """Copy a thread's checkpoints, writes, values and messages to a new thread id
+        (values first, checkpoints last, in batches: a checkpoint of the target is
+        readable as soon as it exists). Refused if the target has checkpoints, or a run
+        holds it."""
+        src = self._scope_for(source_thread_id, tenant_id)
+        dst = self._scope_for(target_thread_id, tenant_id)
+        await self._ensure_setup()
+        if await self._find_one(
+            self.collections.checkpoints, dst.thread_filter, projection={"_id": 1}
+        ):
+            raise InvalidInputError(
+                f"copy_thread: target thread {dst.thread_id!r} already has checkpoints; "
+                f"delete it first."
+            )
+        what = f"copy of thread {src.thread_id!r}"
+        for key in maintenance.COPY_ORDER:
+            coll = getattr(self.collections, key)
+            last: Any = None
+            while True:
+                filt = dict(src.thread_filter)
+                if last is not None:
+                    filt["_id"] = {"$gt": last}
+                docs = await self._find_all(coll, filt, sort=[("_id", 1)], limit=maintenance.BATCH)
+                if not docs:
+                    break
+                last = docs[-1]["_id"]
+                copies = [maintenance.rekey(key, d, dst.thread_id) for d in docs]
+                guard = self._guard(dst, None, runs.new_version(), what)
+                plan = plans.maintenance_plan(
+                    self.target, dst, guard, [], "checkpoint.copy_thread",
+                    inserts=[(key, maintenance.replace_ops(copies))],
+                )  # fmt: skip
+                await self._commit(plan, dst, None, what)
+        self.cache.drop(dst.tenant_id, dst.thread_id)
+
+    async def adelete_for_runs(
+        self, run_ids: Sequence[str], *, tenant_id: str | None = None
+    ) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs, then the
+        values and messages no remaining checkpoint of those threads references. Refused
+        (ConcurrentRunError) for a thread a live run holds."""
+        ids = validation.thread_ids(run_ids, "run_ids")
+        tenant = (
+            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
+        )
+        if not ids:
+            return
+        await self._ensure_setup()
+        doomed = await self._find_all(
+            self.collections.checkpoints,
+            {"tenant_id": tenant, "run_id": {"$in": ids}},
+            projection={"thread_id": 1, "checkpoint_ns": 1, "checkpoint_id": 1},
+        )
+        for (thread_id, ns), cids in maintenance.by_scope(doomed).items():
+            scope = Scope(tenant, thread_id, ns)
+            await self._drop_checkpoints(scope, {"$in": sorted(cids)}, "checkpoint.delete_for_runs")
+
+    async def aprune(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        strategy: str = "keep_latest",
+        tenant_id: str | None = None,
+    ) -> None:
+        """Prune threads: ``"keep_latest"`` keeps the newest checkpoint per namespace (and
+        its writes, values and messages); ``"delete"`` deletes the threads. Threads that
+        use LangGraph ``DeltaChannel`` are skipped by ``keep_latest`` (their state needs
+        the ancestors). Refused (ConcurrentRunError) for a thread a live run holds."""
+        threads = validation.thread_ids(thread_ids)
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidInputError(
+                f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}."
+            )
+        await self._ensure_setup()
+        for thread_id in threads:
+            if strategy == "delete":
+                await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+                continue
+            scope0 = self._scope_for(thread_id, tenant_id)
+            docs = await self._find_all(
+                self.collections.checkpoints, scope0.thread_filter, projection={"checkpoint_ns": 1}
+            )
+            for ns in sorted({d["checkpoint_ns"] for d in docs}):
+                scope = Scope(scope0.tenant_id, thread_id, ns)
+                latest = await self._find_one(
+                    self.collections.checkpoints, scope.ns_filter, sort=[("checkpoint_id", -1)]
+                )
+                if latest is None or maintenance.uses_delta_channels(latest, self.serde):
+                    continue
+                await self._drop_checkpoints(
+                    scope, {"$lt": latest["checkpoint_id"]}, "checkpoint.prune"
+                )
+
+    async def _drop_checkpoints(self, scope: Scope, which: dict[str, Any], operation: str) -> None:
+        """Delete a namespace's checkpoints matching ``which`` (a ``checkpoint_id``
+        condition) and their writes in one transaction, then collect what no remaining
+        checkpoint references."""
+        started = maintenance.gc_cutoff()
+        deletes: list[tuple[str, dict[str, Any]]] = [
+            ("writes", {**scope.ns_filter, "checkpoint_id": which}),
+            ("checkpoints", {**scope.ns_filter, "checkpoint_id": which}),
+        ]
+        guard = self._guard(scope, None, runs.new_version(), operation)
+        await self._commit(
+            plans.maintenance_plan(self.target, scope, guard, deletes, operation),
+            scope,
+            None,
+            operation,
+        )
+        names = self.collections
+        remaining = await self._find_all(
+            names.checkpoints, scope.ns_filter, projection={"blobs": 1}
+        )
+        links = {
+            b["key"]: b.get("prev") or b.get("base")
+            for b in await self._find_all(
+                names.blobs,
+                {**scope.ns_filter, "type": schema.MSGREFS_TYPE, "chunk": 0},
+                projection={"key": 1, "prev": 1, "base": 1},
+            )
+        }
+        keep_blobs = maintenance.referenced_blobs(remaining, links)
+        refs: set[str] = set()
+        for b in await self._find_all(
+            names.blobs,
+            {**scope.thread_filter, "type": schema.MSGREFS_TYPE},
+            projection={"key": 1, "refs": 1, "checkpoint_ns": 1},
+        ):
+            if b.get("checkpoint_ns") != scope.checkpoint_ns or b["key"] in keep_blobs:
+                refs.update(b.get("refs") or ())
+        guard = self._guard(scope, None, runs.new_version(), operation)
+        garbage = maintenance.garbage(scope, keep_blobs, refs, started)
+        await self._commit(
+            plans.maintenance_plan(self.target, scope, guard, garbage, operation),
+            scope,
+            None,
+            operation,
+        )
+        self.cache.drop(scope.tenant_id, scope.thread_id)

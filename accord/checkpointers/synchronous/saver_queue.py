@@ -1,0 +1,225 @@
+# Generated from accord/checkpointers/asynchronous/saver_queue.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+""" "async" durability: the queue of a run's saves. LangGraph does not wait for a put made
+with ``durability="async"``; the saver queues it (serialized at once) and commits the run's
+queued saves in order in the background, several in one transaction, and surfaces a
+failure at the run's next put and at its end.
+
+Generated from ``accord/checkpointers/asynchronous/saver_queue.py`` by ``tools/synchro.py``: edit that file, not this one.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from accord.checkpointers import failures, jobs, langgraph_internals, plans
+from accord.checkpointers.ownership import ActiveRun
+from accord.checkpointers.storage import Scope
+from accord.checkpointers.synchronous.saver_reads import SaverReads
+from accord.errors import ConcurrentRunError, DatabaseError, TaskWriteError
+from accord.platform import runs
+from accord.platform.plan import Plan
+
+_IS_SYNC = True
+
+#: Queued saves of a run committed in one transaction, at most.
+_BATCH_JOBS = 8
+
+
+class SaverQueue(SaverReads):
+    """Queues and drains a run's saves (see the module docstring)."""
+
+    def _queue_put(self, job: jobs.PutJob, run: ActiveRun) -> bool:
+        """ "async" durability: LangGraph does not wait for this put, and calls the next one
+        only when this one returns, with a checkpoint it made earlier whose live objects
+        (a fan-in barrier's set of seen nodes) it keeps changing meanwhile. So the put is
+        queued, serialized, and returns at once; the run's saves commit in order in the
+        background, and failures surface at the next put and at the run's end.
+        Thread-safe: the bridges call it on the caller's thread, with no hop to the
+        saver's loop or to a thread before the put returns. True when the caller must
+        start the run's drainer."""
+        ns = job.scope.checkpoint_ns
+        run.put_started(ns, job.checkpoint_id)
+        if job.docs.entry is not None:
+            run.queued[ns] = job.docs.entry
+        return run.enqueue(job)
+
+    def _deferred(self, run: ActiveRun, ns: str) -> bool:
+        """Whether the run's loop of ``ns`` does not wait for its puts ("async")."""
+        return langgraph_internals.saves_in_background(run.loops.get(ns))
+
+    def _drain(self, run: ActiveRun) -> None:
+        """Commit a run's queued saves, in order (one drainer per run at a time). The
+        saves queued behind the one in hand share its transaction (one guard, one round
+        trip), up to a put that must first wait for business writes of its parent's
+        tasks; the run's last transaction gives its lease back once its loop exited."""
+        while True:
+            job = run.next_job()
+            if job is None:
+                return
+            if run.failure is not None:
+                self._job_done(run, job, run.failure)
+                continue
+            batch = [job]
+            try:
+                if isinstance(job, jobs.PutJob) and jobs.unsure(job):
+                    job.done = True  # _commit_put ends it
+                    self._commit_put(run, job)
+                    continue
+                self._ensure_setup()
+                if isinstance(job, jobs.PutJob) and job.parent_id is not None:
+                    self._check_parent(run, job)
+                batch += run.more_jobs(lambda j: self._joins(run, j), _BATCH_JOBS - 1)
+                self._commit_queued(run, batch)
+            except BaseException as exc:  # kept for the run's next put and its end
+                run.failure = run.failure or exc
+                for one in batch:
+                    self._job_done(run, one, run.failure)
+
+    def _joins(self, run: ActiveRun, job: jobs.PutJob | jobs.WritesJob) -> bool:
+        """Whether a queued save may share the transaction of the saves before it: task
+        writes always; a put unless it must wait for (or stop at) its parent's tasks."""
+        if isinstance(job, jobs.WritesJob) or job.parent_id is None:
+            return True
+        if jobs.unsure(job):
+            return False
+        scope = job.scope
+        key = (scope.tenant_id, scope.thread_id, job.parent_id)
+        return not self._staged_of(run).pending(key) and (
+            run.failed_task_of(scope.checkpoint_ns, job.parent_id) is None
+        )
+
+    def _check_parent(self, run: ActiveRun | None, job: jobs.PutJob) -> None:
+        """A put commits only after the business writes of its parent's tasks, and never
+        on top of a task whose writes failed."""
+        scope, parent_id = job.scope, job.parent_id
+        assert parent_id is not None
+        self._wait_staged(scope, run, parent_id, job.checkpoint_id)
+        failed = run.failed_task_of(scope.checkpoint_ns, parent_id) if run is not None else None
+        if failed is not None:
+            raise failures.step_not_saved(scope, job.checkpoint_id, parent_id, failed)
+
+    def _commit_queued(self, run: ActiveRun, batch: builtins.list[Any]) -> None:
+        """Commit queued saves in one transaction; if it fails with more than one save
+        in it, commit them one at a time, so the saves before a failing one commit (as
+        they would have alone)."""
+        try:
+            self._commit_jobs(run, batch, release=run.last_batch())
+        except (ConcurrentRunError, DatabaseError):
+            raise  # the same for each one alone
+        except Exception:
+            if len(batch) == 1:
+                raise
+            for one in batch:
+                self._commit_jobs(run, [one], release=False)
+
+    def _commit_jobs(self, run: ActiveRun, batch: builtins.list[Any], *, release: bool) -> None:
+        scope = batch[0].scope
+        version = runs.new_version()
+        what = jobs.describe(batch)
+        guard: runs.ThreadGuard | None = self._guard(scope, run, version, what, release=release)
+        parts: builtins.list[Plan] = []
+        for j in batch:  # the first one leads with the guard; hooks see each one
+            if isinstance(j, jobs.PutJob):
+                parts.append(
+                    plans.put_plan(
+                        self.target, j.scope, guard, j.docs, j.checkpoint_id, run=run.lease
+                    )
+                )
+            else:
+                parts.append(
+                    plans.writes_plan(
+                        self.target,
+                        j.scope,
+                        guard,
+                        j.docs,
+                        j.checkpoint_id,
+                        j.task_id,
+                        run=run.lease,
+                    )  # fmt: skip
+                )
+            guard = None
+        with run.lock:
+            self._commit(parts, scope, run, what)
+            if release:
+                run.released = True
+                self.leases.untrack(run.lease)
+            for j in batch:
+                ns = j.scope.checkpoint_ns
+                if isinstance(j, jobs.WritesJob):
+                    self.cache.add_writes(
+                        scope.tenant_id,
+                        scope.thread_id,
+                        ns,
+                        j.checkpoint_id,
+                        j.docs.kept,
+                        overwrite=j.docs.overwrite,
+                        version=version,
+                    )
+                elif j.docs.entry is not None:
+                    self.cache.store(scope.tenant_id, scope.thread_id, ns, j.docs.entry, version)
+                else:
+                    self.cache.stamp(scope.tenant_id, scope.thread_id, version)
+                self._job_done(run, j, None)
+
+    @staticmethod
+    def _job_done(
+        run: ActiveRun, job: jobs.PutJob | jobs.WritesJob, error: BaseException | None
+    ) -> None:
+        """A queued save is committed (``error`` None) or never will be (once per job)."""
+        if job.done:
+            return
+        job.done = True
+        if isinstance(job, jobs.PutJob):
+            run.put_ended(job.scope.checkpoint_ns, job.checkpoint_id, error)
+        else:
+            run.writes_ended(job.scope.checkpoint_ns)
+
+    def _wait_staged(
+        self, scope: Scope, run: ActiveRun | None, parent_id: str, checkpoint_id: str
+    ) -> None:
+        """Wait until the parent's tasks that staged business writes are recorded."""
+        staged = self._staged_of(run)
+        key = (scope.tenant_id, scope.thread_id, parent_id)
+        if not staged.pending(key):
+            return
+        if not staged.signal.wait_for(lambda: not staged.pending(key), self.timeout):
+            raise TaskWriteError(
+                f"Checkpoint {checkpoint_id!r} of thread {scope.thread_id!r} was not saved: the "
+                f"writes of tasks of its parent {parent_id!r} that staged business writes were "
+                f"not recorded within {self.timeout:g}s, and a checkpoint never commits before "
+                f"the business writes of the tasks it includes. Nothing was written; resume the "
+                f"thread (graph.invoke(None, config))."
+            )
+
+    def _queues_writes(
+        self, run: ActiveRun, scope: Scope, checkpoint_id: str, task_id: str
+    ) -> bool:
+        """ "async" durability: whether a task's writes (without business writes) go
+        behind the run's queued saves instead of committing now. LangGraph does not wait
+        for them; they must commit after the put of their checkpoint (they are queued
+        only once it is queued or saved) and before the run ends (its release waits for
+        the queue). Not for graphs with DeltaChannels (LangGraph records their writes
+        before their checkpoint), nor after a failed save (the direct path reports it),
+        nor for a task that staged business writes."""
+        ns = scope.checkpoint_ns
+        if (
+            not self._deferred(run, ns)
+            or run.failure is not None
+            or run.delta_channels(ns)
+            or run.staged.noted((scope.tenant_id, scope.thread_id, checkpoint_id), task_id)
+        ):
+            return False
+
+        def ready() -> bool:
+            return run.is_saved(ns, checkpoint_id) or run.put_queued(ns, checkpoint_id)
+
+        if ready():
+            return True
+        if not run.expects(ns, checkpoint_id):
+            return False
+        # LangGraph has made the put and hands it over in another thread: wait for it
+        return run.signal.wait_for(ready, jobs.GRACE)
+
+    def _commit_put(self, run: ActiveRun | None, job: jobs.PutJob) -> None:  # writes'
+        raise NotImplementedError
