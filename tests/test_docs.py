@@ -56,6 +56,6 @@ def test_what_the_docs_say_ci_runs_is_what_ci_runs() -> None:
     for page in PAGES:
         text = " ".join(page.read_text().split())
         for sentence in re.findall(r"CI \(`\.ci/run`\) runs ([^.]*)", text):
-            said = re.split(r";| only|, so", sentence)[0]
+            said = re.split(r";| only|, so|, not", sentence)[0]
             claimed = set(re.findall(r"`make ([\w-]+)`", said))
             assert claimed <= ran, f"{page.name}: CI runs {sorted(ran)}, not {sentence!r}"
