@@ -121,7 +121,7 @@ def main(uri: str, console: Any) -> None:
     console.print(
         "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write. "
         f"A run holds its thread with a lease ({LEASE_SECONDS:g} s in this demo), renewed "
-        "while it works."
+        "while it works; a holder that died on this machine is taken over at once."
     )
     worker = subprocess.Popen(
         [sys.executable, "-m", "accord.demo_agent", uri, thread], stdout=subprocess.PIPE, text=True
