@@ -133,10 +133,9 @@ def main() -> None:
                 ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
                 check=True, capture_output=True, text=True,
             ).stdout.strip()  # fmt: skip
-            size = measure(
-                "accord", f"the core at {args.baseline} ({rev}), before", Path(tmp), tree
-            )
-            size.target = f"accord` ({rev}) `"
+            what = f"the core at {args.baseline}, measured in the same run"
+            size = measure("accord", what, Path(tmp), tree)
+            size.target, size.label = "baseline", f"`pip install accord` at {rev}"
             print(f"baseline {rev}: {size.packages} packages, {size.megabytes:.0f} MB", flush=True)
             sizes.append(size)
         for target, what in targets:
