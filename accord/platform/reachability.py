@@ -85,16 +85,6 @@ def unreachable(exc: BaseException, hosts: Iterable[str], timeout: float) -> Dat
     return err
 
 
-def unreachable_topology(description: Any, timeout: float) -> DatabaseUnreachable:
-    """The accord error for a client whose topology ``description`` (pymongo's
-    ``TopologyDescription``) found no writable server within ``timeout`` seconds."""
-    servers = description.server_descriptions()
-    hosts = [f"{host}:{port}" for host, port in servers]
-    reasons = [redact(_CONFIGURED.sub("", str(sd.error))) for sd in servers.values() if sd.error]
-    replica_set = "ReplicaSet" in str(description.topology_type_name)
-    return _unreachable(hosts, reasons, timeout, replica_set)
-
-
 def _unreachable(
     hosts: list[str], reasons: list[str], timeout: float, replica_set: bool
 ) -> DatabaseUnreachable:
