@@ -16,9 +16,11 @@ A client from :func:`connect` waits at most ``ACCORD_SERVER_SELECTION_TIMEOUT`` 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -124,6 +126,8 @@ def spawn_engine(
         raise EngineStartError(
             f"cannot use {directory} as the engine's data directory: {exc.strerror}"
         ) from exc
+    if port:
+        _probe_port(host, port)  # at once, before a child spends a second importing
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
     cmd += list(options)
@@ -263,6 +267,26 @@ def _withdraw(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _probe_port(host: str, port: int) -> None:
+    """Raise :class:`~accord.errors.PortInUseError` if ``host:port`` is taken now. The
+    engine checks again when it binds (another process may take the port in between); this
+    only answers the common case without starting a process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the engine binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"the embedded engine could not start: cannot listen on {host}:{port}: "
+                    f"address already in use (another accord engine, or a mongod?). Pick "
+                    f"another --port, or --port 0 for any free one; `accord engine ls` "
+                    f"lists running engines."
+                ) from exc
+            # anything else (an address not of this machine...): the engine says it
 
 
 def _start_failed(directory: Path, since: int, code: int) -> EngineStartError:

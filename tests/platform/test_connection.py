@@ -271,7 +271,18 @@ def test_starting_an_engine_says_where_which_port_and_how_to_stop_it(
 
 
 def test_a_failed_start_says_why_at_once(tmp_path: Path) -> None:
-    """The engine process's own error, not "did not start within 20s; see engine.log"."""
+    """The engine process's own error, not "did not start within 20s; see engine.log":
+    here data files the engine refuses (an emptied database file after an unclean stop)."""
+    (tmp_path / "mongod.lock").write_text("12345 27027\n")  # the last stop was not clean
+    (tmp_path / "accord-engine.sqlite3").write_bytes(b"")
+    started = time.monotonic()
+    with pytest.raises(EngineStartError, match="is empty") as caught:
+        spawn_engine(tmp_path, port=0, host="127.0.0.1", sync=False, timeout=20)
+    assert "--repair" in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_a_busy_port_is_refused_before_starting_a_process(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -279,4 +290,5 @@ def test_a_failed_start_says_why_at_once(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(PortInUseError, match="address already in use"):
             spawn_engine(tmp_path, port=port, host="127.0.0.1", sync=False, timeout=20)
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 1
+    assert not (tmp_path / "engine.log").exists()  # no engine process was started
