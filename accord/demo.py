@@ -18,26 +18,39 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Any
 
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 from rich.console import Console
+from rich.markup import escape
 
 from accord import demo_agent
+from accord.errors import AccordError
 from accord.platform import connect, connection
 
-console = Console()
+# soft_wrap: lines are never cut at the terminal's (or a pipe's 80) columns.
+console = Console(soft_wrap=True)
+
+
+def show(db: Any) -> None:
+    accounts = list(db.accounts.find({}, {"balance": 1}))
+    console.print(f"  accounts: {accounts}  ledger entries: {db.ledger.count_documents({})}")
 
 
 def run(data_dir: Path) -> None:
-    client: MongoClient = connect(data_dir=data_dir)
+    try:
+        client: MongoClient = connect(data_dir=data_dir)
+    except AccordError as exc:  # e.g. MONGODB_URI names a server that does not answer
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise SystemExit(1) from None
     where = os.environ.get("MONGODB_URI") or f"embedded engine, data in {data_dir}"
     console.print(f"[bold]accord demo[/bold] on {where} (server {client.server_info()['version']})")
     db = client.accord_demo
     db.drop_collection("accounts")
     db.drop_collection("ledger")
     db.accounts.insert_many([{"_id": "alice", "balance": 100}, {"_id": "bob", "balance": 50}])
-    console.print("accounts:", list(db.accounts.find({}, {"balance": 1})))
+    console.print(f"accounts: {list(db.accounts.find({}, {'balance': 1}))}")
 
     def transfer(session, amount: int) -> None:  # type: ignore[no-untyped-def]
         db.accounts.update_one({"_id": "alice"}, {"$inc": {"balance": -amount}}, session=session)
@@ -52,12 +65,7 @@ def run(data_dir: Path) -> None:
     console.print(
         "[green]committed[/green] transfer of 30 in one transaction (2 updates + 1 insert):"
     )
-    console.print(
-        "  accounts:",
-        list(db.accounts.find({}, {"balance": 1})),
-        " ledger entries:",
-        db.ledger.count_documents({}),
-    )
+    show(db)
 
     with client.start_session() as session:
         session.start_transaction()
@@ -69,12 +77,7 @@ def run(data_dir: Path) -> None:
         )
         session.abort_transaction()
     console.print("[yellow]aborted[/yellow] the second transfer; nothing of it is visible:")
-    console.print(
-        "  accounts:",
-        list(db.accounts.find({}, {"balance": 1})),
-        " ledger entries:",
-        db.ledger.count_documents({}),
-    )
+    show(db)
 
     s1, s2 = client.start_session(), client.start_session()
     s1.start_transaction()

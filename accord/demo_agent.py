@@ -79,8 +79,8 @@ def build_graph(saver: AccordSaver, thread: str) -> Any:
 
 def run_worker(uri: str, thread: str) -> None:
     """Child process: run (or resume) the thread until the graph ends."""
-    accord = Accord(uri, db_name=DB)
-    saver = accord.checkpointer(lease_seconds=LEASE_SECONDS)
+    app = Accord(uri, db_name=DB)
+    saver = app.checkpointer(lease_seconds=LEASE_SECONDS)
     graph = build_graph(saver, thread)
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     started = saver.get_tuple(config) is not None
@@ -93,10 +93,14 @@ def run_worker(uri: str, thread: str) -> None:
         try:
             graph.invoke(inputs, config, durability="sync")
             break
-        except ConcurrentRunError as exc:
+        except ConcurrentRunError:
             if time.monotonic() > deadline:
                 raise
-            print(f"worker: refused ({str(exc).split(':')[0]}); waiting for its lease", flush=True)
+            print(
+                f"worker: refused: the killed worker's run still holds thread {thread!r}; "
+                f"waiting for its lease ({LEASE_SECONDS:g} s in this demo) to run out",
+                flush=True,
+            )
             time.sleep(LEASE_SECONDS / 2)
         except TransactionTimeout:
             if time.monotonic() > deadline:
@@ -107,7 +111,7 @@ def run_worker(uri: str, thread: str) -> None:
                 flush=True,
             )
     print("worker: finished", flush=True)
-    accord.close()
+    app.close()
 
 
 def main(uri: str, console: Any) -> None:
@@ -117,7 +121,9 @@ def main(uri: str, console: Any) -> None:
         accord.aggregator()  # set up first: the steps write outbox events for a consumer
     thread = "order-42"
     console.print(
-        "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write"
+        "\n[bold]An agent killed mid-run[/bold]: 5 steps, each = 1 message + 1 business write. "
+        f"A run holds its thread with a lease ({LEASE_SECONDS:g} s in this demo), renewed "
+        "while it works; a holder that died on this machine is taken over at once."
     )
     worker = subprocess.Popen(
         [sys.executable, "-m", "accord.demo_agent", uri, thread], stdout=subprocess.PIPE, text=True
@@ -163,8 +169,8 @@ def show_memory(uri: str, console: Any) -> None:
     console.print(
         "\n[bold]Long-term memory[/bold], derived from the committed messages through the outbox"
     )
-    with Accord(uri, db_name=DB) as accord:
-        aggregator = accord.aggregator()
+    with Accord(uri, db_name=DB) as app:
+        aggregator = app.aggregator()
         backlog = aggregator.stats().backlog
         done = aggregator.drain()
         console.print(
@@ -172,7 +178,7 @@ def show_memory(uri: str, console: Any) -> None:
             f"dead-lettered: {aggregator.stats().dead}"
         )
         question = "when should deliveries come"
-        for memory in accord.memory().search(("memories",), query=question, limit=2):
+        for memory in app.memory().search(("memories",), query=question, limit=2):
             source = memory.provenance
             console.print(
                 f"  {memory.kind} {memory.namespace}: {memory.text!r} (score "
@@ -180,7 +186,7 @@ def show_memory(uri: str, console: Any) -> None:
                 f"{source.get('message_ids')})"
             )
         # what a node sees through `get_store()` when the graph is compiled with it
-        hits = accord.store().search(("memories",), query=question, limit=1)
+        hits = app.store().search(("memories",), query=question, limit=1)
         console.print(f"  through the LangGraph store: {[hit.value for hit in hits]}")
         again = aggregator.drain()
         console.print(f"  a second pass finds nothing left to do ({again} events): exactly once")

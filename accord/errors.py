@@ -28,8 +28,17 @@ class EngineStartError(AccordError):
     """The embedded engine could not be started or reached."""
 
 
+class PortInUseError(EngineStartError):
+    """The embedded engine's port is taken by another process (another engine, a mongod)."""
+
+
 class DataDirLockedError(EngineStartError):
     """Another engine process already owns the data directory."""
+
+
+class MissingExtraError(AccordError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'accord[server]'``)."""
 
 
 class ConcurrentRunError(AccordError):
@@ -127,6 +136,12 @@ class DatabaseError(AccordError):
 class TransactionTimeout(DatabaseError):
     """A transaction kept failing with retryable errors (write conflicts, a lost connection,
     an unknown commit result) until its time bound ran out. Nothing of it was committed."""
+
+
+class DatabaseUnreachable(TransactionTimeout):
+    """No MongoDB server answered within the client's server-selection timeout (or the
+    operation's bound, if shorter). The message names the hosts tried (never the
+    credentials), their errors and the likely fix; nothing was written."""
 
 
 class WriteRefused(AccordError):

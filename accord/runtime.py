@@ -9,15 +9,15 @@ and hands it to the checkpointer, the memory service and store, and the aggregat
 
     from accord.runtime import Accord
 
-    accord = Accord()                             # MONGODB_URI, or the embedded engine
-    graph = builder.compile(checkpointer=accord.checkpointer(), store=accord.store())
-    with accord.background_aggregator():          # long-term memory from the messages
+    app = Accord()                             # MONGODB_URI, or the embedded engine
+    graph = builder.compile(checkpointer=app.checkpointer(), store=app.store())
+    with app.background_aggregator():          # long-term memory from the messages
         graph.invoke(...)
 
-    async with AsyncAccord() as accord:           # the same on AsyncMongoClient
-        graph = builder.compile(checkpointer=await accord.checkpointer(),
-                                store=await accord.store())
-        async with await accord.background_aggregator():   # a task on this loop
+    async with AsyncAccord() as app:           # the same on AsyncMongoClient
+        graph = builder.compile(checkpointer=await app.checkpointer(),
+                                store=await app.store())
+        async with await app.background_aggregator():   # a task on this loop
             await graph.ainvoke(...)
 
 A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
@@ -305,7 +305,7 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
 
     async def background_aggregator(self, **kwargs: Any) -> AsyncBackgroundAggregator:
         """The aggregator as a task on the running event loop, set up and not started:
-        ``async with await accord.background_aggregator() as worker: ...`` starts it and
+        ``async with await app.background_aggregator() as worker: ...`` starts it and
         stops it (after its current event) on exit."""
         return AsyncBackgroundAggregator(await self.aggregator(**kwargs))
 

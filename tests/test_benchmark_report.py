@@ -25,3 +25,21 @@ def test_a_report_without_notes_gets_an_empty_notes_section(tmp_path: Path) -> N
 def test_the_committed_report_has_its_notes_section() -> None:
     report = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
     assert NOTES_MARKER in report.read_text()
+
+
+def test_the_install_size_table_replaces_its_block_and_keeps_the_rest(tmp_path: Path) -> None:
+    from benchmarks.install_size import END, START, Size, table, write_report
+
+    report = tmp_path / "benchmarks.md"
+    report.write_text(f"# Benchmarks\n\n{NOTES_MARKER}\n\n## Notes\n\nby hand\n")
+    sizes = [
+        Size("accord", "core", 56, 199.0, 1.0),
+        Size("accord[server]", "+ doors", 75, 230.0, 1.0),
+    ]
+    write_report("### Install sizes\n\n" + table(sizes), report)
+    write_report("### Install sizes\n\n" + table(sizes[:1]), report)  # a second run
+    text = report.read_text()
+    assert text.count(START) == 1 and text.count(END) == 1 and "by hand" in text
+    assert "| `pip install accord` | core | 56 | 199 | 1.00x |" in text
+    assert "accord[server]" not in text  # the second run's table replaced the first
+    assert NOTES_MARKER in text and text.index(NOTES_MARKER) < text.index(START)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from accord.platform import stop_engine
 
 @pytest.mark.slow
 def test_demo_runs_and_resumes_the_killed_agent_exactly_once(tmp_path: Path) -> None:
-    env = dict(os.environ, ACCORD_DATA_DIR=str(tmp_path / "demo"), COLUMNS="200")
+    # 80 columns, as a terminal (or a pipe) has by default: no message may be cut
+    env = dict(os.environ, ACCORD_DATA_DIR=str(tmp_path / "demo"), COLUMNS="80")
     try:
         result = subprocess.run(
             [sys.executable, "-m", "accord.demo"],
@@ -40,3 +42,14 @@ def test_demo_runs_and_resumes_the_killed_agent_exactly_once(tmp_path: Path) -> 
     )
     assert "through the LangGraph store: [{'content': 'User prefers deliveries" in out
     assert "a second pass finds nothing left to do (0 events)" in out
+    assert "with a lease (2 s in this demo)" in out  # why the resumed worker may wait
+    # whole lines at 80 columns (the committed step depends on when the kill lands)
+    assert re.search(
+        r"\n  total: \$41\.25; the resumed run continued after the last committed step "
+        r"\(\d\) instead of starting over\n",
+        out,
+    ), out
+    assert (
+        "accounts: [{'_id': 'alice', 'balance': 70}, {'_id': 'bob', 'balance': 80}]  "
+        "ledger entries: 1\n" in out
+    )

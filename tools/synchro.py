@@ -33,11 +33,11 @@ import argparse
 import ast
 import io
 import re
-import tokenize
 import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
 from pathlib import Path
 
 import unasync

@@ -37,6 +37,7 @@ from langgraph.checkpoint.base import (
 
 from accord.checkpointers import langgraph_internals
 from accord.errors import AccordError, DatabaseError
+from accord.platform.logs import describe, log_failure
 
 logger = logging.getLogger("accord.checkpointers")
 
@@ -321,8 +322,8 @@ class _Workers:
                 continue  # a job came in as the wait ended: take it
             try:
                 contextvars.Context().run(fn, *args)
-            except BaseException:  # what a thread of its own would have printed
-                logger.exception("accord: a background save raised")
+            except BaseException as exc:  # what a thread of its own would have printed
+                log_failure(logger, logging.ERROR, "accord: a background save raised", exc=exc)
             finally:
                 del fn, args
             with self._lock:
@@ -363,10 +364,10 @@ def on_loop_exit(
                     await release(run)
                 else:
                     await in_thread(release, run)
-            except Exception:
+            except Exception as failed:
                 if exc is None:
                     raise  # the run's outcome: a queued save failed
-                logger.warning("accord: ending run after %r", exc, exc_info=True)
+                _ending_after(exc, failed)
             return False
 
         stack.push_async_exit(aexit)
@@ -378,14 +379,27 @@ def on_loop_exit(
                     _from_thread(release, run, on_saver_loop)
                 else:
                     release(run)
-            except Exception:
+            except Exception as failed:
                 if exc is None:
                     raise
-                logger.warning("accord: ending run after %r", exc, exc_info=True)
+                _ending_after(exc, failed)
             return False
 
         stack.push(exit_)
     _release_if_start_fails(pregel_loop, release, run, on_saver_loop)
+
+
+def _ending_after(exc: BaseException, failed: BaseException) -> None:
+    """Releasing a run failed while the run was already raising ``exc`` to the caller
+    (who handles it: a ``BusinessWriteError`` caught by the application): one line."""
+    if describe(failed) == describe(exc):  # the same failure, surfaced by the release
+        logger.warning("accord: the run ended after %s", describe(exc))
+        logger.debug("traceback of the run's failure", exc_info=failed)
+        return
+    log_failure(
+        logger, logging.WARNING, "accord: the run ended after %s; releasing it also failed",
+        describe(exc), exc=failed,
+    )  # fmt: skip
 
 
 def _from_thread(

@@ -23,7 +23,7 @@ from accord.errors import (
     TransactionTimeout,
     WriteRefused,
 )
-from accord.platform import codes
+from accord.platform import codes, reachability
 
 
 def node_of(writes: Sequence[tuple[str, Any]]) -> str | None:
@@ -158,6 +158,8 @@ def unsaved_checkpoint(
 
 def read_failed(exc: BaseException, collection: str, timeout: float) -> DatabaseError:
     """A read the driver could not complete, as an accord error."""
+    if reachability.is_unreachable(exc):  # no server at all: say which, and what to check
+        return reachability.unreachable(exc, reachability.hosts_in(exc), timeout)
     if getattr(exc, "timeout", False):
         err: DatabaseError = TransactionTimeout(
             f"Reading {collection!r} did not complete within {timeout:g}s "

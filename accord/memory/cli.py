@@ -28,15 +28,18 @@ import typer
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
 
 memory_app = typer.Typer(
-    help="Long-term memory: the aggregator worker, its outbox, API keys.", no_args_is_help=True
+    help="Long-term memory: the aggregator worker, its outbox, API keys.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # as the platform's app: flags shown as flags
 )
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 
 class MemorySettings(BaseSettings):
@@ -59,6 +62,13 @@ KEYS_FILE = typer.Option(
     None, "--keys-file", help="API keys (default: ACCORD_API_KEYS_FILE / ACCORD_API_KEYS)."
 )
 
+ADD_TO_KEYS_FILE = typer.Option(
+    None,
+    "--keys-file",
+    help="Add the key's entry to this keys file (created if missing; TOML, or JSON for "
+    ".json). A running 'accord serve' on that file picks it up without a restart.",
+)
+
 
 def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str, str]:
     from accord.platform import connection
@@ -68,7 +78,7 @@ def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str,
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     return typer.Exit(2)
 
 
@@ -242,24 +252,34 @@ def api_key(
     tenant: str = typer.Option(..., help="The tenant the key may read and write."),
     name: str = typer.Option(..., help="Who uses the key (shown in logs and audit)."),
     read_only: bool = typer.Option(False, "--read-only", help="Only read."),
+    keys_file: Path | None = ADD_TO_KEYS_FILE,
 ) -> None:
-    """Create an API key for ``accord serve``: prints the key (once) and the entry to add
-    to the keys file (which holds only its SHA-256)."""
+    """Create an API key for 'accord serve'. Prints the key once (give it to the client);
+    the keys file holds only its SHA-256. With --keys-file the entry is added to the
+    file, else it is printed for you to add."""
     from accord.memory import model
-    from accord.memory.principals import hash_key, new_key
+    from accord.memory.principals import ApiKeys, Principal, Scope, hash_key, new_key
 
+    key = new_key()
+    scopes: list[Scope] = ["read"] if read_only else ["read", "write"]
     try:
         model.check_tenant(tenant)
-    except AccordError as exc:
+        principal = Principal(
+            name=name, tenant=tenant, key_sha256=hash_key(key), scopes=frozenset(scopes)
+        )
+        if keys_file is not None:
+            ApiKeys.add_to_file(keys_file, principal)
+    except (AccordError, ValueError) as exc:  # ValueError: pydantic's, for a bad name
         raise _fail(exc) from exc
-    key = new_key()
-    scopes = '["read"]' if read_only else '["read", "write"]'
     console.print("API key (shown once; give it to the client):")
-    out.print(key)
-    console.print("Add to the keys file (ACCORD_API_KEYS_FILE):")
+    out.print(key, highlight=False)
+    if keys_file is not None:
+        console.print(f"added {name!r} (tenant {tenant!r}) to {keys_file}", highlight=False)
+        return
+    console.print("Add to the keys file (ACCORD_API_KEYS_FILE), or pass --keys-file:")
     out.print(
         f'\n[[principals]]\nname = {json.dumps(name)}\ntenant = {json.dumps(tenant)}\n'
-        f'key_sha256 = "{hash_key(key)}"\nscopes = {scopes}',
+        f'key_sha256 = "{principal.key_sha256}"\nscopes = {json.dumps(scopes)}',
         markup=False, highlight=False,
     )  # fmt: skip
 
@@ -272,14 +292,15 @@ def serve(
     port: int = typer.Option(8000, min=0, max=65535),
     keys_file: Path | None = KEYS_FILE,
 ) -> None:
-    """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs)."""
-    import uvicorn
-
-    from accord.memory.http_api import create_app
+    """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs). Needs the
+    server extra: pip install 'accord[server]'."""
+    from accord.extras import require
     from accord.memory.principals import ApiKeys
 
     settings = MemorySettings()
     try:
+        uvicorn = require("uvicorn", "accord serve")
+        create_app = require("accord.memory.http_api", "accord serve").create_app
         keys = ApiKeys.from_file(keys_file) if keys_file else ApiKeys.from_env()
         resolved, database = _connect(uri, dbpath, db)
         app = create_app(resolved, keys=keys, db_name=database, embedder=settings.embedder,
@@ -299,13 +320,15 @@ def mcp(
     db: str | None = DB,
 ) -> None:
     """Serve accord memory to an MCP client over stdio (tools: search_memory, save_memory,
-    get_memory, delete_memory, list_namespaces)."""
+    get_memory, delete_memory, list_namespaces). Needs the server extra:
+    pip install 'accord[server]'."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout is the protocol
-    from accord.memory.mcp_server import create_server
+    from accord.extras import require
 
     settings = MemorySettings()
     tenant = tenant or settings.mcp_tenant
     try:
+        create_server = require("accord.memory.mcp_server", "accord mcp").create_server
         if not tenant:
             raise ConfigurationError("give the tenant: --tenant or ACCORD_MCP_TENANT")
         resolved, database = _connect(uri, dbpath, db)

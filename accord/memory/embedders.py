@@ -8,7 +8,8 @@ Three kinds, one protocol (:class:`Embedder`):
   style recall; configure a real model for meaning ("car" does not find "automobile").
 - :class:`LangChainEmbedder`: any LangChain ``Embeddings`` object (OpenAI, Cohere, a local
   sentence-transformers model...), or a plain function ``texts -> vectors``.
-- :class:`VoyageEmbedder`: Voyage AI through the ``voyageai`` package, with ``input_type``
+- :class:`VoyageEmbedder`: Voyage AI through the ``voyageai`` package (the ``accord[voyage]``
+  extra; without it, constructing one says so), with ``input_type``
   ``document`` for memories and ``query`` for searches, batches within the API's limits, and
   retries with backoff on rate limits (HTTP 429).
 - :class:`~accord.memory.local_embedder.LocalEmbedder` (``"local"``): all-MiniLM-L6-v2 on
@@ -34,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from accord.errors import ConfigurationError, EmbeddingDimensionError
+from accord.extras import require
 from accord.memory.local_embedder import LocalEmbedder
 
 log = logging.getLogger("accord.memory.embedders")
@@ -227,8 +229,8 @@ VOYAGE_DEFAULT_BUDGET = 120_000
 def _is_rate_limit(exc: BaseException) -> bool:
     try:
         from voyageai import error as voyage_error
-    except ImportError:  # pragma: no cover - voyageai is a dependency
-        return False
+    except ImportError:  # fakes in tests without the voyage extra: the status decides
+        return getattr(exc, "http_status", None) == 429
     if isinstance(exc, voyage_error.RateLimitError):
         return True
     return getattr(exc, "http_status", None) == 429
@@ -263,6 +265,8 @@ class VoyageEmbedder:
             raise ConfigurationError(
                 f"batch_size must be in [1, {VOYAGE_MAX_TEXTS}] (the API's limit), got {batch_size}"
             )
+        if client is None or aclient is None:  # the real client: fail now, not at first use
+            require("voyageai", "VoyageEmbedder (ACCORD_EMBEDDER=voyage:...)")
         self.model = model
         self.name = f"voyage:{model}"
         self._dims = dims or VOYAGE_DIMS.get(model)

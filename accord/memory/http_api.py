@@ -37,7 +37,13 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+try:  # the server extra (accord/extras.py): say so when it is missing
+    from fastapi import Depends, FastAPI, Path, Query, Request
+    from fastapi_offline import FastAPIOffline
+except ImportError as exc:
+    from accord.extras import missing
+
+    raise missing(exc, "The memory HTTP API (accord serve)") from exc
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -391,7 +397,9 @@ def create_app(
             if client is not None:
                 await client.close()
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI whose /docs and /redoc load their scripts and styles from
+    # the package's files, not a CDN (docs work offline and behind a firewall).
+    app = FastAPIOffline(
         title="accord memory",
         version="1",
         description="Long-term memory of LangGraph agents on MongoDB, per tenant. "

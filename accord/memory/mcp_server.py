@@ -26,8 +26,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+try:  # the server extra (accord/extras.py): say so when it is missing
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError as exc:
+    from accord.extras import missing
+
+    raise missing(exc, "The MCP server (accord mcp)") from exc
 from pydantic import BaseModel, Field
 from pymongo import AsyncMongoClient
 

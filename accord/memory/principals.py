@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import tomllib
@@ -37,10 +38,37 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from accord.errors import ConfigurationError
 from accord.memory import model
 
+log = logging.getLogger("accord.memory.http")
+
 Scope = Literal["read", "write"]
 MIN_KEY_LENGTH = 24
 KEYS_ENV = "ACCORD_API_KEYS"
 KEYS_FILE_ENV = "ACCORD_API_KEYS_FILE"
+
+
+def _with_entry(text: str, entry: dict[str, Any], *, as_json: bool) -> str:
+    """A keys file's ``text`` with ``entry`` appended to its principals."""
+    if as_json:
+        data = json.loads(text) if text.strip() else {"principals": []}
+        entries = data.get("principals") if isinstance(data, dict) else data
+        if not isinstance(entries, list):
+            raise ValueError("expected a list of principals")
+        entries.append(entry)
+        return json.dumps(data, indent=2) + "\n"
+    # JSON strings and lists of strings are valid TOML values.
+    block = "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items())
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + ("\n" if text else "") + "[[principals]]\n" + block
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of ``path``; None if it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def hash_key(key: str) -> str:
@@ -93,7 +121,13 @@ class Principal(BaseModel):
 
 
 class ApiKeys:
-    """The configured principals; :meth:`authenticate` maps a presented key to one."""
+    """The configured principals; :meth:`authenticate` maps a presented key to one.
+
+    Loaded :meth:`from_file`, the keys follow the file: a request after the file changed
+    (its modification time or size) is checked against the new keys, so a key added by
+    ``accord memory api-key --keys-file`` or removed by hand takes effect without a
+    restart. A changed file that does not load keeps the previous keys (logged once).
+    """
 
     def __init__(self, principals: Iterable[Principal]) -> None:
         self.principals = list(principals)
@@ -104,14 +138,38 @@ class ApiKeys:
         if len(set(hashes)) != len(hashes):
             raise ConfigurationError("two principals have the same key; give each its own")
         self._digests = [bytes.fromhex(h) for h in hashes]
+        self._source: Path | None = None
+        self._stamp: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.principals)
+
+    def _follow(self, path: Path) -> ApiKeys:
+        self._source, self._stamp = path, _stamp(path)
+        return self
+
+    def _reload_if_changed(self) -> None:
+        if self._source is None:
+            return
+        stamp = _stamp(self._source)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp  # a broken file is reported once, not on every request
+        try:
+            fresh = ApiKeys.from_file(self._source)
+        except ConfigurationError as exc:
+            log.warning(
+                "API keys file changed but does not load; keeping the previous keys: %s", exc
+            )
+            return
+        self.principals, self._digests = fresh.principals, fresh._digests
+        log.info("API keys reloaded from %s: %d principals", self._source, len(self.principals))
 
     def authenticate(self, presented: str | None) -> Principal | None:
         """The principal whose key ``presented`` is, or None. Constant time in the key."""
         if not presented:
             return None
+        self._reload_if_changed()
         digest = hashlib.sha256(presented.encode("utf-8", "surrogatepass")).digest()
         found = -1
         for i, known in enumerate(self._digests):  # no early exit
@@ -152,7 +210,39 @@ class ApiKeys:
             raise ConfigurationError(
                 f"API keys file {p} is not valid {p.suffix[1:] or 'TOML'}: {exc}"
             ) from None
-        return cls.parse(data, str(p))
+        return cls.parse(data, str(p))._follow(p)
+
+    @staticmethod
+    def add_to_file(path: str | os.PathLike[str], principal: Principal) -> None:
+        """Add ``principal`` to the keys file at ``path`` (TOML, or JSON for ``.json``;
+        created, readable by its owner only, when missing). The file is checked with the
+        new entry before it is replaced, so it is never left half-written or invalid."""
+        p = Path(path)
+        entry = principal.model_dump(mode="json", exclude={"key"})
+        entry["scopes"] = sorted(entry["scopes"])
+        try:
+            text = p.read_text(encoding="utf-8") if p.exists() else ""
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read API keys file {p}: {exc.strerror}") from exc
+        try:
+            new_text = _with_entry(text, entry, as_json=p.suffix == ".json")
+            data = json.loads(new_text) if p.suffix == ".json" else tomllib.loads(new_text)
+        except ValueError as exc:  # JSONDecodeError, TOMLDecodeError
+            raise ConfigurationError(
+                f"API keys file {p} does not parse ({exc}); fix it first"
+            ) from None
+        ApiKeys.parse(data, str(p))  # a duplicate name or key is refused before writing
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(new_text)
+            if p.exists():
+                os.chmod(tmp, p.stat().st_mode & 0o777)
+            os.replace(tmp, p)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise ConfigurationError(f"cannot write API keys file {p}: {exc.strerror}") from exc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:

@@ -1,22 +1,53 @@
-"""The ``accord`` command line."""
+"""The ``accord`` command line.
+
+Help is rendered in click's plain style (``rich_markup_mode=None``): typer's rich panels
+show every flag, ``--help`` included, as taking a ``<bool>`` value.
+"""
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from accord.errors import AccordError
 from accord.platform import connection
+from accord.platform.embedded.discovery import DEFAULT_PORT
+from accord.platform.settings import Settings
 
 app = typer.Typer(
     help="accord: transactional state and memory for LangGraph agents on MongoDB.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
-engine_app = typer.Typer(help="Run the embedded MongoDB-compatible engine.", no_args_is_help=True)
+engine_app = typer.Typer(
+    help="Run the embedded MongoDB-compatible engine.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(engine_app, name="engine")
-console = Console()
+console = Console(soft_wrap=True)  # lines a script may parse are never cut
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            found = version("accord")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "unknown (not installed)"
+        console.print(f"accord {found}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """accord: transactional state and memory for LangGraph agents on MongoDB."""
+
 
 DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
 
@@ -31,7 +62,12 @@ def _positive(value: float) -> float:
 def engine_start(
     dbpath: Path = DBPATH,
     port: int = typer.Option(
-        27017, "--port", min=0, max=65535, help="TCP port (0: any free port)."
+        DEFAULT_PORT,
+        "--port",
+        min=0,
+        max=65535,
+        help=f"TCP port (0: any free port). {DEFAULT_PORT} by default, not mongod's 27017, "
+        "so that a local mongod and the engine never collide.",
     ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."
@@ -124,12 +160,14 @@ def engine_start(
         options.append("--auth")
     try:
         uri = connection.spawn_engine(
-            dbpath.resolve(), port=port, host=host, sync=not no_sync, timeout=20.0, options=options
-        )
+            dbpath.resolve(), port=port, host=host, sync=not no_sync,
+            timeout=Settings().engine_start_timeout, options=options,
+        )  # fmt: skip
     except AccordError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from exc
-    console.print(f"engine started: {uri}  (dbpath {dbpath})")
+    console.print(f"engine started: {uri}  (dbpath {dbpath})", highlight=False)
+    console.print(f"stop it with: accord engine stop --dbpath {dbpath}", highlight=False)
 
 
 @engine_app.command("stop")
@@ -149,6 +187,20 @@ def engine_status(dbpath: Path = DBPATH) -> None:
         console.print(f"no engine running on {dbpath}")
         raise typer.Exit(1)
     console.print(f"running: pid {found[0]}, {connection.engine_uri(found[1])}")
+
+
+@engine_app.command("ls")
+def engine_ls() -> None:
+    """List the engines running on this machine (their data directory, port and pid)."""
+    running = connection.running_engines()
+    if not running:
+        console.print("no engine running")
+        return
+    for e in running:
+        console.print(
+            f"{e['dbpath']}  {connection.engine_uri(e['port'], e['host'])}  pid {e['pid']}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 #: Entry-point group through which the other parts of accord (memory, governance) add

@@ -4,13 +4,23 @@ With ``MONGODB_URI`` set, that server is used as is. Otherwise an embedded engin
 started for the data directory, or reused if one already serves it, so several processes
 (runtime, aggregator, API, a restarted worker) share one durable store. The engine runs in
 its own session (process group): it outlives the client process that started it, even
-one killed with SIGKILL.
+one killed with SIGKILL. Starting one logs one INFO line (where, which port, how to stop
+it); ``accord engine ls`` lists the running ones.
+
+A client from :func:`connect` waits at most ``ACCORD_SERVER_SELECTION_TIMEOUT`` seconds
+(5 by default; a URI's own ``serverSelectionTimeoutMS`` wins) for a server, and
+:func:`connect` checks that one is found: an unreachable server is a
+:class:`~accord.errors.DatabaseUnreachable` naming the hosts, in seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
+import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,12 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import PyMongoError
 
-from accord.errors import EngineStartError
+from accord.errors import ConfigurationError, EngineStartError, PortInUseError
+from accord.platform import reachability
+from accord.platform.embedded import discovery
 from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
 from accord.platform.settings import Settings
+from accord.platform.synchronous.reachability import ensure_reachable
 
 ENGINE_LOG = "engine.log"
+log = logging.getLogger(__name__)
 
 
 def read_lock(data_dir: Path) -> tuple[int, int] | None:
@@ -72,7 +87,7 @@ def ensure_engine(
     found = read_lock(directory)
     if found:
         return engine_uri(found[1])
-    return spawn_engine(
+    uri = spawn_engine(
         directory,
         port=0,
         host="127.0.0.1",
@@ -81,6 +96,14 @@ def ensure_engine(
         enable_test_commands=enable_test_commands,
         options=["--auth"] if auth else [],
     )
+    found = read_lock(directory)
+    log.info(
+        "accord: started the embedded engine for %s on %s (pid %s); it keeps running after "
+        "this process exits. Stop it with: accord engine stop --dbpath %s",
+        directory, uri.split("//", 1)[1].split("/", 1)[0], found[0] if found else "?",
+        directory,
+    )  # fmt: skip
+    return uri
 
 
 def spawn_engine(
@@ -103,16 +126,19 @@ def spawn_engine(
         raise EngineStartError(
             f"cannot use {directory} as the engine's data directory: {exc.strerror}"
         ) from exc
+    if port:
+        _probe_port(host, port)  # at once, before a child spends a second importing
     cmd = [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(directory)]
     cmd += ["--port", str(port), "--host", host] + ([] if sync else ["--no-sync"])
     cmd += list(options)
     if enable_test_commands and "--enable-test-commands" not in cmd:
         cmd.append("--enable-test-commands")
-    with open(directory / ENGINE_LOG, "ab") as log:
+    with open(directory / ENGINE_LOG, "ab") as engine_log:
+        since = engine_log.tell()  # what this engine writes starts here
         proc = subprocess.Popen(
             cmd,
-            stdout=log,
-            stderr=log,
+            stdout=engine_log,
+            stderr=engine_log,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             close_fds=True,
@@ -125,11 +151,9 @@ def spawn_engine(
                 _withdraw(proc)
             return engine_uri(found[1], host)
         code = proc.poll()
-        if code is not None and code != 2:
-            raise EngineStartError(
-                f"the embedded engine exited with code {code}: {_log_tail(directory)}"
-            )
-        # Exit code 2: another process won the race to start it; poll for its lock instead.
+        if code is not None and code != discovery.EXIT_DIR_TAKEN:
+            raise _start_failed(directory, since, code)
+        # EXIT_DIR_TAKEN: another process won the race to start it; poll for its lock.
         time.sleep(0.05)
     raise EngineStartError(
         f"the embedded engine did not start within {timeout}s; see {directory / ENGINE_LOG}"
@@ -141,18 +165,72 @@ def resolve_uri(uri: str | None = None, data_dir: str | os.PathLike[str] | None 
     return uri or settings.mongodb_uri or ensure_engine(data_dir)
 
 
+def client_options(uri: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus accord's server-selection timeout, unless the URI or ``kwargs``
+    set one (pymongo's own default, 30 s, is long to wait for a typo'd host)."""
+    given = {k.lower() for k in kwargs}
+    query = uri.partition("?")[2].lower()
+    if "serverselectiontimeoutms" in given or "serverselectiontimeoutms=" in query:
+        return kwargs
+    seconds = Settings().server_selection_timeout
+    return {**kwargs, "serverSelectionTimeoutMS": int(seconds * 1000)}
+
+
+def _client(cls: Any, uri: str, kwargs: dict[str, Any]) -> Any:
+    try:
+        return cls(uri, **client_options(uri, kwargs))
+    except PyMongoError as exc:  # a malformed URI, an SRV record that does not resolve
+        raise ConfigurationError(
+            f"cannot use the MongoDB URI {reachability.redact(uri)!r}: {exc}"
+        ) from exc
+
+
 def connect(
-    uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+    uri: str | None = None,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    check: bool = True,
+    **kwargs: Any,
 ) -> MongoClient[dict[str, Any]]:
-    """A ``MongoClient`` on ``uri``, ``MONGODB_URI``, or the embedded engine for ``data_dir``."""
-    return MongoClient(resolve_uri(uri, data_dir), **kwargs)
+    """A ``MongoClient`` on ``uri``, ``MONGODB_URI``, or the embedded engine for ``data_dir``.
+
+    ``check`` (default): wait now until the driver has found a writable server, at most
+    the server-selection timeout (``ACCORD_SERVER_SELECTION_TIMEOUT``, 5 s), and raise
+    :class:`~accord.errors.DatabaseUnreachable` naming the hosts if none answers.
+    ``kwargs`` go to ``MongoClient``.
+    """
+    client: MongoClient[dict[str, Any]] = _client(MongoClient, resolve_uri(uri, data_dir), kwargs)
+    if check:
+        try:
+            ensure_reachable(client)
+        except BaseException:
+            client.close()
+            raise
+    return client
 
 
 def connect_async(
     uri: str | None = None, *, data_dir: str | os.PathLike[str] | None = None, **kwargs: Any
 ) -> AsyncMongoClient[dict[str, Any]]:
-    """The ``AsyncMongoClient`` twin of :func:`connect` (pymongo's native async API)."""
-    return AsyncMongoClient(resolve_uri(uri, data_dir), **kwargs)
+    """The ``AsyncMongoClient`` twin of :func:`connect` (pymongo's native async API). It
+    cannot wait here (no loop): accord's first operation on it checks the server instead,
+    within the same server-selection timeout."""
+    return _client(AsyncMongoClient, resolve_uri(uri, data_dir), kwargs)  # type: ignore[no-any-return]
+
+
+def running_engines() -> list[dict[str, Any]]:
+    """The embedded engines running on this machine for this user: ``dbpath``, ``host``,
+    ``port`` and ``pid`` of each, by data directory. Entries of engines that died without
+    stopping (SIGKILL) are dropped from the list on the way."""
+    running = []
+    for record in discovery.listed_engines():
+        found = read_lock(Path(record["dbpath"]))
+        if found and found[0] == record.get("pid"):
+            running.append({k: record[k] for k in ("dbpath", "host", "port", "pid")})
+        elif found is None:  # nothing serves that directory any more: a stale entry
+            with contextlib.suppress(OSError):
+                Path(record["entry"]).unlink()
+    return sorted(running, key=lambda r: r["dbpath"])
 
 
 def stop_engine(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bool:
@@ -189,6 +267,48 @@ def _withdraw(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _probe_port(host: str, port: int) -> None:
+    """Raise :class:`~accord.errors.PortInUseError` if ``host:port`` is taken now. The
+    engine checks again when it binds (another process may take the port in between); this
+    only answers the common case without starting a process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the engine binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"the embedded engine could not start: cannot listen on {host}:{port}: "
+                    f"address already in use (another accord engine, or a mongod?). Pick "
+                    f"another --port, or --port 0 for any free one; `accord engine ls` "
+                    f"lists running engines."
+                ) from exc
+            # anything else (an address not of this machine...): the engine says it
+
+
+def _start_failed(directory: Path, since: int, code: int) -> EngineStartError:
+    """The error for an engine process that exited with ``code`` before it listened: its
+    own ``error: ...`` line (what it wrote to the log from offset ``since``)."""
+    try:
+        with open(directory / ENGINE_LOG, "rb") as f:
+            f.seek(since)
+            written = f.read().decode(errors="replace")
+    except OSError:
+        written = ""
+    reasons = [
+        line[len("error: ") :] for line in written.splitlines() if line.startswith("error: ")
+    ]
+    if reasons:
+        reason = reasons[-1]
+        cls = PortInUseError if "address already in use" in reason else EngineStartError
+        return cls(f"the embedded engine could not start: {reason}")
+    return EngineStartError(
+        f"the embedded engine exited with code {code} before it listened; the end of its "
+        f"log ({directory / ENGINE_LOG}): {written.strip()[-400:] or '(empty)'}"
+    )
 
 
 def _log_tail(directory: Path, chars: int = 400) -> str:

@@ -22,6 +22,12 @@ class Settings(BaseSettings):
         default=Path(".accord/data"), description="Embedded engine data directory."
     )
     engine_sync: bool = Field(default=True, description="fsync each commit of the embedded engine.")
+    server_selection_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds connect() waits for a MongoDB server before it reports it "
+        "unreachable (a URI's serverSelectionTimeoutMS wins).",
+    )
     engine_start_timeout: float = Field(
         default=20.0, gt=0, description="Seconds to wait for the engine."
     )

@@ -30,7 +30,7 @@ from pymongo.errors import (
 )
 
 from accord.errors import DatabaseError, TransactionTimeout, WriteRefused
-from accord.platform import codes
+from accord.platform import codes, reachability
 from accord.platform.plan import Group
 
 #: MongoDB's maximum BSON document size.
@@ -220,6 +220,8 @@ def _database_error(exc: BaseException) -> DatabaseError:
 
 def failure(exc: PyMongoError, timeout: float) -> DatabaseError:
     """What a driver error that escaped the transaction loop means for the caller."""
+    if reachability.is_unreachable(exc):  # no server at all: say which, and what to check
+        return reachability.unreachable(exc, reachability.hosts_in(exc), timeout)
     if exc.timeout:
         err: DatabaseError = TransactionTimeout(
             f"The transaction did not complete within {timeout:g}s: the last attempt failed "
@@ -234,6 +236,8 @@ def failure(exc: PyMongoError, timeout: float) -> DatabaseError:
 
 def read_failure(exc: PyMongoError, collection: str, timeout: float) -> DatabaseError:
     """A read the driver could not complete, as an accord error."""
+    if reachability.is_unreachable(exc):  # no server at all: say which, and what to check
+        return reachability.unreachable(exc, reachability.hosts_in(exc), timeout)
     if exc.timeout:
         err: DatabaseError = TransactionTimeout(
             f"Reading {collection!r} did not complete within {timeout:g}s "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,9 +15,9 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from accord.errors import DataDirLockedError, EngineStartError
+from accord.errors import DataDirLockedError, EngineStartError, PortInUseError
 from accord.platform import connect, connect_async, ensure_engine, stop_engine
-from accord.platform.connection import read_lock
+from accord.platform.connection import read_lock, spawn_engine
 from accord.platform.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.embedded_only
@@ -113,7 +115,7 @@ def test_second_engine_on_the_same_dbpath_is_refused(tmp_path: Path) -> None:
             [sys.executable, "-m", "accord.platform.embedded", "--dbpath", str(tmp_path), "--port", "0"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert proc.returncode == 2
+        assert proc.returncode == 100  # mongod's exit code for a data directory in use
         assert "in use by another accord engine" in proc.stderr
 
 
@@ -252,3 +254,41 @@ def test_a_stale_lock_file_does_not_name_the_engine_that_replaces_it(tmp_path: P
             assert client.admin.command("ping")["ok"] == 1
     finally:
         stop_engine(directory)
+
+
+def test_starting_an_engine_says_where_which_port_and_how_to_stop_it(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="accord.platform.connection"):
+        connect(data_dir=data_dir).close()
+        connect(data_dir=data_dir).close()  # reusing the running engine says nothing
+    said = [r for r in caplog.records if r.name == "accord.platform.connection"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    pid, port = read_lock(data_dir) or (0, 0)
+    line = said[0].getMessage()
+    assert str(data_dir.resolve()) in line and f":{port}" in line and f"pid {pid}" in line
+    assert f"accord engine stop --dbpath {data_dir.resolve()}" in line
+
+
+def test_a_failed_start_says_why_at_once(tmp_path: Path) -> None:
+    """The engine process's own error, not "did not start within 20s; see engine.log":
+    here data files the engine refuses (an emptied database file after an unclean stop)."""
+    (tmp_path / "mongod.lock").write_text("12345 27027\n")  # the last stop was not clean
+    (tmp_path / "accord-engine.sqlite3").write_bytes(b"")
+    started = time.monotonic()
+    with pytest.raises(EngineStartError, match="is empty") as caught:
+        spawn_engine(tmp_path, port=0, host="127.0.0.1", sync=False, timeout=20)
+    assert "--repair" in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_a_busy_port_is_refused_before_starting_a_process(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(PortInUseError, match="address already in use"):
+            spawn_engine(tmp_path, port=port, host="127.0.0.1", sync=False, timeout=20)
+    assert time.monotonic() - started < 1
+    assert not (tmp_path / "engine.log").exists()  # no engine process was started

@@ -22,6 +22,7 @@ from pymongo.errors import CollectionInvalid, OperationFailure, PyMongoError
 from accord.errors import ConfigurationError
 from accord.platform import codes, write_errors
 from accord.platform.artifacts import CATALOG_COLLECTION, catalog_plan, reserved_names
+from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 
 _IS_SYNC = False
@@ -46,6 +47,9 @@ class AsyncCatalog:
         """Create ``owned`` (collection -> artifact class) with their ``indexes`` and
         record them as ``component``'s. Idempotent and safe to run concurrently."""
         db = self.uow.client[self.db_name]
+        await ensure_reachable(
+            self.uow.client, self.uow.timeout
+        )  # fail in seconds, naming the hosts
         try:
             existing = set(await db.list_collection_names())
             for name in sorted({*owned, CATALOG_COLLECTION} - existing):

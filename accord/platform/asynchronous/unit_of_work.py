@@ -61,6 +61,7 @@ from pymongo.errors import PyMongoError
 
 from accord.errors import AccordError, ConfigurationError, PermissionDenied
 from accord.platform import write_errors
+from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.context import RUNTIME, Principal, ReadContext
 from accord.platform.hooks import (
     Hooks,
@@ -213,6 +214,7 @@ class AsyncUnitOfWork:
                 )
         if not groups:
             return PlanResult({})
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         bulk = await self.client_bulk()
         attempts = 0
 
@@ -236,6 +238,7 @@ class AsyncUnitOfWork:
 
     async def _single(self, group: Group) -> PlanResult:
         """One op as one atomic command (retryable write, write concern majority)."""
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         op = group.ops[0]
         coll = self.client[group.db][group.collection].with_options(write_concern=WRITE_CONCERN)
         counts = Counts()
@@ -505,6 +508,7 @@ class AsyncUnitOfWork:
         except PermissionDenied as exc:
             await self._refused(Refusal(context, exc, read=request))
             raise
+        await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
 
     async def _refused(self, refusal: Refusal) -> None:

@@ -9,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from accord.errors import EngineStartError
+from accord.errors import DataDirLockedError, EngineStartError
+from accord.platform.embedded.discovery import EXIT_DIR_TAKEN, EXIT_START_FAILED
 from accord.platform.embedded.server import EmbeddedServer
 
 # What a parent process reads on the engine's stdout to learn that it listens.
@@ -36,11 +37,14 @@ def serve(
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.
 
-    Exit code 2 means the engine could not start (data directory in use or unusable,
-    port taken); the reason is printed on stderr. ``ACCORD_ENGINE_ADMIN_USER`` and
-    ``ACCORD_ENGINE_ADMIN_PASSWORD``, when both are set, name a ``root`` user created at
-    start if no user exists yet (read from the environment, never the command line, where
-    other users of the machine could see the password).
+    Exit code 2: the engine could not start (port in use, data directory unusable, data
+    files damaged); exit code 100 (mongod's for a data directory in use): another engine
+    serves ``dbpath``, and a starter that lost the race to start it polls for the winner's
+    lock. The reason is printed on stderr as one ``error: ...`` line.
+    ``ACCORD_ENGINE_ADMIN_USER`` and ``ACCORD_ENGINE_ADMIN_PASSWORD``, when both are set,
+    name a ``root`` user created at start if no user exists yet (read from the
+    environment, never the command line, where other users of the machine could see the
+    password).
     """
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -48,7 +52,7 @@ def serve(
     admin = admin_from_environment()
     if isinstance(admin, str):
         print(f"error: {admin}", file=sys.stderr)
-        return 2
+        return EXIT_START_FAILED
     # A thread that wants Python's interpreter lock waits up to this long for the one
     # holding it (5 ms by default). The loop serving inserts and a read's slice under the
     # engine lock need it back often, beside threads doing a heavy read's work: an insert's
@@ -84,9 +88,12 @@ def serve(
     signal.signal(signal.SIGINT, _note)
     try:
         server.start()
+    except DataDirLockedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_DIR_TAKEN
     except EngineStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_START_FAILED
     print(f"{READY_LINE} {server.address} dbpath={server.dbpath}", flush=True)
     while not requested and not server.stopping.wait(STOP_POLL_S):
         pass

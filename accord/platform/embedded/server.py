@@ -6,6 +6,7 @@ itself and hands every other command to the connection's worker thread.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import itertools
 import logging
@@ -18,12 +19,12 @@ from typing import Any
 
 import bson
 
-from accord.errors import DataDirLockedError, EngineStartError
-from accord.platform.embedded import vector_search, wire
+from accord.errors import DataDirLockedError, EngineStartError, PortInUseError
+from accord.platform.embedded import discovery, vector_search, wire
 from accord.platform.embedded.auth.catalog import AuthCatalog
 from accord.platform.embedded.auth.checks import Authorizer
 from accord.platform.embedded.commands import MAX_WIRE_VERSION
-from accord.platform.embedded.discovery import LOCK_FILE, REPLICA_SET
+from accord.platform.embedded.discovery import DEFAULT_PORT, LOCK_FILE, REPLICA_SET
 from accord.platform.embedded.dispatch import Connection, Dispatcher, PendingReply
 from accord.platform.embedded.engine import HISTORY_WINDOW_S, SESSION_TIMEOUT_MINUTES, Engine
 from accord.platform.embedded.group_commit import GroupCommitter
@@ -57,7 +58,7 @@ class EmbeddedServer:
         dbpath: str | os.PathLike[str],
         *,
         host: str = "127.0.0.1",
-        port: int = 27017,
+        port: int = DEFAULT_PORT,
         sync: bool = True,
         ttl_interval: float = 60.0,
         transaction_lifetime: float = 60.0,
@@ -148,19 +149,42 @@ class EmbeddedServer:
                 "stop it first or pick another --dbpath"
             ) from None
         # A clean shutdown empties the lock file; anything in it means the last one was not.
-        unclean = bool(os.pread(self._lock_fd, 100, 0).strip())
+        previous = os.pread(self._lock_fd, 100, 0)
+        unclean = bool(previous.strip())
         # Until this engine listens, the file names no pid and port (``read_lock`` takes
         # it for an engine starting): a previous engine's would send clients to its port,
         # and make a starter take this engine for another one. Not empty, so a crash
         # before the start completes still counts as unclean.
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"starting {os.getpid()}\n".encode(), 0)
+        # The port before the data: a port in use is reported at once, not after loading
+        # the data set (which can take seconds). Nobody connects before the lock file
+        # names the port, below.
+        try:
+            self._listener = _listen(self.host, self.requested_port)
+        except OSError as exc:
+            # Nothing was opened: the lock file says again what it said (clean or not).
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, previous, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"cannot listen on {self.host}:{self.requested_port}: address already in "
+                    f"use (another accord engine, or a mongod?). Pick another --port, or "
+                    f"--port 0 for any free one; `accord engine ls` lists running engines."
+                ) from exc
+            raise EngineStartError(
+                f"cannot listen on {self.host}:{self.requested_port}: {exc.strerror or exc}"
+            ) from exc
         try:
             self.engine = Engine(
                 self.dbpath, sync=self.sync, history_window=self.snapshot_history,
                 expect_durable=unclean, repair=self.repair,
             )  # fmt: skip
         except BaseException:
+            self._listener.close()
+            self._listener = None
             os.close(self._lock_fd)  # leave the lock file's content: still unclean
             self._lock_fd = None
             raise
@@ -180,23 +204,18 @@ class EmbeddedServer:
             try:
                 self._create_first_admin(*self.admin_user)
             except BaseException:
+                self._listener.close()
+                self._listener = None
                 self.engine.close()
                 self._release_lock()
                 raise
-        try:
-            self._listener = _listen(self.host, self.requested_port)
-        except OSError as exc:
-            self.engine.close()
-            self._release_lock()
-            raise EngineStartError(
-                f"cannot listen on {self.host}:{self.requested_port}: {exc}"
-            ) from exc
         # Kept: a command still running at shutdown (an awaitable hello) may ask for it
         # after the listening socket is closed.
         self._port = int(self._listener.getsockname()[1])
         self._loop = EventLoop(self, self._listener)
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()} {self.port}\n".encode(), 0)
+        discovery.register(self.dbpath, host=self.host, port=self.port, pid=os.getpid())
         housekeeping = threading.Thread(
             target=self._housekeeping, name="accord-engine-housekeeping", daemon=True
         )
@@ -293,6 +312,8 @@ class EmbeddedServer:
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
+            if self._port is not None:
+                discovery.unregister(self.dbpath, os.getpid())
             os.ftruncate(self._lock_fd, 0)
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -22,6 +22,7 @@ from pymongo.errors import CollectionInvalid, OperationFailure, PyMongoError
 from accord.errors import ConfigurationError
 from accord.platform import codes, write_errors
 from accord.platform.artifacts import CATALOG_COLLECTION, catalog_plan, reserved_names
+from accord.platform.synchronous.reachability import ensure_reachable
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 
 _IS_SYNC = True
@@ -46,6 +47,7 @@ class Catalog:
         """Create ``owned`` (collection -> artifact class) with their ``indexes`` and
         record them as ``component``'s. Idempotent and safe to run concurrently."""
         db = self.uow.client[self.db_name]
+        ensure_reachable(self.uow.client, self.uow.timeout)  # fail in seconds, naming the hosts
         try:
             existing = set(db.list_collection_names())
             for name in sorted({*owned, CATALOG_COLLECTION} - existing):

@@ -71,6 +71,7 @@ from accord.platform.hooks import (
     new_transaction_id,
 )
 from accord.platform.plan import COMMAND_KINDS, Counts, Group, Plan, PlanResult
+from accord.platform.synchronous.reachability import ensure_reachable
 from accord.platform.transaction import (
     CLIENT_BULK_BATCH,
     CLIENT_BULK_WRITE_WIRE_VERSION,
@@ -213,6 +214,7 @@ class UnitOfWork:
                 )
         if not groups:
             return PlanResult({})
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         bulk = self.client_bulk()
         attempts = 0
 
@@ -236,6 +238,7 @@ class UnitOfWork:
 
     def _single(self, group: Group) -> PlanResult:
         """One op as one atomic command (retryable write, write concern majority)."""
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         op = group.ops[0]
         coll = self.client[group.db][group.collection].with_options(write_concern=WRITE_CONCERN)
         counts = Counts()
@@ -499,6 +502,7 @@ class UnitOfWork:
         except PermissionDenied as exc:
             self._refused(Refusal(context, exc, read=request))
             raise
+        ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
 
     def _refused(self, refusal: Refusal) -> None:
