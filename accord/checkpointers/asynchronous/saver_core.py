@@ -28,6 +28,7 @@ from accord.checkpointers.asynchronous.outbox_gate import AsyncOutboxGate
 from accord.checkpointers.base import AccordBase
 from accord.errors import DatabaseError
 from accord.platform.asynchronous.catalog import AsyncCatalog
+from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.asynchronous.leases import AsyncRunLeases
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.tickers import LoopTicker, ThreadTicker
@@ -128,6 +129,7 @@ class AsyncSaverCore(AccordBase):
         first read or write; accord.checkpointers.layout)."""
         if self._layout_done and not force:
             return
+        await ensure_reachable(self.client, self.timeout)
         try:
             with pymongo.timeout(self.timeout):
                 names = await layout_check.check(

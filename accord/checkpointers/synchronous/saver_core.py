@@ -30,6 +30,7 @@ from accord.checkpointers.synchronous.outbox_gate import OutboxGate
 from accord.errors import DatabaseError
 from accord.platform.synchronous.catalog import Catalog
 from accord.platform.synchronous.leases import RunLeases
+from accord.platform.synchronous.reachability import ensure_reachable
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.tickers import LoopTicker, ThreadTicker
 
@@ -127,6 +128,7 @@ class SaverCore(AccordBase):
         first read or write; accord.checkpointers.layout)."""
         if self._layout_done and not force:
             return
+        ensure_reachable(self.client, self.timeout)
         try:
             with pymongo.timeout(self.timeout):
                 names = layout_check.check(self.db, self.collections, unmigrated=self.unmigrated)

@@ -10,6 +10,7 @@ Generated from ``accord/checkpointers/asynchronous/saver_queue.py`` by ``tools/s
 from __future__ import annotations
 
 import builtins
+import logging
 from typing import Any
 
 from accord.checkpointers import failures, jobs, langgraph_internals, plans
@@ -28,6 +29,8 @@ from accord.platform import codes, runs
 from accord.platform.plan import Plan
 
 _IS_SYNC = True
+
+logger = logging.getLogger("accord.checkpointers")
 
 #: Queued saves of a run committed in one transaction, at most.
 _BATCH_JOBS = 8
@@ -88,6 +91,11 @@ class SaverQueue(SaverReads):
                     batch = self._with_parents_writes(run, batch + more)
                 self._commit_queued(run, batch)
             except BaseException as exc:  # kept for the run's next put and its end
+                logger.debug(
+                    "queued saves of run %s failed; raised at its next put or its end",
+                    run.run_id,
+                    exc_info=True,
+                )
                 run.failure = run.failure or exc
                 for one in batch:
                     self._job_done(run, one, run.failure)
