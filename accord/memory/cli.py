@@ -301,7 +301,9 @@ def mcp(
     """Serve accord memory to an MCP client over stdio (tools: search_memory, save_memory,
     get_memory, delete_memory, list_namespaces)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout is the protocol
-    from accord.memory.mcp_server import create_server
+    import anyio
+
+    from accord.memory.mcp_server import create_server, serve_stdio
 
     settings = MemorySettings()
     tenant = tenant or settings.mcp_tenant
@@ -313,7 +315,7 @@ def mcp(
                                embedder=settings.embedder, dims=settings.embedding_dims)  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
-    server.run("stdio")
+    anyio.run(serve_stdio, server)
 
 
 def register(app: typer.Typer) -> None:

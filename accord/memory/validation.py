@@ -51,6 +51,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field, PlainValidator, StringConstraints
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
 from accord.errors import InvalidInputError
@@ -413,7 +414,8 @@ def _pydantic(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             return check(value)
         except InvalidField as exc:
-            raise ValueError(exc.reason if exc.field in _TOP_FIELDS else str(exc)) from None
+            message = exc.reason if exc.field in _TOP_FIELDS else str(exc)
+            raise PydanticCustomError("invalid", "{reason}", {"reason": message}) from None
 
     return validate
 
@@ -497,6 +499,23 @@ NamespacePrefix = Annotated[
                                                     Field(max_length=MAX_LABELS)]),
 ]  # fmt: skip
 Key = Annotated[str, PlainValidator(_pydantic(check_key), json_schema_input_type=KeySchema)]
+KeyOrNone = Annotated[
+    str | None,
+    PlainValidator(_pydantic(_optional(check_key)), json_schema_input_type=KeySchema | None),
+]
+NamespaceOrNone = Annotated[
+    list[str] | None,
+    PlainValidator(_pydantic(_optional(lambda v: list(_namespace_of(v)))),
+                   json_schema_input_type=Annotated[list[LabelSchema],
+                                                    Field(min_length=1, max_length=MAX_LABELS)]
+                   | None),
+]  # fmt: skip
+NamespacePrefixOrNone = Annotated[
+    list[str] | None,
+    PlainValidator(_pydantic(_optional(_prefix_of)),
+                   json_schema_input_type=Annotated[list[LabelSchema],
+                                                    Field(max_length=MAX_LABELS)] | None),
+]  # fmt: skip
 Kind = Annotated[str, PlainValidator(_pydantic(check_kind), json_schema_input_type=KindSchema)]
 Kinds = Annotated[
     list[str] | None,
@@ -508,6 +527,16 @@ Text = Annotated[
     str,
     PlainValidator(_pydantic(check_text),
                    json_schema_input_type=Annotated[str, Field(max_length=MAX_TEXT)]),
+]  # fmt: skip
+TextOrNone = Annotated[
+    str | None,
+    PlainValidator(_pydantic(_optional(check_text)),
+                   json_schema_input_type=Annotated[str, Field(max_length=MAX_TEXT)] | None),
+]  # fmt: skip
+QueryOrNone = Annotated[
+    str | None,
+    PlainValidator(_pydantic(_optional(check_query)),
+                   json_schema_input_type=Annotated[str, Field(max_length=MAX_QUERY)] | None),
 ]  # fmt: skip
 Query = Annotated[
     str,
