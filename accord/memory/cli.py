@@ -242,9 +242,15 @@ def api_key(
     tenant: str = typer.Option(..., help="The tenant the key may read and write."),
     name: str = typer.Option(..., help="Who uses the key (shown in logs and audit)."),
     read_only: bool = typer.Option(False, "--read-only", help="Only read."),
+    expires_in_days: float | None = typer.Option(
+        None, "--expires-in-days", min=0.001, help="Refuse the key from this many days on."
+    ),
 ) -> None:
     """Create an API key for ``accord serve``: prints the key (once) and the entry to add
-    to the keys file (which holds only its SHA-256)."""
+    to the keys file (which holds only its SHA-256). A running server picks up the edited
+    file within a second; no restart."""
+    from datetime import UTC, datetime, timedelta
+
     from accord.memory import model
     from accord.memory.principals import hash_key, new_key
 
@@ -254,12 +260,16 @@ def api_key(
         raise _fail(exc) from exc
     key = new_key()
     scopes = '["read"]' if read_only else '["read", "write"]'
+    expiry = ""
+    if expires_in_days is not None:
+        at = datetime.now(UTC) + timedelta(days=expires_in_days)
+        expiry = f"\nexpires_at = {at.replace(microsecond=0).isoformat().replace('+00:00', 'Z')}"
     console.print("API key (shown once; give it to the client):")
     out.print(key)
     console.print("Add to the keys file (ACCORD_API_KEYS_FILE):")
     out.print(
         f'\n[[principals]]\nname = {json.dumps(name)}\ntenant = {json.dumps(tenant)}\n'
-        f'key_sha256 = "{hash_key(key)}"\nscopes = {scopes}',
+        f'key_sha256 = "{hash_key(key)}"\nscopes = {scopes}{expiry}',
         markup=False, highlight=False,
     )  # fmt: skip
 

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pymongo import AsyncMongoClient
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from accord.errors import (
     AccordError,
@@ -324,6 +324,54 @@ def body_schema(body_model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
+class BodyTooLarge(StarletteHTTPException):
+    """A request body over its route's limit (a 413; nothing was read or written)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than this route takes ({limit:,} "
+                              f"bytes); nothing was read or written")  # fmt: skip
+
+
+def body_limit(scope: Scope) -> int:
+    """The most a request may send: a PUT of a memory (a value of up to 2 MiB encoded, and
+    its text) :data:`MAX_PUT_BODY`, anything else :data:`MAX_BODY`."""
+    path = scope.get("path", "")
+    return MAX_PUT_BODY if scope.get("method") == "PUT" and "/v1/memories/" in path else MAX_BODY
+
+
+class BodyLimit:
+    """ASGI middleware: a body over :func:`body_limit` is a 413 before it is read (its
+    ``Content-Length`` says so) or as soon as it passes the limit while it arrives (the
+    route gets :class:`BodyTooLarge`, answered in the API's error shape)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            response = JSONResponse({"error": "too_large", "detail": BodyTooLarge(limit).detail},
+                                    status_code=413, headers={"Connection": "close"})  # fmt: skip
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
 def _bounded(errors: list[dict[str, Any]]) -> dict[str, Any]:
     """A 422 body for ``errors`` that is at most :data:`MAX_ERROR_BYTES` bytes: no input
     is echoed (locations and messages only, each cut short), and errors beyond the budget
@@ -399,7 +447,6 @@ def create_app(
         "Authenticate with an API key: `Authorization: Bearer <key>` or `X-API-Key`.",
         lifespan=lifespan,
         dependencies=[Depends(single_valued_query)],
-        max_body_size=MAX_BODY,
         responses={
             400: {"model": ErrorOut},
             401: {"model": ErrorOut},
@@ -429,6 +476,7 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(_Problem)
     async def problem(request: Request, exc: _Problem) -> JSONResponse:
@@ -444,13 +492,6 @@ def create_app(
         code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                 413: "too_large"}.get(exc.status_code, "error")  # fmt: skip
         detail = str(exc.detail)
-        if exc.status_code == 413:
-            limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
-            detail = (
-                f"the request body is larger than this route takes ({limit:,} bytes); "
-                f"nothing was read or written"
-                if isinstance(limit, int) else "the request body is too large"
-            )  # fmt: skip
         return JSONResponse(
             {"error": code, "detail": detail[:1000]},
             status_code=exc.status_code,
@@ -558,7 +599,7 @@ def create_app(
         return MemoryOut.of(found)
 
     @app.put("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
-             max_body_size=MAX_PUT_BODY, openapi_extra=body_schema(PutRequestBody))  # fmt: skip
+             openapi_extra=body_schema(PutRequestBody))  # fmt: skip
     async def put_memory(
         request: Request, namespace: NamespacePath, key: KeyPath, svc: Writer, body: PutBody
     ) -> MemoryOut:

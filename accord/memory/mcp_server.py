@@ -127,25 +127,22 @@ class StrictArguments:
             if isinstance(arguments, Mapping):
                 for name in sorted(structured & set(arguments)):
                     if isinstance(arguments[name], str):
-                        return types.CallToolResult(
-                            content=[
-                                types.TextContent(
-                                    type="text",
-                                    text=(
-                                        f"{name}: got a string; give {_SHAPES.get(name, 'a value')}, "
-                                        f"not a JSON text of one"
-                                    ),
-                                )
-                            ],  # fmt: skip
-                            is_error=True,
-                        )
+                        try:  # the shared check, for the shared message (it refuses a string)
+                            _STRUCTURED_CHECKS[name](arguments[name])
+                        except validation.InvalidField as exc:
+                            return types.CallToolResult(
+                                content=[types.TextContent(type="text", text=str(exc))],
+                                is_error=True,
+                            )
         return await call_next(ctx)
 
 
-_SHAPES = {
-    "namespace": "a list of labels", "prefix": "a list of labels",
-    "filter": "an object of conditions", "limit": "an integer",
-}  # fmt: skip
+_STRUCTURED_CHECKS: Mapping[str, Any] = {
+    "namespace": lambda v: validation.check_namespace(v, field="namespace"),
+    "prefix": lambda v: validation.check_namespace(v, field="prefix"),
+    "filter": validation.check_filter,
+    "limit": lambda v: validation.check_int(v, "limit"),
+}
 
 
 def create_server(

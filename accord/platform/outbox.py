@@ -114,6 +114,8 @@ VALIDATOR: dict[str, Any] = {
             "task_id": {"bsonType": "string"},
             "messages": {"bsonType": "array", "items": {"bsonType": "string"}},
         },
+        # messages are a thread's: the keys of its short-term-memory documents
+        "dependencies": {"messages": ["thread_id"]},
     }
 }
 
@@ -131,9 +133,31 @@ def validator_command(collection: str) -> dict[str, Any]:
 
 #: An ``attempts`` a claim cannot count with ``$inc`` (present, and not a number).
 _NOT_A_COUNT: dict[str, Any] = {"$exists": True, "$not": {"$type": "number"}}
-#: Open events no claim takes: their ``attempts`` is not a number. (The validator refuses
-#: them; they exist only where it was not applied.) See :func:`dead_letter_plan`.
-UNCLAIMABLE: dict[str, Any] = {"status": {"$in": ["pending", "claimed"]}, "attempts": _NOT_A_COUNT}
+#: Open events no claim takes: their ``attempts`` is not a number, or they are claimed with
+#: a ``lease_until`` that is not a date (it never runs out). The validator refuses them;
+#: they exist only where it was not applied. See :func:`dead_letter_plan`.
+UNCLAIMABLE: dict[str, Any] = {
+    "$or": [
+        {"status": {"$in": ["pending", "claimed"]}, "attempts": _NOT_A_COUNT},
+        {"status": "claimed", "lease_until": {"$not": {"$type": "date"}}},
+    ]
+}
+
+
+def unclaimable_reason(doc: Mapping[str, Any]) -> str:
+    """Why an :data:`UNCLAIMABLE` event cannot be claimed, for its dead letter."""
+    attempts = doc.get("attempts")
+    if "attempts" in doc and (isinstance(attempts, bool) or not isinstance(attempts, int | float)):
+        what = f"attempts is {_describe(attempts)}, not a count, so no claim can count it"
+    else:
+        what = (
+            f"it is claimed with lease_until {_describe(doc.get('lease_until'))}, not a date, "
+            f"so its lease never runs out"
+        )
+    return (
+        f"malformed outbox event: {what}; dead-lettered without processing (see "
+        f"docs/checkpointer.md for the event contract)"
+    )
 
 
 def now() -> datetime:
@@ -199,7 +223,7 @@ class ClaimedEvent:
     def from_document(cls, doc: Mapping[str, Any]) -> ClaimedEvent:
         attempts = doc.get("attempts", 0)
         if isinstance(attempts, float) and not math.isfinite(attempts):
-            attempts = 2**31  # NaN or infinite: not a count; exhausted
+            attempts = 0  # not a count: problems() says so
         tenant = doc.get("tenant_id")
         created = doc.get("created_at")
         return cls(

@@ -242,20 +242,16 @@ class AsyncAggregator:
 
     async def dead_letter_unclaimable(self) -> int:
         """Move open events no claim can take (``attempts`` that is not a number, so a
-        claim's ``$inc`` would fail) to ``dead``, each with its reason. Returns how many.
+        claim's ``$inc`` would fail; a claim whose ``lease_until`` is not a date, so it
+        never expires) to ``dead``, each with its reason. Returns how many.
         The outbox validator refuses such events at insert; this handles those written
         before it was applied."""
         coll = self._db[self.config.outbox]
-        found = [d async for d in coll.find(outbox.UNCLAIMABLE, {"attempts": 1}).limit(100)]
+        projection = {"attempts": 1, "lease_until": 1}
+        found = [d async for d in coll.find(outbox.UNCLAIMABLE, projection).limit(100)]
         if not found:
             return 0
-        reasons = [
-            (d["_id"], f"malformed outbox event: attempts is "
-                       f"{type(d.get('attempts')).__name__} {d.get('attempts')!r:.40}, not a "
-                       f"count, so no worker can claim it; dead-lettered without processing "
-                       f"(see docs/checkpointer.md for the event contract)")
-            for d in found
-        ]  # fmt: skip
+        reasons = [(d["_id"], outbox.unclaimable_reason(d)) for d in found]
         result = await self.uow.execute(
             outbox.dead_letter_plan(self.config.db_name, self.config.outbox, reasons)
         )
