@@ -268,7 +268,7 @@ def parse_body(body_model: type[_M], raw: bytes, content_type: str | None) -> _M
     """A request body: JSON read strictly (:func:`accord.memory.validation.loads`: depth
     checked before parsing, no NaN/Infinity/1e400), then ``body_model``'s validation.
     Problems are a ``RequestValidationError`` (a 422), with locations under ``body``."""
-    if content_type is not None and not _is_json(content_type):
+    if content_type is None or not _is_json(content_type):
         raise RequestValidationError([{
             "type": "content_type", "loc": ("body",),
             "msg": "the body must be JSON (Content-Type: application/json)",

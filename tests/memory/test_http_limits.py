@@ -48,7 +48,7 @@ def api(mongo_uri: str, db_name: str) -> Iterator[TestClient]:
 
 
 def h(key: str = KEY) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
 
 def nested_filter(depth: int) -> str:
@@ -69,8 +69,7 @@ def test_a_deeply_nested_filter_gets_a_small_answer(api: TestClient) -> None:
     read-only key, got a 9.9-26 MB 422."""
     body = nested_filter(300)
     assert len(body) < 2500
-    r = api.post("/v1/search", headers={**h(READER), "Content-Type": "application/json"},
-                 content=body)  # fmt: skip
+    r = api.post("/v1/search", headers=h(READER), content=body)
     assert r.status_code == 422, r.text[:500]
     assert len(r.content) <= MAX_ERROR_BYTES
     assert r.json()["error"] == "invalid_request" and "nested" in r.json()["detail"]
@@ -139,6 +138,13 @@ def test_a_slash_in_a_label_stays_in_the_namespace(
     assert api.delete("/v1/memories/team%2Falice/profile", headers=h()).json() == {"deleted": True}
 
 
+def test_a_body_must_say_it_is_json(api: TestClient) -> None:
+    for headers in ({"Authorization": f"Bearer {KEY}"},
+                    {"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"}):  # fmt: skip
+        r = api.post("/v1/search", headers=headers, content="{}")
+        assert r.status_code == 422 and "Content-Type: application/json" in r.text
+
+
 def test_keys_keep_their_slashes(api: TestClient) -> None:
     r = api.put("/v1/memories/docs.a/x/y%2Fz", headers=h(), json={"value": {}})
     assert (r.json()["namespace"], r.json()["key"]) == (["docs", "a"], "x/y/z")
@@ -184,12 +190,10 @@ def test_leaving_text_out_does_not_bypass_the_text_cap(
 def test_numbers_json_does_not_have_are_refused(api: TestClient, number: str) -> None:
     """Python's JSON reader takes them, and they read back as null (the issue)."""
     body = '{"value": {"x": ' + number + "}}"
-    r = api.put("/v1/memories/n/nan", headers={**h(), "Content-Type": "application/json"},
-                content=body)  # fmt: skip
+    r = api.put("/v1/memories/n/nan", headers=h(), content=body)
     assert r.status_code == 422 and "number" in r.json()["detail"], r.text
     assert api.get("/v1/memories/n/nan", headers=h()).status_code == 404
-    r = api.post("/v1/search", headers={**h(), "Content-Type": "application/json"},
-                 content='{"recency_weight": ' + number + "}")  # fmt: skip
+    r = api.post("/v1/search", headers=h(), content='{"recency_weight": ' + number + "}")
     assert r.status_code == 422
 
 
