@@ -23,6 +23,7 @@ from benchmarks import (
     engine_commits,
     engine_group_commit,
     engine_scale,
+    http_errors,
     vector_search,
 )
 
@@ -34,6 +35,7 @@ SUITES = [
     checkpointer.report,
     vector_search.report,
     aggregation_lag.report,
+    http_errors.report,
 ]
 
 

@@ -8,8 +8,6 @@ access log."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ from pymongo import MongoClient
 from accord.memory import validation
 from accord.memory.http_api import MAX_ERROR_BYTES, create_app
 from accord.memory.principals import ApiKeys, Principal, hash_key, new_key
-from tests.memory.test_cli import _free_port
+from tests.memory.serving import accord_serve
 
 KEY, READER = new_key(), new_key()
 
@@ -269,29 +267,10 @@ def test_a_key_in_the_url_stays_out_of_the_access_log(
     keys.write_text(
         f'[[principals]]\nname = "t"\ntenant = "acme"\nkey_sha256 = "{hash_key(KEY)}"\n'
     )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accord.platform.cli", "serve", "--port", str(port),
-         "--keys-file", str(keys)],
-        env={**os.environ, "MONGODB_URI": mongo_uri, "ACCORD_DATABASE": db_name},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
-        assert httpx.get(f"{base}/v1/namespaces?api_key={KEY}&limit=5").status_code == 401
-        assert httpx.get(f"{base}/v1/memories/{KEY}/k").status_code == 401
-    finally:
-        proc.terminate()
-        output = proc.communicate(timeout=30)[0]
+    with accord_serve(mongo_uri, db_name, keys) as served:
+        assert httpx.get(f"{served.base}/v1/namespaces?api_key={KEY}&limit=5").status_code == 401
+        assert httpx.get(f"{served.base}/v1/memories/{KEY}/k").status_code == 401
+    output = served.output
     assert "/v1/namespaces?api_key=<redacted>&limit=5" in output, output
     assert "/v1/memories/<redacted>/k" in output
     assert KEY not in output and hash_key(KEY) not in output
