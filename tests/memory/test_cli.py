@@ -7,15 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from pymongo import MongoClient
 
-from accord.memory.principals import hash_key
+from accord.memory.principals import ApiKeys, hash_key
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.memory.serving import accord_serve
 from tests.memory.steps import commit_step
@@ -79,6 +81,12 @@ def test_api_key_prints_a_key_and_its_entry() -> None:
     assert (
         "may not start with '$'" in run("memory", "api-key", "--tenant", "$x", "--name", "n").stderr
     )
+    expiring = run("memory", "api-key", "--tenant", "acme", "--name", "b", "--expires-in-days", "2")
+    entry = expiring.stdout.split("\n", 1)[1]
+    loaded = ApiKeys.parse(tomllib.loads(entry), "test")
+    (who,) = loaded.principals
+    assert who.expires_at is not None and not who.expired()
+    assert who.expired(datetime.now(UTC) + timedelta(days=3))
 
 
 def test_serve(mongo_uri: str, db_name: str, tmp_path: Path) -> None:

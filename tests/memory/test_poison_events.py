@@ -325,3 +325,22 @@ def test_renewal_extends_only_a_held_lease(client: MongoClient, db_name: str) ->
         ].matched
         == 0
     )
+
+
+def test_an_error_text_that_cannot_be_stored_still_releases_the_event(
+    client: MongoClient, db_name: str, make: Callable[..., Any]
+) -> None:
+    """An extractor's exception whose text holds a lone surrogate: the event is released
+    with the text escaped (BSON cannot store the surrogate), not left claimed."""
+
+    class Garbled:
+        name = "garbled"
+
+        def extract(self, conversation: Conversation, recall: Any) -> list[Change]:
+            raise RuntimeError("model said \ud800")
+
+    agg = make(db_name, extractor=Garbled(), max_attempts=1)
+    commit_step(UnitOfWork(client), db_name, "acme", "t1", "c1", [("human", "Hi.")])
+    assert agg.run_once().status == "dead"  # type: ignore[union-attr]
+    event = client[db_name].outbox.find_one()
+    assert event["status"] == "dead" and "model said \\ud800" in event["error"]
