@@ -4,11 +4,18 @@ Every request carries an API key (``Authorization: Bearer <key>`` or ``X-API-Key
 key's principal (:mod:`accord.memory.principals`) fixes the tenant, and the request is
 served by the memory service scoped to that tenant, so no parameter, body or filter can
 reach another tenant's memories. Bodies are pydantic models that forbid unknown fields
-(a ``tenant_id`` in a body is a 422, not ignored); namespaces are dot-joined labels in the
-path (``users.u1.memories``) and are validated like the store's; value filters allow
-field names that do not start with ``$`` and only BaseStore's operators ($eq $ne $gt $gte
-$lt $lte $in), so ``{"$where": ...}``, ``{"$or": [...]}`` or ``{"a": {"$regex": ...}}`` are
-refused with a message saying what is allowed.
+(a ``tenant_id`` in a body is a 422, not ignored), built from the types of
+:mod:`accord.memory.validation` (the store's and the MCP server's rules and messages);
+namespaces are dot-joined labels in the path (``users.u1.memories``; a ``/`` in a label
+is ``%2F``, and the path is split before it is decoded); value filters allow field names
+that do not start with ``$`` and only BaseStore's operators ($eq $ne $gt $gte $lt $lte
+$in), so ``{"$where": ...}``, ``{"$or": [...]}`` or ``{"a": {"$regex": ...}}`` are refused
+with a message saying what is allowed.
+
+What one request costs is bounded: a body over its limit is a 413 while it arrives
+(:class:`BodyLimit`), JSON is read strictly with its depth checked before parsing, large
+bodies are parsed and validated in a worker thread (never on the event loop), and an
+error answer is at most :data:`MAX_ERROR_BYTES` bytes without the input echoed.
 
 =======================================  ============================================  =======
 route                                    what                                          scope
@@ -24,8 +31,9 @@ route                                    what                                   
 
 Lists are paginated with ``limit``/``offset``; a response's ``next_offset`` is set when
 there may be more. Errors are JSON ``{"error": code, "detail": message}``: 400 bad input,
-401 no or unknown key, 403 missing scope, 404 not found, 409 a concurrent change, 422 a
-body or parameter of the wrong shape, 503 the database is unreachable. The OpenAPI schema
+401 no, unknown or expired key, 403 missing scope, 404 not found, 409 a concurrent change,
+413 a body too large, 422 a body or parameter of the wrong shape, 503 the database is
+unreachable. The OpenAPI schema
 is at ``/openapi.json``, the docs at ``/docs``.
 """
 

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import Field, PlainValidator, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
@@ -443,26 +443,21 @@ FieldNameSchema = Annotated[
 Scalar = str | int | float | bool | None
 
 
-def _operators() -> type:
-    from pydantic import BaseModel, ConfigDict
+class Operators(BaseModel):
+    """Comparison operators on one field (BaseStore's set; nothing else is accepted); the
+    schema of a filter's operators (the filter itself is checked by :func:`check_filter`)."""
 
-    class Operators(BaseModel):
-        """Comparison operators on one field (BaseStore's set; nothing else is accepted)."""
+    model_config = ConfigDict(extra="forbid")
 
-        model_config = ConfigDict(extra="forbid")
-
-        eq: Any = Field(default=None, alias="$eq")
-        ne: Any = Field(default=None, alias="$ne")
-        gt: Any = Field(default=None, alias="$gt")
-        gte: Any = Field(default=None, alias="$gte")
-        lt: Any = Field(default=None, alias="$lt")
-        lte: Any = Field(default=None, alias="$lte")
-        in_: list[Any] = Field(default=None, alias="$in")  # type: ignore[arg-type]
-
-    return Operators
+    eq: Any = Field(default=None, alias="$eq")
+    ne: Any = Field(default=None, alias="$ne")
+    gt: Any = Field(default=None, alias="$gt")
+    gte: Any = Field(default=None, alias="$gte")
+    lt: Any = Field(default=None, alias="$lt")
+    lte: Any = Field(default=None, alias="$lte")
+    in_: list[Any] = Field(default=None, alias="$in")  # type: ignore[arg-type]
 
 
-Operators = _operators()
 #: What a filter compares a field with: a value, a list, operators, or (for a field that
 #: holds an object) conditions on its fields.
 ConditionSchema = TypeAliasType(  # type: ignore[misc]
