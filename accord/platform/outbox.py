@@ -258,7 +258,7 @@ class ClaimedEvent:
         return found
 
 
-def _storable(error: str) -> str:
+def error_text(error: str) -> str:
     """An error message as the event keeps it: at most 2,000 characters, valid UTF-8 (an
     exception's text may hold lone surrogates, which BSON cannot store)."""
     return error[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
@@ -422,7 +422,7 @@ def release_plan(
     ``dead`` (an event no retry can help: malformed, or exhausted)."""
     at = at or now()
     dead = dead or event.attempts >= max_attempts
-    fields: dict[str, Any] = {"error": _storable(error), "failed_at": at}
+    fields: dict[str, Any] = {"error": error_text(error), "failed_at": at}
     if dead:
         fields["status"] = DEAD
     else:
@@ -449,7 +449,7 @@ def dead_letter_plan(
             "update",
             {"_id": _id, **UNCLAIMABLE},
             {
-                "$set": {"status": DEAD, "error": _storable(reason), "failed_at": at},
+                "$set": {"status": DEAD, "error": error_text(reason), "failed_at": at},
                 "$unset": {"owner": "", "lease_until": "", "claim_id": ""},
             },
         )  # fmt: skip

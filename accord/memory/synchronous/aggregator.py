@@ -343,6 +343,7 @@ class Aggregator:
     def _release(self, event: outbox.ClaimedEvent, message: str,
                        dead: bool = False) -> Outcome:  # fmt: skip
         """Give the event back (backoff) or dead-letter it, with ``message``."""
+        message = outbox.error_text(message)  # what is logged is what is stored
         dead = dead or event.attempts >= self.config.max_attempts
         log.warning(
             "aggregator %s: event %r (%s, attempt %d) failed%s: %s",
