@@ -25,6 +25,7 @@ from benchmarks import (
     engine_group_commit,
     engine_reads,
     engine_scale,
+    http_errors,
     takeover,
     vector_search,
 )
@@ -40,6 +41,7 @@ SUITES = [
     takeover.report,
     vector_search.report,
     aggregation_lag.report,
+    http_errors.report,
 ]
 
 

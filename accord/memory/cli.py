@@ -253,10 +253,16 @@ def api_key(
     name: str = typer.Option(..., help="Who uses the key (shown in logs and audit)."),
     read_only: bool = typer.Option(False, "--read-only", help="Only read."),
     keys_file: Path | None = ADD_TO_KEYS_FILE,
+    expires_in_days: float | None = typer.Option(
+        None, "--expires-in-days", min=0.001, help="Refuse the key from this many days on."
+    ),
 ) -> None:
     """Create an API key for 'accord serve'. Prints the key once (give it to the client);
     the keys file holds only its SHA-256. With --keys-file the entry is added to the
-    file, else it is printed for you to add."""
+    file, else it is printed for you to add. A running server picks up the edited file
+    within a second; no restart."""
+    from datetime import UTC, datetime, timedelta
+
     from accord.memory import model
     from accord.memory.principals import ApiKeys, Principal, Scope, hash_key, new_key
 
@@ -264,13 +270,21 @@ def api_key(
     scopes: list[Scope] = ["read"] if read_only else ["read", "write"]
     try:
         model.check_tenant(tenant)
+        expires_at = None
+        if expires_in_days is not None:
+            at = datetime.now(UTC) + timedelta(days=expires_in_days)
+            expires_at = at.replace(microsecond=0)
         principal = Principal(
-            name=name, tenant=tenant, key_sha256=hash_key(key), scopes=frozenset(scopes)
-        )
+            name=name, tenant=tenant, key_sha256=hash_key(key), scopes=frozenset(scopes),
+            expires_at=expires_at,
+        )  # fmt: skip
         if keys_file is not None:
             ApiKeys.add_to_file(keys_file, principal)
     except (AccordError, ValueError) as exc:  # ValueError: pydantic's, for a bad name
         raise _fail(exc) from exc
+    expiry = ""
+    if expires_at is not None:
+        expiry = f"\nexpires_at = {expires_at.isoformat().replace('+00:00', 'Z')}"
     console.print("API key (shown once; give it to the client):")
     out.print(key, highlight=False)
     if keys_file is not None:
@@ -279,7 +293,7 @@ def api_key(
     console.print("Add to the keys file (ACCORD_API_KEYS_FILE), or pass --keys-file:")
     out.print(
         f'\n[[principals]]\nname = {json.dumps(name)}\ntenant = {json.dumps(tenant)}\n'
-        f'key_sha256 = "{principal.key_sha256}"\nscopes = {json.dumps(scopes)}',
+        f'key_sha256 = "{principal.key_sha256}"\nscopes = {json.dumps(scopes)}{expiry}',
         markup=False, highlight=False,
     )  # fmt: skip
 
@@ -328,15 +342,16 @@ def mcp(
     settings = MemorySettings()
     tenant = tenant or settings.mcp_tenant
     try:
-        create_server = require("accord.memory.mcp_server", "accord mcp").create_server
+        mcp_server = require("accord.memory.mcp_server", "accord mcp")
+        anyio = require("anyio", "accord mcp")
         if not tenant:
             raise ConfigurationError("give the tenant: --tenant or ACCORD_MCP_TENANT")
         resolved, database = _connect(uri, dbpath, db)
-        server = create_server(resolved, tenant_id=tenant, db_name=database,
+        server = mcp_server.create_server(resolved, tenant_id=tenant, db_name=database,
                                embedder=settings.embedder, dims=settings.embedding_dims)  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
-    server.run("stdio")
+    anyio.run(mcp_server.serve_stdio, server)
 
 
 def register(app: typer.Typer) -> None:

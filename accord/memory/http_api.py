@@ -4,11 +4,18 @@ Every request carries an API key (``Authorization: Bearer <key>`` or ``X-API-Key
 key's principal (:mod:`accord.memory.principals`) fixes the tenant, and the request is
 served by the memory service scoped to that tenant, so no parameter, body or filter can
 reach another tenant's memories. Bodies are pydantic models that forbid unknown fields
-(a ``tenant_id`` in a body is a 422, not ignored); namespaces are dot-joined labels in the
-path (``users.u1.memories``) and are validated like the store's; value filters allow
-field names that do not start with ``$`` and only BaseStore's operators ($eq $ne $gt $gte
-$lt $lte $in), so ``{"$where": ...}``, ``{"$or": [...]}`` or ``{"a": {"$regex": ...}}`` are
-refused with a message saying what is allowed.
+(a ``tenant_id`` in a body is a 422, not ignored), built from the types of
+:mod:`accord.memory.validation` (the store's and the MCP server's rules and messages);
+namespaces are dot-joined labels in the path (``users.u1.memories``; a ``/`` in a label
+is ``%2F``, and the path is split before it is decoded); value filters allow field names
+that do not start with ``$`` and only BaseStore's operators ($eq $ne $gt $gte $lt $lte
+$in), so ``{"$where": ...}``, ``{"$or": [...]}`` or ``{"a": {"$regex": ...}}`` are refused
+with a message saying what is allowed.
+
+What one request costs is bounded: a body over its limit is a 413 while it arrives
+(:class:`BodyLimit`), JSON is read strictly with its depth checked before parsing, large
+bodies are parsed and validated in a worker thread (never on the event loop), and an
+error answer is at most :data:`MAX_ERROR_BYTES` bytes without the input echoed.
 
 =======================================  ============================================  =======
 route                                    what                                          scope
@@ -24,8 +31,9 @@ route                                    what                                   
 
 Lists are paginated with ``limit``/``offset``; a response's ``next_offset`` is set when
 there may be more. Errors are JSON ``{"error": code, "detail": message}``: 400 bad input,
-401 no or unknown key, 403 missing scope, 404 not found, 409 a concurrent change, 422 a
-body or parameter of the wrong shape, 503 the database is unreachable. The OpenAPI schema
+401 no, unknown or expired key, 403 missing scope, 404 not found, 409 a concurrent change,
+413 a body too large, 422 a body or parameter of the wrong shape, 503 the database is
+unreachable. The OpenAPI schema
 is at ``/openapi.json``, the docs at ``/docs``.
 """
 
@@ -35,9 +43,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
+from urllib.parse import unquote
 
 try:  # the server extra (accord/extras.py): say so when it is missing
+    import anyio
     from fastapi import Depends, FastAPI, Path, Query, Request
     from fastapi_offline import FastAPIOffline
 except ImportError as exc:
@@ -48,21 +58,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    StringConstraints,
-    WrapValidator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pymongo import AsyncMongoClient
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from typing_extensions import TypeAliasType
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from accord.errors import (
     AccordError,
@@ -71,181 +71,71 @@ from accord.errors import (
     InvalidInputError,
     MemoryConflictError,
 )
-from accord.memory import model
+from accord.memory import model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
-from accord.memory.principals import ApiKeys, Principal
+from accord.memory.principals import AccessLogRedaction, ApiKeys, Principal
 
 log = logging.getLogger("accord.memory.http")
 
-MAX_PAGE = 100
-KIND_PATTERN = r"^[A-Za-z][A-Za-z0-9_:-]{0,63}$"
+MAX_PAGE = validation.MAX_PAGE
+KIND_PATTERN = validation.KIND_PATTERN
+#: Request bodies: a PUT's (a value of up to 2 MiB encoded, and its text), any other's.
+#: Checked while the body arrives: a larger one is a 413 before it is read whole.
+MAX_PUT_BODY = 4 * 1024 * 1024
+MAX_BODY = 64 * 1024
+#: Bodies parsed and validated off the event loop (in a worker thread) from this size on.
+INLINE_BODY = 64 * 1024
+#: An error answer is at most this many bytes, whatever the request (issue 22: a 1.8 KB
+#: request once got a 26 MB answer).
+MAX_ERROR_BYTES = 4096
 
 
 # -- request and response bodies ------------------------------------------------------------------
+# Every field is one of accord.memory.validation's types: the same checks as the store's and
+# the MCP tools', with their messages, and no lax coercion ("5" is not an integer, 1 is
+# not a boolean, a JSON text is not a filter).
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _json_integer(value: Any) -> Any:
-    """Refuse what pydantic's lax mode would turn into an integer but JSON Schema's
-    ``integer`` does not allow (``true``, ``"5"``); ``5.0`` stays allowed, as there."""
-    if isinstance(value, bool | str | bytes):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-# Body fields as their schema types say, without lax coercions: a boolean is not a number,
-# a string is not a number or a boolean (``"yes"`` for ``true``), so those are 422s.
-JsonInt = Annotated[int, BeforeValidator(_json_integer)]
-JsonNumber = Annotated[float, Strict()]
-JsonBool = Annotated[bool, Strict()]
-
-
-INT64 = (-(2**63), 2**63 - 1)
-
-
-def _storable(value: Any, where: str = "value") -> Any:
-    """Refuse what BSON cannot store as sent: strings that are not valid Unicode (lone
-    surrogates), field names with NUL, integers beyond 64 bits (refused rather than
-    silently rounded to a double)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"{where}: strings must be valid Unicode (no lone surrogates)"
-            ) from None
-    elif isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        if not INT64[0] <= value <= INT64[1]:
-            raise ValueError(
-                f"{where}: integers must fit in 64 bits (MongoDB's limit); send larger "
-                f"numbers as strings"
-            )
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if "\x00" in k:
-                raise ValueError(f"{where}: field names may not contain NUL")
-            _storable(k, where)
-            _storable(v, f"{where}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _storable(v, f"{where}[{i}]")
-    return value
-
-
-#: A field name of a stored value: anything but NUL.
-ValueKey = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
-#: Any JSON a memory's value may hold (field names without NUL).
-JsonValue = TypeAliasType(  # type: ignore[misc]
-    "JsonValue", "str | int | float | bool | None | list[JsonValue] | dict[ValueKey, JsonValue]"
-)
-
-
-def _value(value: Any, handler: Callable[[Any], Any]) -> Any:
-    """Clear messages for what cannot be stored, then the schema's shape; keep the JSON."""
-    _storable(value)
-    handler(value)
-    return value
-
-
-#: A value field a filter may name: not empty, not an operator, no NUL.
-FieldName = Annotated[str, StringConstraints(pattern=r"^[^$\x00][^\x00]*$", max_length=256)]
-Scalar = str | int | float | bool | None
-
-
-class Operators(BaseModel):
-    """Comparison operators on one field (BaseStore's set; nothing else is accepted)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=False)
-
-    eq: Any = Field(default=None, alias="$eq")
-    ne: Any = Field(default=None, alias="$ne")
-    gt: Any = Field(default=None, alias="$gt")
-    gte: Any = Field(default=None, alias="$gte")
-    lt: Any = Field(default=None, alias="$lt")
-    lte: Any = Field(default=None, alias="$lte")
-    in_: list[Any] = Field(default=None, alias="$in")  # type: ignore[arg-type]
-
-
-#: What a filter compares a field with: a value, a list, operators, or (for a field that
-#: holds an object) conditions on its fields.
-Condition = TypeAliasType(  # type: ignore[misc]
-    "Condition", "Scalar | list[Any] | Operators | dict[FieldName, Condition]"
-)
-
-
-def _filter(value: Any, handler: Callable[[Any], Any]) -> dict[str, Any] | None:
-    """Check the filter's shape (the schema's types), then BaseStore's rules; keep the
-    plain JSON (the service wants dicts, not the models that described them)."""
-    if value is None:
-        return None
-    try:
-        checked = model.check_value_filter(value)
-    except InvalidInputError as exc:
-        raise ValueError(str(exc)) from None
-    handler(value)
-    return checked
-
-
-#: A namespace label: non-empty, no '.', no NUL.
-Label = Annotated[
-    str, StringConstraints(min_length=1, max_length=model.MAX_LABEL, pattern=r"^[^.\x00]+$")
-]
-#: A namespace in a path or a query: its labels joined by dots.
-DOTTED_NAMESPACE = rf"[^.\x00]{{1,{model.MAX_LABEL}}}(\.[^.\x00]{{1,{model.MAX_LABEL}}})*"
-
-
-def _labels(value: Any) -> Any:
-    """The store's own check first, for its clearer message; then the schema's types."""
-    try:
-        model.check_namespace(value, allow_empty=True)
-    except InvalidInputError as exc:
-        raise ValueError(str(exc)) from None
-    return value
-
-
 class SearchRequest(_Body):
     """What ``POST /v1/search`` takes."""
 
-    namespace_prefix: Annotated[list[Label], BeforeValidator(_labels)] = Field(
-        default_factory=list, max_length=32, description="Labels the namespaces start with."
+    namespace_prefix: validation.NamespacePrefix = Field(
+        default_factory=list, description="Labels the namespaces start with."
     )
-    query: Annotated[str | None, AfterValidator(_storable)] = Field(
-        default=None, max_length=10_000, description="Natural-language query (vector search)."
+    query: validation.QueryOrNone = Field(
+        default=None, description="Natural-language query (vector search)."
     )
-    filter: Annotated[dict[FieldName, Condition] | None, WrapValidator(_filter)] = Field(
+    filter: validation.Filter = Field(
         default=None,
         description="Conditions on value fields: {field: value} or {field: {$op: value}} "
         "with $eq $ne $gt $gte $lt $lte $in.",
     )
-    kinds: list[Annotated[str, Field(pattern=KIND_PATTERN)]] | None = Field(
-        default=None, max_length=20, description="Only memories of these kinds."
-    )
-    limit: JsonInt = Field(default=10, ge=1, le=MAX_PAGE)
-    offset: JsonInt = Field(default=0, ge=0, le=10_000)
-    recency_weight: JsonNumber = Field(
-        default=0.0, ge=0.0, le=1.0, description="Blend similarity with recency."
+    kinds: validation.Kinds = Field(default=None, description="Only memories of these kinds.")
+    limit: validation.PageLimit = 10
+    offset: validation.Offset = 0
+    recency_weight: validation.RecencyWeight = Field(
+        default=0.0, description="Blend similarity with recency."
     )
 
 
 class PutRequestBody(_Body):
     """What ``PUT /v1/memories/{namespace}/{key}`` takes."""
 
-    value: Annotated[dict[ValueKey, JsonValue], WrapValidator(_value)] = Field(
-        description="The memory (any JSON object)."
-    )
-    text: Annotated[str | None, AfterValidator(_storable)] = Field(
+    value: validation.Value = Field(description="The memory (any JSON object).")
+    text: validation.TextOrNone = Field(
         default=None,
-        max_length=100_000,
-        description="What is embedded for search (default: the value as JSON).",
+        description="What is embedded for search (default: the value as JSON, cut to "
+        "100,000 characters).",
     )
-    kind: str = Field(default="item", pattern=KIND_PATTERN)
-    index: JsonBool = Field(default=True, description="Embed it (false: not found by queries).")
-    ttl_minutes: JsonNumber | None = Field(default=None, gt=0, le=60 * 24 * 3650)
+    kind: validation.Kind = "item"
+    index: validation.Flag = Field(
+        default=True, description="Embed it (false: not found by queries)."
+    )
+    ttl_minutes: validation.TtlMinutes = None
 
 
 class MemoryOut(BaseModel):
@@ -356,9 +246,173 @@ def single_valued_query(request: Request) -> None:
         ])  # fmt: skip
 
 
-def namespace_of(path: str) -> tuple[str, ...]:
+def namespace_of(path: str, field: str = "namespace") -> tuple[str, ...]:
     """``users.u1.memories`` -> ``("users", "u1", "memories")`` (validated)."""
-    return model.check_namespace(path.split("."))
+    return model.check_namespace(path.split("."), field=field)
+
+
+#: The routes whose path holds a namespace and a key.
+_ADDRESSED = ("/v1/memories/", "/v1/history/")
+
+
+def address_of(request: Request, namespace: str, key: str) -> tuple[tuple[str, ...], str]:
+    """The namespace and key a request's path names, read from the path as it was sent.
+
+    A label may hold ``/`` (the store's rule: no ``.``, no NUL), sent as ``%2F``. The
+    router matches the decoded path, where ``team%2Falice/profile`` would read as
+    namespace ``team`` and key ``alice/profile``; here the namespace is the first segment
+    of the raw path, decoded after splitting, so a label never crosses into the key."""
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes):
+        path = raw.split(b"?", 1)[0].decode("latin-1")
+        for marker in _ADDRESSED:
+            at = path.find(marker)
+            if at >= 0:
+                ns, sep, rest = path[at + len(marker) :].partition("/")
+                if sep:
+                    namespace, key = unquote(ns), unquote(rest)
+                break
+    return namespace_of(namespace), model.check_key(key)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_body(body_model: type[_M], raw: bytes, content_type: str | None) -> _M:
+    """A request body: JSON read strictly (:func:`accord.memory.validation.loads`: depth
+    checked before parsing, no NaN/Infinity/1e400), then ``body_model``'s validation.
+    Problems are a ``RequestValidationError`` (a 422), with locations under ``body``."""
+    if content_type is None or not _is_json(content_type):
+        raise RequestValidationError([{
+            "type": "content_type", "loc": ("body",),
+            "msg": "the body must be JSON (Content-Type: application/json)",
+        }])  # fmt: skip
+    if not raw:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required"}]
+        )
+    try:
+        data = validation.loads(raw)
+    except validation.InvalidField as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": exc.reason}]
+        ) from None
+    try:
+        return body_model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [
+                {"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]}
+                for e in exc.errors(include_url=False, include_input=False, include_context=False)
+            ]
+        ) from None
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def json_body(body_model: type[_M]) -> Callable[..., Any]:
+    """A dependency that reads the request's body as ``body_model``: in a worker thread
+    when it is large, so parsing and validating it never holds the event loop. (FastAPI's
+    own body handling parses and validates on the loop.) The route declares the schema
+    with :func:`body_schema`."""
+
+    async def read(request: Request) -> _M:
+        raw = await request.body()
+        ctype = request.headers.get("content-type")
+        if len(raw) >= INLINE_BODY:
+            return await anyio.to_thread.run_sync(parse_body, body_model, raw, ctype)
+        return parse_body(body_model, raw, ctype)
+
+    return read
+
+
+def body_schema(body_model: type[BaseModel]) -> dict[str, Any]:
+    """The ``openapi_extra`` declaring ``body_model`` as a route's JSON body (the schema
+    itself is added to the components by the app's ``openapi()``)."""
+    ref = {"$ref": f"#/components/schemas/{body_model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """A request body over its route's limit (a 413; nothing was read or written)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than this route takes ({limit:,} "
+                              f"bytes); nothing was read or written")  # fmt: skip
+
+
+def body_limit(scope: Scope) -> int:
+    """The most a request may send: a PUT of a memory (a value of up to 2 MiB encoded, and
+    its text) :data:`MAX_PUT_BODY`, anything else :data:`MAX_BODY`."""
+    path = scope.get("path", "")
+    return MAX_PUT_BODY if scope.get("method") == "PUT" and "/v1/memories/" in path else MAX_BODY
+
+
+class BodyLimit:
+    """ASGI middleware: a body over :func:`body_limit` is a 413 before it is read (its
+    ``Content-Length`` says so) or as soon as it passes the limit while it arrives (the
+    route gets :class:`BodyTooLarge`, answered in the API's error shape)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            response = JSONResponse({"error": "too_large", "detail": BodyTooLarge(limit).detail},
+                                    status_code=413, headers={"Connection": "close"})  # fmt: skip
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _bounded(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """A 422 body for ``errors`` that is at most :data:`MAX_ERROR_BYTES` bytes: no input
+    is echoed (locations and messages only, each cut short), and errors beyond the budget
+    are counted instead of listed."""
+    import json
+
+    listed: list[dict[str, Any]] = []
+    for e in errors:
+        loc = [p if isinstance(p, int) else _cut(str(p), 60) for p in list(e.get("loc", ()))[:8]]
+        msg = str(e.get("msg", ""))
+        listed.append({"loc": loc, "msg": _cut(msg, 300)})
+    while True:
+        shown = listed[:]
+        body: dict[str, Any] = {
+            "error": "invalid_request",
+            "detail": "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in shown),
+            "errors": shown,
+        }
+        if len(shown) < len(errors):
+            body["detail"] += f"; and {len(errors) - len(shown)} more problem(s)"
+        if len(json.dumps(body).encode()) <= MAX_ERROR_BYTES or len(listed) <= 1:
+            return body
+        listed.pop()
+
+
+def _cut(text: str, at: int) -> str:
+    return text if len(text) <= at else f"{text[:at]}... ({len(text):,} characters)"
 
 
 def create_app(
@@ -373,15 +427,18 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app. Give ``uri`` (the app opens and closes its own client, on its own
     event loop) or an existing ``service``. ``keys``: the principals
-    (:meth:`ApiKeys.from_env`)."""
+    (:meth:`ApiKeys.from_env`; a keys file is re-read when it changes)."""
     if (uri is None) == (service is None):
         raise ConfigurationError("create_app needs exactly one of uri or service")
     if not isinstance(keys, ApiKeys) or len(keys) == 0:
         raise ConfigurationError("create_app needs at least one API key principal (keys=)")
+    # uvicorn's access log prints each request's URL: no key sent in one may reach it.
+    AccessLogRedaction.install(keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client: AsyncMongoClient[Any] | None = None
+        AccessLogRedaction.install(keys)  # again, after the server configured its logging
         if service is None:
             client = AsyncMongoClient(uri)
             app.state.service = AsyncMemoryService(
@@ -411,6 +468,7 @@ def create_app(
             401: {"model": ErrorOut},
             403: {"model": ErrorOut},
             409: {"model": ErrorOut},
+            413: {"model": ErrorOut},
             422: {"model": InvalidRequestOut},
             500: {"model": ErrorOut},
             503: {"model": ErrorOut},
@@ -423,10 +481,18 @@ def create_app(
                 title=app.title, version=app.version, description=app.description,
                 routes=app.routes,
             )  # fmt: skip
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for body_model in (SearchRequest, PutRequestBody):
+                body = body_model.model_json_schema(
+                    ref_template="#/components/schemas/{model}", mode="validation"
+                )
+                components.update(body.pop("$defs", {}))
+                components[body_model.__name__] = body
             app.openapi_schema = exact_key_schemas(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(_Problem)
     async def problem(request: Request, exc: _Problem) -> JSONResponse:
@@ -437,34 +503,27 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # FastAPI's own errors (an unparsable body, an unknown route...) in our shape.
-        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code, "error"
-        )
+        # FastAPI's and Starlette's own errors (an unknown route, a body over its limit...)
+        # in our shape.
+        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+                413: "too_large"}.get(exc.status_code, "error")  # fmt: skip
+        detail = str(exc.detail)
         return JSONResponse(
-            {"error": code, "detail": str(exc.detail)},
+            {"error": code, "detail": detail[:1000]},
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        ]
-        return JSONResponse(
-            {"error": "invalid_request", "detail": "; ".join(problems),
-             "errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")}
-                        for e in exc.errors()]},
-            status_code=422,
-        )  # fmt: skip
+        return JSONResponse(_bounded(list(exc.errors())), status_code=422)
 
     @app.exception_handler(AccordError)
     async def accord_error(request: Request, exc: AccordError) -> JSONResponse:
         status, code = _status(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
-        return JSONResponse({"error": code, "detail": str(exc)}, status_code=status)
+        return JSONResponse({"error": code, "detail": str(exc)[:1000]}, status_code=status)
 
     def principal(
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -492,10 +551,14 @@ def create_app(
 
     Reader = Annotated[AsyncMemoryService, Depends(scoped("read"))]
     Writer = Annotated[AsyncMemoryService, Depends(scoped("write"))]
+    # Declared after the key: a caller without a valid key never gets its body read.
+    SearchBody = Annotated[SearchRequest, Depends(json_body(SearchRequest))]
+    PutBody = Annotated[PutRequestBody, Depends(json_body(PutRequestBody))]
     NamespacePath = Annotated[
         str,
         Path(
-            description="Dot-joined labels, e.g. users.u1.memories",
+            description="Dot-joined labels, e.g. users.u1.memories; a '/' in a label is sent "
+            "as %2F",
             min_length=1,
             max_length=4096,
             # documented, and checked by the store's own rules (for their clearer message)
@@ -511,7 +574,7 @@ def create_app(
     KeyPath = Annotated[
         str,
         Path(description="The memory's key (any characters but NUL)", min_length=0,
-             max_length=1024, json_schema_extra={"pattern": r"^[^\x00]*$"}),
+             max_length=validation.MAX_KEY, json_schema_extra={"pattern": r"^[^\x00]*$"}),
     ]  # fmt: skip
 
     @app.get("/healthz", tags=["health"])
@@ -523,8 +586,9 @@ def create_app(
             raise _Problem(503, "unavailable", f"the database does not answer: {exc}") from exc
         return {"status": "ok"}
 
-    @app.post("/v1/search", response_model=MemoryPage, tags=["memories"])
-    async def search(body: SearchRequest, svc: Reader) -> MemoryPage:
+    @app.post("/v1/search", response_model=MemoryPage, tags=["memories"],
+              openapi_extra=body_schema(SearchRequest))  # fmt: skip
+    async def search(svc: Reader, body: SearchBody) -> MemoryPage:
         """Memories under ``namespace_prefix``: by similarity to ``query`` when given (with
         optional recency weighting), else newest first; ``filter`` narrows by value."""
         hits = await svc.search(
@@ -540,43 +604,51 @@ def create_app(
 
     @app.get("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
              responses={404: {"model": ErrorOut}})  # fmt: skip
-    async def get_memory(namespace: NamespacePath, key: KeyPath, svc: Reader) -> MemoryOut:
-        found = await svc.get(namespace_of(namespace), key)
+    async def get_memory(
+        request: Request, namespace: NamespacePath, key: KeyPath, svc: Reader
+    ) -> MemoryOut:
+        ns, key = address_of(request, namespace, key)
+        found = await svc.get(ns, key)
         if found is None:
-            raise _Problem(404, "not_found", f"no memory {key!r} in namespace {namespace!r}")
+            raise _Problem(404, "not_found", f"no memory {validation.preview(key)} in "
+                                             f"namespace {validation.preview('.'.join(ns))}")  # fmt: skip
         return MemoryOut.of(found)
 
-    @app.put("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"])
+    @app.put("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
+             openapi_extra=body_schema(PutRequestBody))  # fmt: skip
     async def put_memory(
-        namespace: NamespacePath, key: KeyPath, body: PutRequestBody, svc: Writer
+        request: Request, namespace: NamespacePath, key: KeyPath, svc: Writer, body: PutBody
     ) -> MemoryOut:
-        """Create or replace a memory; the replaced version is kept in its history."""
-        ns = namespace_of(namespace)
-        await svc.put(
+        """Create or replace a memory; the replaced version is kept in its history. The
+        answer is the memory as written (even when a tiny ``ttl_minutes`` expires it
+        before anyone could read it)."""
+        ns, key = address_of(request, namespace, key)
+        written = await svc.put(
             ns, key, body.value, text=body.text, embed=body.index, kind=body.kind,
             provenance=model.Provenance(source="http", tenant_id=svc.tenant_id),
             ttl_minutes=body.ttl_minutes,
         )  # fmt: skip
-        found = await svc.get(ns, key)
-        if found is None:  # deleted by someone else in between
-            raise _Problem(409, "conflict", "the memory was deleted right after it was written")
-        return MemoryOut.of(found)
+        return MemoryOut.of(written)
 
     @app.delete("/v1/memories/{namespace}/{key:anypath}", response_model=Deleted,
                 tags=["memories"])  # fmt: skip
-    async def delete_memory(namespace: NamespacePath, key: KeyPath, svc: Writer) -> Deleted:
+    async def delete_memory(
+        request: Request, namespace: NamespacePath, key: KeyPath, svc: Writer
+    ) -> Deleted:
         """Delete a memory (its last version is kept in its history). ``deleted`` says
         whether it existed."""
-        ns = namespace_of(namespace)
+        ns, key = address_of(request, namespace, key)
         existed = await svc.get(ns, key) is not None
         await svc.delete(ns, key)
         return Deleted(deleted=existed)
 
     @app.get("/v1/history/{namespace}/{key:anypath}", response_model=HistoryPage,
              tags=["memories"])  # fmt: skip
-    async def history(namespace: NamespacePath, key: KeyPath, svc: Reader) -> HistoryPage:
+    async def history(
+        request: Request, namespace: NamespacePath, key: KeyPath, svc: Reader
+    ) -> HistoryPage:
         """Previous versions, oldest first, with what replaced each and its provenance."""
-        ns = namespace_of(namespace)
+        ns, key = address_of(request, namespace, key)
         rows = await svc.history(ns, key)
         return HistoryPage(
             namespace=list(ns), key=key,
@@ -599,8 +671,8 @@ def create_app(
     ) -> NamespacePage:
         """Namespaces that hold memories (``prefix``/``suffix`` match, ``*`` any label)."""
         names = await svc.list_namespaces(
-            prefix=prefix.split(".") if prefix else None,
-            suffix=suffix.split(".") if suffix else None,
+            prefix=namespace_of(prefix, "prefix") if prefix else None,
+            suffix=namespace_of(suffix, "suffix") if suffix else None,
             max_depth=max_depth, limit=limit + 1, offset=offset,
         )  # fmt: skip
         more = len(names) > limit
@@ -609,6 +681,10 @@ def create_app(
         )
 
     return app
+
+
+#: A namespace in a path or a query: its labels joined by dots.
+DOTTED_NAMESPACE = rf"[^.\x00]{{1,{validation.MAX_LABEL}}}(\.[^.\x00]{{1,{validation.MAX_LABEL}}})*"
 
 
 def exact_key_schemas(node: Any) -> Any:

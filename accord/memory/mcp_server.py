@@ -11,35 +11,54 @@ Tools (all for ONE tenant, fixed when the server starts: ``--tenant`` or
 - ``get_memory(namespace, key)``, ``delete_memory(namespace, key)``;
 - ``list_namespaces(prefix?, limit?)``.
 
-Inputs are validated as in the other doors (namespace labels, keys, BaseStore's filter
-operators only); a refusal comes back as a tool error whose text says what is allowed.
-Writes go through the memory service (one transaction each, history kept). The server
-speaks MCP over stdio; start it from an MCP client's configuration, e.g.::
+Inputs are validated by the same module as the other doors' (:mod:`accord.memory.validation`:
+namespace labels, keys, kinds, sizes of queries and texts, BaseStore's filter operators
+only), strictly: ``"10"`` or ``true`` is not a limit, and a JSON text is not a filter or a
+namespace (the MCP SDK would parse one; :class:`StrictArguments` refuses it first). A
+refusal comes back as a tool error whose text says what is allowed. Writes go through the
+memory service (one transaction each, history kept).
+
+The server speaks MCP over stdio (:func:`serve_stdio`); start it from an MCP client's
+configuration, e.g.::
 
     {"command": "accord", "args": ["mcp", "--tenant", "acme"],
      "env": {"MONGODB_URI": "mongodb+srv://..."}}
+
+A line on stdin that is not a JSON-RPC message (invalid JSON, JSON nested too deep, a
+lone surrogate, a batch) is answered with a JSON-RPC error (``-32700`` parse error,
+``-32600`` invalid request; with the request's id when it can be read), where the MCP
+SDK's stdio transport drops it silently and leaves the client waiting
+(modelcontextprotocol/python-sdk issue 2751).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 try:  # the server extra (accord/extras.py): say so when it is missing
+    import anyio
+    from mcp import types
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
 except ImportError as exc:
     from accord.extras import missing
 
     raise missing(exc, "The MCP server (accord mcp)") from exc
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pymongo import AsyncMongoClient
 
 from accord.errors import AccordError, ConfigurationError
-from accord.memory import model
+from accord.memory import model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.extraction import content_key
+
+log = logging.getLogger("accord.memory.mcp")
 
 DEFAULT_NAMESPACE = ("memories",)
 INSTRUCTIONS = (
@@ -89,6 +108,48 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: Tool arguments that are not strings: the SDK parses a string given for one as JSON (a
+#: lax coercion for some clients); accord refuses it, as the HTTP API would.
+STRUCTURED_ARGUMENTS: Mapping[str, frozenset[str]] = {
+    "search_memory": frozenset({"namespace", "limit", "filter"}),
+    "save_memory": frozenset({"namespace"}),
+    "get_memory": frozenset({"namespace"}),
+    "delete_memory": frozenset({"namespace"}),
+    "list_namespaces": frozenset({"prefix", "limit"}),
+}
+
+
+class StrictArguments:
+    """Server middleware: a ``tools/call`` whose list, object or number argument arrives
+    as a string is a tool error, before the SDK would parse the string as JSON."""
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
+            structured = STRUCTURED_ARGUMENTS.get(str(ctx.params.get("name")), frozenset())
+            arguments = ctx.params.get("arguments")
+            if isinstance(arguments, Mapping):
+                for name in sorted(structured & set(arguments)):
+                    if isinstance(arguments[name], str):
+                        try:  # the shared check, for the shared message (it refuses a string)
+                            _STRUCTURED_CHECKS[name](arguments[name])
+                        except validation.InvalidField as exc:
+                            return types.CallToolResult(
+                                content=[types.TextContent(type="text", text=str(exc))],
+                                is_error=True,
+                            )
+        return await call_next(ctx)
+
+
+_STRUCTURED_CHECKS: Mapping[str, Any] = {
+    "namespace": lambda v: validation.check_namespace(v, field="namespace"),
+    "prefix": lambda v: validation.check_namespace(v, field="prefix"),
+    "filter": validation.check_filter,
+    "limit": lambda v: validation.check_int(v, "limit"),
+}
+
+
 def create_server(
     uri: str | None = None,
     *,
@@ -128,8 +189,9 @@ def create_server(
                 await client.close()
 
     server: MCPServer[Any] = MCPServer(
-        "accord-memory", instructions=INSTRUCTIONS, version="1", lifespan=lifespan
-    )
+        "accord-memory", instructions=INSTRUCTIONS, version="1", lifespan=lifespan,
+        middleware=[StrictArguments()],
+    )  # fmt: skip
 
     def svc() -> AsyncMemoryService:
         try:
@@ -137,74 +199,69 @@ def create_server(
         except KeyError:
             raise ToolError("the memory service is not started") from None
 
-    def ns(labels: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
-        return default if labels is None else model.check_namespace(labels, allow_empty=True)
+    # Every argument is one of accord.memory.validation's types: the store's and the HTTP
+    # API's rules, with their messages.
 
     @server.tool()
     async def search_memory(
-        query: str,
-        namespace: list[str] | None = None,
-        limit: int = 5,
-        filter: dict[str, Any] | None = None,
+        query: validation.Query,
+        namespace: validation.NamespacePrefixOrNone = None,
+        limit: validation.McpLimit = 5,
+        filter: validation.Filter = None,
     ) -> list[MemoryResult]:
         """Search long-term memory by meaning. `namespace`: a prefix of labels (default:
         all). `filter`: conditions on value fields, {field: value} or {field: {"$gt": 1}}
-        ($eq $ne $gt $gte $lt $lte $in). Best matches first."""
-        if not 1 <= limit <= 50:
-            raise ToolError(f"limit must be between 1 and 50, got {limit}")
+        ($eq $ne $gt $gte $lt $lte $in). `limit`: 1 to 50. Best matches first."""
         try:
-            hits = await svc().search(ns(namespace, ()), query=query, filter=filter, limit=limit)
+            hits = await svc().search(tuple(namespace or ()), query=query, filter=filter,
+                                      limit=limit)  # fmt: skip
         except AccordError as exc:
             raise ToolError(str(exc)) from None
         return [MemoryResult.of(m) for m in hits]
 
     @server.tool()
     async def save_memory(
-        text: str,
-        namespace: list[str] | None = None,
-        key: str | None = None,
-        kind: str = "fact",
+        text: validation.Text,
+        namespace: validation.NamespaceOrNone = None,
+        key: validation.KeyOrNone = None,
+        kind: validation.Kind = "fact",
     ) -> Saved:
         """Remember `text` (one self-contained statement, e.g. "User prefers aisle
         seats"). Same namespace and key replace the memory (its old version is kept in
-        history); without a key, saving the same text again keeps one memory."""
-        text = text.strip() if isinstance(text, str) else text
+        history); without a key, saving the same text again keeps one memory. `kind`: a
+        short name such as fact, preference or note."""
+        text = text.strip()
         if not text:
             raise ToolError("text must be a non-empty statement")
-        if not kind or not kind.replace("_", "").replace("-", "").isalnum() or len(kind) > 64:
-            raise ToolError("kind is a short word such as fact, preference or note")
+        space = home if namespace is None else tuple(namespace)
+        memory_key = key if key is not None else content_key(kind, text)
         try:
-            space = ns(namespace, home)
-            if not space:
-                raise ToolError("namespace needs at least one label")
-            memory_key = model.check_key(key if key is not None else content_key(kind, text))
             service = svc()
-            await service.put(
+            saved = await service.put(
                 space, memory_key, {"content": text}, text=text, kind=kind,
                 provenance=model.Provenance(source="mcp", tenant_id=service.tenant_id),
             )  # fmt: skip
-            saved = await service.get(space, memory_key)
         except AccordError as exc:
             raise ToolError(str(exc)) from None
-        if saved is None:
-            raise ToolError("the memory was deleted right after it was saved")
         return Saved(namespace=list(space), key=memory_key, version=saved.version)
 
     @server.tool()
-    async def get_memory(namespace: list[str], key: str) -> MemoryResult | None:
+    async def get_memory(
+        namespace: validation.Namespace, key: validation.Key
+    ) -> MemoryResult | None:
         """One memory by namespace and key (null when there is none)."""
         try:
-            found = await svc().get(model.check_namespace(namespace), key)
+            found = await svc().get(tuple(namespace), key)
         except AccordError as exc:
             raise ToolError(str(exc)) from None
         return None if found is None else MemoryResult.of(found)
 
     @server.tool()
-    async def delete_memory(namespace: list[str], key: str) -> Deleted:
+    async def delete_memory(namespace: validation.Namespace, key: validation.Key) -> Deleted:
         """Forget one memory (its last version stays in history). `deleted` says whether
         it existed."""
         try:
-            space = model.check_namespace(namespace)
+            space = tuple(namespace)
             service = svc()
             existed = await service.get(space, key) is not None
             await service.delete(space, key)
@@ -213,10 +270,11 @@ def create_server(
         return Deleted(deleted=existed)
 
     @server.tool()
-    async def list_namespaces(prefix: list[str] | None = None, limit: int = 50) -> list[list[str]]:
-        """Namespaces that hold memories, optionally under `prefix` ("*" matches any label)."""
-        if not 1 <= limit <= 100:
-            raise ToolError(f"limit must be between 1 and 100, got {limit}")
+    async def list_namespaces(
+        prefix: validation.NamespacePrefixOrNone = None, limit: validation.PageLimit = 50
+    ) -> list[list[str]]:
+        """Namespaces that hold memories, optionally under `prefix` ("*" matches any
+        label). `limit`: 1 to 100."""
         try:
             names = await svc().list_namespaces(prefix=prefix, limit=limit)
         except AccordError as exc:
@@ -224,3 +282,62 @@ def create_server(
         return [list(n) for n in names]
 
     return server
+
+
+# -- stdio ---------------------------------------------------------------------------------------
+
+
+async def serve_stdio(server: MCPServer[Any]) -> None:
+    """Serve ``server`` over this process's stdin/stdout, as ``MCPServer.run("stdio")``
+    does, except that a line that is not a JSON-RPC message is answered with a JSON-RPC
+    error instead of being dropped (see the module docstring)."""
+    async with stdio_server() as (read_stream, write_stream):
+        relayed_in, relayed_out = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def relay() -> None:
+            async with relayed_in:
+                async for item in read_stream:
+                    if isinstance(item, Exception):
+                        answer = unreadable_message(item)
+                        log.warning("answered an unreadable message: %s", answer.error.message)
+                        await write_stream.send(SessionMessage(answer))
+                    else:
+                        await relayed_in.send(item)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(relay)
+            # The SDK has no public way to run an MCPServer on given streams.
+            lowlevel = server._lowlevel_server
+            await lowlevel.run(relayed_out, write_stream, lowlevel.create_initialization_options())
+            tasks.cancel_scope.cancel()
+
+
+def unreadable_message(exc: Exception) -> types.JSONRPCError:
+    """The JSON-RPC error answering a line the transport could not read as a message:
+    ``-32700`` when it is not JSON (or nests deeper than accord reads), ``-32600`` when it
+    is JSON but no JSON-RPC message (a batch, a lone surrogate, a missing field), with the
+    request's id when one can be read from it."""
+    raw: Any = None
+    if isinstance(exc, ValidationError) and exc.errors():
+        raw = exc.errors()[0].get("input")
+    code, reason, data = types.INVALID_REQUEST, "not a JSON-RPC 2.0 message", raw
+    if isinstance(raw, str | bytes):  # the transport's parser refused the text itself
+        try:
+            data = validation.loads(raw, field="message")
+            reason = "strings must be valid Unicode (no lone surrogates)"
+        except validation.InvalidField as refused:
+            return _error(types.PARSE_ERROR, f"Parse error: {refused.reason}", None)
+    if isinstance(data, list):
+        reason = (
+            "batches are not supported (MCP removed JSON-RPC batching); send one message a line"
+        )
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    return _error(code, f"Invalid Request: {reason}", request_id)
+
+
+def _error(code: int, message: str, request_id: Any) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message[:500])
+    )

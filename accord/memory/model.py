@@ -59,7 +59,7 @@ from typing import Any
 from bson import ObjectId
 from bson.binary import Binary, BinaryVectorDtype
 
-from accord.errors import InvalidInputError
+from accord.memory import validation
 
 Doc = dict[str, Any]
 MEMORY_COLLECTION = "long_term_memory"
@@ -73,92 +73,33 @@ TEXT_PATH = "text"
 MIRRORED_FIELDS = ("tenant_id", "ns_prefixes", "kind", "expires_at")
 #: Atlas's bound on ``numCandidates`` (and so on ``limit``).
 MAX_CANDIDATES = 10_000
-#: Operators a value filter may use (BaseStore's contract), and nothing else.
-VALUE_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in"})
-MAX_LABEL = 256
-MAX_KEY = 1024
+#: Limits and checks live in accord.memory.validation (one module for every door); these
+#: names stay here for the modules that read them from the model.
+VALUE_OPERATORS = validation.VALUE_OPERATORS
+MAX_LABEL = validation.MAX_LABEL
+MAX_KEY = validation.MAX_KEY
+check_tenant = validation.check_tenant
+check_namespace = validation.check_namespace
+check_key = validation.check_key
+check_value_filter = validation.check_filter
 
 
-# -- validation ---------------------------------------------------------------------------------
-
-
-def check_tenant(tenant_id: Any) -> str:
-    if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_LABEL:
-        raise InvalidInputError(
-            f"tenant_id must be a non-empty string of at most {MAX_LABEL} characters, "
-            f"got {tenant_id!r}"
-        )
-    if tenant_id.startswith("$") or "\x00" in tenant_id:
-        raise InvalidInputError(f"tenant_id {tenant_id!r} may not start with '$' or hold NUL")
-    return tenant_id
-
-
-def check_namespace(namespace: Any, *, allow_empty: bool = False) -> tuple[str, ...]:
-    """A namespace as a tuple of labels: non-empty strings without '.' or NUL."""
-    if not isinstance(namespace, tuple | list):
-        raise InvalidInputError(f"a namespace is a tuple of strings, got {namespace!r}")
-    if not namespace and not allow_empty:
-        raise InvalidInputError("a namespace needs at least one label")
-    for label in namespace:
-        if not isinstance(label, str) or not label:
-            raise InvalidInputError(
-                f"namespace labels are non-empty strings; got {label!r} in {tuple(namespace)}"
-            )
-        if "." in label or "\x00" in label or len(label) > MAX_LABEL:
-            raise InvalidInputError(
-                f"namespace label {label!r} may not contain '.' or NUL, nor exceed "
-                f"{MAX_LABEL} characters"
-            )
-    return tuple(namespace)
-
-
-def check_key(key: Any) -> str:
-    if not isinstance(key, str) or "\x00" in key or len(key) > MAX_KEY:
-        raise InvalidInputError(
-            f"a memory key is a string without NUL of at most {MAX_KEY} characters, got {key!r}"
-        )
-    return key
-
-
-def check_value_filter(filt: Any) -> dict[str, Any]:
-    """Validate a value filter: field names, and only BaseStore's operators.
-
-    Field names may not start with '$' (no operator injection: ``{"$where": ...}`` or
-    ``{"$or": ...}`` are refused) and may not hold NUL; operators are only
-    $eq $ne $gt $gte $lt $lte $in. The filter only ever narrows a query that is already
-    scoped to the caller's tenant and namespace.
-    """
-    if filt is None:
-        return {}
-    if not isinstance(filt, Mapping):
-        raise InvalidInputError(f"a filter is a mapping of field -> value, got {filt!r}")
-    for name, cond in filt.items():
-        if not isinstance(name, str) or not name or name.startswith("$") or "\x00" in name:
-            raise InvalidInputError(
-                f"filter field {name!r} is not allowed: fields are non-empty names that do "
-                f"not start with '$'; operators go inside a field: {{'field': {{'$gt': 1}}}}"
-            )
-        _check_condition(name, cond)
-    return dict(filt)
-
-
-def _check_condition(name: str, cond: Any) -> None:
-    if isinstance(cond, Mapping):
-        ops = [k for k in cond if isinstance(k, str) and k.startswith("$")]
-        if ops:
-            for op in cond:
-                if op not in VALUE_OPERATORS:
-                    raise InvalidInputError(
-                        f"filter operator {op!r} on {name!r} is not supported; use one of "
-                        f"{', '.join(sorted(VALUE_OPERATORS))}"
-                    )
-                if op == "$in" and not isinstance(cond[op], list | tuple):
-                    raise InvalidInputError(f"$in on {name!r} needs a list of values")
-            return
-        for k, v in cond.items():
-            if not isinstance(k, str) or k.startswith("$"):
-                raise InvalidInputError(f"filter key {k!r} inside {name!r} is not allowed")
-            _check_condition(f"{name}.{k}", v)
+def check_request(req: PutRequest) -> PutRequest:
+    """Validate one write (every door's, whoever builds it): namespace, key, and for a
+    put the value, text, field texts, kind and TTL. Returns it unchanged."""
+    validation.check_namespace(req.namespace)
+    validation.check_key(req.key)
+    if req.value is None:
+        return req
+    validation.check_value(req.value)
+    if req.text is not None:
+        validation.check_text(req.text)
+    for i, (path, text) in enumerate(req.field_texts):
+        validation.check_text(path, f"index[{i}]", limit=validation.MAX_KEY)
+        validation.check_text(text, f"text of {validation.preview(path)}")
+    validation.check_kind(req.kind)
+    validation.check_ttl(req.ttl_minutes, "ttl_minutes")
+    return req
 
 
 # -- identifiers and documents -----------------------------------------------------------------

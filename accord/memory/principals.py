@@ -11,13 +11,22 @@ JSON), as a list of principals::
     key_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     scopes = ["read", "write"]        # default: both
 
+    expires_at = 2027-06-30T00:00:00Z # optional: refused from then on
+
 ``key_sha256`` is the SHA-256 (hex) of the key, so the file holds no secret; ``key`` (the
 key itself) is accepted too, for development, and hashed when loaded. Generate keys with
 ``accord memory api-key``. Keys are at least 24 characters.
 
+A keys file is read again when it changes (checked at most once a second, on the next
+request): adding, revoking or letting a key expire needs no restart. A file that no
+longer loads (a typo) is reported in the log and the keys loaded before stay in force
+until it is fixed. Keys given in ``ACCORD_API_KEYS`` are read once.
+
 Checking a key hashes it and compares the hash with EVERY principal's, with
 ``hmac.compare_digest``, without stopping at a match: the time taken does not depend on
-which key matched or how much of it. Keys and their hashes are never logged or returned.
+which key matched or how much of it. Keys and their hashes are never logged or returned,
+and :class:`AccessLogRedaction` keeps a key sent in a URL (refused: keys go in headers)
+out of the server's access log.
 """
 
 from __future__ import annotations
@@ -28,10 +37,14 @@ import json
 import logging
 import os
 import secrets
+import threading
+import time
 import tomllib
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -44,31 +57,6 @@ Scope = Literal["read", "write"]
 MIN_KEY_LENGTH = 24
 KEYS_ENV = "ACCORD_API_KEYS"
 KEYS_FILE_ENV = "ACCORD_API_KEYS_FILE"
-
-
-def _with_entry(text: str, entry: dict[str, Any], *, as_json: bool) -> str:
-    """A keys file's ``text`` with ``entry`` appended to its principals."""
-    if as_json:
-        data = json.loads(text) if text.strip() else {"principals": []}
-        entries = data.get("principals") if isinstance(data, dict) else data
-        if not isinstance(entries, list):
-            raise ValueError("expected a list of principals")
-        entries.append(entry)
-        return json.dumps(data, indent=2) + "\n"
-    # JSON strings and lists of strings are valid TOML values.
-    block = "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items())
-    if text and not text.endswith("\n"):
-        text += "\n"
-    return text + ("\n" if text else "") + "[[principals]]\n" + block
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """(modification time in ns, size) of ``path``; None if it cannot be read."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 def hash_key(key: str) -> str:
@@ -91,11 +79,24 @@ class Principal(BaseModel):
     scopes: frozenset[Scope] = frozenset({"read", "write"})
     key_sha256: str = Field(default="", repr=False)
     key: str | None = Field(default=None, repr=False, exclude=True)
+    expires_at: datetime | None = Field(
+        default=None, description="From this time on the key is refused (with a time zone)."
+    )
 
     @field_validator("tenant")
     @classmethod
     def _tenant(cls, value: str) -> str:
         return model.check_tenant(value)
+
+    @field_validator("expires_at")
+    @classmethod
+    def _zoned(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give expires_at a time zone, e.g. 2027-06-30T00:00:00Z")
+        return value
+
+    def expired(self, at: datetime | None = None) -> bool:
+        return self.expires_at is not None and (at or datetime.now(UTC)) >= self.expires_at
 
     @model_validator(mode="after")
     def _hash(self) -> Principal:
@@ -120,62 +121,86 @@ class Principal(BaseModel):
         return self
 
 
+def _checked(principals: Iterable[Principal]) -> tuple[list[Principal], list[bytes]]:
+    loaded = list(principals)
+    names = [p.name for p in loaded]
+    if len(set(names)) != len(names):
+        raise ConfigurationError("principal names must be unique")
+    hashes = [p.key_sha256 for p in loaded]
+    if len(set(hashes)) != len(hashes):
+        raise ConfigurationError("two principals have the same key; give each its own")
+    return loaded, [bytes.fromhex(h) for h in hashes]
+
+
 class ApiKeys:
     """The configured principals; :meth:`authenticate` maps a presented key to one.
 
-    Loaded :meth:`from_file`, the keys follow the file: a request after the file changed
-    (its modification time or size) is checked against the new keys, so a key added by
-    ``accord memory api-key --keys-file`` or removed by hand takes effect without a
-    restart. A changed file that does not load keeps the previous keys (logged once).
-    """
+    Loaded :meth:`from_file`, the keys follow the file: it is read again when it changes
+    (see the module docstring)."""
 
-    def __init__(self, principals: Iterable[Principal]) -> None:
-        self.principals = list(principals)
-        names = [p.name for p in self.principals]
-        if len(set(names)) != len(names):
-            raise ConfigurationError("principal names must be unique")
-        hashes = [p.key_sha256 for p in self.principals]
-        if len(set(hashes)) != len(hashes):
-            raise ConfigurationError("two principals have the same key; give each its own")
-        self._digests = [bytes.fromhex(h) for h in hashes]
-        self._source: Path | None = None
-        self._stamp: tuple[int, int] | None = None
+    #: Seconds between two looks at the keys file.
+    RELOAD_EVERY = 1.0
+
+    def __init__(self, principals: Iterable[Principal], *, source: Path | None = None) -> None:
+        # One tuple, replaced whole on reload: a request in another thread sees the old
+        # keys or the new ones, never a mix.
+        self._state = _checked(principals)
+        self.source = source
+        self._stamp = _stamp(source) if source is not None else None
+        self._next_look = time.monotonic() + self.RELOAD_EVERY
+        self._lock = threading.Lock()
+
+    @property
+    def principals(self) -> list[Principal]:
+        return self._state[0]
 
     def __len__(self) -> int:
-        return len(self.principals)
-
-    def _follow(self, path: Path) -> ApiKeys:
-        self._source, self._stamp = path, _stamp(path)
-        return self
-
-    def _reload_if_changed(self) -> None:
-        if self._source is None:
-            return
-        stamp = _stamp(self._source)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp  # a broken file is reported once, not on every request
-        try:
-            fresh = ApiKeys.from_file(self._source)
-        except ConfigurationError as exc:
-            log.warning(
-                "API keys file changed but does not load; keeping the previous keys: %s", exc
-            )
-            return
-        self.principals, self._digests = fresh.principals, fresh._digests
-        log.info("API keys reloaded from %s: %d principals", self._source, len(self.principals))
+        return len(self._state[0])
 
     def authenticate(self, presented: str | None) -> Principal | None:
-        """The principal whose key ``presented`` is, or None. Constant time in the key."""
+        """The principal whose key ``presented`` is, or None (unknown, or expired).
+        Constant time in the key."""
+        self.reload_if_changed()
         if not presented:
             return None
-        self._reload_if_changed()
+        principals, digests = self._state
         digest = hashlib.sha256(presented.encode("utf-8", "surrogatepass")).digest()
         found = -1
-        for i, known in enumerate(self._digests):  # no early exit
+        for i, known in enumerate(digests):  # no early exit
             if hmac.compare_digest(digest, known):
                 found = i
-        return self.principals[found] if found >= 0 else None
+        if found < 0:
+            return None
+        who = principals[found]
+        if who.expired():
+            log.info("API key of %r refused: it expired at %s", who.name, who.expires_at)
+            return None
+        return who
+
+    def reload_if_changed(self, *, now: bool = False) -> bool:
+        """Read the keys file again if it changed since it was read (looked at once a
+        second at most, or at once with ``now``). Returns whether keys were reloaded. A
+        file that does not load leaves the current keys in force (logged once per
+        change of the file)."""
+        if self.source is None or (not now and time.monotonic() < self._next_look):
+            return False
+        with self._lock:
+            self._next_look = time.monotonic() + self.RELOAD_EVERY
+            stamp = _stamp(self.source)
+            if stamp == self._stamp:
+                return False
+            self._stamp = stamp
+            try:
+                fresh = ApiKeys.from_file(self.source)
+            except ConfigurationError as exc:
+                log.error(
+                    "API keys file changed but does not load (%s); the %d keys loaded "
+                    "before stay in force until it is fixed", exc, len(self),
+                )  # fmt: skip
+                return False
+            self._state = fresh._state
+            log.warning("API keys reloaded from %s: %d principals", self.source, len(self))
+            return True
 
     @classmethod
     def parse(cls, data: Any, source: str) -> ApiKeys:
@@ -210,7 +235,26 @@ class ApiKeys:
             raise ConfigurationError(
                 f"API keys file {p} is not valid {p.suffix[1:] or 'TOML'}: {exc}"
             ) from None
-        return cls.parse(data, str(p))._follow(p)
+        loaded = cls.parse(data, str(p))
+        return cls(loaded.principals, source=p)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:
+        """From ``ACCORD_API_KEYS_FILE`` or ``ACCORD_API_KEYS``; an error when neither is set
+        (an API without keys would be open to every caller)."""
+        env = os.environ if environ is None else environ
+        if env.get(KEYS_FILE_ENV):
+            return cls.from_file(env[KEYS_FILE_ENV])
+        if env.get(KEYS_ENV):
+            try:
+                data = json.loads(env[KEYS_ENV])
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(f"{KEYS_ENV} is not valid JSON: {exc.msg}") from None
+            return cls.parse(data, KEYS_ENV)
+        raise ConfigurationError(
+            f"no API keys configured: set {KEYS_FILE_ENV} (a TOML/JSON file of principals) "
+            f"or {KEYS_ENV} (JSON); create a key with `accord memory api-key`"
+        )
 
     @staticmethod
     def add_to_file(path: str | os.PathLike[str], principal: Principal) -> None:
@@ -244,20 +288,79 @@ class ApiKeys:
             tmp.unlink(missing_ok=True)
             raise ConfigurationError(f"cannot write API keys file {p}: {exc.strerror}") from exc
 
+
+def _with_entry(text: str, entry: dict[str, Any], *, as_json: bool) -> str:
+    """A keys file's ``text`` with ``entry`` appended to its principals."""
+    if as_json:
+        data = json.loads(text) if text.strip() else {"principals": []}
+        entries = data.get("principals") if isinstance(data, dict) else data
+        if not isinstance(entries, list):
+            raise ValueError("expected a list of principals")
+        entries.append(entry)
+        return json.dumps(data, indent=2) + "\n"
+    # JSON strings and lists of strings are valid TOML values.
+    block = "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items())
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + ("\n" if text else "") + "[[principals]]\n" + block
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a changed file: modification time, size, inode (None: it is gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class AccessLogRedaction(logging.Filter):
+    """Keeps API keys sent in URLs out of the access log (uvicorn's ``uvicorn.access``).
+
+    Keys are accepted only in headers, so a key in a URL is refused (401); but the server
+    logs the URL of every request. This filter rewrites the logged URL: every query value
+    of :data:`MIN_KEY_LENGTH` characters or more, and every path segment or query value
+    that is a configured key, becomes ``<redacted>``. Installed on the access logger by
+    :func:`accord.memory.http_api.create_app`; behind another server, add it to that
+    server's access logger."""
+
+    LOGGER = "uvicorn.access"
+
+    def __init__(self, keys: ApiKeys) -> None:
+        super().__init__()
+        self.keys = keys
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ApiKeys:
-        """From ``ACCORD_API_KEYS_FILE`` or ``ACCORD_API_KEYS``; an error when neither is set
-        (an API without keys would be open to every caller)."""
-        env = os.environ if environ is None else environ
-        if env.get(KEYS_FILE_ENV):
-            return cls.from_file(env[KEYS_FILE_ENV])
-        if env.get(KEYS_ENV):
-            try:
-                data = json.loads(env[KEYS_ENV])
-            except json.JSONDecodeError as exc:
-                raise ConfigurationError(f"{KEYS_ENV} is not valid JSON: {exc.msg}") from None
-            return cls.parse(data, KEYS_ENV)
-        raise ConfigurationError(
-            f"no API keys configured: set {KEYS_FILE_ENV} (a TOML/JSON file of principals) "
-            f"or {KEYS_ENV} (JSON); create a key with `accord memory api-key`"
-        )
+    def install(cls, keys: ApiKeys) -> AccessLogRedaction:
+        logger = logging.getLogger(cls.LOGGER)
+        for existing in logger.filters:
+            if isinstance(existing, cls) and existing.keys is keys:
+                return existing
+        made = cls(keys)
+        logger.addFilter(made)
+        return made
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.redact(a) if isinstance(a, str) and "/" in a else a
+                                for a in record.args)  # fmt: skip
+        return True
+
+    def redact(self, url: str) -> str:
+        path, sep, query = url.partition("?")
+        segments = ["<redacted>" if self._is_key(unquote(s)) else s for s in path.split("/")]
+        out = "/".join(segments)
+        if sep:
+            parts = []
+            for item in query.split("&"):
+                name, eq, value = item.partition("=")
+                secret = len(unquote(value)) >= MIN_KEY_LENGTH or self._is_key(unquote(value))
+                parts.append(f"{name}{eq}<redacted>" if eq and secret else item)
+            out += "?" + "&".join(parts)
+        return out
+
+    def _is_key(self, text: str) -> bool:
+        if len(text) < MIN_KEY_LENGTH:
+            return False
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        return any(hmac.compare_digest(digest, known) for known in self.keys._state[1])

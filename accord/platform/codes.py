@@ -15,6 +15,8 @@ BAD_VALUE = 2
 MAX_TIME_MS_EXPIRED = 50
 #: The server does not know the command.
 COMMAND_NOT_FOUND = 59
+#: The authenticated user lacks a privilege the command needs (e.g. ``collMod``).
+UNAUTHORIZED = 13
 #: Collection or view already exists (``create`` racing another ``create``).
 NAMESPACE_EXISTS = 48
 #: Collection does not exist.

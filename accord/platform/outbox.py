@@ -18,6 +18,19 @@ build plans with the helpers here:
 4. on failure, :func:`release_plan` makes the event available again after a backoff, or
    moves it to ``status: "dead"`` with the error after ``max_attempts``.
 
+While the work runs, :func:`renew_plan` extends the lease (a heartbeat), so slow work
+(a model call) does not lose its event to another worker. ``attempts`` counts claims, so
+an event whose workers keep losing it (crashed, stopped, slower than the lease without a
+heartbeat) uses up its attempts as failures do: a consumer dead-letters an event claimed
+more than ``max_attempts`` times (:func:`exhausted`) instead of working on it again.
+
+What a producer writes cannot stop a consumer: :data:`VALIDATOR` (the collection's
+``$jsonSchema``, applied by :func:`validator_command`) refuses malformed events at insert;
+a claim only takes events whose ``attempts`` it can count (:data:`UNCLAIMABLE` are the
+others; :func:`dead_letter_plan` moves them to ``dead`` with a reason), and
+:meth:`ClaimedEvent.from_document` takes any document, :meth:`ClaimedEvent.problems`
+saying what is wrong with it, so a consumer can dead-letter it at once.
+
 Done events get ``expire_at`` (retention, a TTL index removes them); dead ones stay until
 an operator looks at them.
 
@@ -29,8 +42,9 @@ Event document: ``_id`` (from kind, tenant and the event's natural key), ``tenan
 
 from __future__ import annotations
 
+import math
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -75,6 +89,79 @@ INDEXES = [
 #: components that consume its events. Producers write events only into an outbox that
 #: has a consumer, so a checkpointer used alone accumulates none.
 CONSUMERS = "consumers"
+#: The outbox collection's validator: what an event document must look like. Inserts and
+#: updates that do not match are refused by the server (``validationLevel: moderate``:
+#: documents that were already there before it was applied can still be dead-lettered).
+#: Producers may add fields of their own; the ones listed must have these types.
+VALIDATOR: dict[str, Any] = {
+    "$jsonSchema": {
+        "bsonType": "object",
+        "required": ["_id", "tenant_id", "kind", "status", "created_at"],
+        "properties": {
+            "_id": {"bsonType": ["string", "objectId"]},
+            "tenant_id": {"bsonType": "string", "minLength": 1},
+            "kind": {"bsonType": "string", "minLength": 1},
+            "status": {"enum": ["pending", "claimed", "done", "dead"]},
+            "created_at": {"bsonType": "date"},
+            "available_at": {"bsonType": "date"},
+            "attempts": {"bsonType": ["int", "long"], "minimum": 0},
+            "owner": {"bsonType": "string"},
+            "claim_id": {"bsonType": "string"},
+            "lease_until": {"bsonType": "date"},
+            "error": {"bsonType": "string"},
+            "failed_at": {"bsonType": "date"},
+            "done_at": {"bsonType": "date"},
+            "expire_at": {"bsonType": "date"},
+            "thread_id": {"bsonType": "string"},
+            "checkpoint_ns": {"bsonType": "string"},
+            "checkpoint_id": {"bsonType": "string"},
+            "task_id": {"bsonType": "string"},
+            "messages": {"bsonType": "array", "items": {"bsonType": "string"}},
+        },
+        # messages are a thread's: the keys of its short-term-memory documents
+        "dependencies": {"messages": ["thread_id"]},
+    }
+}
+
+
+def validator_command(collection: str) -> dict[str, Any]:
+    """The ``collMod`` that applies :data:`VALIDATOR` to an existing outbox collection
+    (idempotent)."""
+    return {
+        "collMod": collection,
+        "validator": VALIDATOR,
+        "validationLevel": "moderate",
+        "validationAction": "error",
+    }
+
+
+#: An ``attempts`` a claim cannot count with ``$inc`` (present, and not a number).
+_NOT_A_COUNT: dict[str, Any] = {"$exists": True, "$not": {"$type": "number"}}
+#: Open events no claim takes: their ``attempts`` is not a number, or they are claimed with
+#: a ``lease_until`` that is not a date (it never runs out). The validator refuses them;
+#: they exist only where it was not applied. See :func:`dead_letter_plan`.
+UNCLAIMABLE: dict[str, Any] = {
+    "$or": [
+        {"status": {"$in": ["pending", "claimed"]}, "attempts": _NOT_A_COUNT},
+        {"status": "claimed", "lease_until": {"$not": {"$type": "date"}}},
+    ]
+}
+
+
+def unclaimable_reason(doc: Mapping[str, Any]) -> str:
+    """Why an :data:`UNCLAIMABLE` event cannot be claimed, for its dead letter."""
+    attempts = doc.get("attempts")
+    if "attempts" in doc and (isinstance(attempts, bool) or not isinstance(attempts, int | float)):
+        what = f"attempts is {_describe(attempts)}, not a count, so no claim can count it"
+    else:
+        what = (
+            f"it is claimed with lease_until {_describe(doc.get('lease_until'))}, not a date, "
+            f"so its lease never runs out"
+        )
+    return (
+        f"malformed outbox event: {what}; dead-lettered without processing (see "
+        f"docs/checkpointer.md for the event contract)"
+    )
 
 
 def now() -> datetime:
@@ -148,27 +235,71 @@ class OutboxHook:
 
 @dataclass(frozen=True)
 class ClaimedEvent:
-    """An event this worker holds until ``lease_until``."""
+    """An event this worker holds until ``lease_until``.
 
-    id: str
+    Built from whatever document a claim returned (:meth:`from_document` never raises):
+    fields that are missing or of the wrong type are ``None`` (``tenant_id`` "*"), and
+    :meth:`problems` lists them, so the consumer can dead-letter the event with a reason
+    instead of failing on it at every claim.
+    """
+
+    id: Any
     kind: str
     tenant_id: str
     claim_id: str
     attempts: int
-    created_at: datetime
+    created_at: datetime | None
     document: Mapping[str, Any]
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ClaimedEvent:
+        attempts = doc.get("attempts", 0)
+        if isinstance(attempts, float) and not math.isfinite(attempts):
+            attempts = 0  # not a count: problems() says so
+        tenant = doc.get("tenant_id")
+        created = doc.get("created_at")
         return cls(
-            id=doc["_id"],
-            kind=doc["kind"],
-            tenant_id=doc["tenant_id"],
-            claim_id=doc["claim_id"],
-            attempts=int(doc.get("attempts", 0)),
-            created_at=doc["created_at"],
+            id=doc.get("_id"),
+            kind=str(doc.get("kind")),
+            tenant_id=tenant if isinstance(tenant, str) and tenant else "*",
+            claim_id=str(doc.get("claim_id")),
+            attempts=int(attempts) if isinstance(attempts, int | float) else 0,
+            created_at=created if isinstance(created, datetime) else None,
             document=doc,
         )
+
+    def problems(self) -> list[str]:
+        """What makes this document no event (empty: nothing): a reason per field."""
+        doc = self.document
+        found = []
+        for name, kind, ok in (
+            ("tenant_id", "a non-empty string", lambda v: isinstance(v, str) and v != ""),
+            ("kind", "a non-empty string", lambda v: isinstance(v, str) and v != ""),
+            ("created_at", "a date", lambda v: isinstance(v, datetime)),
+            (
+                "attempts",
+                "a count",
+                lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            ),
+        ):
+            if name not in doc:
+                if name != "attempts":
+                    found.append(f"{name} is missing")
+            elif not ok(doc[name]):
+                found.append(f"{name} is {_describe(doc[name])}, not {kind}")
+        return found
+
+
+def error_text(error: str) -> str:
+    """An error message as the event keeps it: at most 2,000 characters, valid UTF-8 (an
+    exception's text may hold lone surrogates, which BSON cannot store)."""
+    return error[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:40] + "..."
+    return f"{type(value).__name__} {text}"
 
 
 #: What a claim takes: ``available`` (pending events whose backoff has passed, in the
@@ -217,6 +348,10 @@ def claim_plan(
         raise ValueError(f"which is 'any', 'available' or 'expired', not {which!r}")
     if kinds is not None:
         filt = {**filt, "kind": {"$in": sorted(set(kinds))}}
+    # An attempts that $inc cannot count (a string, null...) would make the claim fail, for
+    # every worker, as long as that event comes first: such events are never claimed
+    # (UNCLAIMABLE; dead_letter_plan moves them aside).
+    filt = {**filt, "$nor": [{"attempts": _NOT_A_COUNT}]}
     update = {
         "$set": {
             "status": CLAIMED,
@@ -256,14 +391,16 @@ def complete_group(
     *,
     retention: timedelta = DEFAULT_RETENTION,
     at: datetime | None = None,
+    notes: Mapping[str, Any] | None = None,
 ) -> Group:
-    """The group that marks ``event`` done; add it to the plan that commits the results."""
+    """The group that marks ``event`` done; add it to the plan that commits the results.
+    ``notes``: fields to set on the done event (e.g. what its consumer skipped, and why)."""
     at = at or now()
     op = Op(
         "update",
         _held(event),
         {
-            "$set": {"status": DONE, "done_at": at, "expire_at": at + retention},
+            "$set": {**(notes or {}), "status": DONE, "done_at": at, "expire_at": at + retention},
             "$unset": {"owner": "", "lease_until": "", "claim_id": ""},
         },
     )
@@ -275,6 +412,26 @@ def complete_group(
         [op],
         expect=Expect(matched=1, error=_lease_lost(event)),
     )
+
+
+def renew_plan(
+    db: str, collection: str, event: ClaimedEvent, lease: timedelta, *, at: datetime | None = None
+) -> Plan:
+    """Extend ``event``'s lease to ``at + lease`` while this claim holds it (a heartbeat).
+    ``PlanResult.counts["outbox:renew"].matched`` is 0 when the lease was lost already."""
+    at = at or now()
+    op = Op("update", _held(event), {"$set": {"lease_until": at + lease}})
+    return Plan(
+        PlanContext(tenant_id=event.tenant_id, operation="outbox.renew"),
+        [Group("outbox:renew", db, collection, OUTBOX.name, [op])],
+    )
+
+
+def exhausted(event: ClaimedEvent, max_attempts: int) -> bool:
+    """Whether ``event`` was claimed more than ``max_attempts`` times: each earlier claim
+    ended without completing or releasing it (its worker crashed, was stopped, or lost the
+    lease), so it is dead-lettered rather than worked on again."""
+    return event.attempts > max_attempts
 
 
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> timedelta:
@@ -290,12 +447,14 @@ def release_plan(
     *,
     max_attempts: int,
     at: datetime | None = None,
+    dead: bool = False,
 ) -> Plan:
     """Give ``event`` back after a failure: available again after a backoff, or dead
-    (with the error) once it has been tried ``max_attempts`` times."""
+    (with the error) once it has been tried ``max_attempts`` times, or at once with
+    ``dead`` (an event no retry can help: malformed, or exhausted)."""
     at = at or now()
-    dead = event.attempts >= max_attempts
-    fields: dict[str, Any] = {"error": error[:2000], "failed_at": at}
+    dead = dead or event.attempts >= max_attempts
+    fields: dict[str, Any] = {"error": error_text(error), "failed_at": at}
     if dead:
         fields["status"] = DEAD
     else:
@@ -308,4 +467,27 @@ def release_plan(
     return Plan(
         PlanContext(tenant_id=event.tenant_id, operation="outbox.release"),
         [Group("outbox:release", db, collection, OUTBOX.name, [op])],
+    )
+
+
+def dead_letter_plan(
+    db: str, collection: str, reasons: Sequence[tuple[Any, str]], *, at: datetime | None = None
+) -> Plan:
+    """Move unclaimable events (:data:`UNCLAIMABLE`: ``reasons`` pairs their ``_id`` with
+    why) to ``dead``. Each update matches only while the event is still unclaimable."""
+    at = at or now()
+    ops = [
+        Op(
+            "update",
+            {"_id": _id, **UNCLAIMABLE},
+            {
+                "$set": {"status": DEAD, "error": error_text(reason), "failed_at": at},
+                "$unset": {"owner": "", "lease_until": "", "claim_id": ""},
+            },
+        )  # fmt: skip
+        for _id, reason in reasons
+    ]
+    return Plan(
+        PlanContext(tenant_id="*", operation="outbox.dead_letter"),
+        [Group("outbox:dead_letter", db, collection, OUTBOX.name, ops)],
     )

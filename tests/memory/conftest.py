@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import pytest
+from pymongo import MongoClient
+
+from accord.memory.aggregator import AggregatorConfig
 from tests.memory import store_suite
+from tests.memory.twins import FLAVORS, Twins
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,3 +35,29 @@ def local_embedder():
         if os.environ.get("ACCORD_REQUIRE_LOCAL_MODEL") == "1":
             raise
         pytest.skip(f"the local model is not installed (run `make test-local`): {exc}")
+
+
+# -- aggregators on both twins (tests/memory/twins.py) ---------------------------------------
+
+
+@pytest.fixture(params=FLAVORS)
+def twins(request: pytest.FixtureRequest, mongo_uri: str, client: MongoClient) -> Iterator[Twins]:
+    made = Twins(request.param, mongo_uri, client)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture()
+def make(twins: Twins) -> Callable[..., Any]:
+    """``make(db, **config)``: an aggregator of the test's flavour, set up (``extractor``
+    and ``on_stage`` go to the aggregator, the rest to its ``AggregatorConfig``)."""
+
+    def make(db: str, **config: Any) -> Any:
+        extractor = config.pop("extractor", None)
+        on_stage = config.pop("on_stage", None)
+        return twins.aggregator(AggregatorConfig(db_name=db, **config), extractor=extractor,
+                                on_stage=on_stage, worker_id=f"w-{uuid.uuid4().hex[:4]}")  # fmt: skip
+
+    return make

@@ -33,7 +33,7 @@ from accord.memory.synchronous.service import MemoryService
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.memory.fakes import FakeChatModel
 from tests.memory.steps import commit_step
-from tests.memory.twins import FLAVORS, Twins
+from tests.memory.twins import Twins
 
 
 @pytest.fixture()
@@ -48,28 +48,6 @@ def db_name(client: MongoClient) -> Iterator[str]:
 @pytest.fixture()
 def uow(client: MongoClient) -> UnitOfWork:
     return UnitOfWork(client)
-
-
-@pytest.fixture(params=FLAVORS)
-def twins(request: pytest.FixtureRequest, mongo_uri: str, client: MongoClient) -> Iterator[Twins]:
-    made = Twins(request.param, mongo_uri, client)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-@pytest.fixture()
-def make(twins: Twins) -> Callable[..., Any]:
-    """``make(db, **config)``: an aggregator of the test's flavour, set up."""
-
-    def make(db: str, **config: Any) -> Any:
-        extractor = config.pop("extractor", None)
-        on_stage = config.pop("on_stage", None)
-        return twins.aggregator(AggregatorConfig(db_name=db, **config), extractor=extractor,
-                                on_stage=on_stage, worker_id=f"w-{uuid.uuid4().hex[:4]}")  # fmt: skip
-
-    return make
 
 
 def memories(client: MongoClient, db: str, **filt: Any) -> dict[str, dict[str, Any]]:

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
+import tomllib
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from pymongo import MongoClient
 
-from accord.memory.principals import hash_key
+from accord.memory.principals import ApiKeys, hash_key
 from accord.platform.synchronous.unit_of_work import UnitOfWork
+from tests.memory.serving import accord_serve
 from tests.memory.steps import commit_step
 
 ACCORD = [sys.executable, "-m", "accord.platform.cli"]
@@ -80,12 +81,12 @@ def test_api_key_prints_a_key_and_its_entry() -> None:
     assert (
         "may not start with '$'" in run("memory", "api-key", "--tenant", "$x", "--name", "n").stderr
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    expiring = run("memory", "api-key", "--tenant", "acme", "--name", "b", "--expires-in-days", "2")
+    entry = expiring.stdout.split("\n", 1)[1]
+    loaded = ApiKeys.parse(tomllib.loads(entry), "test")
+    (who,) = loaded.principals
+    assert who.expires_at is not None and not who.expired()
+    assert who.expired(datetime.now(UTC) + timedelta(days=3))
 
 
 def test_serve(mongo_uri: str, db_name: str, tmp_path: Path) -> None:
@@ -94,31 +95,12 @@ def test_serve(mongo_uri: str, db_name: str, tmp_path: Path) -> None:
     keys.write_text(
         f'[[principals]]\nname = "t"\ntenant = "acme"\nkey_sha256 = "{hash_key(key)}"\n'
     )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [*ACCORD, "serve", "--port", str(port), "--keys-file", str(keys)],
-        env={**os.environ, "MONGODB_URI": mongo_uri, "ACCORD_DATABASE": db_name},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
-            time.sleep(0.2)
+    with accord_serve(mongo_uri, db_name, keys) as served:
         auth = {"Authorization": f"Bearer {key}"}
-        r = httpx.put(f"{base}/v1/memories/notes/n1", headers=auth, json={"value": {"x": 1}})
+        r = httpx.put(f"{served.base}/v1/memories/notes/n1", headers=auth, json={"value": {"x": 1}})
         assert r.status_code == 200 and r.json()["version"] == 1
-        assert httpx.get(f"{base}/v1/memories/notes/n1").status_code == 401
-    finally:
-        proc.terminate()
-        output = proc.communicate(timeout=30)[0]
-    assert key not in output and hash_key(key) not in output
+        assert httpx.get(f"{served.base}/v1/memories/notes/n1").status_code == 401
+    assert key not in served.output and hash_key(key) not in served.output
 
 
 def test_serve_without_keys_refuses_to_start(mongo_uri: str) -> None:

@@ -173,7 +173,7 @@ def test_tenant_isolation(api: TestClient) -> None:
         ({"namespace_prefix": [""]}, "non-empty strings"),
         ({"limit": 0}, "limit"),
         ({"limit": 101}, "limit"),
-        ({"kinds": ["$where"]}, "kinds.0"),
+        ({"kinds": ["$where"]}, "kinds[0]"),
         ({"recency_weight": 2}, "recency_weight"),
         ({"query": {"$gt": ""}}, "query"),
     ],

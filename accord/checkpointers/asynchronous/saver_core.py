@@ -28,8 +28,8 @@ from accord.checkpointers.asynchronous.outbox_gate import AsyncOutboxGate
 from accord.checkpointers.base import AccordBase
 from accord.errors import DatabaseError
 from accord.platform.asynchronous.catalog import AsyncCatalog
-from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.asynchronous.leases import AsyncRunLeases
+from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.tickers import LoopTicker, ThreadTicker
 

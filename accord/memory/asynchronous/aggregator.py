@@ -27,6 +27,19 @@ database) releases the event with exponential backoff; after ``max_attempts`` cl
 dead-lettered (``status: "dead"`` with the error). A commit that finds the memories
 changed since it read them (another worker, a store write) decides the event again.
 
+While an event is worked on, its lease is renewed every ``lease / 3`` seconds (a
+heartbeat), so a slow extraction (a model call) keeps its event instead of losing it to
+another worker that would redo it. Claims count as attempts, so an event whose workers
+keep dying or losing it is dead-lettered once it has been claimed ``max_attempts`` times.
+
+Nothing a producer writes stops the aggregator or holds up other events: the outbox gets a
+``$jsonSchema`` validator at setup (malformed events are refused at insert); an event that
+is malformed all the same (written before the validator, or where the aggregator may not
+apply it) is dead-lettered at once with what is wrong with it, or, when a claim cannot even
+count its attempts, moved aside while the worker is idle; a message of an event that cannot
+be read (a bad key, a bad ``created_at``) is skipped with its reason recorded on the done
+event (``skipped``); and the worker loop survives any error, backing off.
+
 Steps 2-4 run outside any transaction (model and embedding calls never run inside one).
 Several aggregator processes may run at once (``accord memory worker``), or one
 background runner in the application's process (:class:`AsyncBackgroundAggregator`, a task
@@ -52,13 +65,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
+from pymongo.errors import OperationFailure, PyMongoError
 
 from accord.checkpointers import events
 from accord.errors import (
-    AccordError,
     ConfigurationError,
     DatabaseError,
-    ExtractionError,
     LeaseLost,
     MemoryConflictError,
 )
@@ -94,14 +106,18 @@ from accord.memory.extraction import (
     Turn,
     arun_extractor,
 )
-from accord.memory.running import AsyncRunner, AsyncStop
+from accord.memory.running import AsyncHeartbeat, AsyncRunner, AsyncStop
 from accord.memory.writepath import LONG_TERM_MEMORY, AsyncCatalog, AsyncUnitOfWork
-from accord.platform import outbox
+from accord.platform import codes, outbox
 from accord.platform.artifacts import OUTBOX
 from accord.platform.plan import Plan, PlanContext
 
 log = logging.getLogger("accord.memory.aggregator")
 _IS_SYNC = False
+#: How often, at most, an idle worker looks for events no claim can take (seconds).
+DEAD_LETTER_EVERY = 5.0
+#: Skipped messages recorded on a done event.
+MAX_SKIPPED = 20
 
 
 class AsyncAggregator:
@@ -158,6 +174,7 @@ class AsyncAggregator:
         self._forgetter = AsyncThreadForgetter(
             self.service, self.config, self.uow, self.worker_id, self._stage
         )
+        self._next_dead_letter = 0.0
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -177,6 +194,29 @@ class AsyncAggregator:
         await self.uow.execute(
             outbox.consumer_plan(self.config.db_name, self.config.outbox, COMPONENT)
         )
+        await self._apply_validator()
+
+    async def _apply_validator(self) -> None:
+        """Give the outbox its ``$jsonSchema`` validator (``outbox.VALIDATOR``), so that a
+        malformed event is refused when a producer inserts it. A database user without
+        the ``collMod`` privilege (``readWrite`` lacks it) cannot: then malformed events
+        are still dead-lettered when claimed, and the log says how to apply it."""
+        try:
+            await self._db.command(outbox.validator_command(self.config.outbox))
+        except OperationFailure as exc:
+            if exc.code != codes.UNAUTHORIZED:
+                raise DatabaseError(
+                    f"could not apply the outbox validator to {self.config.db_name}."
+                    f"{self.config.outbox}: {exc}"
+                ) from exc
+            log.warning(
+                "aggregator %s: no privilege to apply the outbox validator (collMod) on "
+                "%s.%s; malformed events will be dead-lettered when claimed instead of "
+                "refused at insert. Run setup once as a user with dbAdmin to apply it.",
+                self.worker_id, self.config.db_name, self.config.outbox,
+            )  # fmt: skip
+        except PyMongoError as exc:
+            raise DatabaseError(f"could not apply the outbox validator: {exc}") from exc
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -210,6 +250,25 @@ class AsyncAggregator:
         event = await self.claim()
         return None if event is None else await self.process(event)
 
+    async def dead_letter_unclaimable(self) -> int:
+        """Move open events no claim can take (``attempts`` that is not a number, so a
+        claim's ``$inc`` would fail; a claim whose ``lease_until`` is not a date, so it
+        never expires) to ``dead``, each with its reason. Returns how many.
+        The outbox validator refuses such events at insert; this handles those written
+        before it was applied."""
+        coll = self._db[self.config.outbox]
+        projection = {"attempts": 1, "lease_until": 1}
+        found = [d async for d in coll.find(outbox.UNCLAIMABLE, projection).limit(100)]
+        if not found:
+            return 0
+        reasons = [(d["_id"], outbox.unclaimable_reason(d)) for d in found]
+        result = await self.uow.execute(
+            outbox.dead_letter_plan(self.config.db_name, self.config.outbox, reasons)
+        )
+        for _id, reason in reasons:
+            log.warning("aggregator %s: event %r dead-lettered: %s", self.worker_id, _id, reason)
+        return result["outbox:dead_letter"].modified
+
     async def run(
         self,
         stop: AsyncStop | None = None,
@@ -226,9 +285,13 @@ class AsyncAggregator:
         while not stop.is_set() and (max_events is None or processed < max_events):
             try:
                 outcome = await self.run_once()
-            except DatabaseError as exc:
-                log.warning("aggregator %s: cannot claim (%s); retrying", self.worker_id, exc)
+                if outcome is None and await self._idle_dead_letter(force=until_idle):
+                    continue
+            except Exception as exc:  # nothing an event holds may stop the worker
                 pause = min(5.0, max(pause * 2, 0.1))
+                log.warning("aggregator %s: cannot claim (%s: %s); retrying in %.1f s",
+                            self.worker_id, type(exc).__name__, exc, pause)  # fmt: skip
+                log.debug("aggregator %s: claim failed", self.worker_id, exc_info=True)
                 await stop.wait(pause)
                 continue
             pause = self.config.poll_interval
@@ -242,6 +305,15 @@ class AsyncAggregator:
                 on_outcome(outcome)
         return processed
 
+    async def _idle_dead_letter(self, force: bool = False) -> bool:
+        """When idle: dead-letter unclaimable events (at most every
+        :data:`DEAD_LETTER_EVERY` seconds, or now with ``force``); True if it moved any."""
+        now = time.monotonic()
+        if not force and now < self._next_dead_letter:
+            return False
+        self._next_dead_letter = now + DEAD_LETTER_EVERY
+        return await self.dead_letter_unclaimable() > 0
+
     async def drain(self, max_events: int | None = None) -> int:
         """Process every event available now (events waiting for a retry are not)."""
         return await self.run(until_idle=True, max_events=max_events)
@@ -250,32 +322,75 @@ class AsyncAggregator:
 
     async def process(self, event: outbox.ClaimedEvent) -> Outcome:
         """Aggregate a claimed event and commit it with its completion; on failure release
-        it (backoff) or dead-letter it. Never raises for a failure of the event itself."""
+        it (backoff) or dead-letter it. Never raises for a failure of the event itself.
+
+        A malformed event (see :meth:`problems`) and an event claimed more than
+        ``max_attempts`` times (its earlier workers crashed or lost it) are dead-lettered
+        at once, without being worked on. The lease is renewed while the work runs."""
         try:
             self._stage("claim", event)
-            written = await self._aggregate(event)
+            problems = self.problems(event)
+            if problems:
+                return await self._release(event, (
+                    f"malformed outbox event: {'; '.join(problems)}; dead-lettered without "
+                    f"processing (see docs/checkpointer.md for the event contract)"
+                ), dead=True)  # fmt: skip
+            if outbox.exhausted(event, self.config.max_attempts):
+                return await self._release(event, (
+                    f"claimed {event.attempts} times (max_attempts {self.config.max_attempts}) "
+                    f"without completing: the workers that claimed it crashed, were stopped, "
+                    f"or lost its lease; dead-lettered without processing it again"
+                ), dead=True)  # fmt: skip
+            async with AsyncHeartbeat(lambda: self._renew(event), self.config.lease / 3):
+                written = await self._aggregate(event)
         except LeaseLost as exc:
-            log.info("aggregator %s lost event %s: %s", self.worker_id, event.id, exc)
-            return Outcome(event.id, "lost", error=str(exc))
+            log.info("aggregator %s lost event %r: %s", self.worker_id, event.id, exc)
+            return Outcome(str(event.id), "lost", error=str(exc))
         except Exception as exc:  # any failure of the event's work is retried, then dead
-            message = f"{type(exc).__name__}: {exc}"
-            dead = event.attempts >= self.config.max_attempts
-            log.warning(
-                "aggregator %s: event %s (%s, attempt %d) failed%s: %s",
-                self.worker_id, event.id, event.kind, event.attempts,
-                " and is dead-lettered" if dead else "; retrying later", message,
+            log.debug("aggregator %s: event %r failed", self.worker_id, event.id, exc_info=True)
+            return await self._release(event, f"{type(exc).__name__}: {exc}")
+        return Outcome(str(event.id), "done", memories=written)
+
+    async def _release(self, event: outbox.ClaimedEvent, message: str,
+                       dead: bool = False) -> Outcome:  # fmt: skip
+        """Give the event back (backoff) or dead-letter it, with ``message``."""
+        message = outbox.error_text(message)  # what is logged is what is stored
+        dead = dead or event.attempts >= self.config.max_attempts
+        log.warning(
+            "aggregator %s: event %r (%s, attempt %d) failed%s: %s",
+            self.worker_id, event.id, event.kind, event.attempts,
+            " and is dead-lettered" if dead else "; retrying later", message,
+        )  # fmt: skip
+        try:
+            await self.uow.execute(
+                outbox.release_plan(
+                    self.config.db_name, self.config.outbox, event, message,
+                    max_attempts=self.config.max_attempts, dead=dead,
+                )
             )  # fmt: skip
-            try:
-                await self.uow.execute(
-                    outbox.release_plan(
-                        self.config.db_name, self.config.outbox, event, message,
-                        max_attempts=self.config.max_attempts,
-                    )
-                )  # fmt: skip
-            except AccordError as release_error:  # its lease runs out; it is claimed again
-                log.warning("could not release event %s: %s", event.id, release_error)
-            return Outcome(event.id, "dead" if dead else "retry", error=message)
-        return Outcome(event.id, "done", memories=written)
+        except Exception as release_error:  # its lease runs out; it is claimed again
+            log.warning("could not release event %r: %s", event.id, release_error)
+        return Outcome(str(event.id), "dead" if dead else "retry", error=message)
+
+    async def _renew(self, event: outbox.ClaimedEvent) -> bool:
+        """Extend the event's lease (the heartbeat); False once it is lost."""
+        plan = outbox.renew_plan(self.config.db_name, self.config.outbox, event,
+                                 timedelta(seconds=self.config.lease))  # fmt: skip
+        result = await self.uow.execute(plan)
+        return result["outbox:renew"].matched == 1
+
+    def problems(self, event: outbox.ClaimedEvent) -> list[str]:
+        """What makes ``event`` unprocessable (empty: nothing): the outbox's own fields
+        (``ClaimedEvent.problems``) and the event contract this aggregator reads
+        (``messages`` a list, with a ``thread_id`` string)."""
+        found = event.problems()
+        doc = event.document
+        messages = doc.get("messages")
+        if messages is not None and not isinstance(messages, list):
+            found.append(f"messages is a {type(messages).__name__}, not a list of message keys")
+        elif messages and not isinstance(doc.get("thread_id"), str):
+            found.append("it has messages but no thread_id string")
+        return found
 
     def _stage(self, stage: str, event: outbox.ClaimedEvent) -> None:
         if self.on_stage is not None:
@@ -284,13 +399,13 @@ class AsyncAggregator:
     async def _aggregate(self, event: outbox.ClaimedEvent) -> int:
         if event.kind == events.THREAD_DELETED:  # forget what the thread gave (forgetting)
             return await self._forgetter.forget(event)
-        conversation = await self.read(event)
+        conversation, skipped = await self._read(event)
         for attempt in range(self.config.conflict_retries):
             self._stage("extract", event)
             changes: list[Change] = []
             if conversation is not None and conversation.turns:
                 changes = await arun_extractor(self.extractor, conversation, self._recall(event))
-            plan, written = await self.plan(event, conversation, changes)
+            plan, written = await self.plan(event, conversation, changes, skipped=skipped)
             self._stage("commit", event)
             try:
                 await self.uow.execute(plan)
@@ -302,44 +417,64 @@ class AsyncAggregator:
         raise AssertionError("unreachable")
 
     async def read(self, event: outbox.ClaimedEvent) -> Conversation | None:
-        """The event's new messages (None: an event without messages)."""
+        """The event's new messages (None: an event without messages). Messages that
+        cannot be read are left out (:meth:`_read` says why)."""
+        return (await self._read(event))[0]
+
+    async def _read(self, event: outbox.ClaimedEvent) -> tuple[Conversation | None, list[str]]:
+        """The event's conversation, and why messages were skipped: a key that is not a
+        string, a stored message whose ``created_at`` is not a date. (A malformed event
+        never gets here: :meth:`problems`.)"""
         doc = event.document
-        keys = doc.get("messages") or []
-        if not keys:
-            return None
-        thread_id = doc.get("thread_id")
-        if not isinstance(thread_id, str) or not isinstance(keys, list):
-            raise ExtractionError(
-                f"outbox event {event.id} has messages but no thread_id string; it was not "
-                f"written by accord's checkpointer (see docs/checkpointer.md)"
-            )
+        listed = doc.get("messages") or []
+        if not listed:
+            return None, []
+        thread_id = str(doc.get("thread_id"))
+        skipped: list[str] = []
+        keys: list[str] = []
+        for i, k in enumerate(listed):
+            if isinstance(k, str):
+                keys.append(k)
+            else:
+                skipped.append(f"messages[{i}] is {type(k).__name__} {k!r:.40}, not a message key")
         found = self._db[self.config.messages].find(
             {"tenant_id": event.tenant_id, "thread_id": thread_id, "key": {"$in": keys}},
             {"key": 1, "chunk": 1, "message_id": 1, "role": 1, "text": 1, "created_at": 1},
         )
-        by_key = {d["key"]: d async for d in found if d.get("chunk", 0) == 0 and "message_id" in d}
+        by_key = {d["key"]: d async for d in found
+                  if d.get("chunk", 0) == 0 and "message_id" in d}  # fmt: skip
         missing = [k for k in keys if k not in by_key]
         if missing:  # e.g. the thread was deleted or pruned before it was aggregated
             log.info("event %s: %d of %d messages are gone", event.id, len(missing), len(keys))
-        turns = [
-            Turn(
-                message_id=str(d["message_id"]),
-                role=str(d.get("role", "")),
-                text=d.get("text") if isinstance(d.get("text"), str) else None,
-                created_at=model.aware(d.get("created_at")),
-                key=k,
-            )
-            for k in keys
-            if (d := by_key.get(k)) is not None
-        ]
+        turns = []
+        for k in keys:
+            d = by_key.get(k)
+            if d is None:
+                continue
+            created = d.get("created_at")
+            if created is not None and not isinstance(created, datetime):
+                skipped.append(
+                    f"message {k!r:.60}: created_at is {type(created).__name__} "
+                    f"{created!r:.40}, not a date"
+                )
+                continue
+            text = d.get("text")
+            turns.append(Turn(
+                message_id=str(d["message_id"]), role=str(d.get("role", "")),
+                text=text if isinstance(text, str) else None,
+                created_at=model.aware(created), key=k,
+            ))  # fmt: skip
+        for reason in skipped:
+            log.warning("aggregator %s: event %r: skipped %s", self.worker_id, event.id, reason)
         checkpoint_id = doc.get("checkpoint_id")
-        return Conversation(
+        conversation = Conversation(
             tenant_id=event.tenant_id,
             thread_id=thread_id,
             turns=turns,
             checkpoint_ns=str(doc.get("checkpoint_ns") or ""),
             checkpoint_id=checkpoint_id if isinstance(checkpoint_id, str) else None,
         )
+        return conversation, skipped
 
     # -- deciding and planning --------------------------------------------------------------
 
@@ -356,9 +491,12 @@ class AsyncAggregator:
         event: outbox.ClaimedEvent,
         conversation: Conversation | None,
         changes: Sequence[Change],
+        *,
+        skipped: Sequence[str] = (),
     ) -> tuple[Plan, int]:
-        """The plan that commits ``changes`` with the event's completion, and how many
-        memories it writes. Reads the memories and heads it compares against."""
+        """The plan that commits ``changes`` with the event's completion (recording the
+        ``skipped`` messages' reasons on it), and how many memories it writes. Reads the
+        memories and heads it compares against."""
         tenant = event.tenant_id
         now = model.utcnow()
         prepared = [Prepared(c, self.namespace_for(c, event), c.key) for c in changes]
@@ -393,7 +531,12 @@ class AsyncAggregator:
         db, coll = self.config.db_name, self.config.outbox
         groups.append(
             outbox.complete_group(
-                db, coll, event, retention=timedelta(days=self.config.retention), at=now
+                db,
+                coll,
+                event,
+                retention=timedelta(days=self.config.retention),
+                at=now,
+                notes={"skipped": list(skipped[:MAX_SKIPPED])} if skipped else None,
             )
         )
         context = PlanContext(
@@ -505,11 +648,14 @@ async def aggregation_stats(
         for s in (outbox.PENDING, outbox.CLAIMED, outbox.DEAD)
     }
     now = datetime.now(UTC)
+    # Only dates count (a malformed event's created_at may be anything: it is dead-lettered,
+    # and must not break the statistics meanwhile).
     oldest = await collection.find_one(
-        {**base, "status": {"$in": [outbox.PENDING, outbox.CLAIMED]}},
+        {**base, "status": {"$in": [outbox.PENDING, outbox.CLAIMED]},
+         "created_at": {"$type": "date"}},
         {"created_at": 1},
         sort=[("created_at", ASCENDING)],
-    )
+    )  # fmt: skip
     age = (now - model.aware(oldest["created_at"])).total_seconds() if oldest else None  # type: ignore[operator]
     recent = (
         collection.find({**base, "status": outbox.DONE}, {"created_at": 1, "done_at": 1})
@@ -519,7 +665,7 @@ async def aggregation_stats(
     lags = [
         (model.aware(d["done_at"]) - model.aware(d["created_at"])).total_seconds()  # type: ignore[operator]
         async for d in recent
-        if d.get("done_at") and d.get("created_at")
+        if isinstance(d.get("done_at"), datetime) and isinstance(d.get("created_at"), datetime)
     ]
     return AggregationStats(
         pending=count[outbox.PENDING],
@@ -564,10 +710,16 @@ class AsyncBackgroundAggregator:
             self.outcomes.append(outcome)
             del self.outcomes[:-1000]
 
-        try:
-            self.processed += await self.aggregator.run(self._stop, on_outcome=seen)
-        except Exception:  # keep the reason in the log; the application keeps running
-            log.exception("the background aggregator stopped")
+        # run() survives every error of an event or a claim; what could still end it (a bug)
+        # is logged, and the runner starts over after a pause.
+        while not self._stop.is_set():
+            try:
+                self.processed += await self.aggregator.run(self._stop, on_outcome=seen)
+            except Exception as exc:
+                log.error("the background aggregator failed (%s: %s); restarting in 1 s",
+                          type(exc).__name__, exc)  # fmt: skip
+                log.debug("background aggregator failure", exc_info=True)
+                await self._stop.wait(1.0)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Ask it to stop after the current event and wait up to ``timeout`` seconds."""

@@ -27,12 +27,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from accord.errors import MemoryConflictError
+from accord.errors import ExtractionError, MemoryConflictError
 from accord.memory import forgetting, model
 from accord.memory.aggregation import AggregatorConfig, Stage
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.writepath import AsyncUnitOfWork
-from accord.platform import outbox
 from accord.platform.plan import Plan, PlanContext
 
 log = logging.getLogger("accord.memory.aggregator")
@@ -115,6 +114,8 @@ class AsyncThreadForgetter:
             thread_id, tenant, decided, vectors, db=db,
             memories=self.service.memory_collection, history=self.service.history_collection,
         )  # fmt: skip
+        if event.created_at is None:  # malformed events are dead-lettered before this
+            raise ExtractionError("a thread_deleted event without created_at cannot be applied")
         groups.append(forgetting.events_of_thread(db, box, tenant, thread_id, event.document,
                                                   event.created_at))  # fmt: skip
         groups.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,9 +27,10 @@ from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
 from pymongo.operations import SearchIndexModel
 
 from accord.errors import InvalidInputError, MemoryConflictError, WriteRefused
-from accord.memory import model, vector_docs
+from accord.memory import model, validation, vector_docs
 from accord.memory.embedders import Embedder, check_dimensions, resolve_embedder
 from accord.memory.model import Doc, Memory, PutRequest
+from accord.memory.running import AsyncOffload
 from accord.memory.writepath import (
     COMPONENT,
     LONG_TERM_MEMORY,
@@ -170,30 +171,40 @@ class AsyncMemoryService:
     async def put(self, namespace: Sequence[str], key: str, value: dict[str, Any], *,
                   text: str | None = None, embed: bool = True, kind: str = "item",
                   provenance: model.Provenance | None = None,
-                  ttl_minutes: float | None = None) -> None:  # fmt: skip
-        """Write one memory. ``text`` is what gets embedded (default: the value as JSON)."""
+                  ttl_minutes: float | None = None) -> Memory:  # fmt: skip
+        """Write one memory and return it as written. ``text`` is what gets embedded
+        (default: the value as JSON, cut to ``validation.MAX_TEXT`` characters).
+
+        Every input is checked first (:mod:`accord.memory.validation`): a refusal is an
+        ``InvalidInputError`` naming the field, and nothing is written."""
         if not isinstance(value, dict):
-            raise InvalidInputError(f"a memory value is a dict, got {type(value).__name__}")
-        if text is None and embed:
-            text = _default_text(value)
+            validation.check_value(value)  # raises: not an object (delete() deletes)
         req = PutRequest(
             model.check_namespace(namespace), model.check_key(key), value, text=text,
             kind=kind, provenance=provenance or model.Provenance(tenant_id=self.tenant_id),
             ttl_minutes=ttl_minutes,
         )  # fmt: skip
-        await self.apply([req], embed=[embed])
+        written = await self.apply([req], embed=[embed])
+        doc = written[model.memory_id(self.tenant_id, req.namespace, req.key)]
+        assert doc is not None  # a put writes its document
+        return Memory.from_doc(doc)
 
     async def delete(self, namespace: Sequence[str], key: str) -> None:
         req = PutRequest(model.check_namespace(namespace), model.check_key(key), None)
         await self.apply([req], embed=[False])
 
     async def apply(self, reqs: Sequence[PutRequest], embed: Sequence[bool] | None = None,
-                    operation: str = "memory.put") -> None:  # fmt: skip
-        """Write (or delete, ``value`` None) several memories in one transaction.
+                    operation: str = "memory.put") -> dict[str, Doc | None]:  # fmt: skip
+        """Write (or delete, ``value`` None) several memories in one transaction; returns
+        each memory's document as written (None: deleted), by memory id.
 
-        Texts are embedded first (never inside the transaction). The last request for a
-        (namespace, key) wins. Retries when another writer changed one of them meanwhile.
+        Every request is validated first (:func:`accord.memory.model.check_request`, in a
+        worker thread on the async twin: a large value costs its walk there, not on the
+        event loop); one refused request writes nothing. Texts are embedded next (never
+        inside the transaction). The last request for a (namespace, key) wins. Retries
+        when another writer changed one of them meanwhile.
         """
+        reqs = await AsyncOffload.run(_checked, reqs, embed)
         flags = list(embed) if embed is not None else [True] * len(reqs)
         last: dict[tuple[tuple[str, ...], str], int] = {}
         for i, r in enumerate(reqs):
@@ -237,12 +248,12 @@ class AsyncMemoryService:
         for attempt in range(WRITE_ATTEMPTS):
             ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
             current = {d["_id"]: d async for d in self.memories.find({"_id": {"$in": ids}})}
-            plan = self._plan(final, current, operation)
+            plan, written = self._plan(final, current, operation)
             if not any(g.ops for g in plan.groups):
-                return
+                return written
             try:
                 await self.uow.execute(plan)
-                return
+                return written
             except MemoryConflictError:
                 if attempt == WRITE_ATTEMPTS - 1:
                     raise
@@ -253,9 +264,12 @@ class AsyncMemoryService:
                     raise MemoryConflictError(
                         "memories kept changing while being written; retry later"
                     ) from exc
+        raise AssertionError("unreachable")
 
-    def _plan(self, reqs: Sequence[PutRequest], current: dict[str, Doc], operation: str) -> Plan:
+    def _plan(self, reqs: Sequence[PutRequest], current: dict[str, Doc],
+              operation: str) -> tuple[Plan, dict[str, Doc | None]]:  # fmt: skip
         now = model.utcnow()
+        written: dict[str, Doc | None] = {}
         db = self.db_name
         inserts = Group("memory_inserts", db, self.memory_collection, LONG_TERM_MEMORY)
         updates = Group("memory_updates", db, self.memory_collection, LONG_TERM_MEMORY)
@@ -263,6 +277,7 @@ class AsyncMemoryService:
         history = Group("memory_history", db, self.history_collection, MEMORY_HISTORY)
         for r in reqs:
             previous = current.get(model.memory_id(self.tenant_id, r.namespace, r.key))
+            written[model.memory_id(self.tenant_id, r.namespace, r.key)] = None
             if r.value is None:
                 if previous is not None:
                     deletes.ops.append(Op("delete", {"_id": previous["_id"],
@@ -271,6 +286,7 @@ class AsyncMemoryService:
                                                                                "delete")))  # fmt: skip
                 continue
             doc = model.new_document(self.tenant_id, r, now, previous)
+            written[doc["_id"]] = doc
             if previous is None:
                 inserts.ops.append(Op("insert", doc=doc))
             else:
@@ -282,7 +298,7 @@ class AsyncMemoryService:
         updates.expect = Expect(error=_conflict, matched=len(updates.ops))
         deletes.expect = Expect(error=_conflict, deleted=len(deletes.ops))
         context = PlanContext(self.tenant_id, principal=self.principal, operation=operation)
-        return Plan(context, [g for g in (inserts, updates, deletes, history) if g.ops])
+        return Plan(context, [g for g in (inserts, updates, deletes, history) if g.ops]), written
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -336,19 +352,21 @@ class AsyncMemoryService:
         first. ``recency_weight`` in [0, 1] blends similarity with age
         (``half_life_days``).
         """
-        prefix = model.check_namespace(namespace_prefix, allow_empty=True)
-        filt = model.check_value_filter(filter)
-        limit, offset = _check_page(limit, offset)
-        if not 0.0 <= recency_weight <= 1.0 or half_life_days <= 0:
-            raise InvalidInputError("recency_weight is in [0, 1] and half_life_days > 0")
+        prefix = model.check_namespace(namespace_prefix, allow_empty=True, field="namespace_prefix")
+        filt = await AsyncOffload.run(validation.check_filter, filter)
+        limit, offset = validation.check_page(limit, offset)
+        recency_weight, half_life_days = validation.check_recency(recency_weight, half_life_days)
+        kinds = validation.check_kinds(kinds)
+        if query is not None:
+            query = validation.check_query(query)
+        if limit == 0:  # as LangGraph's InMemoryStore: nothing (an empty page, not one item)
+            return []
         now = model.utcnow()
         if query is None:
             docs = await self._scan(prefix, filt, kinds, offset + limit, now)
             page = docs[offset:]
             hits = [Memory.from_doc(d) for d in page]
         else:
-            if not isinstance(query, str):
-                raise InvalidInputError(f"query is a string, got {type(query).__name__}")
             hits = await self._vector(prefix, query, filt, kinds, offset + limit, now,
                                       recency_weight, half_life_days)  # fmt: skip
             if include_unscored and len(hits) < offset + limit:
@@ -437,12 +455,12 @@ class AsyncMemoryService:
                               limit: int = 100, offset: int = 0) -> list[tuple[str, ...]]:  # fmt: skip
         """Namespaces holding memories of this tenant (``*`` matches any one label)."""
         if prefix is not None:
-            prefix = _check_pattern(prefix)
+            prefix = model.check_namespace(prefix, allow_empty=True, field="prefix")
         if suffix is not None:
-            suffix = _check_pattern(suffix)
-        limit, offset = _check_page(limit, offset)
-        if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 1):
-            raise InvalidInputError(f"max_depth is a positive integer, got {max_depth!r}")
+            suffix = model.check_namespace(suffix, allow_empty=True, field="suffix")
+        limit, offset = validation.check_page(limit, offset)
+        if max_depth is not None:
+            max_depth = validation.check_int(max_depth, "max_depth", low=1)
         q: Doc = {"tenant_id": self.tenant_id}
         literal = []
         for label in prefix or ():
@@ -512,18 +530,29 @@ class _Fixed:
         self.name = f"a {dims}-dimension vector"
 
 
-def _default_text(value: dict[str, Any]) -> str:
+def _default_text(value: Mapping[str, Any]) -> str:
     import json
 
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _check_page(limit: Any, offset: Any) -> tuple[int, int]:
-    for name, v in (("limit", limit), ("offset", offset)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise InvalidInputError(f"{name} is a non-negative integer, got {v!r}")
-    return limit, offset
-
-
-def _check_pattern(path: Sequence[str]) -> tuple[str, ...]:
-    return model.check_namespace(path, allow_empty=True)
+def _checked(reqs: Sequence[PutRequest], embed: Sequence[bool] | None) -> list[PutRequest]:
+    """``reqs`` validated, a put to embed without a text given its value's JSON as text
+    (after the value was checked, so its serialisation cannot fail)."""
+    if not isinstance(reqs, Sequence) or not all(isinstance(r, PutRequest) for r in reqs):
+        raise InvalidInputError("apply takes a list of PutRequest")
+    if embed is not None and len(embed) != len(reqs):
+        raise InvalidInputError(f"embed has {len(embed)} flags for {len(reqs)} requests")
+    out = []
+    for i, r in enumerate(reqs):
+        model.check_request(r)
+        wants_text = embed is None or embed[i]
+        if (
+            r.value is not None
+            and r.text is None
+            and wants_text
+            and not (r.field_texts or r.embedding is not None or r.field_embeddings)
+        ):
+            r = dataclasses.replace(r, text=validation.cut_text(_default_text(r.value)))
+        out.append(r)
+    return out

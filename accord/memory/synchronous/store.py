@@ -46,7 +46,7 @@ from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, toke
 from pymongo import MongoClient
 
 from accord.errors import InvalidInputError
-from accord.memory import model
+from accord.memory import model, validation
 from accord.memory.conventions import RunTenants, ServesAsyncCalls, ServesSyncCalls
 from accord.memory.embedders import LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
@@ -101,6 +101,8 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
         self.client = client
         self.conn_string = conn_string
         self.index_config = index
+        for name in ("default_ttl", "sweep_interval_minutes"):
+            validation.check_ttl((ttl or {}).get(name), f"ttl.{name}")
         self.ttl_config = ttl
         dims = index["dims"] if index else None
         #: the service of the store's own tenant (outside runs, and when pinned)
@@ -206,9 +208,15 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
 
     def _request(self, op: PutOp) -> tuple[PutRequest, bool]:
         ns = model.check_namespace(op.namespace)
+        key = validation.check_key(op.key)
         if op.value is None:
-            return PutRequest(ns, op.key, None), False
+            return PutRequest(ns, key, None), False
+        # Before its texts are read: a value that is not JSON MongoDB stores exactly (a
+        # datetime, a set, bytes, NaN, 2**64, 1,000 levels deep...) is an InvalidInputError
+        # naming the field, never a TypeError or a RecursionError from serialising it.
+        value = validation.check_value(op.value)
         ttl = op.ttl if op.ttl is not None else (self.ttl_config or {}).get("default_ttl")
+        ttl_minutes = validation.check_ttl(ttl)
         embed = op.index is not False
         field_texts: list[tuple[str, str]] = []
         if embed:
@@ -218,18 +226,17 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
                 else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
             )
             for path, tokens in paths:
-                texts = get_text_at_path(op.value, tokens)
+                texts = [validation.cut_text(t) for t in get_text_at_path(value, tokens)]
                 # LangGraph's naming: one text keeps its path, several are numbered.
                 if len(texts) == 1:
                     field_texts.append((path, texts[0]))
                 else:
                     field_texts.extend((f"{path}.{i}", t) for i, t in enumerate(texts))
             embed = bool(field_texts)
-        req = PutRequest(ns, op.key, dict(op.value),
-                         text="\n".join(t for _, t in field_texts) if field_texts else None,
+        text = validation.cut_text("\n".join(t for _, t in field_texts)) if field_texts else None
+        req = PutRequest(ns, key, dict(value), text=text,
                          provenance=model.Provenance(tenant_id=self.service.tenant_id),
-                         ttl_minutes=float(ttl) if ttl else None,
-                         field_texts=tuple(field_texts))  # fmt: skip
+                         ttl_minutes=ttl_minutes, field_texts=tuple(field_texts))  # fmt: skip
         return req, embed
 
     # -- TTL ---------------------------------------------------------------------------------------
