@@ -32,6 +32,7 @@ from accord.memory import forgetting, model
 from accord.memory.aggregation import AggregatorConfig, Stage
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.writepath import UnitOfWork
+from accord.platform import outbox
 from accord.platform.plan import Plan, PlanContext
 
 log = logging.getLogger("accord.memory.aggregator")
