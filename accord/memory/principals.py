@@ -199,7 +199,7 @@ class ApiKeys:
                 )  # fmt: skip
                 return False
             self._state = fresh._state
-            log.warning("API keys reloaded from %s: %d principals", self.source, len(self))
+            log.info("API keys reloaded from %s: %d principals", self.source, len(self))
             return True
 
     @classmethod
@@ -262,7 +262,7 @@ class ApiKeys:
         created, readable by its owner only, when missing). The file is checked with the
         new entry before it is replaced, so it is never left half-written or invalid."""
         p = Path(path)
-        entry = principal.model_dump(mode="json", exclude={"key"})
+        entry = principal.model_dump(mode="json", exclude={"key"}, exclude_none=True)
         entry["scopes"] = sorted(entry["scopes"])
         try:
             text = p.read_text(encoding="utf-8") if p.exists() else ""
@@ -299,7 +299,9 @@ def _with_entry(text: str, entry: dict[str, Any], *, as_json: bool) -> str:
         entries.append(entry)
         return json.dumps(data, indent=2) + "\n"
     # JSON strings and lists of strings are valid TOML values.
-    block = "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items())
+    block = "".join(
+        f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items() if v is not None
+    )  # TOML has no null: an absent key is None
     if text and not text.endswith("\n"):
         text += "\n"
     return text + ("\n" if text else "") + "[[principals]]\n" + block

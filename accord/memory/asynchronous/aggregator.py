@@ -285,6 +285,12 @@ class AsyncAggregator:
         while not stop.is_set() and (max_events is None or processed < max_events):
             try:
                 outcome = await self.run_once()
+                if outcome is None and until_idle:
+                    # idle only once no expired claim is left either (claim() looks for
+                    # those at most every second)
+                    expired = await self._claim("expired")
+                    if expired is not None:
+                        outcome = await self.process(expired)
                 if outcome is None and await self._idle_dead_letter(force=until_idle):
                     continue
             except Exception as exc:  # nothing an event holds may stop the worker

@@ -282,6 +282,12 @@ class Aggregator:
         while not stop.is_set() and (max_events is None or processed < max_events):
             try:
                 outcome = self.run_once()
+                if outcome is None and until_idle:
+                    # idle only once no expired claim is left either (claim() looks for
+                    # those at most every second)
+                    expired = self._claim("expired")
+                    if expired is not None:
+                        outcome = self.process(expired)
                 if outcome is None and self._idle_dead_letter(force=until_idle):
                     continue
             except Exception as exc:  # nothing an event holds may stop the worker
