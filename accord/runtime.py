@@ -77,13 +77,13 @@ def kernel(
     ``AsyncMongoClient``. The only place units of work are made: the roots below use it,
     and so does a part constructed on its own (the drop-in ``AccordSaver(client)``), so
     every door passes the same hooks."""
-    kind = AsyncUnitOfWork if isinstance(client, AsyncMongoClient) else UnitOfWork
-    return kind(
-        client,
-        hooks=[*default_hooks(), *configured_hooks(), *hooks],
-        timeout=timeout,
-        client_bulk=client_bulk,
-        principal=principal,
+    every = [*default_hooks(), *configured_hooks(), *hooks]
+    if isinstance(client, AsyncMongoClient):
+        return AsyncUnitOfWork(
+            client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
+        )
+    return UnitOfWork(
+        client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
     )
 
 
@@ -127,6 +127,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         dims: int | None = None,
         hooks: Sequence[Any] = (),
         timeout: float = DEFAULT_TIMEOUT,
+        principal: Principal | None = None,
     ) -> None:
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
             raise ConfigurationError(
@@ -141,7 +142,9 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self._owns_client = client is None
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
         self.timeout = timeout
-        self.uow: _UnitOfWork = kernel(self.client, hooks=hooks, timeout=timeout)
+        self.uow: _UnitOfWork = kernel(
+            self.client, hooks=hooks, timeout=timeout, principal=principal
+        )
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
         return service_class(
@@ -184,6 +187,8 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         hooks: extra unit-of-work hooks (governance's audit and policy checks), run after
             the tenancy guard and the outbox, on every write of every part.
         timeout: bound in seconds on one transaction including its retries.
+        principal: who the parts act as by default (the ``runtime`` service; the CLI
+            passes the OS user, the HTTP API and MCP an API key's principal per request).
     """
 
     _connect = staticmethod(connect)
@@ -266,6 +271,11 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
         await saver.setup()
         self._savers.add(saver)
         return saver
+
+    def memory_unprepared(self, tenant_id: str = "default") -> AsyncMemoryService:
+        """The memory service of ``tenant_id`` on this root's kernel, not set up (its
+        collections exist already)."""
+        return self._services.get(tenant_id) or self._new_service(AsyncMemoryService, tenant_id)
 
     async def memory(self, tenant_id: str = "default") -> AsyncMemoryService:
         """The memory service of ``tenant_id`` (one per tenant), set up."""

@@ -102,6 +102,19 @@ def extractor_from(spec: str) -> Any:
     raise ConfigurationError(f"--extractor is 'rules' or 'llm:<provider:model>', not {spec!r}")
 
 
+def _root(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[Any, str]:
+    """accord's root for a command, acting as the OS user who runs it (the aggregator it
+    builds acts as the aggregator), and the database."""
+    from accord.platform.context import Principal
+    from accord.runtime import Accord
+
+    settings = MemorySettings()
+    resolved, database = _connect(uri, dbpath, db)
+    app = Accord(resolved, db_name=database, embedder=settings.embedder,
+                 dims=settings.embedding_dims, principal=Principal.os_user())  # fmt: skip
+    return app, database
+
+
 @memory_app.command("worker")
 def worker(
     uri: str | None = URI,
@@ -122,23 +135,15 @@ def worker(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from pymongo import MongoClient
+    from accord.memory.aggregator import AggregatorConfig, Outcome
 
-    from accord.memory.aggregator import Aggregator, AggregatorConfig, Outcome
-
-    settings = MemorySettings()
     try:
-        resolved, database = _connect(uri, dbpath, db)
+        app, database = _root(uri, dbpath, db)
         config = AggregatorConfig(
             db_name=database, lease=lease, max_attempts=max_attempts, threshold=threshold,
             poll_interval=poll,
         )  # fmt: skip
-        client: MongoClient[Any] = MongoClient(resolved)
-        agg = Aggregator(
-            client, embedder=settings.embedder, dims=settings.embedding_dims,
-            extractor=extractor_from(extractor), config=config,
-        )  # fmt: skip
-        agg.setup()
+        agg = app.aggregator(config, extractor=extractor_from(extractor))
     except AccordError as exc:
         raise _fail(exc) from exc
     stop = threading.Event()
@@ -156,7 +161,7 @@ def worker(
     console.print(f"accord memory worker {agg.worker_id} on {database} ({agg.extractor.name})")
     agg.run(stop, max_events=max_events, until_idle=drain, on_outcome=seen)
     console.print(f"worker {agg.worker_id} stopped: {json.dumps(counts, sort_keys=True)}")
-    client.close()
+    app.close()
 
 
 @memory_app.command("status")
@@ -168,16 +173,14 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Backlog (pending, claimed, dead) and lag (step commit -> memories committed)."""
-    from pymongo import MongoClient
-
     from accord.memory.aggregator import AggregatorConfig, aggregation_stats
 
     try:
-        resolved, database = _connect(uri, dbpath, db)
-        client: MongoClient[Any] = MongoClient(resolved)
+        app, database = _root(uri, dbpath, db)
         config = AggregatorConfig(db_name=database)
-        stats = aggregation_stats(client[database][config.outbox], tenant_id=tenant,
+        stats = aggregation_stats(app.uow, database, config.outbox, tenant_id=tenant,
                                   kinds=config.kinds)  # fmt: skip
+        app.close()
     except AccordError as exc:
         raise _fail(exc) from exc
     if as_json:
@@ -203,12 +206,14 @@ def dead(
     limit: int = typer.Option(20, min=1),
 ) -> None:
     """List dead-lettered events with their last error."""
-    from pymongo import MongoClient
+    from accord.platform.artifacts import OUTBOX
+    from accord.platform.context import ReadContext
 
     try:
-        resolved, database = _connect(uri, dbpath, db)
-        client: MongoClient[Any] = MongoClient(resolved)
-        docs = list(client[database]["outbox"].find({"status": "dead"}).limit(limit))
+        app, database = _root(uri, dbpath, db)
+        docs = app.uow.find(ReadContext("*", operation="outbox.dead"), OUTBOX.name, database,
+                            "outbox", {"status": "dead"}, limit=limit)  # fmt: skip
+        app.close()
     except AccordError as exc:
         raise _fail(exc) from exc
     table = Table("id", "kind", "tenant", "thread", "attempts", "error")
@@ -229,19 +234,16 @@ def requeue(
 ) -> None:
     """Make dead events available again (attempts start over), e.g. after fixing the
     extractor or the model configuration."""
-    from pymongo import MongoClient
-
     from accord.memory.aggregator import requeue_plan
-    from accord.platform.synchronous.unit_of_work import UnitOfWork
 
     if not event_ids and not all_dead:
         raise _fail(ConfigurationError("name the events to requeue, or pass --all-dead"))
     try:
-        resolved, database = _connect(uri, dbpath, db)
-        client: MongoClient[Any] = MongoClient(resolved)
-        result = UnitOfWork(client).execute(
+        app, database = _root(uri, dbpath, db)
+        result = app.uow.execute(
             requeue_plan(database, "outbox", None if all_dead else list(event_ids))
         )
+        app.close()
     except AccordError as exc:
         raise _fail(exc) from exc
     out.print(f"requeued {result['outbox:requeue'].modified} dead event(s)")

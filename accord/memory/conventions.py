@@ -79,7 +79,26 @@ class ServesSyncCalls:
     """Mixin for the async store: sync ``batch`` and an asyncio TTL sweeper."""
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Sync calls on the async store are served by a sync twin on the same server."""
+        """Sync calls on the async store: from another thread, run on the event loop the
+        store serves (its client is bound to it), as LangGraph's AsyncPostgresStore does;
+        on that loop's own thread they are refused (they would block it). Before the
+        store has run on any loop (sync code that never awaited it), they are served by
+        a sync twin on a client of its own, for stores given ``conn_string``."""
+        store: Any = self
+        loop = store.loop
+        if loop is not None and not loop.is_closed():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                raise InvalidInputError(
+                    "a sync call (batch/get/put/search...) on AsyncAccordStore from its own "
+                    "event loop would block it: await the async method instead "
+                    "(abatch/aget/aput/asearch...)"
+                )
+            future = asyncio.run_coroutine_threadsafe(store.abatch(list(ops)), loop)
+            return future.result()  # type: ignore[no-any-return]
         return self._sync_twin().batch(ops)  # type: ignore[no-any-return]
 
     def _sync_twin(self) -> Any:

@@ -59,7 +59,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pymongo import AsyncMongoClient
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -70,10 +69,12 @@ from accord.errors import (
     DatabaseError,
     InvalidInputError,
     MemoryConflictError,
+    PermissionDenied,
 )
 from accord.memory import model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.principals import AccessLogRedaction, ApiKeys, Principal
+from accord.platform.context import Principal as KernelPrincipal
 
 log = logging.getLogger("accord.memory.http")
 
@@ -437,22 +438,22 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client: AsyncMongoClient[Any] | None = None
+        from accord.runtime import AsyncAccord  # the composition root builds every part
+
+        root: AsyncAccord | None = None
         AccessLogRedaction.install(keys)  # again, after the server configured its logging
-        if service is None:
-            client = AsyncMongoClient(uri)
-            app.state.service = AsyncMemoryService(
-                client, db_name=db_name, embedder=embedder, dims=dims
-            )
+        if service is None:  # the runtime's root, on this app's event loop
+            root = AsyncAccord(uri, db_name=db_name, embedder=embedder, dims=dims)
+            app.state.service = await root.memory() if setup else root.memory_unprepared()
         else:
             app.state.service = service
-        try:
             if setup:
-                await app.state.service.setup()
+                await service.setup()
+        try:
             yield
         finally:
-            if client is not None:
-                await client.close()
+            if root is not None:
+                await root.close()
 
     # FastAPIOffline: FastAPI whose /docs and /redoc load their scripts and styles from
     # the package's files, not a CDN (docs work offline and behind a firewall).
@@ -545,7 +546,11 @@ def create_app(
             if scope not in who.scopes:
                 raise _Problem(403, "forbidden", f"this API key may not {scope} memories")
             base: AsyncMemoryService = request.app.state.service
-            return base.for_tenant(who.tenant)
+            # the key's principal acts: the kernel's hooks (policy, audit) see who it is
+            acting = KernelPrincipal.api_key(
+                who.name, tenant_id=who.tenant, scopes=frozenset(who.scopes)
+            )
+            return base.for_tenant(who.tenant).acting_as(acting)
 
         return dependency
 
@@ -707,6 +712,8 @@ def exact_key_schemas(node: Any) -> Any:
 
 
 def _status(exc: AccordError) -> tuple[int, str]:
+    if isinstance(exc, PermissionDenied):
+        return 403, "forbidden"
     if isinstance(exc, InvalidInputError):
         return 400, "invalid_input"
     if isinstance(exc, MemoryConflictError):

@@ -51,12 +51,13 @@ except ImportError as exc:
 
     raise missing(exc, "The MCP server (accord mcp)") from exc
 from pydantic import BaseModel, Field, ValidationError
-from pymongo import AsyncMongoClient
 
 from accord.errors import AccordError, ConfigurationError
 from accord.memory import model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.extraction import content_key
+from accord.platform.context import MEMORY_API
+from accord.platform.context import Principal as KernelPrincipal
 
 log = logging.getLogger("accord.memory.mcp")
 
@@ -168,25 +169,28 @@ def create_server(
     tenant = model.check_tenant(tenant_id)
     home = model.check_namespace(tuple(default_namespace))
     state: dict[str, AsyncMemoryService] = {}
+    # the MCP client's process is one tenant's: its principal is that tenant's memory API
+    acting = KernelPrincipal(name=f"mcp:{tenant}", role=MEMORY_API, tenant_id=tenant)
     if service is not None:
-        state["service"] = service.for_tenant(tenant)
+        state["service"] = service.for_tenant(tenant).acting_as(acting)
 
     @asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[None]:
-        client: AsyncMongoClient[Any] | None = None
-        if "service" not in state:
-            client = AsyncMongoClient(uri)
-            state["service"] = AsyncMemoryService(
-                client, tenant_id=tenant, db_name=db_name, embedder=embedder, dims=dims
-            )
+        from accord.runtime import AsyncAccord  # the composition root builds every part
+
+        root: AsyncAccord | None = None
+        if "service" not in state:  # the runtime's root, on the server's event loop
+            root = AsyncAccord(uri, db_name=db_name, embedder=embedder, dims=dims)
+            base = await root.memory(tenant) if setup else root.memory_unprepared(tenant)
+            state["service"] = base.acting_as(acting)
+        elif setup:
+            await state["service"].setup()
         try:
-            if setup:
-                await state["service"].setup()
             yield
         finally:
-            if client is not None:
+            if root is not None:
                 state.pop("service", None)
-                await client.close()
+                await root.close()
 
     server: MCPServer[Any] = MCPServer(
         "accord-memory", instructions=INSTRUCTIONS, version="1", lifespan=lifespan,

@@ -109,7 +109,8 @@ from accord.memory.extraction import (
 from accord.memory.running import AsyncHeartbeat, AsyncRunner, AsyncStop
 from accord.memory.writepath import LONG_TERM_MEMORY, AsyncCatalog, AsyncUnitOfWork
 from accord.platform import codes, outbox
-from accord.platform.artifacts import OUTBOX
+from accord.platform.artifacts import OUTBOX, SHORT_TERM_MEMORY
+from accord.platform.context import AGGREGATOR, Principal, ReadContext
 from accord.platform.plan import Plan, PlanContext
 
 log = logging.getLogger("accord.memory.aggregator")
@@ -152,7 +153,14 @@ class AsyncAggregator:
     ) -> None:
         self.config = config or AggregatorConfig()
         self.client = client
-        self.uow = uow or (service.uow if service is not None else AsyncUnitOfWork(client))
+        if uow is None and service is not None:
+            uow = service.uow
+        if uow is None:  # built alone: the runtime's kernel, with its hooks
+            from accord import runtime
+
+            uow = runtime.kernel(client)
+        # the aggregator's reads and writes are the aggregator service principal's
+        self.uow: AsyncUnitOfWork = uow.acting_as(Principal.service(AGGREGATOR))
         self.service = service or AsyncMemoryService(
             client, db_name=self.config.db_name, embedder=embedder, dims=dims, uow=self.uow
         )
@@ -256,9 +264,11 @@ class AsyncAggregator:
         never expires) to ``dead``, each with its reason. Returns how many.
         The outbox validator refuses such events at insert; this handles those written
         before it was applied."""
-        coll = self._db[self.config.outbox]
-        projection = {"attempts": 1, "lease_until": 1}
-        found = [d async for d in coll.find(outbox.UNCLAIMABLE, projection).limit(100)]
+        found = await self.uow.find(
+            ReadContext("*", operation="outbox.dead_letter"), OUTBOX.name, self.config.db_name,
+            self.config.outbox, outbox.UNCLAIMABLE, projection={"attempts": 1, "lease_until": 1},
+            limit=100,
+        )  # fmt: skip
         if not found:
             return 0
         reasons = [(d["_id"], outbox.unclaimable_reason(d)) for d in found]
@@ -443,11 +453,14 @@ class AsyncAggregator:
                 keys.append(k)
             else:
                 skipped.append(f"messages[{i}] is {type(k).__name__} {k!r:.40}, not a message key")
-        found = self._db[self.config.messages].find(
+        found = await self.uow.find(
+            ReadContext(event.tenant_id, thread_id, operation="memory.read_messages"),
+            SHORT_TERM_MEMORY.name, self.config.db_name, self.config.messages,
             {"tenant_id": event.tenant_id, "thread_id": thread_id, "key": {"$in": keys}},
-            {"key": 1, "chunk": 1, "message_id": 1, "role": 1, "text": 1, "created_at": 1},
-        )
-        by_key = {d["key"]: d async for d in found
+            projection={"key": 1, "chunk": 1, "message_id": 1, "role": 1, "text": 1,
+                        "created_at": 1},
+        )  # fmt: skip
+        by_key = {d["key"]: d for d in found
                   if d.get("chunk", 0) == 0 and "message_id" in d}  # fmt: skip
         missing = [k for k in keys if k not in by_key]
         if missing:  # e.g. the thread was deleted or pruned before it was aggregated
@@ -567,10 +580,12 @@ class AsyncAggregator:
         return make
 
     async def _load(self, tenant: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        coll = self._db[self.service.memory_collection]
-        return {
-            d["_id"]: d async for d in coll.find({"_id": {"$in": list(ids)}, "tenant_id": tenant})
-        }
+        found = await self.uow.find(
+            ReadContext(tenant, operation="memory.aggregate"), LONG_TERM_MEMORY,
+            self.config.db_name, self.service.memory_collection,
+            {"_id": {"$in": list(ids)}, "tenant_id": tenant},
+        )  # fmt: skip
+        return {d["_id"]: d for d in found}
 
     async def _similar(
         self,
@@ -624,20 +639,26 @@ class AsyncAggregator:
         if not namespaces:
             return {}
         ids = {head_id(tenant, ns): ns for ns in namespaces}
-        found = self._db[self.config.heads].find({"_id": {"$in": list(ids)}, "tenant_id": tenant})
-        return {ids[d["_id"]]: int(d["seq"]) async for d in found}
+        found = await self.uow.find(
+            ReadContext(tenant, operation="memory.aggregate"), LONG_TERM_MEMORY,
+            self.config.db_name, self.config.heads,
+            {"_id": {"$in": list(ids)}, "tenant_id": tenant},
+        )  # fmt: skip
+        return {ids[d["_id"]]: int(d["seq"]) for d in found}
 
     # -- observability ----------------------------------------------------------------------
 
     async def stats(self, *, tenant_id: str | None = None, window: int = 500) -> AggregationStats:
         return await aggregation_stats(
-            self._db[self.config.outbox], tenant_id=tenant_id, kinds=self.config.kinds,
-            window=window,
+            self.uow, self.config.db_name, self.config.outbox, tenant_id=tenant_id,
+            kinds=self.config.kinds, window=window,
         )  # fmt: skip
 
 
 async def aggregation_stats(
-    collection: Any,
+    uow: AsyncUnitOfWork,
+    db: str,
+    collection: str,
     *,
     tenant_id: str | None = None,
     kinds: Sequence[str] | None = None,
@@ -649,28 +670,29 @@ async def aggregation_stats(
         base["tenant_id"] = model.check_tenant(tenant_id)
     if kinds:
         base["kind"] = {"$in": list(kinds)}
+    ctx = ReadContext(tenant_id or "*", operation="outbox.stats")
     count = {
-        s: await collection.count_documents({**base, "status": s})
+        s: await uow.count(ctx, OUTBOX.name, db, collection, {**base, "status": s})
         for s in (outbox.PENDING, outbox.CLAIMED, outbox.DEAD)
     }
     now = datetime.now(UTC)
     # Only dates count (a malformed event's created_at may be anything: it is dead-lettered,
     # and must not break the statistics meanwhile).
-    oldest = await collection.find_one(
+    oldest = await uow.find_one(
+        ctx, OUTBOX.name, db, collection,
         {**base, "status": {"$in": [outbox.PENDING, outbox.CLAIMED]},
          "created_at": {"$type": "date"}},
-        {"created_at": 1},
+        projection={"created_at": 1},
         sort=[("created_at", ASCENDING)],
     )  # fmt: skip
     age = (now - model.aware(oldest["created_at"])).total_seconds() if oldest else None  # type: ignore[operator]
-    recent = (
-        collection.find({**base, "status": outbox.DONE}, {"created_at": 1, "done_at": 1})
-        .sort("done_at", DESCENDING)
-        .limit(window)
-    )
+    recent = await uow.find(
+        ctx, OUTBOX.name, db, collection, {**base, "status": outbox.DONE},
+        projection={"created_at": 1, "done_at": 1}, sort=[("done_at", DESCENDING)], limit=window,
+    )  # fmt: skip
     lags = [
         (model.aware(d["done_at"]) - model.aware(d["created_at"])).total_seconds()  # type: ignore[operator]
-        async for d in recent
+        for d in recent
         if isinstance(d.get("done_at"), datetime) and isinstance(d.get("created_at"), datetime)
     ]
     return AggregationStats(

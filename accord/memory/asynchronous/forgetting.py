@@ -33,6 +33,8 @@ from accord.memory.aggregation import AggregatorConfig, Stage
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.writepath import AsyncUnitOfWork
 from accord.platform import outbox
+from accord.platform.artifacts import LONG_TERM_MEMORY, MEMORY_HISTORY, OUTBOX
+from accord.platform.context import ReadContext
 from accord.platform.plan import Plan, PlanContext
 
 log = logging.getLogger("accord.memory.aggregator")
@@ -59,7 +61,6 @@ class AsyncThreadForgetter:
         self.uow = uow
         self.worker_id = worker_id
         self.stage = stage
-        self._db = service.client[config.db_name]
 
     async def forget(self, event: outbox.ClaimedEvent) -> int:
         """Forget the event's thread and complete the event; returns the memories changed."""
@@ -91,10 +92,11 @@ class AsyncThreadForgetter:
         # events that may still write memories of the thread: read before the memories
         open_ids = [
             d["_id"]
-            async for d in self._db[box].find(
+            for d in await self.uow.find(
+                self._context(tenant, thread_id), OUTBOX.name, db, box,
                 {"tenant_id": tenant, "thread_id": thread_id, "status": {"$in": _OPEN},
                  "_id": {"$ne": event.id}},
-                {"_id": 1},
+                projection={"_id": 1},
             )
         ]  # fmt: skip
         decided = await self._decide(tenant, thread_id)
@@ -125,22 +127,33 @@ class AsyncThreadForgetter:
         context = PlanContext(tenant, thread_id=thread_id, operation="memory.forget_thread")
         return Plan(context, groups), len(decided)
 
+    @staticmethod
+    def _context(tenant: str, thread_id: str) -> ReadContext:
+        return ReadContext(tenant, thread_id, operation="memory.forget_thread")
+
     def _stage(self, name: str, event: outbox.ClaimedEvent) -> None:
         if self.stage is not None:
             self.stage(name, event)
 
     async def _decide(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
-        memories = self._db[self.service.memory_collection]
-        history = self._db[self.service.history_collection]
+        ctx = self._context(tenant, thread_id)
+        db = self.config.db_name
+        memories, history = self.service.memory_collection, self.service.history_collection
         mine = {"tenant_id": tenant, "provenance.thread_id": thread_id}
-        ids = {d["_id"] async for d in memories.find(mine, {"_id": 1})}
-        ids |= {d["memory_id"] async for d in history.find(mine, {"memory_id": 1})}
+        found = await self.uow.find(ctx, LONG_TERM_MEMORY.name, db, memories, mine,
+                                    projection={"_id": 1})  # fmt: skip
+        ids = {d["_id"] for d in found}
+        older = await self.uow.find(ctx, MEMORY_HISTORY.name, db, history, mine,
+                                    projection={"memory_id": 1})  # fmt: skip
+        ids |= {d["memory_id"] for d in older}
         if not ids:
             return forgetting.Forgetting()
-        docs = [d async for d in memories.find({"_id": {"$in": sorted(ids)}, "tenant_id": tenant})]
+        docs = await self.uow.find(ctx, LONG_TERM_MEMORY.name, db, memories,
+                                   {"_id": {"$in": sorted(ids)}, "tenant_id": tenant})  # fmt: skip
         versions: dict[str, list[model.Doc]] = {}
-        async for h in history.find(
-            {"tenant_id": tenant, "memory_id": {"$in": [d["_id"] for d in docs]}}
-        ):
+        for h in await self.uow.find(
+            ctx, MEMORY_HISTORY.name, db, history,
+            {"tenant_id": tenant, "memory_id": {"$in": [d["_id"] for d in docs]}},
+        ):  # fmt: skip
             versions.setdefault(h["memory_id"], []).append(h)
         return forgetting.decide(thread_id, docs, versions)

@@ -45,7 +45,7 @@ from accord.memory.writepath import (
     PlanContext,
 )
 from accord.platform.codes import DUPLICATE_KEY_CODES
-from accord.platform.context import Principal
+from accord.platform.context import Principal, ReadContext
 
 log = logging.getLogger("accord.memory")
 _IS_SYNC = False
@@ -93,7 +93,11 @@ class AsyncMemoryService:
         self.memory_collection = memory_collection
         self.history_collection = history_collection
         self.vectors_collection = vectors_collection
-        self.uow = uow or AsyncUnitOfWork(client)
+        if uow is None:  # a service built alone: the runtime's kernel, with its hooks
+            from accord import runtime
+
+            uow = runtime.kernel(client)
+        self.uow: AsyncUnitOfWork = uow
         # Every write of a memory on this unit of work writes its vectors with it.
         vector_docs.register(self.uow, db_name, memory_collection, vectors_collection)
         self.principal = principal
@@ -115,6 +119,14 @@ class AsyncMemoryService:
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)
         other.tenant_id = model.check_tenant(tenant_id)
+        return other
+
+    def acting_as(self, principal: Principal) -> AsyncMemoryService:
+        """The same service, its reads and writes made as ``principal`` (an API key's, for
+        the HTTP API and MCP): the kernel's hooks (governance's policy, audit) see it."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.principal = principal
         return other
 
     # -- setup ----------------------------------------------------------------------------------
@@ -247,7 +259,8 @@ class AsyncMemoryService:
             final.append(r)
         for attempt in range(WRITE_ATTEMPTS):
             ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
-            current = {d["_id"]: d async for d in self.memories.find({"_id": {"$in": ids}})}
+            current = {d["_id"]: d for d in await self._find(
+                self.memory_collection, LONG_TERM_MEMORY, {"_id": {"$in": ids}}, operation)}  # fmt: skip
             plan, written = self._plan(final, current, operation)
             if not any(g.ops for g in plan.groups):
                 return written
@@ -302,12 +315,23 @@ class AsyncMemoryService:
 
     # -- reads -------------------------------------------------------------------------------------
 
+    def _context(self, operation: str) -> ReadContext:
+        return ReadContext(self.tenant_id, principal=self.principal, operation=operation)
+
+    async def _find(self, collection: str, artifact: str, filt: Doc, operation: str,
+                    **kwargs: Any) -> list[Doc]:  # fmt: skip
+        """A read of one of the service's collections, through the kernel."""
+        return await self.uow.find(self._context(operation), artifact, self.db_name, collection,
+                                   filt, **kwargs)  # fmt: skip
+
     async def get(self, namespace: Sequence[str], key: str, *,
                   refresh_ttl: bool = False) -> Memory | None:  # fmt: skip
         ns = model.check_namespace(namespace)
         _id = model.memory_id(self.tenant_id, ns, model.check_key(key))
-        doc = await self.memories.find_one({"_id": _id, "tenant_id": self.tenant_id},
-                                           model.PROJECTION)  # fmt: skip
+        found = await self._find(self.memory_collection, LONG_TERM_MEMORY,
+                                 {"_id": _id, "tenant_id": self.tenant_id}, "memory.get",
+                                 projection=model.PROJECTION, limit=1)  # fmt: skip
+        doc = found[0] if found else None
         now = model.utcnow()
         if doc is None or not model.live(doc, now):
             return None
@@ -320,8 +344,10 @@ class AsyncMemoryService:
         ids = [model.memory_id(self.tenant_id, model.check_namespace(ns), model.check_key(k))
                for ns, k in items]  # fmt: skip
         now = model.utcnow()
-        found = {d["_id"]: d async for d in self.memories.find(
-            {"_id": {"$in": ids}, "tenant_id": self.tenant_id}, model.PROJECTION)}  # fmt: skip
+        found = {d["_id"]: d for d in await self._find(
+            self.memory_collection, LONG_TERM_MEMORY,
+            {"_id": {"$in": ids}, "tenant_id": self.tenant_id}, "memory.get",
+            projection=model.PROJECTION)}  # fmt: skip
         docs = [found.get(i) for i in ids]
         docs = [d if d is not None and model.live(d, now) else None for d in docs]
         if refresh_ttl:
@@ -386,11 +412,13 @@ class AsyncMemoryService:
             q["kind"] = {"$in": list(kinds)}
         if unembedded:
             q.update(model.UNEMBEDDED)
-        cursor = self.memories.find(q, model.PROJECTION).sort(
-            [("updated_at", DESCENDING), ("_id", ASCENDING)]
-        )
+        docs = self.uow.iterate(
+            self._context("memory.search"), LONG_TERM_MEMORY, self.db_name,
+            self.memory_collection, q, projection=model.PROJECTION,
+            sort=[("updated_at", DESCENDING), ("_id", ASCENDING)],
+        )  # fmt: skip
         out: list[Doc] = []
-        async for doc in cursor:
+        async for doc in docs:
             if model.live(doc, now) and model.value_matches(doc.get("value"), filt):
                 out.append(doc)
                 if len(out) >= want:
@@ -440,10 +468,15 @@ class AsyncMemoryService:
         n = min(MAX_CANDIDATES, max(limit, 10) * widen)
         while True:
             pipeline = model.vector_search_pipeline(self.tenant_id, prefix, vector, n, kinds)
-            raw = [d async for d in await self.vectors.aggregate(pipeline)]
+            raw = await self.uow.aggregate(
+                self._context("memory.search"), MEMORY_VECTOR, self.db_name,
+                self.vectors_collection, pipeline,
+            )  # fmt: skip
             best = model.best_per_memory(raw)
-            docs = {d["_id"]: d async for d in self.memories.find(
-                {"_id": {"$in": list(best)}, "tenant_id": self.tenant_id}, projection)}  # fmt: skip
+            docs = {d["_id"]: d for d in await self._find(
+                self.memory_collection, LONG_TERM_MEMORY,
+                {"_id": {"$in": list(best)}, "tenant_id": self.tenant_id}, "memory.search",
+                projection=projection)}  # fmt: skip
             kept = [(docs[m], score) for m, score in best.items()
                     if m in docs and (keep is None or keep(docs[m]))]  # fmt: skip
             if len(kept) >= limit or len(raw) < n or n >= MAX_CANDIDATES:
@@ -469,7 +502,9 @@ class AsyncMemoryService:
             literal.append(label)
         if literal:
             q["ns_prefixes"] = model.ns_path(literal)
-        found = {tuple(d["namespace"]) async for d in self.memories.find(q, {"namespace": 1})}
+        found = {tuple(d["namespace"]) for d in await self._find(
+            self.memory_collection, LONG_TERM_MEMORY, q, "memory.list_namespaces",
+            projection={"namespace": 1})}  # fmt: skip
         names = [ns for ns in found if model.namespace_matches(ns, prefix, suffix)]
         if max_depth is not None:
             names = list({ns[:max_depth] for ns in names})
@@ -480,9 +515,11 @@ class AsyncMemoryService:
         """Previous versions of a memory, oldest first (the current one is ``get``)."""
         _id = model.memory_id(self.tenant_id, model.check_namespace(namespace),
                               model.check_key(key))  # fmt: skip
-        cursor = self.history_coll.find({"memory_id": _id, "tenant_id": self.tenant_id},
-                                        {"_id": 0}).sort([("replaced_at", ASCENDING), ("version", ASCENDING)])  # fmt: skip
-        return [d async for d in cursor]
+        return await self._find(
+            self.history_collection, MEMORY_HISTORY, {"memory_id": _id, "tenant_id": self.tenant_id},
+            "memory.history", projection={"_id": 0},
+            sort=[("replaced_at", ASCENDING), ("version", ASCENDING)],
+        )  # fmt: skip
 
     # -- TTL ---------------------------------------------------------------------------------------
 
@@ -506,15 +543,20 @@ class AsyncMemoryService:
         ids = [model.memory_id(self.tenant_id, h.namespace, h.key)
                for h in hits if h.expires_at is not None]  # fmt: skip
         if ids:
-            docs = [d async for d in self.memories.find({"_id": {"$in": ids}},
-                                                        {"ttl_minutes": 1})]  # fmt: skip
+            docs = await self._find(
+                self.memory_collection, LONG_TERM_MEMORY,
+                {"_id": {"$in": ids}, "tenant_id": self.tenant_id}, "memory.refresh_ttl",
+                projection={"ttl_minutes": 1},
+            )  # fmt: skip
             await self._refresh(docs)
 
     async def sweep_expired(self) -> int:
         """Delete this tenant's expired memories now (the TTL index does it eventually)."""
         now = model.utcnow()
-        expired = [d async for d in self.memories.find(
-            {"tenant_id": self.tenant_id, "expires_at": {"$lte": now}})]  # fmt: skip
+        expired = await self._find(
+            self.memory_collection, LONG_TERM_MEMORY,
+            {"tenant_id": self.tenant_id, "expires_at": {"$lte": now}}, "memory.sweep_expired",
+        )  # fmt: skip
         if not expired:
             return 0
         reqs = [PutRequest(tuple(d["namespace"]), d["key"], None) for d in expired]

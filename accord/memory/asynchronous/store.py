@@ -23,9 +23,10 @@ it by ``tools/synchro.py``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from langgraph.store.base import (
@@ -100,6 +101,11 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
     ) -> None:
         self.client = client
         self.conn_string = conn_string
+        #: the event loop the store serves (sync calls from other threads run on it)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        if not _IS_SYNC:
+            with suppress(RuntimeError):
+                self.loop = asyncio.get_running_loop()
         self.index_config = index
         for name in ("default_ttl", "sweep_interval_minutes"):
             validation.check_ttl((ttl or {}).get(name), f"ttl.{name}")
@@ -156,6 +162,8 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
     # -- BaseStore ---------------------------------------------------------------------------------
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        if not _IS_SYNC and self.loop is None:
+            self.loop = asyncio.get_running_loop()
         ops = list(ops)
         for op in ops:
             validate_op_namespace(op)

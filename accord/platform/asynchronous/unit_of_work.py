@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -427,6 +427,41 @@ class AsyncUnitOfWork:
                 return await cursor.to_list(None)
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
+
+    async def iterate(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        filter: Mapping[str, Any],
+        *,
+        projection: Mapping[str, Any] | None = None,
+        sort: Sequence[tuple[str, int]] | None = None,
+        batch_size: int = 0,
+    ) -> AsyncIterator[Any]:
+        """:meth:`find`, one document at a time, for a caller that may stop early (a scan
+        that keeps what it needs): batches are fetched as it goes, and the cursor is
+        closed when it stops. Each batch is bounded by the kernel's timeout."""
+        request = await self._request(context, artifact, db, collection, "find", filter=filter)
+        cursor = self.client[db][collection].find(
+            dict(request.filter or {}),
+            dict(projection) if projection is not None else None,
+            sort=list(sort) if sort else None,
+            batch_size=batch_size,
+        )
+        try:
+            while True:
+                try:
+                    with pymongo.timeout(self.timeout):
+                        doc = await anext(cursor)
+                except StopAsyncIteration:
+                    return
+                except PyMongoError as exc:
+                    raise write_errors.read_failure(exc, collection, self.timeout) from exc
+                yield doc
+        finally:
+            await cursor.close()
 
     async def find_one(
         self,
