@@ -141,7 +141,7 @@ async def test_the_async_root_aggregates_on_its_loop(mongo_uri: str, db_name: st
                 {"messages": [HumanMessage("I prefer aisle seats.", id="h1")]}, config
             )
             assert await worker.wait_idle(timeout=30)
-        assert worker.aggregator.uow is accord.uow
+        assert worker.aggregator.uow.hooks is accord.uow.hooks  # its view, as aggregator
         assert [o.status for o in worker.outcomes].count("done") >= 1
         found = await (await accord.store()).asearch(("memories",), query="seat preference")
         assert any("aisle seats" in str(item.value) for item in found), found

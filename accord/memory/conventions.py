@@ -1,8 +1,9 @@
 """What the sync and async BaseStore twins do differently (not generated).
 
 The async store (``AsyncAccordStore``) serves sync calls (``store.get(...)`` from sync code,
-or a sync node) through a sync twin on the same server; the sync store (``AccordStore``)
-serves async calls by running its batch in a worker thread. Each runs its TTL sweeper its
+or a sync node in a thread) on the event loop it serves, from other threads; on that loop's
+own thread, or before it ran on any loop, through a sync twin on a client of its own. The
+sync store (``AccordStore``) serves async calls by running its batch in a worker thread. Each runs its TTL sweeper its
 own way: a daemon thread for the sync store, an asyncio task for the async one.
 """
 
@@ -80,10 +81,10 @@ class ServesSyncCalls:
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Sync calls on the async store: from another thread, run on the event loop the
-        store serves (its client is bound to it), as LangGraph's AsyncPostgresStore does;
-        on that loop's own thread they are refused (they would block it). Before the
-        store has run on any loop (sync code that never awaited it), they are served by
-        a sync twin on a client of its own, for stores given ``conn_string``."""
+        store serves (its client is bound to it), as LangGraph's AsyncPostgresStore does.
+        On that loop's own thread (which they block), and before the store has run on
+        any loop, they are served by a sync twin on a client of its own (for stores
+        given ``conn_string``, as ``from_conn_string`` does)."""
         store: Any = self
         loop = store.loop
         if loop is not None and not loop.is_closed():
@@ -91,14 +92,9 @@ class ServesSyncCalls:
                 running = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
-            if running is loop:
-                raise InvalidInputError(
-                    "a sync call (batch/get/put/search...) on AsyncAccordStore from its own "
-                    "event loop would block it: await the async method instead "
-                    "(abatch/aget/aput/asearch...)"
-                )
-            future = asyncio.run_coroutine_threadsafe(store.abatch(list(ops)), loop)
-            return future.result()  # type: ignore[no-any-return]
+            if running is not loop:
+                future = asyncio.run_coroutine_threadsafe(store.abatch(list(ops)), loop)
+                return future.result()  # type: ignore[no-any-return]
         return self._sync_twin().batch(ops)  # type: ignore[no-any-return]
 
     def _sync_twin(self) -> Any:
