@@ -33,18 +33,14 @@ from accord.memory.aggregation import (
     percentile,
     requeue_plan,
 )
-from accord.memory.asynchronous.aggregator import (
-    AsyncAggregator,
-    AsyncBackgroundAggregator,
-)
-from accord.memory.asynchronous.aggregator import (
+from accord.memory.asynchronous.aggregator import AsyncAggregator
+from accord.memory.asynchronous.background import AsyncBackgroundAggregator
+from accord.memory.asynchronous.outbox_stats import (
     aggregation_stats as async_aggregation_stats,
 )
-from accord.memory.synchronous.aggregator import (
-    Aggregator,
-    BackgroundAggregator,
-    aggregation_stats,
-)
+from accord.memory.synchronous.aggregator import Aggregator
+from accord.memory.synchronous.background import BackgroundAggregator
+from accord.memory.synchronous.outbox_stats import aggregation_stats
 
 __all__ = [
     "COMPONENT",

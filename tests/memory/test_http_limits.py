@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 from pymongo import MongoClient
 
 from accord.memory import validation
-from accord.memory.http_api import MAX_ERROR_BYTES, create_app
+from accord.memory.http_api import create_app
+from accord.memory.http_bodies import MAX_ERROR_BYTES
 from accord.memory.principals import ApiKeys, Principal, hash_key, new_key
 from tests.memory.serving import accord_serve
 

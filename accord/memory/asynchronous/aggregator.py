@@ -57,14 +57,13 @@ from it by ``tools/synchro.py``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
+from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.errors import OperationFailure, PyMongoError
 
 from accord.checkpointers import events
@@ -74,7 +73,7 @@ from accord.errors import (
     LeaseLost,
     MemoryConflictError,
 )
-from accord.memory import model
+from accord.memory import conversations, model
 from accord.memory.aggregation import (
     COMPONENT,
     CONSUMER_INDEXES,
@@ -88,11 +87,11 @@ from accord.memory.aggregation import (
     head_groups,
     head_id,
     memory_groups,
-    percentile,
     template_values,
 )
 from accord.memory.asynchronous.consolidation import AsyncConsolidator
 from accord.memory.asynchronous.forgetting import AsyncThreadForgetter
+from accord.memory.asynchronous.outbox_stats import aggregation_stats
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.consolidation import Prepared
 from accord.memory.embedders import check_dimensions
@@ -103,10 +102,9 @@ from accord.memory.extraction import (
     Existing,
     Extractor,
     RuleExtractor,
-    Turn,
     arun_extractor,
 )
-from accord.memory.running import AsyncHeartbeat, AsyncRunner, AsyncStop
+from accord.memory.running import AsyncHeartbeat, AsyncStop
 from accord.memory.writepath import LONG_TERM_MEMORY, AsyncCatalog, AsyncUnitOfWork
 from accord.platform import codes, outbox
 from accord.platform.artifacts import OUTBOX, SHORT_TERM_MEMORY
@@ -442,57 +440,23 @@ class AsyncAggregator:
         string, a stored message whose ``created_at`` is not a date. (A malformed event
         never gets here: :meth:`problems`.)"""
         doc = event.document
-        listed = doc.get("messages") or []
-        if not listed:
+        if not doc.get("messages"):
             return None, []
         thread_id = str(doc.get("thread_id"))
-        skipped: list[str] = []
-        keys: list[str] = []
-        for i, k in enumerate(listed):
-            if isinstance(k, str):
-                keys.append(k)
-            else:
-                skipped.append(f"messages[{i}] is {type(k).__name__} {k!r:.40}, not a message key")
+        keys, skipped = conversations.message_keys(doc.get("messages"))
         found = await self.uow.find(
             ReadContext(event.tenant_id, thread_id, operation="memory.read_messages"),
             SHORT_TERM_MEMORY.name, self.config.db_name, self.config.messages,
             {"tenant_id": event.tenant_id, "thread_id": thread_id, "key": {"$in": keys}},
-            projection={"key": 1, "chunk": 1, "message_id": 1, "role": 1, "text": 1,
-                        "created_at": 1},
+            projection=conversations.MESSAGE_FIELDS,
         )  # fmt: skip
-        by_key = {d["key"]: d for d in found
-                  if d.get("chunk", 0) == 0 and "message_id" in d}  # fmt: skip
-        missing = [k for k in keys if k not in by_key]
+        conversation, missing = conversations.conversation_of(
+            event.tenant_id, doc, keys, found, skipped
+        )
         if missing:  # e.g. the thread was deleted or pruned before it was aggregated
-            log.info("event %s: %d of %d messages are gone", event.id, len(missing), len(keys))
-        turns = []
-        for k in keys:
-            d = by_key.get(k)
-            if d is None:
-                continue
-            created = d.get("created_at")
-            if created is not None and not isinstance(created, datetime):
-                skipped.append(
-                    f"message {k!r:.60}: created_at is {type(created).__name__} "
-                    f"{created!r:.40}, not a date"
-                )
-                continue
-            text = d.get("text")
-            turns.append(Turn(
-                message_id=str(d["message_id"]), role=str(d.get("role", "")),
-                text=text if isinstance(text, str) else None,
-                created_at=model.aware(created), key=k,
-            ))  # fmt: skip
+            log.info("event %s: %d of %d messages are gone", event.id, missing, len(keys))
         for reason in skipped:
             log.warning("aggregator %s: event %r: skipped %s", self.worker_id, event.id, reason)
-        checkpoint_id = doc.get("checkpoint_id")
-        conversation = Conversation(
-            tenant_id=event.tenant_id,
-            thread_id=thread_id,
-            turns=turns,
-            checkpoint_ns=str(doc.get("checkpoint_ns") or ""),
-            checkpoint_id=checkpoint_id if isinstance(checkpoint_id, str) else None,
-        )
         return conversation, skipped
 
     # -- deciding and planning --------------------------------------------------------------
@@ -653,119 +617,3 @@ class AsyncAggregator:
             self.uow, self.config.db_name, self.config.outbox, tenant_id=tenant_id,
             kinds=self.config.kinds, window=window,
         )  # fmt: skip
-
-
-async def aggregation_stats(
-    uow: AsyncUnitOfWork,
-    db: str,
-    collection: str,
-    *,
-    tenant_id: str | None = None,
-    kinds: Sequence[str] | None = None,
-    window: int = 500,
-) -> AggregationStats:
-    """Backlog and lag of an outbox collection (optionally of one tenant)."""
-    base: dict[str, Any] = {}
-    if tenant_id is not None:
-        base["tenant_id"] = model.check_tenant(tenant_id)
-    if kinds:
-        base["kind"] = {"$in": list(kinds)}
-    ctx = ReadContext(tenant_id or "*", operation="outbox.stats")
-    count = {
-        s: await uow.count(ctx, OUTBOX.name, db, collection, {**base, "status": s})
-        for s in (outbox.PENDING, outbox.CLAIMED, outbox.DEAD)
-    }
-    now = datetime.now(UTC)
-    # Only dates count (a malformed event's created_at may be anything: it is dead-lettered,
-    # and must not break the statistics meanwhile).
-    oldest = await uow.find_one(
-        ctx, OUTBOX.name, db, collection,
-        {**base, "status": {"$in": [outbox.PENDING, outbox.CLAIMED]},
-         "created_at": {"$type": "date"}},
-        projection={"created_at": 1},
-        sort=[("created_at", ASCENDING)],
-    )  # fmt: skip
-    age = (now - model.aware(oldest["created_at"])).total_seconds() if oldest else None  # type: ignore[operator]
-    recent = await uow.find(
-        ctx, OUTBOX.name, db, collection, {**base, "status": outbox.DONE},
-        projection={"created_at": 1, "done_at": 1}, sort=[("done_at", DESCENDING)], limit=window,
-    )  # fmt: skip
-    lags = [
-        (model.aware(d["done_at"]) - model.aware(d["created_at"])).total_seconds()  # type: ignore[operator]
-        for d in recent
-        if isinstance(d.get("done_at"), datetime) and isinstance(d.get("created_at"), datetime)
-    ]
-    return AggregationStats(
-        pending=count[outbox.PENDING],
-        claimed=count[outbox.CLAIMED],
-        dead=count[outbox.DEAD],
-        oldest_pending_age=age,
-        lag_p50=percentile(lags, 0.5),
-        lag_p95=percentile(lags, 0.95),
-        lag_max=max(lags) if lags else None,
-        lag_samples=len(lags),
-    )
-
-
-# -- embedded use -------------------------------------------------------------------------------
-
-
-class AsyncBackgroundAggregator:
-    """An aggregator running in the background of this process (embedded use, tests, the
-    demo): a task on the event loop here, a daemon thread in the sync twin.
-
-    ``async with AsyncBackgroundAggregator(aggregator): ...`` starts it and stops it on
-    exit; ``wait_idle()`` waits until no event is available (handy in tests and
-    notebooks). ``outcomes`` keeps the last 1,000 outcomes.
-    """
-
-    def __init__(self, aggregator: AsyncAggregator) -> None:
-        self.aggregator = aggregator
-        self._stop = AsyncStop()
-        self._runner = AsyncRunner(f"accord-aggregator-{aggregator.worker_id}")
-        self.processed = 0
-        self.outcomes: list[Outcome] = []
-
-    def start(self) -> AsyncBackgroundAggregator:
-        """Start it (nothing happens if it runs already)."""
-        if not self._runner.running():
-            self._stop.clear()
-            self._runner.start(self._run)
-        return self
-
-    async def _run(self) -> None:
-        def seen(outcome: Outcome) -> None:
-            self.outcomes.append(outcome)
-            del self.outcomes[:-1000]
-
-        # run() survives every error of an event or a claim; what could still end it (a bug)
-        # is logged, and the runner starts over after a pause.
-        while not self._stop.is_set():
-            try:
-                self.processed += await self.aggregator.run(self._stop, on_outcome=seen)
-            except Exception as exc:
-                log.error("the background aggregator failed (%s: %s); restarting in 1 s",
-                          type(exc).__name__, exc)  # fmt: skip
-                log.debug("background aggregator failure", exc_info=True)
-                await self._stop.wait(1.0)
-
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Ask it to stop after the current event and wait up to ``timeout`` seconds."""
-        self._stop.set()
-        await self._runner.join(timeout)
-
-    async def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until no event is pending or claimed (dead ones aside); False on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            stats = await self.aggregator.stats(window=1)
-            if stats.backlog == 0:
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def __aenter__(self) -> AsyncBackgroundAggregator:
-        return self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
