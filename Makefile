@@ -39,7 +39,9 @@ demo: $(CORE_STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
-# The tests not marked slow (no crash/kill suites, no external suites): a few minutes.
+# The tests not marked slow or external (no crash/kill/takeover suites, no engine
+# processes, no external suites): 1,824 tests in 3m12s on 2 cores with other work on
+# them (load 4-5; 2026-12-04). `make test` runs everything.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not external"
 

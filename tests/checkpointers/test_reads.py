@@ -115,6 +115,7 @@ def _read(rec: Recorder, saver: Any, cfg: Any) -> tuple[Any, list[str], int]:
     return tup, [name for name, _ in rec.commands], rec.reply_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_get_tuple_constant_queries_on_2000_checkpoints(
     client: MongoClient, mongo_uri: str, db_name: str, kind: str

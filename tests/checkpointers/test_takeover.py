@@ -35,7 +35,8 @@ from accord.platform import runs
 from accord.platform.cli import app
 from tests.checkpointers.takeover_worker import _graph
 
-pytestmark = pytest.mark.embedded_only  # the workers must share this machine's pid table
+# the workers must share this machine's pid table; processes killed: slow
+pytestmark = [pytest.mark.embedded_only, pytest.mark.slow]
 WORKER = Path(__file__).with_name("takeover_worker.py")
 NAMES = CollectionNames()
 

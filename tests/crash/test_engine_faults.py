@@ -25,7 +25,7 @@ from pymongo.errors import OperationFailure
 from accord.platform.embedded import EmbeddedServer
 from tests.crash.test_engine_crash import free_port, start_engine
 
-pytestmark = pytest.mark.embedded_only
+pytestmark = [pytest.mark.embedded_only, pytest.mark.slow]  # engines killed and restarted
 
 OUT_OF_DISK_SPACE = 14031
 

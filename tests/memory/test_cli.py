@@ -39,6 +39,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           env={**os.environ, **(env or {})})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_worker_status_dead_requeue(mongo_uri: str, client: MongoClient, db_name: str) -> None:
     uow = UnitOfWork(client)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer green tea.")])

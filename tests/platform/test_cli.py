@@ -18,7 +18,7 @@ from accord.platform.connection import read_lock
 from accord.platform.embedded import EmbeddedServer
 from accord.platform.embedded.discovery import DEFAULT_PORT
 
-pytestmark = pytest.mark.embedded_only
+pytestmark = [pytest.mark.embedded_only, pytest.mark.slow]  # engines started as processes
 ACCORD = [sys.executable, "-m", "accord.platform.cli"]
 
 
