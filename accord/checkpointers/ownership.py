@@ -181,13 +181,17 @@ class ActiveRun:
         self._mutex = threading.Lock()
 
     def enqueue(self, job: Any) -> bool:
-        """Queue a put; True when the caller must start a drainer."""
+        """Queue a save; True when the caller must start a drainer."""
         with self._mutex:
             self.jobs.append(job)
-            if self.draining:
-                return False
+            start = not self.draining
             self.draining = True
-            return True
+        self.signal.notify()  # a drainer lingering for more saves takes this one
+        return start
+
+    def queued_count(self) -> int:
+        with self._mutex:
+            return len(self.jobs)
 
     def next_job(self) -> Any | None:
         """The next queued save, or None (then the drainer stops)."""

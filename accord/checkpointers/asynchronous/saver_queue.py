@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from typing import Any
 
 from accord.checkpointers import failures, jobs, langgraph_internals, plans
@@ -36,6 +37,9 @@ _BATCH_JOBS = 8
 #: How long the drainer waits for a put LangGraph has made but not handed over yet
 #: (its checkpoint exists), to commit it in the same transaction (see ActiveRun.behind).
 _COALESCE = 0.05
+#: How long the drainer waits for the next save of a run whose loop is running tasks: a
+#: quick task's saves then share the transaction instead of waiting behind it.
+_LINGER = 0.002
 
 
 class AsyncSaverQueue(AsyncSaverReads):
@@ -101,8 +105,11 @@ class AsyncSaverQueue(AsyncSaverReads):
 
     async def _coalesce(self, run: ActiveRun, ns: str) -> None:
         """Let what is on its way join the drainer's next transaction: a put LangGraph has
-        made but not handed over yet, and, once the run's loop is finished, its exit (the
-        release rides in the last transaction). Bounded by ``_COALESCE`` each."""
+        made but not handed over yet; while the run's loop runs tasks, the saves a quick
+        task makes next (up to ``_LINGER``, repeatedly while they keep coming, at most
+        ``_COALESCE`` in all); once the loop is finished, its exit (the release rides in
+        the last transaction). A slow task commits nothing later than it would have: its
+        step's saves wait for it anyway."""
 
         def arrived() -> bool:
             return not run.behind(ns)
@@ -110,11 +117,19 @@ class AsyncSaverQueue(AsyncSaverReads):
         def exiting() -> bool:
             return run.releasing
 
-        if run.releasing:
-            return
-        await run.signal.await_for(arrived, _COALESCE)
-        if run.finished():
-            await run.signal.await_for(exiting, _COALESCE)
+        deadline = time.monotonic() + _COALESCE
+        while not run.releasing and time.monotonic() < deadline:
+            await run.signal.await_for(arrived, _COALESCE)
+            if run.finished():
+                await run.signal.await_for(exiting, _COALESCE)
+                return
+            queued = run.queued_count()
+
+            def more(queued: int = queued) -> bool:
+                return run.queued_count() > queued or run.releasing or run.finished()
+
+            if not await run.signal.await_for(more, _LINGER):
+                return
 
     @staticmethod
     def _with_parents_writes(run: ActiveRun, batch: builtins.list[Any]) -> builtins.list[Any]:

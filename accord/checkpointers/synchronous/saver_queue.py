@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from typing import Any
 
 from accord.checkpointers import failures, jobs, langgraph_internals, plans
@@ -37,6 +38,9 @@ _BATCH_JOBS = 8
 #: How long the drainer waits for a put LangGraph has made but not handed over yet
 #: (its checkpoint exists), to commit it in the same transaction (see ActiveRun.behind).
 _COALESCE = 0.05
+#: How long the drainer waits for the next save of a run whose loop is running tasks: a
+#: quick task's saves then share the transaction instead of waiting behind it.
+_LINGER = 0.002
 
 
 class SaverQueue(SaverReads):
@@ -102,8 +106,11 @@ class SaverQueue(SaverReads):
 
     def _coalesce(self, run: ActiveRun, ns: str) -> None:
         """Let what is on its way join the drainer's next transaction: a put LangGraph has
-        made but not handed over yet, and, once the run's loop is finished, its exit (the
-        release rides in the last transaction). Bounded by ``_COALESCE`` each."""
+        made but not handed over yet; while the run's loop runs tasks, the saves a quick
+        task makes next (up to ``_LINGER``, repeatedly while they keep coming, at most
+        ``_COALESCE`` in all); once the loop is finished, its exit (the release rides in
+        the last transaction). A slow task commits nothing later than it would have: its
+        step's saves wait for it anyway."""
 
         def arrived() -> bool:
             return not run.behind(ns)
@@ -111,11 +118,19 @@ class SaverQueue(SaverReads):
         def exiting() -> bool:
             return run.releasing
 
-        if run.releasing:
-            return
-        run.signal.wait_for(arrived, _COALESCE)
-        if run.finished():
-            run.signal.wait_for(exiting, _COALESCE)
+        deadline = time.monotonic() + _COALESCE
+        while not run.releasing and time.monotonic() < deadline:
+            run.signal.wait_for(arrived, _COALESCE)
+            if run.finished():
+                run.signal.wait_for(exiting, _COALESCE)
+                return
+            queued = run.queued_count()
+
+            def more(queued: int = queued) -> bool:
+                return run.queued_count() > queued or run.releasing or run.finished()
+
+            if not run.signal.wait_for(more, _LINGER):
+                return
 
     @staticmethod
     def _with_parents_writes(run: ActiveRun, batch: builtins.list[Any]) -> builtins.list[Any]:
