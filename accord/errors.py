@@ -20,6 +20,15 @@ class ForeignDataError(ConfigurationError):
     that were not migrated. Nothing was written; the message names the migration."""
 
 
+class PolicyError(ConfigurationError):
+    """A governance policy was refused. ``problems`` lists each as (file, line, message);
+    ``line`` is None when the problem has no line of its own (a file that cannot be read)."""
+
+    def __init__(self, message: str, problems: list[tuple[str, int | None, str]]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class InvalidInputError(AccordError, ValueError):
     """A caller passed a value accord refuses before touching the database."""
 

@@ -38,6 +38,8 @@ from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
+from accord.governance.enforcement import PolicyHook
+from accord.governance.loading import PolicySource, resolve_policy
 from accord.memory.aggregator import (
     Aggregator,
     AggregatorConfig,
@@ -70,14 +72,16 @@ def kernel(
     timeout: float = DEFAULT_TIMEOUT,
     client_bulk: bool | None = None,
     principal: Principal | None = None,
+    policy: PolicySource = None,
 ) -> Any:
     """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
-    guard, outbox), the hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`),
-    then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an ``AsyncUnitOfWork`` for an
+    guard, outbox), governance's policy (``policy``: a ``Policy`` or a policy file; else
+    the file ``ACCORD_POLICY`` names; else the built-in default, docs/governance.md), the
+    hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an ``AsyncUnitOfWork`` for an
     ``AsyncMongoClient``. The only place units of work are made: the roots below use it,
     and so does a part constructed on its own (the drop-in ``AccordSaver(client)``), so
     every door passes the same hooks."""
-    every = [*default_hooks(), *configured_hooks(), *hooks]
+    every = [*default_hooks(), PolicyHook(resolve_policy(policy)), *configured_hooks(), *hooks]
     if isinstance(client, AsyncMongoClient):
         return AsyncUnitOfWork(
             client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
@@ -128,6 +132,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         hooks: Sequence[Any] = (),
         timeout: float = DEFAULT_TIMEOUT,
         principal: Principal | None = None,
+        policy: PolicySource = None,
     ) -> None:
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
             raise ConfigurationError(
@@ -143,7 +148,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
         self.timeout = timeout
         self.uow: _UnitOfWork = kernel(
-            self.client, hooks=hooks, timeout=timeout, principal=principal
+            self.client, hooks=hooks, timeout=timeout, principal=principal, policy=policy
         )
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
@@ -189,6 +194,9 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         timeout: bound in seconds on one transaction including its retries.
         principal: who the parts act as by default (the ``runtime`` service; the CLI
             passes the OS user, the HTTP API and MCP an API key's principal per request).
+        policy: the governance policy every part is held to: a ``Policy`` or the path of
+            a policy file; default the file ``ACCORD_POLICY`` names, else the built-in
+            default (docs/governance.md).
     """
 
     _connect = staticmethod(connect)

@@ -1,0 +1,109 @@
+"""The built-in default policy, written in the policy file format.
+
+It is what accord enforces when no policy file is given (``ACCORD_POLICY`` unset, no
+``policy=`` argument), and what a policy file overrides class by class, field by field.
+Keeping it as TOML text (not Python) means it is loaded by the same code as a user's file,
+``accord governance show`` can print it as it is, and docs/governance.md quotes it.
+
+Least privilege for accord's own parts, with the grants each one's real work needs:
+
+* ``runtime`` (the checkpointer, business writes of nodes, the LangGraph store a graph
+  uses, runs): execution state, messages, runs, business records, outbox events, and
+  long-term memory (a node's ``store.put`` acts as the runtime);
+* ``aggregator``: reads messages and outbox events, claims and completes events, writes
+  long-term memory with its history and vectors;
+* ``memory-api`` (HTTP API keys, MCP): long-term memory, its history and vectors, and
+  nothing else: never checkpoints, pending writes, messages or the outbox;
+* ``auditor``: finds audit records, nothing else;
+* ``admin`` (the CLI's operating-system user): everything but changing or removing audit
+  records, which nobody may do (a policy that grants it is refused).
+"""
+
+from __future__ import annotations
+
+SOURCE = "<built-in default policy>"
+
+DEFAULT_POLICY_TOML = """\
+# accord's default governance policy (accord governance show prints the effective one).
+# Actions: find, insert, update, remove. Durations: seconds, or 30d, 12h, 2w, 1y.
+version = 1
+
+[classes.checkpoint]
+collection = "accord_checkpoints"
+audit = "metadata"
+subject_fields = ["metadata.user_id"]
+retention = { keep_latest = 100, expire_after = "90d", after = "last_activity" }
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.checkpoint_blob]      # goes with its checkpoints
+collection = "accord_checkpoint_blobs"
+audit = "metadata"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.checkpoint_write]     # goes with its checkpoint
+collection = "accord_checkpoint_writes"
+audit = "metadata"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.checkpoint_head]      # goes with its checkpoints
+collection = "checkpoint_heads"
+audit = "off"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.short_term_memory]
+collection = "short_term_memory"
+audit = "metadata"
+subject_fields = ["metadata.user_id"]
+retention = { expire_after = "30d", after = "last_activity" }
+roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.run]
+collection = "runs"
+audit = "off"
+retention = { expire_after = "90d", after = "last_activity" }
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.outbox]
+collection = "outbox"
+audit = "off"
+retention = { expire_after = "7d", after = "done" }
+roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.long_term_memory]
+collection = "long_term_memory"
+audit = "full"
+subject_fields = ["namespace"]
+roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find", "insert", "update", "remove"], memory-api = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.memory_history]
+collection = "memory_history"
+audit = "metadata"
+subject_fields = ["namespace"]
+roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find", "insert", "update", "remove"], memory-api = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.memory_vector]        # goes with its memory
+collection = "memory_vectors"
+audit = "off"
+subject_fields = ["namespace"]
+roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find", "insert", "update", "remove"], memory-api = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.business]             # every business collection without a [classes."business:NAME"]
+audit = "metadata"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.audit]                # append-only: nobody may update or remove a record
+collection = "audit"
+audit = "off"
+retention = { expire_after = "7y", after = "created" }
+roles = { auditor = ["find"], admin = ["find"] }
+
+[classes.catalog]              # which collections accord owns
+collection = "accord_catalog"
+audit = "off"
+roles = { runtime = ["find", "insert", "update"], aggregator = ["find", "insert", "update"], memory-api = ["find"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.migration]            # progress of migrations from other savers
+collection = "accord_migrations"
+audit = "off"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+"""
