@@ -592,6 +592,7 @@ def kernel_cost(rounds: int = 2000) -> list[str]:
                        "document": {"_id": "o", "tenant_id": "default"}}],
         )  # fmt: skip
         for plan in (put, writes):
+            plan.context = plan.context.with_principal(uow.principal)  # as the kernel does
             for hook in uow.hooks.check:
                 hook.check(plan)
             for hook in uow.hooks.derive:

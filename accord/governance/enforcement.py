@@ -86,6 +86,17 @@ def actions_of(op: Op) -> frozenset[Action]:
     return _UPDATE
 
 
+def _named(principal: Principal | None, operation: str) -> Principal:
+    """The acting principal; the kernel names one before its hooks run, so an operation
+    without one did not come through a kernel: refused (the policy fails closed)."""
+    if principal is None:
+        raise PermissionDenied(
+            f"an operation without a principal ({operation or 'unnamed'}) is refused: "
+            f"run it through a kernel of accord.runtime, which names who acts"
+        )
+    return principal
+
+
 class PolicyHook:
     """The policy's ``check`` and ``read`` hook (module docstring)."""
 
@@ -107,8 +118,7 @@ class PolicyHook:
     def check(self, plan: Plan) -> None:
         """Refuse ``plan`` unless its principal may do every op of it."""
         context = plan.context
-        principal = context.principal
-        assert principal is not None  # the kernel names it before the checks
+        principal = _named(context.principal, context.operation)
         self._tenant(
             principal, context.tenant_id, [g.artifact for g in plan.groups], "write",
             context.operation,
@@ -127,8 +137,7 @@ class PolicyHook:
         """Refuse ``request`` unless its principal may find in every class it reads; a
         tenant-bound principal's read is narrowed to its tenant."""
         context = request.context
-        principal = context.principal
-        assert principal is not None  # the kernel names it before the read hooks
+        principal = _named(context.principal, context.operation)
         self._tenant(principal, context.tenant_id, [request.artifact], "read", context.operation)
         self._require(principal, frozenset({"find"}), request.artifact, request.collection,
                       context.operation)  # fmt: skip
