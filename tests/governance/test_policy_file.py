@@ -264,3 +264,15 @@ def test_key_lines_of_every_toml_shape() -> None:
     assert ("not", "a", "table") not in lines
     assert line_of(lines, ("classes", "checkpoint", "retention", "keep")) == 3  # the table's
     assert line_of(lines, ("nothing",)) is None
+
+
+def test_the_docs_table_is_the_default_policy() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "governance.md").read_text()
+    block = page.split("<!-- roles-by-classes -->")[1].split("<!-- /roles-by-classes -->")[0]
+    rows = [line for line in block.strip().splitlines()[2:]]
+    policy = default_policy()
+    expected = [
+        f"| `{name}` | " + " | ".join(row[r] for r in policy.roles()) + " |"
+        for name, row in policy.table()
+    ]
+    assert rows == expected
