@@ -106,4 +106,9 @@ roles = { runtime = ["find", "insert", "update"], aggregator = ["find", "insert"
 collection = "accord_migrations"
 audit = "off"
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.policy]               # the policies applied to the database, every version kept
+collection = "accord_policies"
+audit = "metadata"
+roles = { runtime = ["find"], aggregator = ["find"], admin = ["find", "insert", "update"] }
 """

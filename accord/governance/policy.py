@@ -50,7 +50,7 @@ from accord.platform.context import SERVICE_ROLES
 __all__ = [
     "ACTIONS", "AUDIT_MODES", "CLASS_NAMES", "DEPENDENT", "EVENTS", "Action", "AuditMode",
     "ClassPolicy", "ClassPolicyFile", "Policy", "PolicyFile", "Retention", "RetentionFile",
-    "business_class", "class_of", "parse_duration",
+    "business_class", "class_of", "parse_duration", "to_toml",
 ]  # fmt: skip
 
 Action = Literal["find", "insert", "update", "remove"]
@@ -73,7 +73,7 @@ DEPENDENT: Mapping[str, str] = {
     "memory_vector": "long_term_memory",
 }
 #: Classes whose documents carry no ``tenant_id`` (accord's own bookkeeping).
-UNTENANTED = frozenset({"catalog", "migration"})
+UNTENANTED = frozenset({"catalog", "migration", "policy"})
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(-?)\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
@@ -161,7 +161,7 @@ class Retention(RetentionFile):
             parts.append(f"keep latest {self.keep_latest} per thread")
         if self.expire_after is not None:
             parts.append(f"expire {_human(self.expire_after)} after {self.after or 'created'}")
-        return ", ".join(parts) or "none"
+        return ", ".join(parts) or "until erased"
 
 
 def _human(delta: timedelta) -> str:
@@ -270,3 +270,46 @@ def class_of(name: str) -> str | None:
     if sep and base == BUSINESS and rest:
         return BUSINESS
     return None
+
+
+def to_toml(policy: Policy) -> str:
+    """``policy`` as a policy file naming every class (``accord governance show --toml``):
+    read back with ``parse_policy(text, ..., base=None)`` it is the same policy."""
+    lines = [f"# the effective policy, from {policy.source}", f"version = {policy.version}"]
+    if policy.custom_roles:
+        lines.append(f"custom_roles = {_toml_list(policy.custom_roles)}")
+    for name, cls in policy.classes.items():
+        lines += ["", f"[classes.{_quoted(name)}]"]
+        if cls.collection is not None and not name.startswith(f"{BUSINESS}:"):
+            lines.append(f"collection = {_toml_str(cls.collection)}")
+        lines.append(f"audit = {_toml_str(cls.audit)}")
+        if cls.subject_fields:
+            lines.append(f"subject_fields = {_toml_list(cls.subject_fields)}")
+        retention = cls.retention
+        parts = []
+        if retention.keep_latest is not None:
+            parts.append(f"keep_latest = {retention.keep_latest}")
+        if retention.expire_after is not None:
+            parts.append(f"expire_after = {_toml_str(_human(retention.expire_after))}")
+        if retention.after is not None:
+            parts.append(f"after = {_toml_str(retention.after)}")
+        lines.append("retention = " + ("{ " + ", ".join(parts) + " }" if parts else '"none"'))
+        for table, grants in (("roles", cls.roles), ("principals", cls.principals)):
+            body = ", ".join(
+                f"{_toml_key(who)} = {_toml_list([a for a in ACTIONS if a in actions])}"
+                for who, actions in grants.items()
+            )
+            lines.append(f"{table} = {{ {body} }}" if body else f"{table} = {{}}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_key(value: str) -> str:
+    return value if re.fullmatch(r"[A-Za-z0-9_-]+", value) else _toml_str(value)
+
+
+def _toml_list(values: Iterator[str] | tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(_toml_str(v) for v in values) + "]"

@@ -75,6 +75,9 @@ CATALOG = ArtifactClass("catalog", "the collections accord owns", "accord_catalo
 MIGRATION = ArtifactClass(
     "migration", "progress of migrations from other savers into accord", "accord_migrations"
 )
+POLICY = ArtifactClass(
+    "policy", "the governance policies applied to the database, versioned", "accord_policies"
+)
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -95,6 +98,7 @@ CLASSES: dict[str, ArtifactClass] = {
         RUN,
         CATALOG,
         MIGRATION,
+        POLICY,
         BUSINESS,
     )
 }

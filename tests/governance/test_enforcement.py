@@ -57,6 +57,7 @@ TABLE: dict[str, dict[str, str]] = {
     "audit": {U: "f", D: "f"},
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
+    "policy": {R: "f", A: "f", D: "fiu"},
 }
 TENANT = "acme"
 KEY = "acc_" + uuid.uuid4().hex

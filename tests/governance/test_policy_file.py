@@ -141,7 +141,7 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
     assert set(table) == {
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
-        "memory_vector", "business", "audit", "catalog", "migration",
+        "memory_vector", "business", "audit", "catalog", "migration", "policy",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
                 "run", "outbox", "business"):  # fmt: skip
@@ -190,7 +190,7 @@ def test_a_file_overrides_the_default_field_by_field() -> None:
 
 def test_retention_none_means_kept_until_erased() -> None:
     policy = parse_policy('[classes.short_term_memory]\nretention = "none"\n', "p.toml")
-    assert policy.classes["short_term_memory"].retention.describe() == "none"
+    assert policy.classes["short_term_memory"].retention.describe() == "until erased"
 
 
 @pytest.mark.parametrize(
