@@ -25,8 +25,11 @@ class PolicyError(ConfigurationError):
     ``line`` is None when the problem has no line of its own (a file that cannot be read)."""
 
     def __init__(self, message: str, problems: list[tuple[str, int | None, str]]) -> None:
-        super().__init__(message)
+        super().__init__(message, problems)
         self.problems = problems
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class InvalidInputError(AccordError, ValueError):

@@ -38,7 +38,7 @@ from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
-from accord.governance.enforcement import PolicyHook
+from accord.governance.enforcement import DENIALS, PolicyHook
 from accord.governance.loading import PolicySource, resolve_policy
 from accord.memory.aggregator import (
     Aggregator,
@@ -57,7 +57,7 @@ from accord.platform.context import Principal
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord", "kernel"]
+__all__ = ["Accord", "AsyncAccord", "kernel", "policy_denials"]
 
 
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
@@ -89,6 +89,12 @@ def kernel(
     return UnitOfWork(
         client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
     )
+
+
+def policy_denials() -> dict[tuple[str, str, str], int]:
+    """Operations the governance policy refused in this process so far, counted per
+    (principal, action, class) (docs/governance.md)."""
+    return DENIALS.snapshot()
 
 
 def configured_hooks() -> list[Any]:

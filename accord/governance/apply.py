@@ -36,12 +36,15 @@ from pymongo.errors import OperationFailure, PyMongoError
 from accord.errors import AccordError, ConfigurationError, DatabaseError
 from accord.governance.policy import Policy, to_toml
 from accord.governance.roles import RoleSpec, atlas_role, normalised, privileges_of, role_specs
+from accord.platform.artifacts import POLICY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Expect, Group, Op, Plan, insert_once
+from accord.platform.synchronous.catalog import Catalog
 
 __all__ = ["Change", "GovernancePlan", "apply", "atlas_files", "plan", "user_name"]
 
-POLICIES = "accord_policies"
+POLICIES = POLICY.default_collection or "accord_policies"
+COMPONENT = "governance"
 HEAD = "head"
 
 
@@ -158,6 +161,8 @@ def apply(uow: Any, changes: GovernancePlan) -> list[Change]:
             ) from None
         done.append(change)
     if changes.version:
+        # accord's collection, recorded as such: no tenant input may target it
+        Catalog(uow, changes.db).setup(COMPONENT, {POLICIES: POLICY.name})
         _store(uow, changes)
         done.extend(c for c in changes.changes if c.kind == "store policy")
     return done

@@ -124,6 +124,8 @@ class PolicyHook:
             context.operation,
         )  # fmt: skip
         for group in plan.groups:
+            if group.artifact == "business":
+                self._not_accords(principal, group.collection, context.operation)
             needed: frozenset[Action] = frozenset()
             for op in group.ops:
                 needed = needed | actions_of(op)
@@ -192,6 +194,19 @@ class PolicyHook:
             f"{f' ({operation})' if operation else ''}: policy {self.policy.source}, "
             f"{rule}"
         )
+
+    def _not_accords(self, principal: Principal, collection: str, operation: str) -> None:
+        """A business write (tenant input) never lands in a collection the policy gives to
+        one of accord's classes, whether or not a part has recorded it in the catalog yet
+        (audit records, applied policies)."""
+        owner = self._by_collection.get(collection)
+        if owner is not None and owner != "business":
+            self.denials.add(principal.name, "insert", f"business:{collection}")
+            raise PermissionDenied(
+                f"{principal.describe()} may not write business records into {collection!r}"
+                f"{f' ({operation})' if operation else ''}: it is accord's {owner} "
+                f"collection (policy {self.policy.source}, [classes.{owner}])"
+            )
 
     def _tenant(
         self,

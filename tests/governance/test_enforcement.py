@@ -18,16 +18,17 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from fastapi.testclient import TestClient
 from langchain_core.messages import HumanMessage
+from langgraph.graph import START, StateGraph
 from mcp import Client
 from pymongo import MongoClient
 
 from accord import runtime
-from accord.checkpointers import AccordSaver
+from accord.checkpointers import AccordSaver, business
 from accord.errors import PermissionDenied, PolicyError
 from accord.memory.http_api import create_app
 from accord.memory.mcp_server import create_server
@@ -60,6 +61,12 @@ TABLE: dict[str, dict[str, str]] = {
     "policy": {R: "f", A: "f", D: "fiu"},
 }
 TENANT = "acme"
+
+
+class Log(TypedDict):
+    log: list[str]
+
+
 KEY = "acc_" + uuid.uuid4().hex
 
 
@@ -139,6 +146,7 @@ def test_roles_by_classes_row(client: MongoClient, db_name: str, artifact: str) 
             assert list(coll.find().sort("_id")) == before, (role, action)  # nothing written
             assert hook.denials.total() == denials + 1
             assert hook.denials.snapshot()[(who.name, action, label)] >= 1
+            assert runtime.policy_denials()[(who.name, action, label)] >= 1  # the process's
 
 
 def test_the_memory_api_cannot_read_checkpoints_or_messages(
@@ -320,3 +328,35 @@ def test_a_bad_policy_file_stops_every_entry_point(
         Accord(client=client, db_name=db_name)
     with pytest.raises(PolicyError, match=rf"{path}:3: "):
         AccordSaver(client, db_name=db_name)
+
+
+@pytest.mark.parametrize("target", ["audit", "accord_policies", "checkpoint_heads"])
+def test_business_writes_never_land_in_accords_collections(
+    client: MongoClient, db_name: str, target: str
+) -> None:
+    """Even where no part has recorded the collection in the catalog yet (nothing writes
+    audit records or checkpoint heads today; policies are recorded by apply)."""
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        business.insert_one(target, {"_id": "x", "tenant_id": "default"})
+        return {"log": ["x"]}
+
+    builder = StateGraph(Log)
+    builder.add_node("n", node)
+    builder.add_edge(START, "n")
+    graph = builder.compile(checkpointer=AccordSaver(client, db_name=db_name))
+    with pytest.raises(PermissionDenied, match=f"into '{target}' .*: it is accord's"):
+        graph.invoke({"log": []}, {"configurable": {"thread_id": "t1"}})
+    assert client[db_name][target].count_documents({}) == 0
+
+
+def test_apply_records_the_policies_collection_in_the_catalog(
+    client: MongoClient, db_name: str
+) -> None:
+    from accord.governance.apply import apply, plan
+    from accord.governance.loading import default_policy
+
+    uow = runtime.kernel(client, principal=Principal.os_user())
+    apply(uow, plan(uow, db_name, default_policy()))
+    entry = client[db_name].accord_catalog.find_one({"_id": "accord_policies"})
+    assert entry is not None and entry["artifact"] == "policy"

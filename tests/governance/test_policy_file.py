@@ -276,3 +276,13 @@ def test_the_docs_table_is_the_default_policy() -> None:
         for name, row in policy.table()
     ]
     assert rows == expected
+
+
+def test_a_refusal_survives_pickling() -> None:
+    """A worker process's refusal reaches its parent whole (message and problems)."""
+    import pickle
+
+    with pytest.raises(PolicyError) as refused:
+        parse_policy("[classes.audit.roles]\nadmin = ['remove']\n", "p.toml")
+    again = pickle.loads(pickle.dumps(refused.value))
+    assert str(again) == str(refused.value) and again.problems == refused.value.problems
