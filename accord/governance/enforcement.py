@@ -134,6 +134,8 @@ class PolicyHook:
                               context.operation)  # fmt: skip
         for event in plan.events:
             self._require(principal, _INSERT, "outbox", event.collection, context.operation)
+            if event.tenant_id != context.tenant_id:  # an event for another tenant's work
+                self._tenant(principal, event.tenant_id, ["outbox"], "write", context.operation)
 
     def read(self, request: ReadRequest) -> ReadRequest:
         """Refuse ``request`` unless its principal may find in every class it reads; a

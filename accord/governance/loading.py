@@ -23,7 +23,7 @@ import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -71,11 +71,13 @@ def default_policy() -> Policy:
     return parse_policy(default.DEFAULT_POLICY_TOML, default.SOURCE, base=None)
 
 
-def parse_policy(text: str, source: str, *, base: Policy | None | bool = True) -> Policy:
+def parse_policy(
+    text: str, source: str, *, base: Policy | Literal["default"] | None = "default"
+) -> Policy:
     """The effective policy of TOML ``text`` read from ``source`` (a name for messages),
-    over ``base`` (default: the built-in default policy; None: the text must name every
-    class itself)."""
-    over = default_policy() if base is True else (base or None)
+    over ``base`` (``"default"``: the built-in default policy; None: the text must name
+    every class itself)."""
+    over = default_policy() if base == "default" else base
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -317,6 +317,15 @@ def test_outbox_events_need_insert_on_the_outbox(client: MongoClient, db_name: s
     with pytest.raises(PermissionDenied, match="memory-api may not insert outbox"):
         uow.execute(Plan(WriteContext("default", operation="sneak"), [], events=[event]))
     assert client[db_name].outbox.count_documents({}) == 0
+    # a tenant's principal may not enqueue work for another tenant, whatever it may insert
+    bound = Principal.api_key("a", tenant_id="a", scopes=frozenset({"write"}), role=R)
+    other = OutboxEvent(db_name, "outbox", "note", "b", ("k",))
+    with pytest.raises(PermissionDenied, match="acts for tenant 'a' only and may not write "
+                       "tenant 'b'"):  # fmt: skip
+        runtime.kernel(client).acting_as(bound).execute(
+            Plan(WriteContext("a", operation="sneak"), [], events=[other])
+        )
+    assert client[db_name].outbox.count_documents({}) == 0
 
 
 def test_a_bad_policy_file_stops_every_entry_point(
