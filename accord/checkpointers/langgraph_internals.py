@@ -14,8 +14,8 @@ LangGraph release that breaks one is caught before a user meets it). docs/checkp
   by every loop and task of one top-level invocation: the run's identity).
 * The loop (``langgraph.pregel._loop.PregelLoop``): its ``__enter__``/``__aenter__`` calls
   ``get_tuple`` first (that call is how a run is recognised: :func:`calling_loop`); its
-  ``checkpoint_config``, ``is_nested``, ``config``, ``durability``, ``checkpoint``,
-  ``specs`` and ``status`` attributes; its exit stack ``stack`` (the run's release is pushed on it); its
+  ``checkpoint_config``, ``is_nested``, ``config``, ``durability``, ``checkpoint`` and
+  ``specs`` attributes; its exit stack ``stack`` (the run's release is pushed on it); its
   ``_first`` method (the rest of ``__enter__`` after loading the thread: wrapped so that
   a run whose start fails is released at once).
 """
@@ -42,7 +42,7 @@ _CONSTANTS = {
 }
 #: Attributes of the loop accord reads (set in ``PregelLoop.__init__``).
 _LOOP_ATTRIBUTES = (
-    "checkpoint_config", "is_nested", "config", "durability", "specs", "stack", "status",
+    "checkpoint_config", "is_nested", "config", "durability", "specs", "stack",
 )  # fmt: skip
 #: How many frames above a saver's entry point to look for LangGraph's loop (the loop's
 #: ``__enter__`` calls ``get_tuple`` directly, or through ``checkpoint_superseded``).
@@ -125,16 +125,6 @@ def uses_delta_channels(loop: Any) -> bool:
     return any(type(spec).__name__ == "DeltaChannel" for spec in specs.values())
 
 
-#: ``PregelLoop.status`` values of a loop that will run no more tasks.
-_FINISHED = frozenset({"done", "interrupt_before", "interrupt_after", "out_of_steps"})
-
-
-def finished(loop: Any) -> bool:
-    """Whether ``loop`` will run no more tasks (its ``status``): the put it made last is
-    its run's last, and its exit comes next."""
-    return getattr(loop, "status", None) in _FINISHED
-
-
 def exit_stack(loop: Any) -> Any:
     """The loop's exit stack (``ExitStack`` or ``AsyncExitStack``): what is pushed on it
     runs when the loop exits, after its background saves finished."""
@@ -186,9 +176,6 @@ def problems() -> list[str]:
     for attr in (*_LOOP_ATTRIBUTES, "checkpoint"):
         if attr not in assigned:
             found.append(f"PregelLoop no longer sets self.{attr}")
-    statuses = set(re.findall(r'self\.status\s*=\s*"(\w+)"', inspect.getsource(_loop)))
-    if not statuses >= _FINISHED:
-        found.append(f"PregelLoop.status no longer takes {sorted(_FINISHED - statuses)}")
     if "control" not in {f.name for f in dataclasses.fields(Runtime)}:
         found.append("langgraph.runtime.Runtime has no `control` field")
     return found

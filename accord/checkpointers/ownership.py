@@ -186,12 +186,8 @@ class ActiveRun:
             self.jobs.append(job)
             start = not self.draining
             self.draining = True
-        self.signal.notify()  # a drainer lingering for more saves takes this one
+        self.signal.notify()  # whoever waits for a save of the run (``_before_its_put``)
         return start
-
-    def queued_count(self) -> int:
-        with self._mutex:
-            return len(self.jobs)
 
     def next_job(self) -> Any | None:
         """The next queued save, or None (then the drainer stops)."""
@@ -216,6 +212,22 @@ class ActiveRun:
             with self._mutex:
                 out.append(self.jobs.popleft())
         return out
+
+    def behind_its_put(self, job: Any) -> bool:
+        """Put queued task writes ``job`` right after the queued put of its checkpoint (a
+        task's writes can reach the queue before that put: the put is handed over in
+        another thread). False when that put is not in the queue."""
+        ns, checkpoint_id = job.scope.checkpoint_ns, job.checkpoint_id
+        with self._mutex:
+            for i, queued in enumerate(self.jobs):
+                if (
+                    getattr(queued, "task_id", None) is None
+                    and queued.checkpoint_id == checkpoint_id
+                    and queued.scope.checkpoint_ns == ns
+                ):
+                    self.jobs.insert(i + 1, job)
+                    return True
+        return False
 
     def take_writes(self, ns: str, checkpoint_id: str) -> list[Any]:
         """Take the queued task writes of ``checkpoint_id`` in ``ns``, wherever they are
@@ -296,22 +308,6 @@ class ActiveRun:
             self.mark_saved(ns, checkpoint_id)
         else:
             self.signal.notify()
-
-    def behind(self, ns: str) -> bool:
-        """Whether LangGraph's loop of ``ns`` has reached a checkpoint whose put has not
-        come yet: LangGraph submits a checkpoint's put right after making it, so it is on
-        its way, and a drainer that waits for it commits both in one transaction."""
-        current = langgraph_internals.current_checkpoint_id(self.loops.get(ns))
-        if current is None:
-            return False
-        key = (ns, current)
-        with self._mutex:
-            return not (key in self.queued_puts or key in self.saved or key in self.failed_puts)
-
-    def finished(self) -> bool:
-        """Whether the run's top-level loop will run no more tasks: its exit (and the
-        run's release) comes next."""
-        return langgraph_internals.finished(self.loops.get(""))
 
     def putting(self, ns: str) -> bool:
         with self._mutex:

@@ -244,6 +244,25 @@ def test_body_numbers_the_schema_allows_are_taken(api: TestClient) -> None:
     assert [m["key"] for m in r.json()["items"]] == ["k"]
 
 
+def test_filter_operands_are_what_the_schema_says(api: TestClient) -> None:
+    """An operator's operand may be any JSON a document holds (objects included, compared
+    as MongoDB compares them), and the schema says its field names have no NUL: CI's
+    schemathesis once generated ``{"$lt": {"\x00..": 1}}`` as schema-valid (operands
+    were ``Any``) and the API refused it."""
+    r = api.post("/v1/search", headers=h(KEY_A),
+                 json={"filter": {"v": {"$eq": {}, "$lt": {"a": 1}, "$in": [{"b": [1]}]}}})  # fmt: skip
+    assert r.status_code == 200, r.text
+    r = api.post("/v1/search", headers=h(KEY_A), json={"filter": {"v": {"$lt": {"\x00a": 1}}}})
+    assert r.status_code == 422 and "NUL" in r.text, r.text
+    spec = api.get("/openapi.json").json()["components"]["schemas"]
+    operators = spec["Operators"]["properties"]
+    assert all(operators[op].get("$ref", "").endswith("/JsonValue") for op in ("$eq", "$lt"))
+    assert operators["$in"]["items"]["$ref"].endswith("/JsonValue")
+    value_keys = spec["JsonValue"]["anyOf"]
+    objects = [s for s in value_keys if s.get("type") == "object"]
+    assert objects and objects[0]["propertyNames"]["pattern"] == "^[^\\x00]*$"
+
+
 def test_openapi(api: TestClient) -> None:
     spec = api.get("/openapi.json").json()
     assert {"/v1/search", "/v1/memories/{namespace}/{key}", "/v1/history/{namespace}/{key}",

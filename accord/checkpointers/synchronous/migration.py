@@ -55,6 +55,13 @@ COMPONENT = "checkpointer.migration"
 _COPY_BATCH = 500
 
 
+#: Seconds one migrated step may take, retries included. A migration killed in the middle
+#: of a transaction leaves it open on the server, holding the documents it wrote until the
+#: server aborts it (``transactionLifetimeLimitSeconds``, 60 s by default on mongod and on
+#: accord's engine); the migration run again then waits that out instead of giving up.
+MIGRATION_TIMEOUT = 90.0
+
+
 class MongoDBSaverMigration:
     """Copies MongoDBSaver's threads of database ``db_name`` into accord.
 
@@ -70,7 +77,8 @@ class MongoDBSaverMigration:
             gives another.
         threads: only these threads (the source is then not recorded as migrated).
         saver_options: more keywords of the target ``AccordSaver`` (``collections``,
-            ``business_db``, ``timeout``...).
+            ``business_db``, ``timeout``...). The default ``timeout`` is
+            :data:`MIGRATION_TIMEOUT`.
     """
 
     def __init__(
@@ -103,6 +111,7 @@ class MongoDBSaverMigration:
                     f"threads it migrates, writes no outbox events, and takes tenant_id=)."
                 )
         saver_options.setdefault("serde", self.serde)
+        saver_options.setdefault("timeout", MIGRATION_TIMEOUT)
         self.saver = AccordSaver(
             client, self.target_db, tenant_id=self.tenant_id, unmigrated="ignore",
             outbox_events=False, **saver_options,

@@ -10,6 +10,7 @@ Generated from ``accord/checkpointers/asynchronous/saver_queue.py`` by ``tools/s
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import time
 from typing import Any
@@ -35,12 +36,6 @@ logger = logging.getLogger("accord.checkpointers")
 
 #: Queued saves of a run committed in one transaction, at most.
 _BATCH_JOBS = 8
-#: How long the drainer waits for a put LangGraph has made but not handed over yet
-#: (its checkpoint exists), to commit it in the same transaction (see ActiveRun.behind).
-_COALESCE = 0.05
-#: How long the drainer waits for the next save of a run whose loop is running tasks: a
-#: quick task's saves then share the transaction instead of waiting behind it.
-_LINGER = 0.002
 
 
 class SaverQueue(SaverReads):
@@ -79,7 +74,8 @@ class SaverQueue(SaverReads):
                 continue
             batch = [job]
             try:
-                self._coalesce(run, job.scope.checkpoint_ns)
+                if isinstance(job, jobs.WritesJob) and self._before_its_put(run, job):
+                    continue  # back in the queue, behind the put of its checkpoint
                 if isinstance(job, jobs.PutJob) and jobs.unsure(job):
                     job.done = True  # _commit_put ends it
                     self._commit_put(run, job)
@@ -89,7 +85,7 @@ class SaverQueue(SaverReads):
                     self._check_parent(run, job)
                 batch = self._with_parents_writes(run, [job])
                 while len(batch) < _BATCH_JOBS:
-                    more = run.more_jobs(lambda j: self._joins(run, j), 1)
+                    more = run.more_jobs(functools.partial(self._joins, run, batch=batch), 1)
                     if not more:
                         break
                     batch = self._with_parents_writes(run, batch + more)
@@ -104,33 +100,27 @@ class SaverQueue(SaverReads):
                 for one in batch:
                     self._job_done(run, one, run.failure)
 
-    def _coalesce(self, run: ActiveRun, ns: str) -> None:
-        """Let what is on its way join the drainer's next transaction: a put LangGraph has
-        made but not handed over yet; while the run's loop runs tasks, the saves a quick
-        task makes next (up to ``_LINGER``, repeatedly while they keep coming, at most
-        ``_COALESCE`` in all); once the loop is finished, its exit (the release rides in
-        the last transaction). A slow task commits nothing later than it would have: its
-        step's saves wait for it anyway."""
+    def _before_its_put(self, run: ActiveRun, job: jobs.WritesJob) -> bool:
+        """Task writes whose checkpoint is not saved yet never commit before it (business
+        writes committed for a checkpoint that a crash then loses would be applied again
+        by the task's re-run): they go back in the queue behind its put, waited for here
+        (LangGraph hands it over in another thread, later under load), never in
+        LangGraph's threads. True when the job went back in the queue; raises when the
+        put failed, or did not come within the saver's timeout."""
+        ns, checkpoint_id = job.scope.checkpoint_ns, job.checkpoint_id
 
-        def arrived() -> bool:
-            return not run.behind(ns)
+        def queued_or_saved() -> bool:
+            return run.is_saved(ns, checkpoint_id) or run.put_queued(ns, checkpoint_id)
 
-        def exiting() -> bool:
-            return run.releasing
-
-        deadline = time.monotonic() + _COALESCE
-        while not run.releasing and time.monotonic() < deadline:
-            run.signal.wait_for(arrived, _COALESCE)
-            if run.finished():
-                run.signal.wait_for(exiting, _COALESCE)
-                return
-            queued = run.queued_count()
-
-            def more(queued: int = queued) -> bool:
-                return run.queued_count() > queued or run.releasing or run.finished()
-
-            if not run.signal.wait_for(more, _LINGER):
-                return
+        deadline = time.monotonic() + self.timeout
+        while not run.is_saved(ns, checkpoint_id):
+            if run.behind_its_put(job):
+                return True
+            error = run.put_error(ns, checkpoint_id)
+            if error is not None or time.monotonic() > deadline:
+                raise failures.unsaved_checkpoint(job.scope, checkpoint_id, job.task_id, error)
+            run.signal.wait_for(queued_or_saved, 0.05)
+        return False
 
     @staticmethod
     def _with_parents_writes(run: ActiveRun, batch: builtins.list[Any]) -> builtins.list[Any]:
@@ -143,10 +133,23 @@ class SaverQueue(SaverReads):
         parents = run.take_writes(last.scope.checkpoint_ns, last.parent_id)
         return [*batch[:-1], *parents, last]
 
-    def _joins(self, run: ActiveRun, job: jobs.PutJob | jobs.WritesJob) -> bool:
-        """Whether a queued save may share the transaction of the saves before it: task
-        writes always; a put unless it must wait for (or stop at) its parent's tasks."""
-        if isinstance(job, jobs.WritesJob) or job.parent_id is None:
+    def _joins(
+        self, run: ActiveRun, job: jobs.PutJob | jobs.WritesJob, batch: builtins.list[Any]
+    ) -> bool:
+        """Whether a queued save may share the transaction of the saves before it
+        (``batch``): task writes once their checkpoint is saved or its put is in the
+        batch (they can be queued before that put: see ``_before_its_put``, which the
+        drainer applies when they come first); a put unless it must wait for (or stop at)
+        its parent's tasks."""
+        if isinstance(job, jobs.WritesJob):
+            ns, checkpoint_id = job.scope.checkpoint_ns, job.checkpoint_id
+            return run.is_saved(ns, checkpoint_id) or any(
+                isinstance(one, jobs.PutJob)
+                and one.checkpoint_id == checkpoint_id
+                and one.scope.checkpoint_ns == ns
+                for one in batch
+            )
+        if job.parent_id is None:
             return True
         if jobs.unsure(job):
             return False
@@ -327,7 +330,8 @@ class SaverQueue(SaverReads):
         """ "async" durability: whether a task's writes (and the business writes it
         staged) go behind the run's queued saves instead of committing now. LangGraph
         does not wait for them; they must commit after the put of their checkpoint (they
-        are queued only once it is queued or saved), before (or with) the put of the next
+        are queued once it is queued, saved, or made: the drainer orders them behind it),
+        before (or with) the put of the next
         checkpoint (which takes them first), and before the run ends (its release waits
         for the queue). Not for graphs with DeltaChannels (LangGraph records their writes
         before their checkpoint), nor after a failed save (the direct path reports it)."""
@@ -338,12 +342,9 @@ class SaverQueue(SaverReads):
         def ready() -> bool:
             return run.is_saved(ns, checkpoint_id) or run.put_queued(ns, checkpoint_id)
 
-        if ready():
-            return True
-        if not run.expects(ns, checkpoint_id):
-            return False
-        # LangGraph has made the put and hands it over in another thread: wait for it
-        return run.signal.wait_for(ready, jobs.GRACE)
+        # LangGraph has made the put and hands it over in another thread: the drainer puts
+        # the writes behind it (never waited for here, in LangGraph's thread)
+        return ready() or run.expects(ns, checkpoint_id)
 
     def _commit_put(self, run: ActiveRun | None, job: jobs.PutJob) -> None:  # writes'
         raise NotImplementedError
