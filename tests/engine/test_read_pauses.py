@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def _mutating_pause(d: Dispatcher, engine: Engine, rng: random.Random) -> Callab
     """A pause that runs other commands, as waiting clients would, and says it paused."""
     counter = iter(range(10**6))
 
-    def pause() -> bool:
+    def pause(work: Callable[[], None] | None = None) -> bool:
         n = next(counter)
         key = rng.randrange(N)
         _run(d, {"insert": "c", "documents": [{"_id": N + 10 * n, "g": key % 7, "k": N + 10 * n, "v": 9}]})  # fmt: skip
@@ -88,14 +89,19 @@ def _mutating_pause(d: Dispatcher, engine: Engine, rng: random.Random) -> Callab
         with engine.locked("gc"):
             while engine.collect_garbage():
                 pass
+        if work is not None:  # the read's matching, done "while the lock is free"
+            work()
         return True
 
     return pause
 
 
 @embedded_only
+@pytest.mark.parametrize("deferred", [False, True], ids=["matched-in-scan", "matched-at-pauses"])
 @pytest.mark.parametrize("q", QUERIES, ids=lambda q: str(q.filter)[:40] + str(q.sort or ""))
-def test_a_paused_query_returns_its_snapshot(engine: Engine, q: planner.Query) -> None:
+def test_a_paused_query_returns_its_snapshot(
+    engine: Engine, q: planner.Query, deferred: bool
+) -> None:
     d = _loaded(engine)
     coll = engine.get_collection("t.c")
     assert coll is not None
@@ -107,17 +113,22 @@ def test_a_paused_query_returns_its_snapshot(engine: Engine, q: planner.Query) -
     # Each pause point commits writes (inserts, updates moving keys, deletes) and prunes
     # versions; the query re-positions its walk after each and must not notice.
     pause = _mutating_pause(d, engine, random.Random(5))
-    got = [(h.key, h.raw) for h in planner.execute(coll, txn, q, pause=pause).hits]
+    # With ``release`` the filter is matched at the pauses, on the BSON collected before
+    # each (the writes of that pause already applied), as a read does with the lock free.
+    release = nullcontext if deferred else None
+    got = [(h.key, h.raw) for h in planner.execute(coll, txn, q, pause=pause, release=release).hits]
     with engine.locked("find"):
         engine.abort(txn, "done")
     assert got == expected
 
 
-def _killing_yield(engine: Engine, action: Callable[[], None]) -> Callable[[], bool]:
+def _killing_yield(engine: Engine, action: Callable[[], None]) -> Callable[..., bool]:
     """Stands in for ``Engine.yield_lock``: another command (``action``) runs while the
-    lock is free."""
+    lock is free, and so does the read's own ``work``."""
 
-    def yield_lock() -> bool:
+    def yield_lock(work: Callable[[], None] | None = None) -> bool:
+        if work is not None:
+            work()
         action()
         return True
 

@@ -28,6 +28,7 @@ from typing import Any
 import bson
 from bson.raw_bson import RawBSONDocument
 
+from accord.platform.embedded import writes_first
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.wire import CODEC, MAX_BSON_SIZE
 
@@ -58,7 +59,13 @@ class Cursor:
 def packed(docs: Iterable[Any]) -> list[bytes]:
     """Results as the BSON a reply embeds: dicts encoded, stored BSON as it is."""
     out: list[bytes] = []
+    countdown = writes_first.CHECK_EVERY
     for doc in docs:
+        # With the engine lock released (a read's results): step aside for writes.
+        countdown -= 1
+        if not countdown:
+            countdown = writes_first.CHECK_EVERY
+            writes_first.step_aside()
         if isinstance(doc, RawBSONDocument):
             out.append(bytes(doc.raw))
         elif isinstance(doc, bytes):

@@ -61,7 +61,7 @@ import bson
 from bson.timestamp import Timestamp
 from sortedcontainers import SortedList
 
-from accord.platform.embedded import index_image, planner, query
+from accord.platform.embedded import index_image, planner, query, writes_first
 from accord.platform.embedded.errors import Code, EngineError, write_conflict
 from accord.platform.embedded.group_commit import CommitFailed, GroupCommitter, PendingCommit
 from accord.platform.embedded.indexes import Index
@@ -587,11 +587,12 @@ class Engine:
         stats = self.lock_stats
         return stats.depth == 1 and stats.owner == threading.get_ident()
 
-    def yield_lock(self) -> bool:
+    def yield_lock(self, work: Callable[[], None] | None = None) -> bool:
         """Release the engine lock for a moment, long enough for a waiting command to take
         it, and take it back (a long read calls this between slices of its work, see
-        ``read_pause``). Returns False, without releasing, unless this thread holds the
-        lock exactly once (a nested hold cannot be released here)."""
+        ``read_pause``); ``work`` runs meanwhile (without the lock). Returns False, without
+        releasing or running ``work``, unless this thread holds the lock exactly once (a
+        nested hold cannot be released here)."""
         if not self.holds_lock_once():
             return False
         stats = self.lock_stats
@@ -599,6 +600,9 @@ class Engine:
         taken = self._acquisitions
         self.lock.release()
         try:
+            if work is not None:
+                with writes_first.unlocked():
+                    work()
             # Python's locks are not fair: without this the releasing thread would usually
             # take the lock straight back. Wait (briefly) until a waiter has it.
             deadline = time.perf_counter() + HANDOFF_WAIT_S
@@ -606,24 +610,36 @@ class Engine:
                 if time.perf_counter() > deadline:
                     break
                 time.sleep(HANDOFF_POLL_S)
+            # And while a write is in flight, stay out of its way (``writes_first``).
+            writes_first.give_way()
         finally:
             self._acquire()
             stats.restore(depth)
         return True
 
-    def read_pause(self, txn: Txn, coll: Collection) -> Callable[[], bool]:
-        """A read's pause point: once the current hold has lasted ``READ_SLICE_S``, it
+    def read_pause(self, txn: Txn, coll: Collection) -> planner.ReadPause:
+        """A read's pause point: once the current hold has lasted ``READ_SLICE_S``, or at
+        once while a write is in flight (``writes_first``) or when given ``work``, it
         lets waiting commands run (``yield_lock``) and returns True; the caller then
-        re-positions its scan (index entries may have moved). The read keeps its snapshot
-        meanwhile: ``txn`` stays registered, so garbage collection keeps every version it
-        can see, and versions committed since are invisible to it. If ``txn`` was aborted
-        or the collection dropped or renamed meanwhile, the read ends with the error
-        mongod gives (``QueryPlanKilled``, or ``NoSuchTransaction`` in a transaction)."""
+        re-positions its scan (index entries may have moved). ``work`` is what the read
+        collected and can finish without the lock (matching its filter against the BSON
+        it gathered): it runs while the lock is free, or at once if it cannot be freed.
+        The read keeps its snapshot meanwhile: ``txn`` stays registered, so garbage
+        collection keeps every version it can see, and versions committed since are
+        invisible to it. If ``txn`` was aborted or the collection dropped or renamed
+        meanwhile, the read ends with the error mongod gives (``QueryPlanKilled``, or
+        ``NoSuchTransaction`` in a transaction)."""
         stats = self.lock_stats
         ns = coll.ns  # a rename changes coll.ns
 
-        def pause() -> bool:
-            if stats.held_seconds() < READ_SLICE_S or not self.yield_lock():
+        def pause(work: Callable[[], None] | None = None) -> bool:
+            if work is None and (
+                stats.held_seconds() < READ_SLICE_S and not writes_first.in_flight()
+            ):
+                return False
+            if not self.yield_lock(work):
+                if work is not None:
+                    work()
                 return False
             self.check_read_alive(txn, coll, ns)
             return True
@@ -667,7 +683,9 @@ class Engine:
         depth = stats.suspend()
         self.lock.release()
         try:
-            yield
+            writes_first.give_way()
+            with writes_first.unlocked():
+                yield
         finally:
             self._acquire()
             stats.restore(depth)
@@ -1094,6 +1112,11 @@ class Engine:
     def gc_backlog(self) -> int:
         return len(self._gc_queue)
 
+    def reads_in_flight(self) -> bool:
+        """Whether a read that pauses (a ``find``, ``aggregate``, ... outside a
+        transaction) is under way; any thread, lock or not."""
+        return any(txn.yields for txn in list(self.active.values()))
+
     @staticmethod
     def compact_heap() -> None:
         """Collect cyclic garbage, then freeze what survives (call without the lock).
@@ -1215,6 +1238,7 @@ class Engine:
             "lock": self.lock_stats.report(),
             "gc": {**self.gc_stats, "backlog": len(self._gc_queue)},
             "groupCommit": self.committer.stats(),
+            "writesFirst": writes_first.stats(),
             "clusterTime": ts_to_timestamp(self.visible),
             "documents": sum(len(c.records) for c in self.collections.values()),
         }

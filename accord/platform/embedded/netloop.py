@@ -45,7 +45,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from accord.platform.embedded import wire
+from accord.platform.embedded import wire, writes_first
 from accord.platform.embedded.dispatch import HELLO_COMMANDS, Connection, PendingReply, WouldWait
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.failpoints import CloseConnection
@@ -61,6 +61,8 @@ INLINE_COMMANDS = frozenset(
     {"insert", "update", "delete", "findAndModify", "findandmodify",
      "commitTransaction", "abortTransaction", "ping", *HELLO_COMMANDS}
 )  # fmt: skip
+# The writes among them: while one runs, long reads step aside (``writes_first``).
+WRITES_FIRST = INLINE_COMMANDS - {"ping", *HELLO_COMMANDS}
 # An idle connection (between messages) is closed after this long.
 READ_TIMEOUT_S = 3600.0
 RECV_CHUNK = 1 << 16
@@ -110,6 +112,14 @@ class _Conn:
         # When the incomplete message at the head of ``inbox`` began (loop thread only).
         self.message_started: float | None = None
         self.last_active = time.monotonic()
+        # Its current request is a write that long reads step aside for (``writes_first``).
+        self.write_first = False
+
+    def end_write_first(self) -> None:
+        """Its write is answered, dropped or handed to its worker (``lock`` held)."""
+        if self.write_first:
+            self.write_first = False
+            writes_first.ended()
 
 
 class _Worker:
@@ -342,6 +352,10 @@ class EventLoop:
             conn.busy = True
         name = command_name(op_code, body)
         if name in INLINE_COMMANDS and not self.server.failpoints_armed():
+            if name in WRITES_FIRST:
+                with conn.lock:
+                    conn.write_first = True
+                writes_first.started()
             request = self.parse(conn, request_id, op_code, body)
             if request is None:
                 return
@@ -404,6 +418,7 @@ class EventLoop:
                 self.selector.unregister(conn.sock)
             conn.events = 0
         with conn.lock:
+            conn.end_write_first()
             # Under the lock: no thread writes to a descriptor that may be reused.
             conn.closed = True
             conn.sock.close()
@@ -436,6 +451,8 @@ class EventLoop:
             self.drop(conn)  # a fail point: the client sees the connection drop, no reply
             return
         except WouldWait:  # nothing of it was applied: it waits on its worker instead
+            with conn.lock:
+                conn.end_write_first()  # a wait of unknown length: reads go on meanwhile
             self._worker(conn).jobs.put(request)
             return
         if isinstance(outcome, PendingReply):
@@ -460,6 +477,7 @@ class EventLoop:
         next message run. Never blocks: what the socket does not take, the loop sends."""
         with conn.lock:
             conn.busy = False
+            conn.end_write_first()
             if conn.closed:
                 return
             if data:
@@ -485,6 +503,7 @@ class EventLoop:
         """Close ``conn`` from any thread (the loop does the closing)."""
         with conn.lock:
             conn.busy = False
+            conn.end_write_first()
             if not conn.closed:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)

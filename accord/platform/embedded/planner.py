@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
@@ -681,6 +681,14 @@ class Execution:
     millis: float
 
 
+class ReadPause(Protocol):
+    """``Engine.read_pause``'s pause point: True if it released the engine lock (the
+    scan re-positions); ``work`` runs while the lock is free (or at once, lock held, if
+    it cannot be freed)."""
+
+    def __call__(self, work: Callable[[], None] | None = None) -> bool: ...
+
+
 def _candidates(
     coll: Collection, txn: Txn, plan: Plan, stats: ScanStats, pause: Pause | None = None
 ) -> Iterator[Hit]:
@@ -755,14 +763,20 @@ def _candidates(
 
 def execute(
     coll: Collection, txn: Txn, q: Query, *, matches: Callable[[Doc, Doc], bool] = query.matches,
-    chosen: Plan | None = None, pause: Pause | None = None,
+    chosen: Plan | None = None, pause: ReadPause | None = None,
     release: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> Execution:  # fmt: skip
     """Run ``q`` for ``txn``: plan, scan, re-check the filter, sort, skip and limit.
     ``pause`` lets the scan release the engine lock between documents (see
     ``_candidates``); ``release`` (``Engine.released``) lets an in-memory sort run with
     the lock released: it orders the hits the scan collected, whose documents are the
-    read's own."""
+    read's own.
+
+    With both (a read that pauses), the filter is not matched under the lock either: the
+    scan collects the BSON of the versions its snapshot sees (immutable) and each pause
+    matches what was collected since the last one while the lock is free, so what the
+    lock covers is the walk of the index or records alone (matching is most of a scan's
+    work: decoding each document and running the matcher)."""
     started = time.perf_counter()
     chosen = chosen or plan(coll, q)
     stats = ScanStats()
@@ -774,15 +788,43 @@ def execute(
     # than keep every document its filter decoded; a write keeps them (it uses them next).
     hits = Hits(keep_docs=release is None)
     exact = chosen.exact
-    for hit in _candidates(coll, txn, chosen, stats, pause):
-        stats.docs_examined += 1
+    pending: list[Hit] = []
+
+    def keep(batch: Iterable[Hit]) -> None:
         # Hits an exact plan found through the index match by construction; the
         # transaction's own writes (no stored BSON) always get the filter.
-        if filt and not (exact and hit.raw is not None) and not matches(filt, hit.doc):
-            continue
-        hits.append(hit)
+        for hit in batch:
+            if stop is not None and len(hits) >= stop:
+                return
+            if filt and not (exact and hit.raw is not None) and not matches(filt, hit.doc):
+                continue
+            hits.append(hit)
+
+    def match_pending() -> None:
+        batch = pending[:]
+        pending.clear()
+        keep(batch)
+
+    scan_pause: Pause | None = None
+    deferring = pause is not None and release is not None and bool(filt)
+    if pause is not None:
+        read_pause = pause
+        if deferring:
+            scan_pause = lambda: read_pause(match_pending if pending else None)  # noqa: E731
+        else:
+            scan_pause = lambda: read_pause()  # noqa: E731
+    for hit in _candidates(coll, txn, chosen, stats, scan_pause):
+        stats.docs_examined += 1
+        if deferring:
+            pending.append(hit)
+        else:
+            keep((hit,))
         if stop is not None and len(hits) >= stop:
             break
+    if pending:
+        assert release is not None
+        with release():
+            match_pending()
     if needs_sort:
         assert q.sort is not None
         with release() if release is not None else nullcontext():

@@ -42,6 +42,8 @@ MESSAGE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 1000
 # A shutdown slower than this logs where its time went.
 SLOW_SHUTDOWN_S = 2.0
+# Longest the housekeeping thread puts off compacting the heap while reads are under way.
+HEAP_COMPACTION_DELAY_S = 10.0
 
 
 class EmbeddedServer:
@@ -408,7 +410,7 @@ class EmbeddedServer:
         """Once a second: expire transactions, sessions and cursors; collect garbage in
         passes of a few milliseconds while any is due; every ``ttl_interval`` a TTL pass.
         An idle engine does next to nothing here."""
-        last_ttl = time.monotonic()
+        last_ttl = last_heap = time.monotonic()
         while not self.stopping.wait(min(1.0, self.ttl_interval, self.transaction_lifetime / 2)):
             engine, dispatcher = self.engine, self.dispatcher
             assert engine is not None and dispatcher is not None
@@ -419,7 +421,14 @@ class EmbeddedServer:
                     with engine.locked("gc"):
                         more = engine.collect_garbage()
                     time.sleep(0.001)  # let waiting commands in between passes
-                engine.compact_heap()
+                # A full collection stops every thread for as long as it walks what was
+                # allocated since the last one, which a heavy read makes large (60-80 ms
+                # beside the memory searches at 100k memories, every second): put off
+                # while reads are under way, for at most HEAP_COMPACTION_DELAY_S.
+                now = time.monotonic()
+                if now - last_heap >= HEAP_COMPACTION_DELAY_S or not engine.reads_in_flight():
+                    last_heap = now
+                    engine.compact_heap()
                 self._compact_journal(engine)
                 engine.committer.checkpoint()
                 if time.monotonic() - last_ttl >= self.ttl_interval:

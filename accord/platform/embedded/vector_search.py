@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +65,8 @@ SIMILARITIES = ("cosine", "dotProduct", "euclidean")
 FILTER_LEAF_OPS = {"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not"}
 FILTER_LOGICAL_OPS = {"$and", "$or", "$nor"}
 SCORE_FIELD = "__accord_vector_search_score"
+# Rows scored between two pause points of a search (about a millisecond at 64 dimensions).
+RANK_CHUNK = 16_384
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -629,42 +631,73 @@ class VectorMatrix:
 
     # -- scoring -----------------------------------------------------------------------------
 
-    def top(self, qv: np.ndarray, mask: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``limit`` best rows among ``mask`` (best first, ties by row) and their scores.
+    def rank(
+        self, qv: np.ndarray, mask: np.ndarray, pause: Callable[[], bool] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None, int, bool]:
+        """Rank the rows of ``mask`` against ``qv``: ``(rank, rows, count, paused)``, the
+        ranks (float32, higher is better, -inf for rows not selected) of ``rows`` (None:
+        of every row below ``high`` as it was when called), how many rows are selected,
+        and whether ``pause`` released the engine lock meanwhile.
 
-        Exact: every selected row is scored. When many rows pass the pre-filter, the whole
-        block ``matrix[:high]`` is scored in one matrix-vector product (no copy) and the
-        rest masked out; when few do, only they are gathered. argpartition then picks the
-        top without sorting everything, and only the winners are scored in float64.
-        """
+        When many rows pass the pre-filter, the whole block ``matrix[:high]`` is scored,
+        one matrix-vector product per ``RANK_CHUNK`` rows (no copy), with ``pause``
+        between chunks; the rest is masked out. When few do, only they are gathered.
+        After a pause, rows changed by the commits made meanwhile were ranked with
+        whatever they held: the caller sets those to -inf (``select`` drops them) and
+        reads their documents at its snapshot instead."""
         high = self.high
         sel = mask[:high]
         count = int(np.count_nonzero(sel))
         if count == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
+            return np.zeros(0, dtype=np.float32), None, 0, False
         euclid = self.vfield.similarity == "euclidean"
+        paused = False
         if count * 8 > high:
-            rows = None
-            rank = matvec(self.matrix[:high], qv)  # float32, higher is better once adjusted
-            if euclid:
-                rank = 2.0 * rank - self.sqnorm[:high]  # -|r - q|^2 + |q|^2
+            rank = np.empty(high, dtype=np.float32)
+            for lo in range(0, high, RANK_CHUNK):
+                if pause is not None and lo:
+                    paused = pause() or paused
+                hi = min(high, lo + RANK_CHUNK)
+                # ``matrix`` may have been re-allocated while the lock was free (it grew);
+                # the rows below ``high`` were copied over.
+                rank[lo:hi] = matvec(self.matrix[lo:hi], qv)
+                if euclid:  # -|r - q|^2 + |q|^2
+                    rank[lo:hi] = 2.0 * rank[lo:hi] - self.sqnorm[lo:hi]
             rank[~sel] = -np.inf
-        else:
-            rows = np.flatnonzero(sel)
-            rank = matvec(self.matrix[rows], qv)
-            if euclid:
-                rank = 2.0 * rank - self.sqnorm[rows]
+            return rank, None, count, paused
+        rows = np.flatnonzero(sel)
+        rank = matvec(self.matrix[rows], qv)
+        if euclid:
+            rank = 2.0 * rank - self.sqnorm[rows]
+        return rank, rows, count, paused
+
+    def select(
+        self, qv: np.ndarray, ranked: tuple[np.ndarray, np.ndarray | None, int, bool],
+        mask: np.ndarray, limit: int,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """The ``limit`` best of ``rank``'s rows (best first, ties by row) and their
+        scores: argpartition picks the top without sorting everything, and only the
+        winners are scored, in float64 (engine lock held)."""
+        rank, rows, count, _ = ranked
+        if count == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
         # A few more candidates than asked for, re-scored exactly below, so that float32
         # rounding in the product cannot change which rows win.
         want = min(count, limit + 8 if limit < count else limit)
         n = rank.shape[0]
         # the largest ``want`` (no negated copy of the ranks)
         cand = np.argpartition(rank, n - want)[n - want :] if want < n else np.arange(n)
+        cand = cand[rank[cand] > -np.inf]
         cand_rows = cand if rows is None else rows[cand]
         cand_rows = cand_rows[self.live[cand_rows] & mask[cand_rows]]
         scores = _scores(self.matrix[cand_rows], qv, self.vfield.similarity)
         order = np.lexsort((cand_rows, -scores))[:limit]
         return cand_rows[order], scores[order]
+
+    def top(self, qv: np.ndarray, mask: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``limit`` best rows among ``mask`` (best first, ties by row) and their
+        scores, exactly: every selected row is scored (``rank``, ``select``)."""
+        return self.select(qv, self.rank(qv, mask), mask, limit)
 
 
 def matvec(block: np.ndarray, qv: np.ndarray) -> np.ndarray:
@@ -1056,20 +1089,40 @@ class SearchIndexes:
             if norm == 0.0:
                 raise plan_error("Cosine similarity cannot be calculated against a zero vector.")
             qv = qv / norm
-        # Documents this transaction sees differently from the newest commit: the log is in
-        # commit order, so only its entries newer than the snapshot are read.
-        divergent: set[bytes] = set()
-        for ts, k in reversed(self.changes.get(ns, ())):
-            if ts <= txn.snapshot:
-                break
-            divergent.add(k)
-        divergent.update(txn.writes.get(ns, {}))
+        divergent = self._divergent(txn, ns)
         mask = matrix.mask(q.filter)
         for key in divergent:
             row = matrix.row_of.get(key)
             if row is not None:
                 mask[row] = False
-        rows, scores = matrix.top(qv, mask, q.limit)
+        # Scoring the whole matrix pauses between chunks in a read that may (tens of
+        # milliseconds at 100,000 rows, once held as one step).
+        coll = self.engine.get_collection(ns, txn)
+        pause = self.engine.read_pause(txn, coll) if txn.yields and coll is not None else None
+        ranked = matrix.rank(qv, mask, pause)
+        if ranked[3]:
+            # The lock was free: whatever was committed meanwhile is newer than the
+            # snapshot. Its rows are dropped from the ranking (a freed row may even hold
+            # another document now) and its documents read at the snapshot, below.
+            if self.by_ns.get(ns, {}).get(q.index) is not state or (
+                state.matrices.get(q.path) is not matrix
+            ):
+                raise EngineError(
+                    Code.QueryPlanKilled,
+                    f"the query was killed: search index {q.index!r} was dropped or "
+                    "changed while it ran",
+                )
+            since = self._divergent(txn, ns) - divergent
+            divergent |= since
+            rank, rows, _, _ = ranked
+            if rows is None:
+                high = rank.shape[0]
+                rank[~matrix.live[:high]] = -np.inf
+                for key in since:
+                    row = matrix.row_of.get(key)
+                    if row is not None and row < high:
+                        rank[row] = -np.inf
+        rows, scores = matrix.select(qv, ranked, mask, q.limit)
         scored: list[tuple[float, int, bytes]] = []
         for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
             row_key = matrix.key_of[row]
@@ -1090,8 +1143,6 @@ class SearchIndexes:
         own = txn.writes.get(ns, {})
         # Fetching up to 10,000 winners is the long part: a read lets other commands run
         # between slices of it (the winners are chosen; each is read at the snapshot).
-        coll = self.engine.get_collection(ns, txn)
-        pause = self.engine.read_pause(txn, coll) if txn.yields and coll is not None else None
         for n, (score, _, key) in enumerate(scored[: q.limit]):
             if pause is not None and n % PAUSE_EVERY == 0:
                 pause()
@@ -1103,6 +1154,18 @@ class SearchIndexes:
             hit[SCORE_FIELD] = score
             out.append(hit)
         return out
+
+    def _divergent(self, txn: Any, ns: str) -> set[bytes]:
+        """Documents ``txn`` sees differently from the newest commit: those committed
+        after its snapshot (the log is in commit order: only its newest entries are read)
+        and its own writes."""
+        divergent: set[bytes] = set()
+        for ts, k in reversed(self.changes.get(ns, ())):
+            if ts <= txn.snapshot:
+                break
+            divergent.add(k)
+        divergent.update(txn.writes.get(ns, {}))
+        return divergent
 
 
 def _scores(rows: np.ndarray, qv: np.ndarray, similarity: str) -> np.ndarray:

@@ -1,0 +1,149 @@
+"""Writes first: a long read steps aside while a write the event loop runs is in flight
+(``writes_first``), for a bounded time, and every write that starts is ended on every
+path (answered, failed, waiting on its worker, unacknowledged), or reads would wait at
+each of their pauses for nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import DuplicateKeyError
+from pymongo.write_concern import WriteConcern
+
+from accord.platform.embedded import writes_first
+
+embedded_only = pytest.mark.embedded_only
+
+
+@pytest.fixture()
+def write_in_flight() -> Iterator[None]:
+    writes_first.started()
+    try:
+        yield
+    finally:
+        writes_first.ended()
+
+
+def _in_thread(fn: Callable[[], None]) -> float:
+    """Seconds ``fn`` took in a fresh thread (a fresh share of waiting, too)."""
+    took: list[float] = []
+
+    def run() -> None:
+        started = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - started)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(5)
+    assert took, "give_way never returned"
+    return took[0]
+
+
+def test_no_write_in_flight_no_wait() -> None:
+    assert not writes_first.in_flight()
+    assert _in_thread(writes_first.give_way) < 0.005
+
+
+def test_a_read_waits_until_the_write_ends() -> None:
+    writes_first.started()
+    timer = threading.Timer(0.008, writes_first.ended)
+    timer.start()
+    try:
+        took = _in_thread(writes_first.give_way)
+    finally:
+        timer.join()
+    assert 0.006 < took < writes_first.MAX_WAIT_S, took
+    assert not writes_first.in_flight()
+
+
+def test_a_wait_is_bounded(write_in_flight: None) -> None:
+    took = _in_thread(writes_first.give_way)
+    assert writes_first.MAX_WAIT_S * 0.9 < took < writes_first.MAX_WAIT_S * 5, took
+
+
+def test_a_read_waits_at_most_its_share_of_a_window(write_in_flight: None) -> None:
+    def many() -> None:
+        for _ in range(20):
+            writes_first.give_way()
+
+    # 20 waits would take 20 x MAX_WAIT_S; the share stops them at SHARE x WINDOW_S.
+    took = _in_thread(many)
+    budget = writes_first.SHARE * writes_first.WINDOW_S
+    assert budget * 0.9 < took < budget + 3 * writes_first.MAX_WAIT_S, took
+
+
+def test_step_aside_only_without_the_engine_lock(write_in_flight: None) -> None:
+    # Outside an ``unlocked`` block the caller may hold the engine lock: no wait.
+    assert _in_thread(writes_first.step_aside) < 0.005
+
+    def unlocked() -> None:
+        with writes_first.unlocked():
+            writes_first.step_aside()
+
+    assert _in_thread(unlocked) > writes_first.MAX_WAIT_S * 0.9
+
+
+def _settled() -> bool:
+    deadline = time.monotonic() + 5
+    while writes_first.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not writes_first.in_flight()
+
+
+@embedded_only
+def test_every_write_the_loop_starts_ends(client: MongoClient, db, mongo_uri: str) -> None:
+    coll = db.wf
+    coll.insert_one({"_id": 1})
+    with pytest.raises(DuplicateKeyError):
+        coll.insert_one({"_id": 1})  # an error reply
+    coll.update_one({"_id": 1}, {"$set": {"a": 1}})
+    coll.delete_many({"none": True})
+    coll.with_options(write_concern=WriteConcern(w=0)).insert_one({"_id": 2})  # no reply
+    # A write that finds its document held by a transaction waits on its worker.
+    with client.start_session() as s, s.start_transaction():
+        coll.update_one({"_id": 1}, {"$set": {"a": 2}}, session=s)
+        other = MongoClient(mongo_uri, retryWrites=False)
+        try:
+            waiting = threading.Thread(
+                target=lambda: other[db.name].wf.update_one({"_id": 1}, {"$set": {"a": 3}})
+            )
+            waiting.start()
+            time.sleep(0.2)
+            # The waiting write is not in flight: reads are not held up for it.
+            assert not writes_first.in_flight()
+        finally:
+            s.abort_transaction()
+            waiting.join(10)
+            other.close()
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "a": 3}
+    assert _settled(), "a write was never ended: every read would wait at each pause"
+
+
+@embedded_only
+def test_a_scan_gives_way_to_inserts(client: MongoClient, db, mongo_uri: str) -> None:
+    db.wide.insert_many([{"i": i, "s": "x" * 100} for i in range(30_000)])
+    before = client.admin.command("serverStatus")["accordEngine"]["writesFirst"]["waits"]
+    busy = threading.Event()
+    busy.set()
+    writer = MongoClient(mongo_uri)
+
+    def inserts() -> None:
+        while busy.is_set():
+            writer[db.name].beside.insert_one({"at": time.time()})
+
+    thread = threading.Thread(target=inserts)
+    thread.start()
+    try:
+        assert list(db.wide.find({"s": {"$regex": "y"}})) == []
+    finally:
+        busy.clear()
+        thread.join()
+        writer.close()
+    after = client.admin.command("serverStatus")["accordEngine"]["writesFirst"]["waits"]
+    assert after > before, "the scan never stepped aside for an insert"
+    assert _settled()
