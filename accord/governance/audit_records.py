@@ -1,0 +1,264 @@
+"""Audit records as data: what one record says, its stream, and its place in the chain.
+
+One record per mutation (an op of a plan's group: insert, update, replace, delete, a
+claim's ``find_one_and_update``) and one per refused operation, written in the SAME
+transaction as the mutation by :class:`~accord.governance.audit_hook.AuditHook`. This
+module is pure: it builds record bodies, names streams and hashes; the hook and the
+verifier use it, so both agree on every byte.
+
+**Streams.** Records are hash-chained per stream, so concurrent writers of different
+threads never contend on one head: one stream per (tenant, thread) for the
+thread-scoped classes (checkpoints, blobs, pending writes, messages, the run registry:
+:attr:`~accord.platform.artifacts.ArtifactClass.thread_scoped`) written in a thread's
+context, one per (tenant, collection) otherwise. A stream's name is the RFC 8785 JSON
+array of its parts (``["acme","thread","t-1"]``, ``["acme","collection","orders"]``):
+two different (tenant, thread) pairs never share a stream.
+
+**Chain.** Record ``seq`` n of a stream carries ``prev``, the ``hash`` of record n-1
+(:data:`GENESIS` for n = 1), and its own ``hash``: SHA-256 over the RFC 8785 encoding of
+the record without ``_id``, ``hash`` and the images (:data:`UNHASHED`;
+:mod:`accord.governance.canonical` says how BSON values are encoded). The head of each
+stream (``seq``, ``hash``) lives in the heads collection, read and advanced in the same
+transaction. Images (``full`` mode: ``filter``, ``change``, ``image``, each stored as its
+canonical JSON text) are outside the hashed body and committed to by their hashes
+(SHA-256 of that text), which are inside it: erasing an image later (a data subject's
+erasure) leaves the chain verifiable.
+
+**Body.** ``v`` (format, 1), ``stream``, ``seq``, ``prev``, ``tenant_id``, ``at`` (UTC,
+milliseconds), ``txn`` (the kernel's transaction id: the same for every record of one
+transaction, whatever its attempts), ``outcome`` (``applied`` or ``refused``), ``principal``
+(``name``, ``role``, ``kind``), ``action`` (the context's operation, e.g.
+``checkpoint.put``), ``thread_id``, ``run`` (``run_id``, ``fence``) where the context has a
+run, ``artifact`` (the class), ``db``, ``collection``, ``op`` (the op's kind; a read's
+kind for a refused read), ``upsert``, ``doc_id`` (the target's ``_id``, None for a
+many-document op), ``mode``, and the hashes: ``filter_hash`` (the op's filter),
+``change_hash`` (an update's operator document or pipeline), ``image_hash`` (the document
+after the op when the op itself says it: an insert, a replacement, an insert-once
+upsert, a claim's returned document). A refused record adds ``reason``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from pymongo import IndexModel
+
+from accord.governance.canonical import canonical, digest
+from accord.platform.artifacts import CLASSES
+from accord.platform.context import Principal, ReadContext, WriteContext
+from accord.platform.plan import Group, Op
+
+__all__ = [
+    "FORMAT", "GENESIS", "HEADS", "HEAD_INDEXES", "IMAGE_FIELDS", "Mode", "RECORDS",
+    "RECORD_INDEXES", "UNHASHED", "VALIDATOR", "chain_hash", "op_body", "read_body",
+    "record_id", "stream_of",
+]  # fmt: skip
+
+Mode = Literal["metadata", "full"]
+Outcome = Literal["applied", "refused"]
+
+#: Default collection names, prefixed like accord's other collections.
+RECORDS = "accord_audit"
+HEADS = "accord_audit_heads"
+#: The record format written by this module.
+FORMAT = 1
+#: ``prev`` of a stream's first record.
+GENESIS = "0" * 64
+#: Fields of a stored record that its hash does not cover: its id (stream and seq, which
+#: are covered), the hash itself, and the images (covered by their hashes).
+IMAGE_FIELDS = ("filter", "change", "image")
+UNHASHED = frozenset({"_id", "hash", *IMAGE_FIELDS})
+
+_HEX64 = "^[0-9a-f]{64}$"
+_STRING = {"bsonType": "string"}
+#: The audit collection's ``$jsonSchema``: the shape :func:`op_body` writes.
+VALIDATOR: dict[str, Any] = {
+    "$jsonSchema": {
+        "bsonType": "object",
+        "required": [
+            "_id", "v", "stream", "seq", "prev", "hash", "tenant_id", "at", "txn", "outcome",
+            "principal", "action", "artifact", "db", "collection", "op", "mode",
+        ],
+        "properties": {
+            "_id": _STRING,
+            "v": {"bsonType": ["int", "long"], "minimum": 1},
+            "stream": {"bsonType": "string", "minLength": 1},
+            "seq": {"bsonType": ["int", "long"], "minimum": 1},
+            "prev": {"bsonType": "string", "pattern": _HEX64},
+            "hash": {"bsonType": "string", "pattern": _HEX64},
+            "tenant_id": _STRING,
+            "at": {"bsonType": "date"},
+            "txn": _STRING,
+            "outcome": {"enum": ["applied", "refused"]},
+            "principal": {
+                "bsonType": "object",
+                "required": ["name", "role", "kind"],
+                "properties": {"name": _STRING, "role": _STRING, "kind": _STRING},
+            },
+            "action": _STRING,
+            "artifact": _STRING,
+            "db": _STRING,
+            "collection": _STRING,
+            "op": _STRING,
+            "mode": {"enum": ["metadata", "full"]},
+            "filter_hash": {"bsonType": ["string", "null"]},
+            "change_hash": {"bsonType": ["string", "null"]},
+            "image_hash": {"bsonType": ["string", "null"]},
+        },
+    }
+}  # fmt: skip
+RECORD_INDEXES = [
+    IndexModel([("stream", 1), ("seq", 1)], name="stream_seq", unique=True),
+    IndexModel([("tenant_id", 1), ("stream", 1), ("seq", 1)], name="tenant_stream_seq"),
+]
+HEAD_INDEXES = [IndexModel([("tenant_id", 1)], name="tenant")]
+
+
+def stream_of(tenant_id: str, thread_id: str | None, artifact: str, collection: str) -> str:
+    """The stream of a record (module docstring): the thread's for a thread-scoped class
+    written in a thread's context, else the collection's, within the tenant."""
+    cls = CLASSES.get(artifact)
+    if thread_id is not None and cls is not None and cls.thread_scoped:
+        parts = [tenant_id, "thread", thread_id]
+    else:
+        parts = [tenant_id, "collection", collection]
+    return canonical(parts).decode()
+
+
+def record_id(stream: str, seq: int) -> str:
+    """A record's ``_id``: unique per (stream, seq) (the stream never ends in ``#<digits>``
+    ambiguously: split at the last ``#``)."""
+    return f"{stream}#{seq}"
+
+
+def chain_hash(record: Mapping[str, Any]) -> str:
+    """The hash of ``record`` (a stored record or a body with ``prev``): SHA-256 of the
+    canonical encoding of every field but :data:`UNHASHED`."""
+    body = {k: v for k, v in record.items() if k not in UNHASHED}
+    return hashlib.sha256(canonical(body)).hexdigest()
+
+
+def _principal(principal: Principal | None) -> dict[str, str]:
+    if principal is None:
+        return {"name": "unknown", "role": "unknown", "kind": "service"}
+    return {"name": principal.name, "role": principal.role, "kind": principal.kind}
+
+
+def _run(context: WriteContext | ReadContext) -> dict[str, Any] | None:
+    lease = context.run
+    if lease is None and isinstance(context, WriteContext) and context.guard is not None:
+        lease = context.guard.lease
+    if lease is None:
+        return None
+    return {"run_id": lease.run_id, "fence": lease.fence}
+
+
+def _target(op: Op, found: Any) -> Any:
+    """The ``_id`` the op writes, when it names one document."""
+    if op.kind == "insert" and isinstance(op.doc, Mapping):
+        return op.doc.get("_id")
+    if op.kind == "find_one_and_update":
+        return found.get("_id") if isinstance(found, Mapping) else None
+    if op.kind in ("update_many", "delete_many"):
+        return None
+    ident = (op.filter or {}).get("_id")
+    return None if isinstance(ident, Mapping) else ident  # an operator: many documents
+
+
+def _image(op: Op, found: Any) -> Any:
+    """The document after the op, when the op itself says what it is (else None)."""
+    if op.kind == "insert":
+        return op.doc
+    if op.kind == "replace" and isinstance(op.doc, Mapping):
+        ident = (op.filter or {}).get("_id")
+        return {**op.doc, "_id": ident} if ident is not None else op.doc
+    if op.kind == "find_one_and_update":
+        return found
+    if (
+        op.kind == "update"
+        and op.upsert
+        and isinstance(op.doc, Mapping)
+        and set(op.doc) == {"$setOnInsert"}
+    ):  # insert_once: the document it inserts (or finds unchanged)
+        return {"_id": (op.filter or {}).get("_id"), **op.doc["$setOnInsert"]}
+    return None
+
+
+def _base(
+    context: WriteContext | ReadContext, outcome: Outcome, at: datetime, txn: str, mode: Mode
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "v": FORMAT, "tenant_id": context.tenant_id, "at": at, "txn": txn,
+        "outcome": outcome, "principal": _principal(context.principal),
+        "action": context.operation or "unnamed", "thread_id": context.thread_id,
+        "mode": mode,
+    }  # fmt: skip
+    run = _run(context)
+    if run is not None:
+        body["run"] = run
+    return body
+
+
+def op_body(
+    context: WriteContext,
+    group: Group,
+    op: Op,
+    *,
+    at: datetime,
+    txn: str,
+    mode: Mode,
+    outcome: Outcome = "applied",
+    found: Any = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """The record of one op (without its chain fields), and in ``full`` mode its images."""
+    body = _base(context, outcome, at, txn, mode)
+    image = _image(op, found)
+    filt = None if op.kind == "insert" else op.filter
+    change = op.doc if op.kind not in ("insert", "replace") else None
+    body.update(
+        artifact=group.artifact, db=group.db, collection=group.collection, op=op.kind,
+        upsert=op.upsert, doc_id=_target(op, found),
+        filter_hash=None if filt is None else digest(filt),
+        change_hash=None if change is None else digest(change),
+        image_hash=None if image is None else digest(image),
+    )  # fmt: skip
+    if reason is not None:
+        body["reason"] = reason
+    if mode == "full":
+        body.update(filter=_text(filt), change=_text(change), image=_text(image))
+    return body
+
+
+def read_body(
+    context: ReadContext,
+    *,
+    artifact: str,
+    db: str,
+    collection: str,
+    kind: str,
+    query: Any,
+    at: datetime,
+    txn: str,
+    mode: Mode,
+    reason: str,
+) -> dict[str, Any]:
+    """The record of a refused read (``query``: its filter or pipeline)."""
+    body = _base(context, "refused", at, txn, mode)
+    body.update(
+        artifact=artifact, db=db, collection=collection, op=kind, upsert=False, doc_id=None,
+        filter_hash=None if query is None else digest(query), change_hash=None,
+        image_hash=None, reason=reason,
+    )  # fmt: skip
+    if mode == "full":
+        body["filter"] = _text(query)
+    return body
+
+
+def _text(value: Any) -> str | None:
+    """An image as stored in ``full`` mode: its canonical JSON text, whose SHA-256 is the
+    image's hash (and which keeps operator keys such as ``$set`` out of field names)."""
+    return None if value is None else canonical(value).decode()

@@ -1,0 +1,114 @@
+"""Canonical bytes for BSON values: RFC 8785 JSON with BSON types tagged explicitly.
+
+An audit record is hashed over a canonical encoding, so that the hash a writer computed
+can be computed again by anyone who reads the record back: through pymongo today, from
+an export tomorrow. RFC 8785 (the JSON Canonicalization Scheme, the ``rfc8785``
+package) fixes the JSON side: object keys sorted by their UTF-16 code units, no
+whitespace, strings and numbers in one spelling. BSON has types JSON lacks, and a
+value must encode the same before it was stored and after it was read back, so
+:func:`to_json` maps each BSON value to a JSON value first, explicitly:
+
+======================  ================================================================
+BSON / Python value     JSON value
+======================  ================================================================
+string, bool, null      itself
+int within ±(2^53-1)    a JSON number (RFC 8785's integer domain)
+larger int, ``Int64``   ``{"$numberLong": "<decimal>"}``
+double                  a JSON number (RFC 8785's ECMAScript spelling); NaN and
+                        ±Infinity as ``{"$numberDouble": "NaN" | "Infinity" | "-Infinity"}``
+datetime                ``{"$date": "YYYY-MM-DDTHH:MM:SS.mmmZ"}``: UTC, milliseconds
+                        (BSON's precision; a naive datetime, as pymongo returns them,
+                        is UTC)
+bytes, ``Binary``       ``{"$binary": "<base64>", "$type": "<subtype, 2 hex digits>"}``
+``ObjectId``            ``{"$oid": "<24 hex digits>"}``
+``Decimal128``          ``{"$numberDecimal": "<string>"}``
+``UUID``                as the ``Binary`` of subtype 4 it is stored as
+mapping                 an object (keys are strings; order does not matter)
+list, tuple             an array
+anything else           its canonical MongoDB Extended JSON (``bson.json_util``):
+                        ``Timestamp``, ``Regex``, ``MinKey``, ``Code``, ...
+======================  ================================================================
+
+What this does not tell apart: an integral double and an integer of the same value
+(``1.0`` and ``1``: JSON has one number type, and RFC 8785 writes both as ``1``), and a
+document's key order (sorted away). Neither changes what a document means to a query.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import rfc8785
+from bson import Binary, Decimal128, Int64, ObjectId, json_util
+from bson.binary import UuidRepresentation
+
+__all__ = ["canonical", "digest", "ms", "to_json"]
+
+_SAFE = 2**53 - 1
+_EXT_JSON = json_util.JSONOptions(
+    json_mode=json_util.JSONMode.CANONICAL, uuid_representation=UuidRepresentation.STANDARD
+)
+
+
+def ms(when: datetime) -> datetime:
+    """``when`` in UTC, cut to milliseconds: what BSON stores, so what is hashed before
+    the write is what is read back."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    when = when.astimezone(UTC)
+    return when.replace(microsecond=when.microsecond // 1000 * 1000)
+
+
+def to_json(value: Any) -> Any:
+    """``value`` (a BSON value, as written or as pymongo reads it) as a plain JSON value
+    (module docstring's table)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, Int64) or (isinstance(value, int) and not -_SAFE <= value <= _SAFE):
+        return {"$numberLong": str(int(value))}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return {"$numberDouble": "NaN"}
+        if math.isinf(value):
+            return {"$numberDouble": "Infinity" if value > 0 else "-Infinity"}
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    if isinstance(value, datetime):
+        return {"$date": ms(value).strftime("%Y-%m-%dT%H:%M:%S.") + _millis(value)}
+    if isinstance(value, ObjectId):
+        return {"$oid": str(value)}
+    if isinstance(value, uuid.UUID):
+        value = Binary.from_uuid(value)
+    if isinstance(value, Binary):  # before bytes: Binary is a bytes subclass
+        return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": f"{value.subtype:02x}"}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": "00"}
+    if isinstance(value, Decimal128):
+        return {"$numberDecimal": str(value)}
+    return json.loads(json_util.dumps(value, json_options=_EXT_JSON))
+
+
+def _millis(value: datetime) -> str:
+    return f"{ms(value).microsecond // 1000:03d}Z"
+
+
+def canonical(value: Any) -> bytes:
+    """The RFC 8785 bytes of ``value`` (through :func:`to_json`)."""
+    return rfc8785.dumps(to_json(value))
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of :func:`canonical`, in hex."""
+    return hashlib.sha256(canonical(value)).hexdigest()
