@@ -32,7 +32,8 @@ transaction, whatever its attempts), ``outcome`` (``applied`` or ``refused``), `
 run, ``artifact`` (the class), ``db``, ``collection``, ``op`` (the op's kind; a read's
 kind for a refused read), ``upsert``, ``doc_id`` (the target's ``_id``, None for a
 many-document op), ``mode``, and the hashes: ``filter_hash`` (the op's filter),
-``change_hash`` (an update's operator document or pipeline), ``image_hash`` (the document
+``change_hash`` (an update's operator document or pipeline; none for an insert-once
+upsert, whose image is its whole change), ``image_hash`` (the document
 after the op when the op itself says it: an insert, a replacement, an insert-once
 upsert, a claim's returned document). A refused record adds ``reason``.
 """
@@ -177,14 +178,18 @@ def _image(op: Op, found: Any) -> Any:
         return {**op.doc, "_id": ident} if ident is not None else op.doc
     if op.kind == "find_one_and_update":
         return found
-    if (
-        op.kind == "update"
-        and op.upsert
-        and isinstance(op.doc, Mapping)
-        and set(op.doc) == {"$setOnInsert"}
-    ):  # insert_once: the document it inserts (or finds unchanged)
-        return {"_id": (op.filter or {}).get("_id"), **op.doc["$setOnInsert"]}
+    if _inserts_once(op):  # the document it inserts (or finds unchanged)
+        return {"_id": (op.filter or {}).get("_id"), **op.doc["$setOnInsert"]}  # type: ignore[index]
     return None
+
+
+def _inserts_once(op: Op) -> bool:
+    """An insert-once upsert (:func:`~accord.platform.plan.insert_once`): its image is its
+    whole change."""
+    return (
+        op.kind == "update" and op.upsert and isinstance(op.doc, Mapping)
+        and set(op.doc) == {"$setOnInsert"}
+    )  # fmt: skip
 
 
 def _base(
@@ -218,7 +223,7 @@ def op_body(
     body = _base(context, outcome, at, txn, mode)
     image = _image(op, found)
     filt = None if op.kind == "insert" else op.filter
-    change = op.doc if op.kind not in ("insert", "replace") else None
+    change = op.doc if op.kind not in ("insert", "replace") and not _inserts_once(op) else None
     body.update(
         artifact=group.artifact, db=group.db, collection=group.collection, op=op.kind,
         upsert=op.upsert, doc_id=_target(op, found),
