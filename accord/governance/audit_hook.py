@@ -12,12 +12,15 @@ transaction as every write, and records refused operations.
     its record names the document it created.
 ``seal_reads`` + ``seal``
     inside each transaction attempt: reads the heads of the streams the batch writes
-    (one read per database), then returns one record per op of every group (all
-    artifact classes by default, business collections included; the audit collections
-    themselves excluded) and the advanced heads. A concurrent writer of the same stream
-    makes the head update a write conflict: the kernel retries the attempt and the hook
-    seals again on fresh heads, so a stream's ``seq`` has neither gaps nor duplicates and
-    an aborted transaction leaves neither its write nor its record.
+    (one read per database; none for heads this process left, which it caches:
+    :mod:`accord.governance.audit_heads`), then returns one record per op of every group
+    (all artifact classes by default, business collections included; the audit
+    collections themselves excluded) and the advanced heads. A concurrent writer of the
+    same stream makes the head update a write conflict (or, for a cached head, a
+    compare-and-set that matches nothing: :class:`~accord.platform.hooks.SealConflict`):
+    the kernel retries the attempt and the hook seals again on heads read in the
+    transaction, so a stream's ``seq`` has neither gaps nor duplicates and an aborted
+    transaction leaves neither its write nor its record.
 ``refused``
     a plan or read refused with ``PermissionDenied`` is recorded (``outcome:
     "refused"``, with the reason), in a transaction of its own: the kernel runs the plan
@@ -41,6 +44,7 @@ from typing import Any
 from bson import ObjectId
 
 from accord.errors import ConfigurationError, PermissionDenied
+from accord.governance.audit_heads import HeadCache
 from accord.governance.audit_records import (
     GENESIS,
     HEAD_INDEXES,
@@ -52,16 +56,26 @@ from accord.governance.audit_records import (
     chain_hash,
     op_body,
     read_body,
-    record_id,
     stream_of,
 )
 from accord.governance.canonical import ms
 from accord.platform.artifacts import AUDIT, CLASSES
 from accord.platform.context import WriteContext
-from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealRead
-from accord.platform.plan import COMMAND_KINDS, Group, Op, Plan
+from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
+from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
 
 __all__ = ["REFUSED_ACTION", "AuditHook"]
+
+#: A placeholder time for the bodies ``seal_reads`` does not build.
+_NOW = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _stale(counts: Counts) -> SealConflict:
+    return SealConflict(
+        f"an audit head this process cached had moved ({counts.matched} matched): sealing "
+        f"again on heads read in the transaction"
+    )
+
 
 #: The operation of the plans that record a refusal.
 REFUSED_ACTION = "audit.refused"
@@ -117,6 +131,8 @@ class AuditHook:
         self.records = records
         self.heads = heads
         self.classes = frozenset(classes) if classes is not None else None
+        #: heads this process left: seals without a read (accord/governance/audit_heads.py)
+        self.cache = HeadCache()
 
     # --- what it owns -------------------------------------------------------------
 
@@ -153,53 +169,60 @@ class AuditHook:
     # --- seal -----------------------------------------------------------------------
 
     def seal_reads(self, batch: SealBatch) -> Sequence[SealRead]:
-        streams: dict[str, set[str]] = defaultdict(set)
-        for db, stream, _ in self._entries(batch, datetime.now(UTC), build=False):
-            streams[db].add(stream)
+        keys = {(db, stream) for db, stream, _ in self._entries(batch, _NOW, build=False)}
+        streams: dict[str, list[str]] = defaultdict(list)
+        for db, stream in sorted(self.cache.to_read(batch.transaction_id, batch.attempt, keys)):
+            streams[db].append(stream)
         return [
-            SealRead(f"audit:{db}", db, self.heads, {"_id": {"$in": sorted(names)}})
+            SealRead(f"audit:{db}", db, self.heads, {"_id": {"$in": names}})
             for db, names in sorted(streams.items())
         ]
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
         at = ms(datetime.now(UTC))
-        heads: dict[tuple[str, str], tuple[int, str]] = {}
-        for key, docs in found.items():
-            if key.startswith("audit:"):
-                db = key[len("audit:") :]
+        txn = batch.transaction_id
+        read = self.cache.read_for(txn, batch.attempt)
+        heads: dict[tuple[str, str], tuple[int, str]] = dict.fromkeys(read, (0, GENESIS))
+        for name, docs in found.items():
+            if name.startswith("audit:"):
+                db = name[len("audit:") :]
                 for d in docs:
                     heads[db, d["_id"]] = (int(d.get("seq") or 0), d.get("hash") or GENESIS)
+        bases: dict[tuple[str, str], tuple[int, str]] = {}
         records: dict[str, list[Op]] = defaultdict(list)
-        advanced: dict[tuple[str, str], tuple[int, str, str]] = {}
+        tenants: dict[tuple[str, str], str] = {}
         for db, stream, body in self._entries(batch, at):
-            seq, prev = heads.get((db, stream), (0, GENESIS))
+            key = (db, stream)
+            if key not in heads:  # not read: chained from the head this process left
+                heads[key] = self.cache.base(txn, key) or (0, GENESIS)
+            bases.setdefault(key, heads[key])
+            seq, prev = heads[key]
             body.update(stream=stream, seq=seq + 1, prev=prev)
             body["hash"] = chain_hash(body)
-            body["_id"] = record_id(stream, seq + 1)
-            heads[db, stream] = (seq + 1, body["hash"])
-            advanced[db, stream] = (seq + 1, body["hash"], body["tenant_id"])
+            body["_id"] = ObjectId()
+            heads[key] = (seq + 1, body["hash"])
             records[db].append(Op("insert", doc=body))
+            tenants[key] = body["tenant_id"]
         groups: list[Group] = []
         for db in sorted(records):
             groups.append(Group(f"audit:records:{db}", db, self.records, AUDIT.name, records[db]))
-            moves = [
-                Op(
-                    "update",
-                    {"_id": stream},
-                    {
-                        "$set": {
-                            "seq": seq,
-                            "hash": digest,
-                            "tenant_id": tenant,
-                            "at": at,
-                        }
-                    },
-                    upsert=True,
-                )  # fmt: skip
-                for (hdb, stream), (seq, digest, tenant) in sorted(advanced.items())
-                if hdb == db
-            ]
-            groups.append(Group(f"audit:heads:{db}", db, self.heads, AUDIT.name, moves))
+            upserts: list[Op] = []
+            swaps: list[Op] = []
+            for key in sorted(k for k in bases if k[0] == db):
+                (seq, digest), base = heads[key], bases[key]
+                move = {"$set": {"seq": seq, "hash": digest, "tenant_id": tenants[key], "at": at}}
+                if key in read:  # read in this snapshot: a concurrent writer conflicts
+                    upserts.append(Op("update", {"_id": key[1]}, move, upsert=True))
+                else:  # from the cache: only if the head is still what it said
+                    swaps.append(
+                        Op("update", {"_id": key[1], "seq": base[0], "hash": base[1]}, move)
+                    )
+                self.cache.sealed(txn, key, base, heads[key])
+            groups.append(Group(f"audit:heads:{db}", db, self.heads, AUDIT.name, upserts))
+            groups.append(Group(
+                f"audit:heads-cas:{db}", db, self.heads, AUDIT.name, swaps,
+                expect=Expect(error=_stale, matched=len(swaps)),
+            ))  # fmt: skip
         return groups
 
     def _entries(

@@ -16,7 +16,7 @@ two different (tenant, thread) pairs never share a stream.
 
 **Chain.** Record ``seq`` n of a stream carries ``prev``, the ``hash`` of record n-1
 (:data:`GENESIS` for n = 1), and its own ``hash``: SHA-256 over the RFC 8785 encoding of
-the record without ``_id``, ``hash`` and the images (:data:`UNHASHED`;
+the record without ``_id`` (an ``ObjectId``), ``hash`` and the images (:data:`UNHASHED`;
 :mod:`accord.governance.canonical` says how BSON values are encoded). The head of each
 stream (``seq``, ``hash``) lives in the heads collection, read and advanced in the same
 transaction. Images (``full`` mode: ``filter``, ``change``, ``image``, each stored as its
@@ -55,7 +55,7 @@ from accord.platform.plan import Group, Op
 __all__ = [
     "FORMAT", "GENESIS", "HEADS", "HEAD_INDEXES", "IMAGE_FIELDS", "Mode", "RECORDS",
     "RECORD_INDEXES", "UNHASHED", "VALIDATOR", "chain_hash", "op_body", "read_body",
-    "record_id", "stream_of",
+    "stream_of",
 ]  # fmt: skip
 
 Mode = Literal["metadata", "full"]
@@ -84,7 +84,7 @@ VALIDATOR: dict[str, Any] = {
             "principal", "action", "artifact", "db", "collection", "op", "mode",
         ],
         "properties": {
-            "_id": _STRING,
+            "_id": {"bsonType": "objectId"},
             "v": {"bsonType": ["int", "long"], "minimum": 1},
             "stream": {"bsonType": "string", "minLength": 1},
             "seq": {"bsonType": ["int", "long"], "minimum": 1},
@@ -112,7 +112,10 @@ VALIDATOR: dict[str, Any] = {
     }
 }  # fmt: skip
 RECORD_INDEXES = [
-    IndexModel([("stream", 1), ("seq", 1)], name="stream_seq", unique=True),
+    # Not unique: the heads keep (stream, seq) unique (a second record of one seq cannot
+    # commit); a unique index would turn a stale cached head into a duplicate-key
+    # failure instead of the retry the head's guard gives (audit_heads.py).
+    IndexModel([("stream", 1), ("seq", 1)], name="stream_seq"),
     IndexModel([("tenant_id", 1), ("stream", 1), ("seq", 1)], name="tenant_stream_seq"),
 ]
 HEAD_INDEXES = [IndexModel([("tenant_id", 1)], name="tenant")]
@@ -127,12 +130,6 @@ def stream_of(tenant_id: str, thread_id: str | None, artifact: str, collection: 
     else:
         parts = [tenant_id, "collection", collection]
     return canonical(parts).decode()
-
-
-def record_id(stream: str, seq: int) -> str:
-    """A record's ``_id``: unique per (stream, seq) (the stream never ends in ``#<digits>``
-    ambiguously: split at the last ``#``)."""
-    return f"{stream}#{seq}"
 
 
 def chain_hash(record: Mapping[str, Any]) -> str:
@@ -178,8 +175,8 @@ def _image(op: Op, found: Any) -> Any:
         return {**op.doc, "_id": ident} if ident is not None else op.doc
     if op.kind == "find_one_and_update":
         return found
-    if _inserts_once(op):  # the document it inserts (or finds unchanged)
-        return {"_id": (op.filter or {}).get("_id"), **op.doc["$setOnInsert"]}  # type: ignore[index]
+    if _inserts_once(op) and isinstance(op.doc, Mapping):  # what it inserts (or finds unchanged)
+        return {"_id": (op.filter or {}).get("_id"), **op.doc["$setOnInsert"]}
     return None
 
 

@@ -70,8 +70,8 @@ _EXT_JSON = json_util.JSONOptions(
 def ms(when: datetime) -> datetime:
     """``when`` in UTC, cut to milliseconds: what BSON stores, so what is hashed before
     the write is what is read back."""
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+    if when.tzinfo is None:  # pymongo's naive datetimes are UTC
+        return when.replace(microsecond=when.microsecond // 1000 * 1000, tzinfo=UTC)
     when = when.astimezone(UTC)
     return when.replace(microsecond=when.microsecond // 1000 * 1000)
 
@@ -79,69 +79,95 @@ def ms(when: datetime) -> datetime:
 def to_json(value: Any) -> Any:
     """``value`` (a BSON value, as written or as pymongo reads it) as a plain JSON value
     (module docstring's table)."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, Int64) or (isinstance(value, int) and not -_SAFE <= value <= _SAFE):
-        return {"$numberLong": str(int(value))}
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return {"$numberDouble": "NaN"}
-        if math.isinf(value):
-            return {"$numberDouble": "Infinity" if value > 0 else "-Infinity"}
-        return value
-    if isinstance(value, Mapping):
-        for key in value:
-            if not isinstance(key, str):
-                raise InvalidInputError(
-                    f"a document's keys must be strings (BSON's are); got {key!r}"
-                )
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
-    if isinstance(value, datetime):
-        return {"$date": ms(value).strftime("%Y-%m-%dT%H:%M:%S.") + _millis(value)}
-    if isinstance(value, ObjectId):
-        return {"$oid": str(value)}
-    if isinstance(value, uuid.UUID):
-        value = Binary.from_uuid(value)
-    if isinstance(value, Binary):  # before bytes: Binary is a bytes subclass
-        return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": f"{value.subtype:02x}"}
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": "00"}
-    if isinstance(value, Decimal128):
-        return {"$numberDecimal": str(value)}
-    return json.loads(json_util.dumps(value, json_options=_EXT_JSON))
-
-
-def _millis(value: datetime) -> str:
-    return f"{ms(value).microsecond // 1000:03d}Z"
+    return _Converter()(value)
 
 
 def canonical(value: Any) -> bytes:
     """The RFC 8785 bytes of ``value`` (through :func:`to_json`)."""
-    tree = to_json(value)
-    if _plain(tree):
+    convert = _Converter()
+    tree = convert(value)
+    if convert.plain:
         return _FAST.encode(tree).encode()
     return rfc8785.dumps(tree)
 
 
 #: The standard library's encoder, spelled as RFC 8785 for plain trees (module docstring).
 _FAST = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+#: From this character on, code-point order and UTF-16 order part.
 _ORDER_SAFE = "\ue000"
 
 
-def _plain(tree: Any) -> bool:
-    """Whether ``tree`` (a JSON tree) has no float and no key with a character >= U+E000."""
-    if isinstance(tree, dict):
-        for key, v in tree.items():
-            if max(key, default="") >= _ORDER_SAFE or not _plain(v):
-                return False
-        return True
-    if isinstance(tree, list):
-        return all(_plain(v) for v in tree)
-    return not isinstance(tree, float)
+class _Converter:
+    """:func:`to_json` in one pass, noting whether the tree is ``plain`` (no float, no key
+    with a character >= U+E000: the standard library's encoder spells it as RFC 8785).
+    The exact built-in types are tested first: they are nearly every node."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self) -> None:
+        self.plain = True
+
+    def __call__(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            return value
+        if kind is int:
+            return value if -_SAFE <= value <= _SAFE else {"$numberLong": str(value)}
+        if kind is dict:
+            return self._document(value)
+        if kind is list or kind is tuple:
+            return [self(v) for v in value]
+        return self._other(value)
+
+    def _document(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, v in value.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise InvalidInputError(
+                        f"a document's keys must be strings (BSON's are); got {key!r}"
+                    )
+                key = str(key)
+            if not key.isascii() and max(key) >= _ORDER_SAFE:
+                self.plain = False
+            out[key] = self(v)
+        return out
+
+    def _other(self, value: Any) -> Any:
+        if isinstance(value, str):  # a str subclass (an enum's value)
+            return str(value)
+        if isinstance(value, Int64) or (isinstance(value, int) and not -_SAFE <= value <= _SAFE):
+            return {"$numberLong": str(int(value))}
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            if math.isnan(value):
+                return {"$numberDouble": "NaN"}
+            if math.isinf(value):
+                return {"$numberDouble": "Infinity" if value > 0 else "-Infinity"}
+            self.plain = False
+            return float(value)
+        if isinstance(value, Mapping):
+            return self._document(value)
+        if isinstance(value, list | tuple):
+            return [self(v) for v in value]
+        if isinstance(value, datetime):
+            when = ms(value)
+            return {
+                "$date": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+            }
+        if isinstance(value, ObjectId):
+            return {"$oid": str(value)}
+        if isinstance(value, uuid.UUID):
+            value = Binary.from_uuid(value)
+        if isinstance(value, Binary):  # before bytes: Binary is a bytes subclass
+            data = base64.b64encode(bytes(value)).decode()
+            return {"$binary": data, "$type": f"{value.subtype:02x}"}
+        if isinstance(value, bytes | bytearray | memoryview):
+            return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": "00"}
+        if isinstance(value, Decimal128):
+            return {"$numberDecimal": str(value)}
+        return json.loads(json_util.dumps(value, json_options=_EXT_JSON))
 
 
 def digest(value: Any) -> str:

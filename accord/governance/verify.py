@@ -3,7 +3,6 @@
 :func:`verify_chain` reads a database's audit records (through the kernel, as the
 ``auditor`` service) stream by stream in ``seq`` order and checks, for each record:
 
-- its ``_id`` is its (stream, seq);
 - its ``seq`` follows the previous one (1 first): a deleted record is a gap, an inserted
   or reordered one a ``seq`` out of place;
 - its ``prev`` is the previous record's ``hash`` (:data:`~.audit_records.GENESIS` first);
@@ -37,7 +36,6 @@ from accord.governance.audit_records import (
     IMAGE_FIELDS,
     RECORDS,
     chain_hash,
-    record_id,
 )
 from accord.platform.artifacts import AUDIT
 from accord.platform.context import AUDITOR, Principal, ReadContext
@@ -120,9 +118,6 @@ class ChainChecker:
                 "a record is out of place (inserted or reordered)"
             )  # fmt: skip
             return ChainBreak(stream, expected_seq, what, expected_seq, seq)
-        if record.get("_id") != record_id(stream, seq):
-            return ChainBreak(stream, seq, "its _id is not its stream and seq",
-                              record_id(stream, seq), record.get("_id"))  # fmt: skip
         if record.get("prev") != self._hash:
             return ChainBreak(stream, seq, "its prev is not the previous record's hash",
                               self._hash, record.get("prev"))  # fmt: skip
