@@ -13,7 +13,8 @@ transaction as every write, and records refused operations.
 ``seal_reads`` + ``seal``
     inside each transaction attempt: reads the heads of the streams the batch writes
     (one read per database; none for heads this process left, which it caches:
-    :mod:`accord.governance.audit_heads`), then returns one record per op of every group
+    :mod:`accord.governance.audit_heads`), then returns one record per group (naming
+    each of its ops) of every plan
     (all artifact classes by default, business collections included; the audit
     collections themselves excluded) and the advanced heads. A concurrent writer of the
     same stream makes the head update a write conflict (or, for a cached head, a
@@ -54,7 +55,7 @@ from accord.governance.audit_records import (
     VALIDATOR,
     Mode,
     chain_hash,
-    op_body,
+    group_body,
     read_body,
     stream_of,
 )
@@ -238,21 +239,28 @@ class AuditHook:
                 if not group.ops or self.own(group.collection) or not self._audits(group):
                     continue
                 returned = batch.found.get(group.name, [])
+                ops: list[tuple[Op, Any]] = []
                 for i, op in enumerate(group.ops):
                     doc = returned[i] if i < len(returned) else None
                     if op.kind in COMMAND_KINDS and doc is None and not op.upsert:
                         continue  # a claim that found nothing changed nothing
-                    stream = stream_of(
-                        plan.context.tenant_id, plan.context.thread_id, group.artifact,
-                        group.collection,
-                    )  # fmt: skip
-                    if not build:
-                        yield group.db, stream, {}
-                        continue
-                    yield group.db, stream, op_body(
-                        plan.context, group, op, at=at, txn=batch.transaction_id,
-                        mode=self.mode, found=doc,
-                    )  # fmt: skip
+                    ops.append((op, doc))
+                if not ops:
+                    continue
+                stream = stream_of(
+                    plan.context.tenant_id, plan.context.thread_id, group.artifact,
+                    group.collection,
+                )  # fmt: skip
+                if not build:
+                    yield group.db, stream, {}
+                    continue
+                yield (
+                    group.db,
+                    stream,
+                    group_body(
+                        plan.context, group, ops, at=at, txn=batch.transaction_id, mode=self.mode
+                    ),
+                )
 
     def _audits(self, group: Group) -> bool:
         return self.classes is None or group.artifact in self.classes
@@ -319,14 +327,13 @@ class AuditHook:
                     stream = stream_of(
                         context.tenant_id, context.thread_id, group.artifact, group.collection
                     )
-                    for op in group.ops:
-                        if not build:
-                            yield note.db, stream, {}
-                            continue
-                        yield note.db, stream, op_body(
-                            context, group, op, at=at, txn=txn, mode=self.mode,
-                            outcome="refused", reason=reason,
-                        )  # fmt: skip
+                    if not build:
+                        yield note.db, stream, {}
+                        continue
+                    yield note.db, stream, group_body(
+                        context, group, [(op, None) for op in group.ops], at=at, txn=txn,
+                        mode=self.mode, outcome="refused", reason=reason,
+                    )  # fmt: skip
             elif refusal.read is not None:
                 read = refusal.read
                 query = read.pipeline if read.kind == "aggregate" else read.filter

@@ -1,8 +1,10 @@
 """Audit records as data: what one record says, its stream, and its place in the chain.
 
-One record per mutation (an op of a plan's group: insert, update, replace, delete, a
-claim's ``find_one_and_update``) and one per refused operation, written in the SAME
-transaction as the mutation by :class:`~accord.governance.audit_hook.AuditHook`. This
+One record per group of a plan (its ops on one collection: inserts, updates, replaces,
+deletes, a claim's ``find_one_and_update``), naming each op, and one per refused group or
+read, written in the SAME transaction as the mutation by
+:class:`~accord.governance.audit_hook.AuditHook`. (One per op would say the same with
+twice the documents: a checkpointer step writes about 17 ops in 8 groups.) This
 module is pure: it builds record bodies, names streams and hashes; the hook and the
 verifier use it, so both agree on every byte.
 
@@ -19,29 +21,30 @@ two different (tenant, thread) pairs never share a stream.
 the record without ``_id`` (an ``ObjectId``), ``hash`` and the images (:data:`UNHASHED`;
 :mod:`accord.governance.canonical` says how BSON values are encoded). The head of each
 stream (``seq``, ``hash``) lives in the heads collection, read and advanced in the same
-transaction. Images (``full`` mode: ``filter``, ``change``, ``image``, each stored as its
-canonical JSON text) are outside the hashed body and committed to by their hashes
-(SHA-256 of that text), which are inside it: erasing an image later (a data subject's
-erasure) leaves the chain verifiable.
+transaction. Images (``full`` mode: ``images``, one entry per op with its ``filter``,
+``change`` and ``image``, each stored as its canonical JSON text) are outside the hashed
+body and committed to by their hashes (SHA-256 of that text), which are inside it:
+erasing an image later (a data subject's erasure) leaves the chain verifiable.
 
 **Body.** ``v`` (format, 1), ``stream``, ``seq``, ``prev``, ``tenant_id``, ``at`` (UTC,
 milliseconds), ``txn`` (the kernel's transaction id: the same for every record of one
 transaction, whatever its attempts), ``outcome`` (``applied`` or ``refused``), ``principal``
 (``name``, ``role``, ``kind``), ``action`` (the context's operation, e.g.
 ``checkpoint.put``), ``thread_id``, ``run`` (``run_id``, ``fence``) where the context has a
-run, ``artifact`` (the class), ``db``, ``collection``, ``op`` (the op's kind; a read's
-kind for a refused read), ``upsert``, ``doc_id`` (the target's ``_id``, None for a
-many-document op), ``mode``, and the hashes: ``filter_hash`` (the op's filter),
-``change_hash`` (an update's operator document or pipeline; none for an insert-once
-upsert, whose image is its whole change), ``image_hash`` (the document
-after the op when the op itself says it: an insert, a replacement, an insert-once
-upsert, a claim's returned document). A refused record adds ``reason``.
+run, ``artifact`` (the class), ``db``, ``collection``, ``mode``, and ``ops``: per op its
+``op`` (kind; a read's kind for a refused read), ``upsert`` (when true), ``doc_id`` (the
+target's ``_id``, None for a many-document op) and the hashes there are:
+``filter_hash`` (the op's filter), ``change_hash`` (an update's operator document or
+pipeline; none for an insert-once upsert, whose image is its whole change),
+``image_hash`` (the document after the op when the op itself says it: an insert, a
+replacement, an insert-once upsert, a claim's returned document). A refused record adds
+``reason``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -54,7 +57,7 @@ from accord.platform.plan import Group, Op
 
 __all__ = [
     "FORMAT", "GENESIS", "HEADS", "HEAD_INDEXES", "IMAGE_FIELDS", "Mode", "RECORDS",
-    "RECORD_INDEXES", "UNHASHED", "VALIDATOR", "chain_hash", "op_body", "read_body",
+    "RECORD_INDEXES", "UNHASHED", "VALIDATOR", "chain_hash", "group_body", "read_body",
     "stream_of",
 ]  # fmt: skip
 
@@ -68,10 +71,12 @@ HEADS = "accord_audit_heads"
 FORMAT = 1
 #: ``prev`` of a stream's first record.
 GENESIS = "0" * 64
-#: Fields of a stored record that its hash does not cover: its id (stream and seq, which
-#: are covered), the hash itself, and the images (covered by their hashes).
+#: What an entry of a record's ``images`` may hold (``full`` mode), each covered by the
+#: ``<name>_hash`` of the op entry at the same index.
 IMAGE_FIELDS = ("filter", "change", "image")
-UNHASHED = frozenset({"_id", "hash", *IMAGE_FIELDS})
+#: Fields of a stored record that its hash does not cover: its id, the hash itself, and
+#: the images (covered by their hashes).
+UNHASHED = frozenset({"_id", "hash", "images"})
 
 _HEX64 = "^[0-9a-f]{64}$"
 _STRING = {"bsonType": "string"}
@@ -81,7 +86,7 @@ VALIDATOR: dict[str, Any] = {
         "bsonType": "object",
         "required": [
             "_id", "v", "stream", "seq", "prev", "hash", "tenant_id", "at", "txn", "outcome",
-            "principal", "action", "artifact", "db", "collection", "op", "mode",
+            "principal", "action", "artifact", "db", "collection", "ops", "mode",
         ],
         "properties": {
             "_id": {"bsonType": "objectId"},
@@ -103,11 +108,22 @@ VALIDATOR: dict[str, Any] = {
             "artifact": _STRING,
             "db": _STRING,
             "collection": _STRING,
-            "op": _STRING,
             "mode": {"enum": ["metadata", "full"]},
-            "filter_hash": {"bsonType": ["string", "null"]},
-            "change_hash": {"bsonType": ["string", "null"]},
-            "image_hash": {"bsonType": ["string", "null"]},
+            "ops": {
+                "bsonType": "array",
+                "minItems": 1,
+                "items": {
+                    "bsonType": "object",
+                    "required": ["op"],
+                    "properties": {
+                        "op": _STRING,
+                        "filter_hash": {"bsonType": "string", "pattern": _HEX64},
+                        "change_hash": {"bsonType": "string", "pattern": _HEX64},
+                        "image_hash": {"bsonType": "string", "pattern": _HEX64},
+                    },
+                },
+            },
+            "images": {"bsonType": "array"},
         },
     }
 }  # fmt: skip
@@ -204,34 +220,40 @@ def _base(
     return body
 
 
-def op_body(
+def group_body(
     context: WriteContext,
     group: Group,
-    op: Op,
+    ops: Sequence[tuple[Op, Any]],
     *,
     at: datetime,
     txn: str,
     mode: Mode,
     outcome: Outcome = "applied",
-    found: Any = None,
     reason: str | None = None,
 ) -> dict[str, Any]:
-    """The record of one op (without its chain fields), and in ``full`` mode its images."""
+    """The record of one group's ``ops`` (each with what a claim returned, else None),
+    without its chain fields; in ``full`` mode with their images."""
     body = _base(context, outcome, at, txn, mode)
-    image = _image(op, found)
-    filt = None if op.kind == "insert" else op.filter
-    change = op.doc if op.kind not in ("insert", "replace") and not _inserts_once(op) else None
-    body.update(
-        artifact=group.artifact, db=group.db, collection=group.collection, op=op.kind,
-        upsert=op.upsert, doc_id=_target(op, found),
-        filter_hash=None if filt is None else digest(filt),
-        change_hash=None if change is None else digest(change),
-        image_hash=None if image is None else digest(image),
-    )  # fmt: skip
+    entries: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
+    for op, found in ops:
+        image = _image(op, found)
+        filt = None if op.kind == "insert" else op.filter
+        change = op.doc if op.kind not in ("insert", "replace") and not _inserts_once(op) else None
+        entry: dict[str, Any] = {"op": op.kind, "doc_id": _target(op, found)}
+        if op.upsert:
+            entry["upsert"] = True
+        for name, value in (("filter", filt), ("change", change), ("image", image)):
+            if value is not None:
+                entry[f"{name}_hash"] = digest(value)
+        entries.append(entry)
+        if mode == "full":
+            images.append({"filter": _text(filt), "change": _text(change), "image": _text(image)})
+    body.update(artifact=group.artifact, db=group.db, collection=group.collection, ops=entries)
     if reason is not None:
         body["reason"] = reason
     if mode == "full":
-        body.update(filter=_text(filt), change=_text(change), image=_text(image))
+        body["images"] = images
     return body
 
 
@@ -250,13 +272,12 @@ def read_body(
 ) -> dict[str, Any]:
     """The record of a refused read (``query``: its filter or pipeline)."""
     body = _base(context, "refused", at, txn, mode)
-    body.update(
-        artifact=artifact, db=db, collection=collection, op=kind, upsert=False, doc_id=None,
-        filter_hash=None if query is None else digest(query), change_hash=None,
-        image_hash=None, reason=reason,
-    )  # fmt: skip
+    entry: dict[str, Any] = {"op": kind, "doc_id": None}
+    if query is not None:
+        entry["filter_hash"] = digest(query)
+    body.update(artifact=artifact, db=db, collection=collection, ops=[entry], reason=reason)
     if mode == "full":
-        body["filter"] = _text(query)
+        body["images"] = [{"filter": _text(query), "change": None, "image": None}]
     return body
 
 

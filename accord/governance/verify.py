@@ -125,14 +125,19 @@ class ChainChecker:
         if record.get("hash") != computed:
             return ChainBreak(stream, seq, "its content does not hash to its hash (altered)",
                               computed, record.get("hash"))  # fmt: skip
-        for name in IMAGE_FIELDS:
-            text = record.get(name)
-            if text is None:
-                continue
-            found = hashlib.sha256(str(text).encode()).hexdigest()
-            if found != record.get(f"{name}_hash"):
-                return ChainBreak(stream, seq, f"its {name} image does not hash to {name}_hash",
-                                  record.get(f"{name}_hash"), found)  # fmt: skip
+        ops = record.get("ops") or []
+        for i, images in enumerate(record.get("images") or []):
+            entry = ops[i] if i < len(ops) and isinstance(ops[i], Mapping) else {}
+            for name in IMAGE_FIELDS:
+                text = images.get(name) if isinstance(images, Mapping) else None
+                if text is None:
+                    continue
+                found = hashlib.sha256(str(text).encode()).hexdigest()
+                if found != entry.get(f"{name}_hash"):
+                    return ChainBreak(
+                        stream, seq, f"the {name} image of its op {i} does not hash to its "
+                        f"{name}_hash", entry.get(f"{name}_hash"), found,
+                    )  # fmt: skip
         return None
 
     def heads(self, heads: Iterable[Mapping[str, Any]]) -> None:

@@ -79,7 +79,7 @@ def test_chains_stay_gap_free_under_conflicts_and_retries(
     named: Counter[object] = Counter()
     for r in db[RECORDS].find({"action": "test.step"}):
         seqs[r["stream"]].append(r["seq"])
-        named[r["doc_id"]] += 1
+        named.update(op["doc_id"] for op in r["ops"])
     per_stream = THREADS // 2 * STEPS * 2  # 4 writers x 100 steps x 2 ops
     for stream in ('["t","thread","thread-0"]', '["t","thread","thread-1"]'):
         assert sorted(seqs[stream]) == list(range(1, per_stream + 1)), f"{stream}: gaps/dups"

@@ -74,8 +74,8 @@ def _unrecorded(client: MongoClient, db_name: str) -> dict[str, list[Any]]:
     """Documents of the database that no applied audit record names."""
     db = client[db_name]
     named: dict[str, set[Any]] = defaultdict(set)
-    for r in db[RECORDS].find({"outcome": "applied"}, {"collection": 1, "doc_id": 1}):
-        named[r["collection"]].add(r["doc_id"])
+    for r in db[RECORDS].find({"outcome": "applied"}, {"collection": 1, "ops.doc_id": 1}):
+        named[r["collection"]].update(op["doc_id"] for op in r["ops"])
     missing: dict[str, list[Any]] = {}
     for name in db.list_collection_names():
         if name in (RECORDS, HEADS) or name.startswith("system."):
@@ -126,7 +126,7 @@ def test_every_door_is_recorded_and_the_chains_verify(
     actions = set(records.distinct("action"))
     assert {"checkpoint.put", "checkpoint.put_writes", "memory.aggregate", "store.put",
             "checkpointer.setup"} <= actions, actions  # fmt: skip
-    deleted = records.find_one({"action": "store.put", "op": {"$regex": "^delete"}})
+    deleted = records.find_one({"action": "store.put", "ops.op": {"$regex": "^delete"}})
     assert deleted is not None
     # a thread's writes chain in the thread's stream; a business collection has its own
     t1 = records.find_one({"thread_id": "t1", "artifact": "checkpoint"})
@@ -135,9 +135,9 @@ def test_every_door_is_recorded_and_the_chains_verify(
     assert t1["run"]["fence"] >= 1 and t1["run"]["run_id"]
     order = records.find_one({"artifact": "business", "collection": "orders"})
     assert order["stream"] == '["default","collection","orders"]'
-    assert order["image_hash"] and "image" not in order  # metadata mode keeps no image
+    assert order["ops"][0]["image_hash"] and "images" not in order  # metadata: no images
     note_ids = {d["_id"] for d in client[db_name].notes.find()}
-    assert note_ids and note_ids <= set(records.distinct("doc_id", {"collection": "notes"}))
+    assert note_ids and note_ids <= set(records.distinct("ops.doc_id", {"collection": "notes"}))
     aggregated = records.find_one({"action": "memory.aggregate"})
     assert aggregated["principal"]["name"] == "aggregator"
 
@@ -204,12 +204,12 @@ def test_refused_writes_and_reads_are_recorded(client: MongoClient, db_name: str
                                 [Op("delete_many", {"tenant_id": "acme"})])]))  # fmt: skip
     records = client[db_name][RECORDS]
     refused = list(records.find({"outcome": "refused"}).sort([("at", 1)]))
-    assert [(r["action"], r["op"], r["collection"]) for r in refused] == [
+    assert [(r["action"], r["ops"][0]["op"], r["collection"]) for r in refused] == [
         ("orders.purge", "delete", "orders"),
         ("orders.read", "find", "orders"),
         ("cover.tracks", "delete_many", RECORDS),
     ]
-    assert refused[0]["doc_id"] == "o1" and "test policy" in refused[0]["reason"]
+    assert refused[0]["ops"][0]["doc_id"] == "o1" and "test policy" in refused[0]["reason"]
     assert refused[1]["principal"] == {"name": "user:ann", "role": "analyst", "kind": "user"}
     # refusals chain in the stream the write would have gone to, after the applied write
     seqs = [(r["seq"], r["outcome"]) for r in records.find({"collection": "orders"}).sort("seq")]
@@ -226,7 +226,7 @@ def test_an_unknown_audit_mode_is_a_configuration_error(client: MongoClient) -> 
 def _writes(client: MongoClient, db_name: str, mode: str = "metadata") -> None:
     uow = runtime.kernel(client, audit=mode)
     for tenant in ("acme", "globex"):
-        for i in range(5):
+        for i in range(10):
             uow.execute(Plan(WriteContext(tenant, operation="orders.write"), [
                 Group("w", db_name, "orders", "business", [
                     Op("insert", doc={"_id": f"{tenant}-{i}", "tenant_id": tenant, "n": i}),
@@ -299,16 +299,17 @@ def test_a_deleted_record_a_removed_tail_and_a_forged_record_are_found(
 def test_full_mode_keeps_images_and_verify_checks_them(client: MongoClient, db_name: str) -> None:
     _writes(client, db_name, mode="full")
     records = client[db_name][RECORDS]
-    insert = records.find_one({"stream": ACME, "seq": 1})
-    assert insert["image"] == '{"_id":"acme-0","n":0,"tenant_id":"acme"}'
-    update = records.find_one({"stream": ACME, "seq": 2})
-    assert update["change"] == '{"$inc":{"n":1}}' and update["image"] is None
+    first = records.find_one({"stream": ACME, "seq": 1})
+    inserted, updated = first["images"]
+    assert inserted["image"] == '{"_id":"acme-0","n":0,"tenant_id":"acme"}'
+    assert updated["change"] == '{"$inc":{"n":1}}' and updated["image"] is None
+    assert [op["op"] for op in first["ops"]] == ["insert", "update"]
     assert _verify(client, db_name).ok
     # an image may be erased (the chain covers its hash, not the image) ...
-    records.update_one({"_id": insert["_id"]}, {"$set": {"image": None}})
+    records.update_one({"_id": first["_id"]}, {"$set": {"images.0.image": None}})
     assert _verify(client, db_name).ok
     # ... but not altered
-    records.update_one({"_id": update["_id"]}, {"$set": {"change": '{"$inc":{"n":100}}'}})
+    records.update_one({"_id": first["_id"]}, {"$set": {"images.1.change": '{"$inc":{"n":100}}'}})
     report = _verify(client, db_name)
-    assert [(b.stream, b.seq) for b in report.breaks] == [(ACME, 2)]
-    assert "change image" in report.breaks[0].problem
+    assert [(b.stream, b.seq) for b in report.breaks] == [(ACME, 1)]
+    assert "change image of its op 1" in report.breaks[0].problem
