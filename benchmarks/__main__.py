@@ -19,6 +19,7 @@ from pathlib import Path
 
 from benchmarks import (
     aggregation_lag,
+    audit,
     checkpointer,
     engine_auth,
     engine_commits,
@@ -38,6 +39,7 @@ SUITES = [
     engine_auth.report,
     engine_reads.report,
     checkpointer.report,
+    audit.report,
     takeover.report,
     vector_search.report,
     aggregation_lag.report,

@@ -96,3 +96,23 @@ def test_chains_stay_gap_free_under_conflicts_and_retries(
     report = verify_chain(uow, db_name)
     assert report.ok, report.breaks
     assert report.records == db[RECORDS].count_documents({})
+
+
+def test_two_processes_alternating_on_one_stream_retry_on_stale_cached_heads(
+    client: MongoClient, db_name: str
+) -> None:
+    """Two kernels (two processes' head caches) take turns on one stream: each turn's
+    cached head is stale (the other moved it), its compare-and-set guard retries the
+    attempt on heads read in the transaction, and the chain stays whole."""
+    kernels = [runtime.kernel(client, audit="metadata") for _ in range(2)]
+    attempts = [
+        kernels[i % 2].execute(_step(db_name, "shared", f"s-{i}")).attempts for i in range(20)
+    ]
+    assert attempts[:2] == [1, 1]  # nothing cached yet: both read
+    assert all(a == 2 for a in attempts[2:]), attempts  # stale every time after
+    seqs = [r["seq"] for r in client[db_name][RECORDS].find({"action": "test.step"})]
+    assert sorted(seqs) == list(range(1, 41))
+    assert verify_chain(kernels[0], db_name).ok
+    # one kernel alone again: its cache is right, no retry
+    assert [kernels[0].execute(_step(db_name, "shared", f"t-{i}")).attempts
+            for i in range(3)][1:] == [1, 1]  # fmt: skip

@@ -1,8 +1,9 @@
 """The mutation audit (docs/governance.md, "Audit trail"), wired by ``ACCORD_AUDIT``:
 
 - every door's writes (the checkpointer sync and async, the drop-in saver, business
-  writes, the store, the aggregator) have one record per document written, in chains
-  that verify; the audit collection has its validator;
+  writes, the store, the aggregator, HTTP, MCP) have a record naming every document
+  written, with the principal that acted, in chains that verify; the audit collection
+  has its validator;
 - a refused write and a refused read are recorded; a plan that writes the audit
   collections is refused (and that refusal recorded);
 - tampering (a changed field, a deleted record, a removed tail, a forged record, an
@@ -20,10 +21,12 @@ from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from fastapi.testclient import TestClient
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
+from mcp import Client as McpClient
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import WriteError
 from typer.testing import CliRunner
@@ -33,10 +36,16 @@ from accord.checkpointers import AccordSaver, business
 from accord.errors import ConfigurationError, PermissionDenied
 from accord.governance.audit_records import HEADS, RECORDS
 from accord.governance.verify import verify_chain
+from accord.memory.http_api import create_app
+from accord.memory.mcp_server import create_server
+from accord.memory.principals import ApiKeys
+from accord.memory.principals import Principal as KeyPrincipal
 from accord.platform.cli import app as cli
 from accord.platform.context import Principal, ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 from accord.runtime import Accord, AsyncAccord
+
+KEY = "acc_" + uuid.uuid4().hex
 
 
 class Chat(TypedDict):
@@ -117,6 +126,19 @@ def test_every_door_is_recorded_and_the_chains_verify(
         await aclient.close()
 
     asyncio.run(run_async())
+    # HTTP and MCP: an API key's principal, the MCP server's
+    keys = ApiKeys([KeyPrincipal(name="ops", tenant="default", key=KEY)])
+    with TestClient(create_app(mongo_uri, keys=keys, db_name=db_name)) as api:
+        put = api.put("/v1/memories/notes/n3", json={"value": {"text": "over http"}},
+                      headers={"X-API-Key": KEY})  # fmt: skip
+        assert put.status_code == 200, put.text
+
+    async def run_mcp() -> None:
+        async with McpClient(create_server(mongo_uri, tenant_id="default", db_name=db_name)) as mcp:
+            result = await mcp.call_tool("save_memory", {"text": "likes tea", "key": "tea"})
+            assert not result.is_error, result.content
+
+    asyncio.run(run_mcp())
 
     assert _unrecorded(client, db_name) == {}
     records = client[db_name][RECORDS]
@@ -140,6 +162,8 @@ def test_every_door_is_recorded_and_the_chains_verify(
     assert note_ids and note_ids <= set(records.distinct("ops.doc_id", {"collection": "notes"}))
     aggregated = records.find_one({"action": "memory.aggregate"})
     assert aggregated["principal"]["name"] == "aggregator"
+    principals = set(records.distinct("principal.name"))
+    assert {"runtime", "aggregator", "key:ops", "mcp:default"} <= principals, principals
 
     report = _verify(client, db_name)
     assert report.ok, report.breaks
