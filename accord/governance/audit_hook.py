@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,13 +89,6 @@ class _Refused:
 
     refusal: Refusal
     db: str
-
-
-@dataclass
-class _Pending:
-    """Records of one database for one attempt, before their chain fields."""
-
-    bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
 class AuditHook:
@@ -238,11 +231,14 @@ class AuditHook:
             for group in plan.groups:
                 if not group.ops or self.own(group.collection) or not self._audits(group):
                     continue
-                returned = batch.found.get(group.name, [])
+                # a claim's result; absent before the transaction (the kernel asking
+                # whether a single-op plan needs one), when it may yet change something
+                returned = batch.found.get(group.name)
                 ops: list[tuple[Op, Any]] = []
                 for i, op in enumerate(group.ops):
-                    doc = returned[i] if i < len(returned) else None
-                    if op.kind in COMMAND_KINDS and doc is None and not op.upsert:
+                    doc = returned[i] if returned is not None and i < len(returned) else None
+                    found_nothing = returned is not None and doc is None and not op.upsert
+                    if op.kind in COMMAND_KINDS and found_nothing:
                         continue  # a claim that found nothing changed nothing
                     ops.append((op, doc))
                 if not ops:

@@ -337,3 +337,37 @@ def test_full_mode_keeps_images_and_verify_checks_them(client: MongoClient, db_n
     report = _verify(client, db_name)
     assert [(b.stream, b.seq) for b in report.breaks] == [(ACME, 1)]
     assert "change image of its op 1" in report.breaks[0].problem
+
+
+def test_a_single_op_claim_is_recorded_when_it_changes_something(
+    client: MongoClient, db_name: str
+) -> None:
+    """A single-op plan (``transaction=False``, a lease's claim) runs in a transaction
+    with its record; a claim that matched nothing leaves none."""
+    client[db_name].jobs.insert_one({"_id": "j1", "tenant_id": "acme", "state": "free"})
+    uow = runtime.kernel(client, audit="metadata")
+
+    def claim() -> Any:
+        op = Op(
+            "find_one_and_update",
+            {"_id": "j1", "tenant_id": "acme", "state": "free"},
+            {"$set": {"state": "taken"}},
+        )
+        plan = Plan(WriteContext("acme", operation="job.claim"),
+                    [Group("claim", db_name, "jobs", "business", [op])])  # fmt: skip
+        return uow.execute(plan, transaction=False)
+
+    assert claim().found["claim"][0]["state"] == "taken"
+    assert claim().found["claim"] == [None]  # taken already: nothing changed
+    records = list(client[db_name][RECORDS].find({"action": "job.claim"}))
+    assert len(records) == 1
+    assert records[0]["ops"] == [{
+        "op": "find_one_and_update", "doc_id": "j1",
+        "filter_hash": records[0]["ops"][0]["filter_hash"],
+        "change_hash": records[0]["ops"][0]["change_hash"],
+        "image_hash": records[0]["ops"][0]["image_hash"],
+    }]  # fmt: skip
+    from accord.governance.canonical import digest
+
+    taken = client[db_name].jobs.find_one({"_id": "j1"})
+    assert records[0]["ops"][0]["image_hash"] == digest(taken)  # the document after the op
