@@ -50,6 +50,7 @@ from accord.governance.audit_records import (
     GENESIS,
     HEAD_INDEXES,
     HEADS,
+    OPS_PER_RECORD,
     RECORD_INDEXES,
     RECORDS,
     VALIDATOR,
@@ -247,16 +248,15 @@ class AuditHook:
                     plan.context.tenant_id, plan.context.thread_id, group.artifact,
                     group.collection,
                 )  # fmt: skip
-                if not build:
-                    yield group.db, stream, {}
-                    continue
-                yield (
-                    group.db,
-                    stream,
-                    group_body(
-                        plan.context, group, ops, at=at, txn=batch.transaction_id, mode=self.mode
-                    ),
-                )
+                for start in range(0, len(ops), OPS_PER_RECORD):
+                    if not build:
+                        yield group.db, stream, {}
+                        continue
+                    body = group_body(
+                        plan.context, group, ops[start : start + OPS_PER_RECORD], at=at,
+                        txn=batch.transaction_id, mode=self.mode,
+                    )  # fmt: skip
+                    yield group.db, stream, body
 
     def _audits(self, group: Group) -> bool:
         return self.classes is None or group.artifact in self.classes
@@ -323,13 +323,15 @@ class AuditHook:
                     stream = stream_of(
                         context.tenant_id, context.thread_id, group.artifact, group.collection
                     )
-                    if not build:
-                        yield note.db, stream, {}
-                        continue
-                    yield note.db, stream, group_body(
-                        context, group, [(op, None) for op in group.ops], at=at, txn=txn,
-                        mode=self.mode, outcome="refused", reason=reason,
-                    )  # fmt: skip
+                    refused = [(op, None) for op in group.ops]
+                    for start in range(0, len(refused), OPS_PER_RECORD):
+                        if not build:
+                            yield note.db, stream, {}
+                            continue
+                        yield note.db, stream, group_body(
+                            context, group, refused[start : start + OPS_PER_RECORD], at=at,
+                            txn=txn, mode=self.mode, outcome="refused", reason=reason,
+                        )  # fmt: skip
             elif refusal.read is not None:
                 read = refusal.read
                 query = read.pipeline if read.kind == "aggregate" else read.filter

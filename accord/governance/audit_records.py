@@ -77,6 +77,13 @@ IMAGE_FIELDS = ("filter", "change", "image")
 #: Fields of a stored record that its hash does not cover: its id, the hash itself, and
 #: the images (covered by their hashes).
 UNHASHED = frozenset({"_id", "hash", "images"})
+#: ``full`` mode keeps an image of at most this many bytes (canonical JSON), and at most
+#: :data:`RECORD_IMAGE_BUDGET` bytes of images per record (a document holds 16 MiB); a
+#: larger one is kept as its hash only, named in the entry's ``omitted``.
+IMAGE_LIMIT = 1024 * 1024
+RECORD_IMAGE_BUDGET = 8 * 1024 * 1024
+#: A group of more ops is recorded in several records (of this many ops each at most).
+OPS_PER_RECORD = 1000
 
 _HEX64 = "^[0-9a-f]{64}$"
 _STRING = {"bsonType": "string"}
@@ -236,6 +243,7 @@ def group_body(
     body = _base(context, outcome, at, txn, mode)
     entries: list[dict[str, Any]] = []
     images: list[dict[str, Any]] = []
+    budget = RECORD_IMAGE_BUDGET
     for op, found in ops:
         image = _image(op, found)
         filt = None if op.kind == "insert" else op.filter
@@ -243,12 +251,22 @@ def group_body(
         entry: dict[str, Any] = {"op": op.kind, "doc_id": _target(op, found)}
         if op.upsert:
             entry["upsert"] = True
+        kept: dict[str, Any] = {}
         for name, value in (("filter", filt), ("change", change), ("image", image)):
-            if value is not None:
-                entry[f"{name}_hash"] = digest(value)
+            kept[name] = None
+            if value is None:
+                continue
+            encoded = canonical(value)
+            entry[f"{name}_hash"] = hashlib.sha256(encoded).hexdigest()
+            if mode != "full":
+                continue
+            if len(encoded) > IMAGE_LIMIT or len(encoded) > budget:
+                kept.setdefault("omitted", []).append(name)  # its hash is all there is
+            else:
+                kept[name] = encoded.decode()
+                budget -= len(encoded)
         entries.append(entry)
-        if mode == "full":
-            images.append({"filter": _text(filt), "change": _text(change), "image": _text(image)})
+        images.append(kept)
     body.update(artifact=group.artifact, db=group.db, collection=group.collection, ops=entries)
     if reason is not None:
         body["reason"] = reason

@@ -371,3 +371,31 @@ def test_a_single_op_claim_is_recorded_when_it_changes_something(
 
     taken = client[db_name].jobs.find_one({"_id": "j1"})
     assert records[0]["ops"][0]["image_hash"] == digest(taken)  # the document after the op
+
+
+def test_large_images_and_large_groups_stay_within_a_document(
+    client: MongoClient, db_name: str
+) -> None:
+    """full mode keeps an image over IMAGE_LIMIT as its hash only (``omitted``); a group
+    of more than OPS_PER_RECORD ops is recorded in several records of one transaction."""
+    from accord.governance.audit_records import IMAGE_LIMIT, OPS_PER_RECORD
+
+    uow = runtime.kernel(client, audit="full")
+    big = {"_id": "big", "tenant_id": "acme", "blob": b"x" * IMAGE_LIMIT}
+    small = {"_id": "small", "tenant_id": "acme", "n": 1}
+    uow.execute(Plan(WriteContext("acme", operation="blobs.write"), [
+        Group("w", db_name, "blobs", "business", [Op("insert", doc=big), Op("insert", doc=small)]),
+    ]))  # fmt: skip
+    record = client[db_name][RECORDS].find_one({"action": "blobs.write"})
+    assert record["images"][0]["image"] is None and record["images"][0]["omitted"] == ["image"]
+    assert record["images"][1]["image"] == '{"_id":"small","n":1,"tenant_id":"acme"}'
+    assert record["ops"][0]["image_hash"]  # the omitted image is still covered by its hash
+
+    n = OPS_PER_RECORD * 2 + 5
+    many = [Op("insert", doc={"_id": i, "tenant_id": "acme"}) for i in range(n)]
+    uow.execute(Plan(WriteContext("acme", operation="bulk.load"),
+                     [Group("w", db_name, "rows", "business", many)]))  # fmt: skip
+    chunks = list(client[db_name][RECORDS].find({"action": "bulk.load"}).sort("seq"))
+    assert [len(r["ops"]) for r in chunks] == [OPS_PER_RECORD, OPS_PER_RECORD, 5]
+    assert len({r["txn"] for r in chunks}) == 1
+    assert _verify(client, db_name).ok
