@@ -65,7 +65,7 @@ def verify(
         if client is not None:
             client.close()
     if as_json:
-        out.print(json.dumps(report.as_dict(), default=str), highlight=False)
+        out.print(json.dumps(report.as_dict(), default=str), highlight=False, markup=False)
     else:
         scope = f" of tenant {tenant!r}" if tenant else ""
         for found in report.breaks:

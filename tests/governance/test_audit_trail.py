@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import uuid
 from collections import defaultdict
@@ -282,6 +283,12 @@ def test_tampering_is_found_naming_the_stream_and_seq(client: MongoClient, db_na
                                 env={"MONGODB_URI": client_uri(client)})  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "10 audit records in 1 streams of tenant 'globex': verified" in result.output
+    result = CliRunner().invoke(cli, ["audit", "verify", "--db", db_name, "--json"],
+                                env={"MONGODB_URI": client_uri(client)})  # fmt: skip
+    assert result.exit_code == 1, result.output
+    found = json.loads(result.output)
+    assert found["ok"] is False and found["records"] == 20 and found["streams"] == 2
+    assert [(b["stream"], b["seq"]) for b in found["breaks"]] == [(ACME, 4)]
 
 
 def client_uri(client: MongoClient) -> str:
