@@ -73,8 +73,8 @@ def verify(
         verdict = "verified" if report.ok else f"{len(report.breaks)} broken"
         out.print(
             f"{report.records} audit records in {report.streams} streams{scope}: {verdict}",
-            highlight=False,
-        )
+            highlight=False, markup=False,
+        )  # fmt: skip
     if not report.ok:
         raise typer.Exit(1)
 
