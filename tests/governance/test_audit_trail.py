@@ -406,3 +406,29 @@ def test_large_images_and_large_groups_stay_within_a_document(
     assert [len(r["ops"]) for r in chunks] == [OPS_PER_RECORD, OPS_PER_RECORD, 5]
     assert len({r["txn"] for r in chunks}) == 1
     assert _verify(client, db_name).ok
+
+
+def test_the_async_kernel_records_writes_and_refusals_alike(
+    client: MongoClient, mongo_uri: str, db_name: str
+) -> None:
+    async def run() -> None:
+        aclient: AsyncMongoClient[Any] = AsyncMongoClient(mongo_uri)
+        try:
+            uow = runtime.kernel(aclient, hooks=[RefuseOrders()], audit="metadata")
+            ctx = WriteContext("acme", thread_id="t9", operation="orders.write")
+            for i in range(3):
+                await uow.execute(Plan(ctx, [Group("w", db_name, "orders", "business", [
+                    Op("insert", doc={"_id": f"a{i}", "tenant_id": "acme"})])]))  # fmt: skip
+            with pytest.raises(PermissionDenied, match="nobody may delete orders"):
+                await uow.execute(Plan(ctx, [Group("d", db_name, "orders", "business", [
+                    Op("delete", {"_id": "a0", "tenant_id": "acme"})])]))  # fmt: skip
+        finally:
+            await aclient.close()
+
+    asyncio.run(run())
+    outcomes = [
+        (r["seq"], r["outcome"])
+        for r in client[db_name][RECORDS].find({"collection": "orders"}).sort("seq")
+    ]
+    assert outcomes == [(1, "applied"), (2, "applied"), (3, "applied"), (4, "refused")]
+    assert _verify(client, db_name).ok
