@@ -22,7 +22,10 @@ and hands it to the checkpointer, the memory service and store, and the aggregat
 
 A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
 and runs inside the same transaction as the write it extends. This is the only module that
-may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true).
+may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true): with
+``audit="metadata"`` or ``"full"`` (or ``ACCORD_AUDIT``), every kernel gets governance's
+audit hook, which appends a hash-chained record of every write in its transaction
+(docs/governance.md, "Audit trail").
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
+from accord.governance.audit_hook import MODES as AUDIT_MODES
+from accord.governance.audit_hook import AuditHook
 from accord.governance.enforcement import DENIALS, PolicyHook
 from accord.governance.loading import PolicySource, resolve_policy
 from accord.memory.aggregator import (
@@ -63,6 +68,9 @@ __all__ = ["Accord", "AsyncAccord", "kernel", "policy_denials"]
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
 #: commas; each factory is called once per kernel and returns a hook.
 HOOKS_ENV = "ACCORD_HOOKS"
+#: The audit trail of every kernel of the process: ``off`` (default), ``metadata`` (records
+#: with hashes of what was written) or ``full`` (and the images); see :func:`audit_hooks`.
+AUDIT_ENV = "ACCORD_AUDIT"
 
 
 def kernel(
@@ -73,15 +81,24 @@ def kernel(
     client_bulk: bool | None = None,
     principal: Principal | None = None,
     policy: PolicySource = None,
+    audit: str | None = None,
 ) -> Any:
     """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
     guard, outbox), governance's policy (``policy``: a ``Policy`` or a policy file; else
     the file ``ACCORD_POLICY`` names; else the built-in default, docs/governance.md), the
-    hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``. A ``UnitOfWork`` for a ``MongoClient``, an ``AsyncUnitOfWork`` for an
-    ``AsyncMongoClient``. The only place units of work are made: the roots below use it,
-    and so does a part constructed on its own (the drop-in ``AccordSaver(client)``), so
-    every door passes the same hooks."""
-    every = [*default_hooks(), PolicyHook(resolve_policy(policy)), *configured_hooks(), *hooks]
+    hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``, then
+    the audit hook when ``audit`` (default ``ACCORD_AUDIT``) is on (:func:`audit_hooks`):
+    last, so its records cover what every other hook added. A ``UnitOfWork`` for a
+    ``MongoClient``, an ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place
+    units of work are made: the roots below use it, and so does a part constructed on its
+    own (the drop-in ``AccordSaver(client)``), so every door passes the same hooks."""
+    every = [
+        *default_hooks(),
+        PolicyHook(resolve_policy(policy)),
+        *configured_hooks(),
+        *hooks,
+        *audit_hooks(audit),
+    ]
     if isinstance(client, AsyncMongoClient):
         return AsyncUnitOfWork(
             client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
@@ -115,6 +132,21 @@ def configured_hooks() -> list[Any]:
     return found
 
 
+def audit_hooks(mode: str | None = None) -> list[Any]:
+    """governance's audit hook for ``mode`` (``off``, ``metadata``, ``full``; default
+    ``ACCORD_AUDIT``, else ``off``): ``[]`` when off. Another value is a
+    ``ConfigurationError`` naming it."""
+    chosen = (mode if mode is not None else os.environ.get(AUDIT_ENV, "")).strip().lower()
+    if chosen in ("", "off"):
+        return []
+    if chosen not in AUDIT_MODES:
+        raise ConfigurationError(
+            f"audit mode {chosen!r} (argument or {AUDIT_ENV}) is not one of off, "
+            f"{', '.join(AUDIT_MODES)}"
+        )
+    return [AuditHook(chosen)]  # type: ignore[arg-type]
+
+
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
 _UnitOfWork = TypeVar("_UnitOfWork", UnitOfWork, AsyncUnitOfWork)
 
@@ -139,6 +171,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         timeout: float = DEFAULT_TIMEOUT,
         principal: Principal | None = None,
         policy: PolicySource = None,
+        audit: str | None = None,
     ) -> None:
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
             raise ConfigurationError(
@@ -154,7 +187,12 @@ class _Root(Generic[_Service, _UnitOfWork]):
         self.client = client if client is not None else self._connect(uri, data_dir=data_dir)
         self.timeout = timeout
         self.uow: _UnitOfWork = kernel(
-            self.client, hooks=hooks, timeout=timeout, principal=principal, policy=policy
+            self.client,
+            hooks=hooks,
+            timeout=timeout,
+            principal=principal,
+            policy=policy,
+            audit=audit,
         )
 
     def _new_service(self, service_class: Callable[..., _Service], tenant_id: str) -> _Service:
@@ -203,6 +241,8 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         policy: the governance policy every part is held to: a ``Policy`` or the path of
             a policy file; default the file ``ACCORD_POLICY`` names, else the built-in
             default (docs/governance.md).
+        audit: the audit trail: ``off``, ``metadata`` or ``full`` (default
+            ``ACCORD_AUDIT``, else off; :func:`audit_hooks`).
     """
 
     _connect = staticmethod(connect)

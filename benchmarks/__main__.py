@@ -19,6 +19,7 @@ from pathlib import Path
 
 from benchmarks import (
     aggregation_lag,
+    audit,
     checkpointer,
     engine_auth,
     engine_commits,
@@ -40,6 +41,7 @@ SUITES = [
     engine_reads.report,
     checkpointer.report,
     governance_policy.report,
+    audit.report,
     takeover.report,
     vector_search.report,
     aggregation_lag.report,

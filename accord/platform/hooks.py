@@ -33,6 +33,11 @@ hooks were registered in (within one phase, registration order):
     own, outside anything refused (governance's audit records denials so).
 
 A hook with none of these methods is refused at registration.
+
+Not a phase: a hook that writes collections of its own (an audit trail's records and
+heads) names them with ``collections(db) -> {name: HookCollection}``; every component's
+catalog setup (:class:`~accord.platform.asynchronous.catalog.AsyncCatalog`) creates them
+in its database, with their validator and indexes, and records them as the hook's.
 """
 
 from __future__ import annotations
@@ -113,6 +118,17 @@ class SealHook(Protocol):
     def seal_reads(self, batch: SealBatch) -> Sequence[SealRead]: ...
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]: ...
+
+
+@dataclass(frozen=True)
+class HookCollection:
+    """A collection a hook writes (module docstring): its artifact class, its
+    ``$jsonSchema`` (or any query-style) ``validator`` applied with ``validationLevel:
+    strict``, and its indexes (pymongo ``IndexModel`` objects)."""
+
+    artifact: str
+    validator: Mapping[str, Any] | None = None
+    indexes: Sequence[Any] = ()
 
 
 class SealConflict(PyMongoError):

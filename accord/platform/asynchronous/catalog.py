@@ -4,7 +4,10 @@ Every component (checkpointer, memory store, aggregator, governance) calls
 :meth:`AsyncCatalog.setup` once: it creates the component's collections and indexes,
 safely when several processes do it at the same time (a racing ``create`` that finds the
 collection made by another is fine), and records the collections in the database's
-``accord_catalog`` through the unit of work. :meth:`AsyncCatalog.reserved` reads back
+``accord_catalog`` through the unit of work; it also creates the collections the kernel's
+hooks write in that database (a hook's ``collections(db)``, :mod:`accord.platform.hooks`:
+an audit trail's records with their validator), recorded as ``hook:<name>``'s.
+:meth:`AsyncCatalog.reserved` reads back
 every collection accord owns in the database, whichever component or application
 configured its name, so tenant input can never target one.
 
@@ -14,7 +17,9 @@ This module is the async source; its sync twin is generated from it by
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pymongo import IndexModel
 from pymongo.errors import CollectionInvalid, OperationFailure, PyMongoError
@@ -24,8 +29,11 @@ from accord.platform import codes, write_errors
 from accord.platform.artifacts import CATALOG_COLLECTION, catalog_plan, reserved_names
 from accord.platform.asynchronous.reachability import ensure_reachable
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
+from accord.platform.hooks import HookCollection
 
 _IS_SYNC = False
+
+logger = logging.getLogger("accord.platform")
 
 #: Index build conflicts: an index of that name or those keys exists with other options.
 _INDEX_CONFLICTS = frozenset({codes.INDEX_OPTIONS_CONFLICT, codes.INDEX_KEY_SPECS_CONFLICT})
@@ -57,9 +65,56 @@ class AsyncCatalog:
             for name, models in (indexes or {}).items():
                 if models:
                     await self._create_indexes(name, models)
+            hooked = self._hook_collections()
+            for hook_owned in hooked.values():
+                await self._create_hook_collections(hook_owned, existing)
         except PyMongoError as exc:
             raise write_errors.failure(exc, self.uow.timeout) from exc
         await self.uow.execute(catalog_plan(self.db_name, owned, component))
+        for hook_name, hook_owned in hooked.items():
+            plan = catalog_plan(
+                self.db_name, {n: c.artifact for n, c in hook_owned.items()}, f"hook:{hook_name}"
+            )
+            await self.uow.execute(plan)
+
+    def _hook_collections(self) -> dict[str, Mapping[str, HookCollection]]:
+        """The collections each hook of the kernel writes in this database, by hook."""
+        found: dict[str, Mapping[str, HookCollection]] = {}
+        for hook in self.uow.hooks.all:
+            declare = getattr(hook, "collections", None)
+            if callable(declare):
+                owned = declare(self.db_name)
+                if owned:
+                    found[hook.name] = owned
+        return found
+
+    async def _create_hook_collections(
+        self, owned: Mapping[str, HookCollection], existing: set[str]
+    ) -> None:
+        """Create a hook's collections (validator, indexes); one that exists gets its
+        validator again (``collMod``, idempotent: it may have been created implicitly by
+        a write before any setup)."""
+        for name, spec in sorted(owned.items()):
+            options: dict[str, Any] = {}
+            if spec.validator is not None:
+                options = {
+                    "validator": dict(spec.validator),
+                    "validationLevel": "strict",
+                    "validationAction": "error",
+                }
+            if name not in existing:
+                await self._create(name, **options)
+            elif options:
+                try:
+                    await self.uow.client[self.db_name].command({"collMod": name, **options})
+                except OperationFailure as exc:  # a user without collMod (readWrite)
+                    logger.warning(
+                        "accord: could not apply the validator of %s.%s (%s); ask an "
+                        "administrator to run collMod with it",
+                        self.db_name, name, exc,
+                    )  # fmt: skip
+            if spec.indexes:
+                await self._create_indexes(name, spec.indexes)
 
     async def reserved(self, own: Iterable[str] = ()) -> frozenset[str]:
         """Every collection name of this database that tenant input may not target."""
@@ -73,9 +128,9 @@ class AsyncCatalog:
             raise write_errors.failure(exc, self.uow.timeout) from exc
         return reserved_names(entries, own)
 
-    async def _create(self, name: str) -> None:
+    async def _create(self, name: str, **options: Any) -> None:
         try:
-            await self.uow.client[self.db_name].create_collection(name)
+            await self.uow.client[self.db_name].create_collection(name, **options)
         except CollectionInvalid:
             pass  # created by a concurrent setup (pymongo checks before it creates)
         except OperationFailure as exc:

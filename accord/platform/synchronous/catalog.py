@@ -5,7 +5,10 @@ Every component (checkpointer, memory store, aggregator, governance) calls
 :meth:`Catalog.setup` once: it creates the component's collections and indexes,
 safely when several processes do it at the same time (a racing ``create`` that finds the
 collection made by another is fine), and records the collections in the database's
-``accord_catalog`` through the unit of work. :meth:`Catalog.reserved` reads back
+``accord_catalog`` through the unit of work; it also creates the collections the kernel's
+hooks write in that database (a hook's ``collections(db)``, :mod:`accord.platform.hooks`:
+an audit trail's records with their validator), recorded as ``hook:<name>``'s.
+:meth:`Catalog.reserved` reads back
 every collection accord owns in the database, whichever component or application
 configured its name, so tenant input can never target one.
 
@@ -14,7 +17,9 @@ Generated from ``accord/platform/asynchronous/catalog.py`` by ``tools/synchro.py
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pymongo import IndexModel
 from pymongo.errors import CollectionInvalid, OperationFailure, PyMongoError
@@ -22,10 +27,13 @@ from pymongo.errors import CollectionInvalid, OperationFailure, PyMongoError
 from accord.errors import ConfigurationError
 from accord.platform import codes, write_errors
 from accord.platform.artifacts import CATALOG_COLLECTION, catalog_plan, reserved_names
+from accord.platform.hooks import HookCollection
 from accord.platform.synchronous.reachability import ensure_reachable
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 
 _IS_SYNC = True
+
+logger = logging.getLogger("accord.platform")
 
 #: Index build conflicts: an index of that name or those keys exists with other options.
 _INDEX_CONFLICTS = frozenset({codes.INDEX_OPTIONS_CONFLICT, codes.INDEX_KEY_SPECS_CONFLICT})
@@ -55,9 +63,56 @@ class Catalog:
             for name, models in (indexes or {}).items():
                 if models:
                     self._create_indexes(name, models)
+            hooked = self._hook_collections()
+            for hook_owned in hooked.values():
+                self._create_hook_collections(hook_owned, existing)
         except PyMongoError as exc:
             raise write_errors.failure(exc, self.uow.timeout) from exc
         self.uow.execute(catalog_plan(self.db_name, owned, component))
+        for hook_name, hook_owned in hooked.items():
+            plan = catalog_plan(
+                self.db_name, {n: c.artifact for n, c in hook_owned.items()}, f"hook:{hook_name}"
+            )
+            self.uow.execute(plan)
+
+    def _hook_collections(self) -> dict[str, Mapping[str, HookCollection]]:
+        """The collections each hook of the kernel writes in this database, by hook."""
+        found: dict[str, Mapping[str, HookCollection]] = {}
+        for hook in self.uow.hooks.all:
+            declare = getattr(hook, "collections", None)
+            if callable(declare):
+                owned = declare(self.db_name)
+                if owned:
+                    found[hook.name] = owned
+        return found
+
+    def _create_hook_collections(
+        self, owned: Mapping[str, HookCollection], existing: set[str]
+    ) -> None:
+        """Create a hook's collections (validator, indexes); one that exists gets its
+        validator again (``collMod``, idempotent: it may have been created implicitly by
+        a write before any setup)."""
+        for name, spec in sorted(owned.items()):
+            options: dict[str, Any] = {}
+            if spec.validator is not None:
+                options = {
+                    "validator": dict(spec.validator),
+                    "validationLevel": "strict",
+                    "validationAction": "error",
+                }
+            if name not in existing:
+                self._create(name, **options)
+            elif options:
+                try:
+                    self.uow.client[self.db_name].command({"collMod": name, **options})
+                except OperationFailure as exc:  # a user without collMod (readWrite)
+                    logger.warning(
+                        "accord: could not apply the validator of %s.%s (%s); ask an "
+                        "administrator to run collMod with it",
+                        self.db_name, name, exc,
+                    )  # fmt: skip
+            if spec.indexes:
+                self._create_indexes(name, spec.indexes)
 
     def reserved(self, own: Iterable[str] = ()) -> frozenset[str]:
         """Every collection name of this database that tenant input may not target."""
@@ -69,9 +124,9 @@ class Catalog:
             raise write_errors.failure(exc, self.uow.timeout) from exc
         return reserved_names(entries, own)
 
-    def _create(self, name: str) -> None:
+    def _create(self, name: str, **options: Any) -> None:
         try:
-            self.uow.client[self.db_name].create_collection(name)
+            self.uow.client[self.db_name].create_collection(name, **options)
         except CollectionInvalid:
             pass  # created by a concurrent setup (pymongo checks before it creates)
         except OperationFailure as exc:

@@ -1,0 +1,347 @@
+"""The mutation audit: a kernel hook that appends hash-chained records in the SAME
+transaction as every write, and records refused operations.
+
+:class:`AuditHook` takes part in the kernel's phases (docs/platform.md, "Hooks"):
+
+``check``
+    refuses any plan that writes the audit collections (records or heads): only this
+    hook writes them, from ``seal``, so the trail is append-only for everybody
+    (:class:`~accord.errors.PermissionDenied`; the refusal is itself recorded).
+``derive``
+    gives every insert that has no ``_id`` one (an ``ObjectId``, as the driver would), so
+    its record names the document it created.
+``seal_reads`` + ``seal``
+    inside each transaction attempt: reads the heads of the streams the batch writes
+    (one read per database; none for heads this process left, which it caches:
+    :mod:`accord.governance.audit_heads`), then returns one record per group (naming
+    each of its ops) of every plan
+    (all artifact classes by default, business collections included; the audit
+    collections themselves excluded) and the advanced heads. A concurrent writer of the
+    same stream makes the head update a write conflict (or, for a cached head, a
+    compare-and-set that matches nothing: :class:`~accord.platform.hooks.SealConflict`):
+    the kernel retries the attempt and the hook seals again on heads read in the
+    transaction, so a stream's ``seq`` has neither gaps nor duplicates and an aborted
+    transaction leaves neither its write nor its record.
+``refused``
+    a plan or read refused with ``PermissionDenied`` is recorded (``outcome:
+    "refused"``, with the reason), in a transaction of its own: the kernel runs the plan
+    this returns (a marker upsert of the stream's head, which this hook's ``seal``
+    turns into the records), outside the refused transaction, which never starts.
+
+It also names the collections it writes (:meth:`AuditHook.collections`), which every
+component's catalog setup creates: the records collection with its ``$jsonSchema``
+validator (:data:`~accord.governance.audit_records.VALIDATOR`) and indexes, and the
+heads. Record format, streams and hashing: :mod:`accord.governance.audit_records`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import ObjectId
+
+from accord.errors import ConfigurationError, PermissionDenied
+from accord.governance.audit_heads import HeadCache
+from accord.governance.audit_records import (
+    GENESIS,
+    HEAD_INDEXES,
+    HEADS,
+    OPS_PER_RECORD,
+    RECORD_INDEXES,
+    RECORDS,
+    VALIDATOR,
+    Mode,
+    chain_hash,
+    group_body,
+    read_body,
+    stream_of,
+)
+from accord.governance.canonical import ms
+from accord.platform.artifacts import AUDIT, CLASSES
+from accord.platform.context import WriteContext
+from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
+from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
+
+__all__ = ["REFUSED_ACTION", "AuditHook"]
+
+#: A placeholder time for the bodies ``seal_reads`` does not build.
+_NOW = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _stale(counts: Counts) -> SealConflict:
+    return SealConflict(
+        f"an audit head this process cached had moved ({counts.matched} matched): sealing "
+        f"again on heads read in the transaction"
+    )
+
+
+#: The operation of the plans that record a refusal.
+REFUSED_ACTION = "audit.refused"
+MODES = ("metadata", "full")
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """What a refusal's marker group carries to ``seal``: the refused plan or read."""
+
+    refusal: Refusal
+    db: str
+
+
+class AuditHook:
+    """The audit hook (module docstring).
+
+    Args:
+        mode: ``metadata`` (default): records carry hashes of the op's filter, change and
+            after image; ``full``: they keep those images too (as canonical JSON text,
+            outside the hashed body, so erasing one later keeps the chain verifiable).
+        records, heads: the collection names, in the database of each write.
+        classes: the artifact classes audited (default every class).
+    """
+
+    name = "audit"
+
+    def __init__(
+        self,
+        mode: Mode = "metadata",
+        *,
+        records: str = RECORDS,
+        heads: str = HEADS,
+        classes: Sequence[str] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigurationError(f"audit mode must be one of {MODES}, got {mode!r}")
+        unknown = sorted(set(classes or ()) - set(CLASSES))
+        if unknown:
+            raise ConfigurationError(
+                f"audit classes {unknown} are not artifact classes; one of {sorted(CLASSES)}"
+            )
+        if records == heads:
+            raise ConfigurationError("the audit records and heads need two collections")
+        self.mode: Mode = mode
+        self.records = records
+        self.heads = heads
+        self.classes = frozenset(classes) if classes is not None else None
+        #: heads this process left: seals without a read (accord/governance/audit_heads.py)
+        self.cache = HeadCache()
+
+    # --- what it owns -------------------------------------------------------------
+
+    def collections(self, db: str) -> Mapping[str, HookCollection]:
+        """The collections this hook writes in ``db``, for the catalog's setup."""
+        return {
+            self.records: HookCollection(AUDIT.name, VALIDATOR, RECORD_INDEXES),
+            self.heads: HookCollection(AUDIT.name, None, HEAD_INDEXES),
+        }
+
+    def own(self, collection: str) -> bool:
+        """Whether ``collection`` is one of the audit collections (never audited)."""
+        return collection in (self.records, self.heads)
+
+    # --- check / derive -------------------------------------------------------------
+
+    def check(self, plan: Plan) -> None:
+        for group in plan.groups:
+            if group.ops and self.own(group.collection):
+                who = plan.context.principal.describe() if plan.context.principal else "nobody"
+                kinds = sorted({op.kind for op in group.ops})
+                raise PermissionDenied(
+                    f"{who} may not write {group.db}.{group.collection} ({', '.join(kinds)} in "
+                    f"group {group.name!r} of {plan.context.operation or 'a plan'}): the audit "
+                    f"trail is append-only and only accord's audit hook writes it"
+                )
+
+    def derive(self, plan: Plan) -> None:
+        for group in plan.groups:
+            for i, op in enumerate(group.ops):
+                if op.kind == "insert" and isinstance(op.doc, Mapping) and "_id" not in op.doc:
+                    group.ops[i] = Op("insert", doc={"_id": ObjectId(), **op.doc})
+
+    # --- seal -----------------------------------------------------------------------
+
+    def seal_reads(self, batch: SealBatch) -> Sequence[SealRead]:
+        keys = {(db, stream) for db, stream, _ in self._entries(batch, _NOW, build=False)}
+        streams: dict[str, list[str]] = defaultdict(list)
+        for db, stream in sorted(self.cache.to_read(batch.transaction_id, batch.attempt, keys)):
+            streams[db].append(stream)
+        return [
+            SealRead(f"audit:{db}", db, self.heads, {"_id": {"$in": names}})
+            for db, names in sorted(streams.items())
+        ]
+
+    def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
+        at = ms(datetime.now(UTC))
+        txn = batch.transaction_id
+        read = self.cache.read_for(txn, batch.attempt)
+        heads: dict[tuple[str, str], tuple[int, str]] = dict.fromkeys(read, (0, GENESIS))
+        for name, docs in found.items():
+            if name.startswith("audit:"):
+                db = name[len("audit:") :]
+                for d in docs:
+                    heads[db, d["_id"]] = (int(d.get("seq") or 0), d.get("hash") or GENESIS)
+        bases: dict[tuple[str, str], tuple[int, str]] = {}
+        records: dict[str, list[Op]] = defaultdict(list)
+        tenants: dict[tuple[str, str], str] = {}
+        for db, stream, body in self._entries(batch, at):
+            key = (db, stream)
+            if key not in heads:  # not read: chained from the head this process left
+                heads[key] = self.cache.base(txn, key) or (0, GENESIS)
+            bases.setdefault(key, heads[key])
+            seq, prev = heads[key]
+            body.update(stream=stream, seq=seq + 1, prev=prev)
+            body["hash"] = chain_hash(body)
+            body["_id"] = ObjectId()
+            heads[key] = (seq + 1, body["hash"])
+            records[db].append(Op("insert", doc=body))
+            tenants[key] = body["tenant_id"]
+        groups: list[Group] = []
+        for db in sorted(records):
+            groups.append(Group(f"audit:records:{db}", db, self.records, AUDIT.name, records[db]))
+            upserts: list[Op] = []
+            swaps: list[Op] = []
+            for key in sorted(k for k in bases if k[0] == db):
+                (seq, digest), base = heads[key], bases[key]
+                move = {"$set": {"seq": seq, "hash": digest, "tenant_id": tenants[key], "at": at}}
+                if key in read:  # read in this snapshot: a concurrent writer conflicts
+                    upserts.append(Op("update", {"_id": key[1]}, move, upsert=True))
+                else:  # from the cache: only if the head is still what it said
+                    swaps.append(
+                        Op("update", {"_id": key[1], "seq": base[0], "hash": base[1]}, move)
+                    )
+                self.cache.sealed(txn, key, base, heads[key])
+            groups.append(Group(f"audit:heads:{db}", db, self.heads, AUDIT.name, upserts))
+            groups.append(Group(
+                f"audit:heads-cas:{db}", db, self.heads, AUDIT.name, swaps,
+                expect=Expect(error=_stale, matched=len(swaps)),
+            ))  # fmt: skip
+        return groups
+
+    def _entries(
+        self, batch: SealBatch, at: datetime, *, build: bool = True
+    ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(db, stream, record body) of every mutation and refusal of the batch, in order
+        (``build=False``: an empty body, for the reads that only need the streams)."""
+        for plan in batch.plans:
+            if plan.context.operation == REFUSED_ACTION:
+                yield from self._refused_entries(plan, batch.transaction_id, at, build)
+                continue
+            for group in plan.groups:
+                if not group.ops or self.own(group.collection) or not self._audits(group):
+                    continue
+                # a claim's result; absent before the transaction (the kernel asking
+                # whether a single-op plan needs one), when it may yet change something
+                returned = batch.found.get(group.name)
+                ops: list[tuple[Op, Any]] = []
+                for i, op in enumerate(group.ops):
+                    doc = returned[i] if returned is not None and i < len(returned) else None
+                    found_nothing = returned is not None and doc is None and not op.upsert
+                    if op.kind in COMMAND_KINDS and found_nothing:
+                        continue  # a claim that found nothing changed nothing
+                    ops.append((op, doc))
+                if not ops:
+                    continue
+                stream = stream_of(
+                    plan.context.tenant_id, plan.context.thread_id, group.artifact,
+                    group.collection,
+                )  # fmt: skip
+                for start in range(0, len(ops), OPS_PER_RECORD):
+                    if not build:
+                        yield group.db, stream, {}
+                        continue
+                    body = group_body(
+                        plan.context, group, ops[start : start + OPS_PER_RECORD], at=at,
+                        txn=batch.transaction_id, mode=self.mode,
+                    )  # fmt: skip
+                    yield group.db, stream, body
+
+    def _audits(self, group: Group) -> bool:
+        return self.classes is None or group.artifact in self.classes
+
+    # --- refusals -------------------------------------------------------------------
+
+    def refused(self, refusal: Refusal) -> Plan | None:
+        """A plan recording ``refusal``: per database it names, a marker upsert of the
+        head of a stream it records into (``seal`` writes the records)."""
+        context = refusal.context
+        by_db: dict[str, set[str]] = defaultdict(set)
+        if refusal.plan is not None:
+            for group in refusal.plan.groups:
+                if group.ops and self._audits(group):
+                    by_db[group.db].add(
+                        stream_of(context.tenant_id, context.thread_id, group.artifact,
+                                  group.collection)
+                    )  # fmt: skip
+        elif refusal.read is not None:
+            read = refusal.read
+            by_db[read.db].add(
+                stream_of(context.tenant_id, context.thread_id, read.artifact, read.collection)
+            )
+        if not by_db:
+            return None
+        groups = [
+            Group(
+                f"audit:refused:{db}",
+                db,
+                self.heads,
+                AUDIT.name,
+                [
+                    Op(
+                        "update",
+                        {"_id": s},
+                        {"$setOnInsert": {"tenant_id": context.tenant_id}},
+                        upsert=True,
+                    )
+                    for s in sorted(streams)
+                ],
+                sources=[_Refused(refusal, db)] * len(streams),
+            )  # fmt: skip
+            for db, streams in sorted(by_db.items())
+        ]
+        marker = WriteContext(
+            context.tenant_id, thread_id=context.thread_id, principal=context.principal,
+            operation=REFUSED_ACTION,
+        )  # fmt: skip
+        return Plan(marker, groups)
+
+    def _refused_entries(
+        self, plan: Plan, txn: str, at: datetime, build: bool
+    ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        for marker in plan.groups:
+            note = marker.source(0)
+            if not isinstance(note, _Refused):
+                continue
+            refusal, reason = note.refusal, str(note.refusal.error)
+            context = refusal.context
+            if refusal.plan is not None:
+                for group in refusal.plan.groups:
+                    if group.db != note.db or not group.ops or not self._audits(group):
+                        continue
+                    stream = stream_of(
+                        context.tenant_id, context.thread_id, group.artifact, group.collection
+                    )
+                    refused = [(op, None) for op in group.ops]
+                    for start in range(0, len(refused), OPS_PER_RECORD):
+                        if not build:
+                            yield note.db, stream, {}
+                            continue
+                        yield note.db, stream, group_body(
+                            context, group, refused[start : start + OPS_PER_RECORD], at=at,
+                            txn=txn, mode=self.mode, outcome="refused", reason=reason,
+                        )  # fmt: skip
+            elif refusal.read is not None:
+                read = refusal.read
+                query = read.pipeline if read.kind == "aggregate" else read.filter
+                stream = stream_of(
+                    context.tenant_id, context.thread_id, read.artifact, read.collection
+                )
+                if not build:
+                    yield note.db, stream, {}
+                    continue
+                yield note.db, stream, read_body(
+                    context, artifact=read.artifact, db=read.db, collection=read.collection,
+                    kind=read.kind, query=query, at=at, txn=txn, mode=self.mode, reason=reason,
+                )  # fmt: skip

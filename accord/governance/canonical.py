@@ -1,0 +1,175 @@
+"""Canonical bytes for BSON values: RFC 8785 JSON with BSON types tagged explicitly.
+
+An audit record is hashed over a canonical encoding, so that the hash a writer computed
+can be computed again by anyone who reads the record back: through pymongo today, from
+an export tomorrow. RFC 8785 (the JSON Canonicalization Scheme, the ``rfc8785``
+package) fixes the JSON side: object keys sorted by their UTF-16 code units, no
+whitespace, strings and numbers in one spelling. BSON has types JSON lacks, and a
+value must encode the same before it was stored and after it was read back, so
+:func:`to_json` maps each BSON value to a JSON value first, explicitly:
+
+======================  ================================================================
+BSON / Python value     JSON value
+======================  ================================================================
+string, bool, null      itself
+int within ±(2^53-1)    a JSON number (RFC 8785's integer domain)
+larger int, ``Int64``   ``{"$numberLong": "<decimal>"}``
+double                  a JSON number (RFC 8785's ECMAScript spelling); NaN and
+                        ±Infinity as ``{"$numberDouble": "NaN" | "Infinity" | "-Infinity"}``
+datetime                ``{"$date": "YYYY-MM-DDTHH:MM:SS.mmmZ"}``: UTC, milliseconds
+                        (BSON's precision; a naive datetime, as pymongo returns them,
+                        is UTC)
+bytes, ``Binary``       ``{"$binary": "<base64>", "$type": "<subtype, 2 hex digits>"}``
+``ObjectId``            ``{"$oid": "<24 hex digits>"}``
+``Decimal128``          ``{"$numberDecimal": "<string>"}``
+``UUID``                as the ``Binary`` of subtype 4 it is stored as
+mapping                 an object (keys are strings; order does not matter)
+list, tuple             an array
+anything else           its canonical MongoDB Extended JSON (``bson.json_util``):
+                        ``Timestamp``, ``Regex``, ``MinKey``, ``Code``, ...
+======================  ================================================================
+
+What this does not tell apart: an integral double and an integer of the same value
+(``1.0`` and ``1``: JSON has one number type, and RFC 8785 writes both as ``1``), and a
+document's key order (sorted away). Neither changes what a document means to a query.
+
+Speed: ``rfc8785`` is pure Python (about 5 us per JSON node). A tree without floats
+whose keys have no character at or above U+E000 (where UTF-16 order and code-point order
+part) has the same RFC 8785 bytes as the standard library's C encoder with sorted keys,
+no whitespace and no ASCII escaping (RFC 8785 escapes exactly what it escapes: ``"``,
+``\\`` and the control characters, in the same spellings); such trees, nearly every
+record, take that path. tests/governance/test_canonical.py checks both paths against
+``rfc8785.dumps`` byte for byte on generated values.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import rfc8785
+from bson import Binary, Decimal128, Int64, ObjectId, json_util
+from bson.binary import UuidRepresentation
+
+from accord.errors import InvalidInputError
+
+__all__ = ["canonical", "digest", "ms", "to_json"]
+
+_SAFE = 2**53 - 1
+_EXT_JSON = json_util.JSONOptions(
+    json_mode=json_util.JSONMode.CANONICAL, uuid_representation=UuidRepresentation.STANDARD
+)
+
+
+def ms(when: datetime) -> datetime:
+    """``when`` in UTC, cut to milliseconds: what BSON stores, so what is hashed before
+    the write is what is read back."""
+    if when.tzinfo is None:  # pymongo's naive datetimes are UTC
+        return when.replace(microsecond=when.microsecond // 1000 * 1000, tzinfo=UTC)
+    when = when.astimezone(UTC)
+    return when.replace(microsecond=when.microsecond // 1000 * 1000)
+
+
+def to_json(value: Any) -> Any:
+    """``value`` (a BSON value, as written or as pymongo reads it) as a plain JSON value
+    (module docstring's table)."""
+    return _Converter()(value)
+
+
+def canonical(value: Any) -> bytes:
+    """The RFC 8785 bytes of ``value`` (through :func:`to_json`)."""
+    convert = _Converter()
+    tree = convert(value)
+    if convert.plain:
+        return _FAST.encode(tree).encode()
+    return rfc8785.dumps(tree)
+
+
+#: The standard library's encoder, spelled as RFC 8785 for plain trees (module docstring).
+_FAST = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+#: From this character on, code-point order and UTF-16 order part.
+_ORDER_SAFE = "\ue000"
+
+
+class _Converter:
+    """:func:`to_json` in one pass, noting whether the tree is ``plain`` (no float, no key
+    with a character >= U+E000: the standard library's encoder spells it as RFC 8785).
+    The exact built-in types are tested first: they are nearly every node."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self) -> None:
+        self.plain = True
+
+    def __call__(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            return value
+        if kind is int:
+            return value if -_SAFE <= value <= _SAFE else {"$numberLong": str(value)}
+        if kind is dict:
+            return self._document(value)
+        if kind is list or kind is tuple:
+            return [self(v) for v in value]
+        return self._other(value)
+
+    def _document(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, v in value.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise InvalidInputError(
+                        f"a document's keys must be strings (BSON's are); got {key!r}"
+                    )
+                key = str(key)
+            if not key.isascii() and max(key) >= _ORDER_SAFE:
+                self.plain = False
+            out[key] = self(v)
+        return out
+
+    def _other(self, value: Any) -> Any:
+        if isinstance(value, str):  # a str subclass (an enum's value)
+            return str(value)
+        if isinstance(value, Int64) or (isinstance(value, int) and not -_SAFE <= value <= _SAFE):
+            return {"$numberLong": str(int(value))}
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            if math.isnan(value):
+                return {"$numberDouble": "NaN"}
+            if math.isinf(value):
+                return {"$numberDouble": "Infinity" if value > 0 else "-Infinity"}
+            self.plain = False
+            return float(value)
+        if isinstance(value, Mapping):
+            return self._document(value)
+        if isinstance(value, list | tuple):
+            return [self(v) for v in value]
+        if isinstance(value, datetime):
+            when = ms(value)
+            return {
+                "$date": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+            }
+        if isinstance(value, ObjectId):
+            return {"$oid": str(value)}
+        if isinstance(value, uuid.UUID):
+            value = Binary.from_uuid(value)
+        if isinstance(value, Binary):  # before bytes: Binary is a bytes subclass
+            data = base64.b64encode(bytes(value)).decode()
+            return {"$binary": data, "$type": f"{value.subtype:02x}"}
+        if isinstance(value, bytes | bytearray | memoryview):
+            return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": "00"}
+        if isinstance(value, Decimal128):
+            return {"$numberDecimal": str(value)}
+        return json.loads(json_util.dumps(value, json_options=_EXT_JSON))
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of :func:`canonical`, in hex."""
+    return hashlib.sha256(canonical(value)).hexdigest()

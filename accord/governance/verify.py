@@ -1,0 +1,191 @@
+"""Verifying the audit chains: recompute every stream and name the first break.
+
+:func:`verify_chain` reads a database's audit records (through the kernel, as the
+``auditor`` service) stream by stream in ``seq`` order and checks, for each record:
+
+- its ``seq`` follows the previous one (1 first): a deleted record is a gap, an inserted
+  or reordered one a ``seq`` out of place;
+- its ``prev`` is the previous record's ``hash`` (:data:`~.audit_records.GENESIS` first);
+- its ``hash`` is the SHA-256 of its canonical body (:func:`~.audit_records.chain_hash`):
+  any changed field (principal, time, document id, a hash of what was written) shows;
+- in ``full`` mode, each image it keeps hashes to the hash the chain covers;
+
+and, at the end of each stream, that the stream's head (the heads collection) names its
+last record: a removed tail shows. Each stream is reported at its first break (later
+records of a broken stream prove nothing more); the other streams are still checked.
+
+What this proves and what it does not: a change to any record, made by anyone who did not
+also recompute every later hash of its stream AND its head, is found. Someone who can
+write the database (an administrator) can rewrite a whole stream consistently; only
+digests kept outside the database (Governance II's digests) detect that.
+
+:class:`ChainChecker` is the check itself, fed documents in order: use it on records read
+any other way (an async client, an export).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from accord.governance.audit_records import (
+    GENESIS,
+    HEADS,
+    IMAGE_FIELDS,
+    RECORDS,
+    chain_hash,
+)
+from accord.platform.artifacts import AUDIT
+from accord.platform.context import AUDITOR, Principal, ReadContext
+
+__all__ = ["AuditReport", "ChainBreak", "ChainChecker", "verify_chain"]
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    """The first record of ``stream`` that does not verify: ``problem`` says what, with
+    the value the chain expected and the value found."""
+
+    stream: str
+    seq: int | None
+    problem: str
+    expected: Any
+    found: Any
+
+    def describe(self) -> str:
+        at = f"seq {self.seq}" if self.seq is not None else "its head"
+        return (
+            f"stream {self.stream} breaks at {at}: {self.problem} "
+            f"(expected {self.expected!r}, found {self.found!r})"
+        )
+
+
+@dataclass
+class AuditReport:
+    """What :func:`verify_chain` found: counts, and one :class:`ChainBreak` per broken
+    stream (``ok`` when there is none)."""
+
+    streams: int = 0
+    records: int = 0
+    breaks: list[ChainBreak] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.breaks
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "streams": self.streams, "records": self.records,
+            "breaks": [asdict(b) for b in self.breaks],
+        }  # fmt: skip
+
+
+class ChainChecker:
+    """Checks records fed in (stream, seq) order (module docstring), then the heads."""
+
+    def __init__(self) -> None:
+        self.report = AuditReport()
+        self._stream: str | None = None
+        self._seq = 0
+        self._hash = GENESIS
+        self._broken: set[str] = set()
+        self._last: dict[str, tuple[int, str]] = {}
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        """Check the next record."""
+        stream = str(record.get("stream"))
+        if stream != self._stream:
+            self._stream, self._seq, self._hash = stream, 0, GENESIS
+            self.report.streams += 1
+        self.report.records += 1
+        if stream in self._broken:
+            return
+        seq = record.get("seq")
+        problem = self._problem(record, stream, seq)
+        if problem is not None:
+            self._broken.add(stream)
+            self.report.breaks.append(problem)
+            return
+        self._seq, self._hash = int(seq), str(record["hash"])  # type: ignore[arg-type]
+        self._last[stream] = (self._seq, self._hash)
+
+    def _problem(self, record: Mapping[str, Any], stream: str, seq: Any) -> ChainBreak | None:
+        expected_seq = self._seq + 1
+        if not isinstance(seq, int) or seq != expected_seq:
+            what = "a record is missing" if isinstance(seq, int) and seq > expected_seq else (
+                "a record is out of place (inserted or reordered)"
+            )  # fmt: skip
+            return ChainBreak(stream, expected_seq, what, expected_seq, seq)
+        if record.get("prev") != self._hash:
+            return ChainBreak(stream, seq, "its prev is not the previous record's hash",
+                              self._hash, record.get("prev"))  # fmt: skip
+        computed = chain_hash(record)
+        if record.get("hash") != computed:
+            return ChainBreak(stream, seq, "its content does not hash to its hash (altered)",
+                              computed, record.get("hash"))  # fmt: skip
+        ops = record.get("ops") or []
+        for i, images in enumerate(record.get("images") or []):
+            entry = ops[i] if i < len(ops) and isinstance(ops[i], Mapping) else {}
+            for name in IMAGE_FIELDS:
+                text = images.get(name) if isinstance(images, Mapping) else None
+                if text is None:
+                    continue
+                found = hashlib.sha256(str(text).encode()).hexdigest()
+                if found != entry.get(f"{name}_hash"):
+                    return ChainBreak(
+                        stream, seq, f"the {name} image of its op {i} does not hash to its "
+                        f"{name}_hash", entry.get(f"{name}_hash"), found,
+                    )  # fmt: skip
+        return None
+
+    def heads(self, heads: Iterable[Mapping[str, Any]]) -> None:
+        """Check every stream's head against its last record (and that every stream whose
+        records were fed has a head)."""
+        seen: set[str] = set()
+        for head in heads:
+            stream = str(head.get("_id"))
+            seen.add(stream)
+            if stream in self._broken:
+                continue
+            last = self._last.get(stream, (0, GENESIS))
+            found = (head.get("seq") or 0, head.get("hash") or GENESIS)
+            if found != last:
+                self._broken.add(stream)
+                self.report.breaks.append(ChainBreak(
+                    stream, None, "the head does not name the last record (records were "
+                    "removed from its end, or forged after it)", last, found,
+                ))  # fmt: skip
+        for stream in sorted(set(self._last) - seen - self._broken):
+            self.report.breaks.append(ChainBreak(
+                stream, None, "the stream has no head", self._last[stream], None
+            ))  # fmt: skip
+
+
+def verify_chain(
+    uow: Any,
+    db_name: str,
+    *,
+    tenant: str | None = None,
+    records: str = RECORDS,
+    heads: str = HEADS,
+    principal: Principal | None = None,
+) -> AuditReport:
+    """Verify every audit stream of database ``db_name`` (only ``tenant``'s, when given)
+    through ``uow`` (a sync kernel), reading as ``principal`` (default the ``auditor``
+    service). Returns the report; nothing is written."""
+    context = ReadContext(
+        tenant or "*", principal=principal or Principal.service(AUDITOR),
+        operation="audit.verify",
+    )  # fmt: skip
+    where: dict[str, Any] = {} if tenant is None else {"tenant_id": tenant}
+    checker = ChainChecker()
+    for record in uow.iterate(
+        context, AUDIT.name, db_name, records, where, sort=[("stream", 1), ("seq", 1)],
+        batch_size=1000,
+    ):  # fmt: skip
+        checker.feed(record)
+    head_docs = uow.find(context, AUDIT.name, db_name, heads, where)
+    checker.heads(head_docs)
+    return checker.report

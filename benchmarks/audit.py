@@ -1,0 +1,142 @@
+"""The audit trail's cost per step: the users' checkpointer workload with the audit hook
+off, in ``metadata`` mode and in ``full`` mode, side by side in one run.
+
+One embedded engine process with its default durability (every commit fsynced), one
+database and one ``MongoClient`` per variant, each an ``Accord`` root (``audit=`` off,
+metadata, full) whose ``AccordSaver`` runs the chat graph of
+:mod:`benchmarks.checkpointer` with one business write per turn. Turns are interleaved
+(turn i runs on every variant before turn i+1) so machine noise hits them alike.
+Measured: the median and p90 wall time of one ``invoke``, its ratio to audit off,
+commands per invoke (pymongo command monitoring) and audit records per invoke; then every
+chain is verified (``verify_chain``) and the records it read are counted.
+
+``python -m benchmarks.audit [TURNS]`` prints the table (default 100 turns).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+from pymongo import MongoClient, monitoring
+
+from accord import runtime
+from accord.checkpointers import business
+from accord.governance.audit_records import RECORDS
+from accord.governance.verify import verify_chain
+from accord.runtime import Accord
+from benchmarks.checkpointer import WARMUP, build_graph, human, order, start_engine
+
+TURNS = 100
+MODES = ("off", "metadata", "full")
+THREAD = {"configurable": {"thread_id": "audit-bench"}}
+#: Issue 24's target: median step latency with full audit <= 1.15x audit off.
+TARGET = 1.15
+
+
+class Commands(monitoring.CommandListener):
+    """Commands started on one client while enabled."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.enabled = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.enabled:
+            self.counts[event.command_name] += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def run(turns: int = TURNS) -> dict[str, Any]:
+    """Every mode, turn by turn; latencies, commands and records per mode."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_engine(tmp, fsync=True)
+        uri = f"mongodb://127.0.0.1:{port}/?replicaSet=accord"
+        clients: list[MongoClient] = []
+        try:
+            variants: dict[str, dict[str, Any]] = {}
+            for mode in MODES:
+                counter = Commands()
+                client: MongoClient = MongoClient(uri, event_listeners=[counter])
+                clients.append(client)
+                root = Accord(client=client, db_name=f"bench_audit_{mode}", audit=mode)
+                graph = build_graph(lambda n: business.insert_one("orders", order(n)))
+                variants[mode] = {
+                    "graph": graph.compile(checkpointer=root.checkpointer()),
+                    "counter": counter, "client": client, "root": root, "latencies": [],
+                }  # fmt: skip
+                counter.enabled = True
+            started = time.perf_counter()
+            for n in range(1, turns + 1):
+                for v in variants.values():
+                    t0 = time.perf_counter()
+                    out = v["graph"].invoke(human(n), THREAD)
+                    v["latencies"].append(time.perf_counter() - t0)
+                    assert out["turns"] == n
+            elapsed = time.perf_counter() - started
+            for mode, v in variants.items():
+                v["counter"].enabled = False
+                db = v["client"][f"bench_audit_{mode}"]
+                v["records"] = db[RECORDS].count_documents({"action": {"$regex": "^checkpoint"}})
+                v["orders"] = db["orders"].count_documents({})
+                if mode != "off":
+                    t0 = time.perf_counter()
+                    report = verify_chain(v["root"].uow, f"bench_audit_{mode}")
+                    v["verify_s"] = time.perf_counter() - t0
+                    v["verified"] = report.ok
+                    v["verified_records"] = report.records
+            return {"variants": variants, "elapsed": elapsed, "turns": turns}
+        finally:
+            for c in clients:
+                c.close()
+            proc.terminate()
+            proc.wait()
+
+
+def report(turns: int = TURNS) -> str:
+    """The table, as markdown (docs/benchmarks.md and docs/governance.md)."""
+    result = run(turns)
+    variants = result["variants"]
+    base = statistics.median(variants["off"]["latencies"][WARMUP:])
+    lines = [
+        "### The audit trail's cost per step (users' checkpointer workload)",
+        "",
+        "`python -m benchmarks.audit`: the embedded engine with every commit fsynced, the "
+        "chat graph of the checkpointer benchmark with one business write per turn, "
+        f"{turns} turns on one thread through an `Accord` root per audit mode, interleaved. "
+        f"Wall time: {result['elapsed']:.0f} s.",
+        "",
+        "| audit | median ms | p90 ms | vs off | commands / invoke | audit records / invoke | orders | chains |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for mode, v in variants.items():
+        lat = sorted(v["latencies"][WARMUP:])
+        med = statistics.median(lat)
+        p90 = lat[int(len(lat) * 0.9) - 1]
+        cmds = sum(v["counter"].counts.values()) / turns
+        chains = "-"
+        if mode != "off":
+            ok = "verified" if v["verified"] else "**BROKEN**"
+            chains = f"{ok} ({v['verified_records']:,} records in {v['verify_s']:.2f} s)"
+        lines.append(
+            f"| {mode} | {med * 1000:.2f} | {p90 * 1000:.2f} | {med / base:.2f}x | {cmds:.2f} | "
+            f"{v['records'] / turns:.1f} | {v['orders']} | {chains} |"
+        )
+    full = statistics.median(variants["full"]["latencies"][WARMUP:]) / base
+    met = "yes" if full <= TARGET else "**no**"
+    lines += ["", f"Target (issue 24): full audit <= {TARGET}x audit off: {full:.2f}x, {met}."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    runtime.configured_hooks()  # fail early on a bad ACCORD_HOOKS
+    print(report(int(sys.argv[1]) if len(sys.argv) > 1 else TURNS))
