@@ -219,11 +219,13 @@ def test_refused_writes_and_reads_are_recorded(client: MongoClient, db_name: str
                                 [Op("delete", {"_id": "o1", "tenant_id": "acme"})])]))  # fmt: skip
     assert client[db_name].orders.count_documents({}) == 1  # nothing of it was written
     analyst = Principal("user:ann", "analyst", kind="user")
-    with pytest.raises(PermissionDenied, match="may not read orders"):
+    # the policy (an analyst has no role on business collections) or the test's hook
+    with pytest.raises(PermissionDenied, match="may not (read|find) (business:)?orders"):
         uow.find(ReadContext("acme", principal=analyst, operation="orders.read"),
                  "business", db_name, "orders", {"tenant_id": "acme"})  # fmt: skip
-    # the audit hook refuses any write of the audit collections, and records that too
-    with pytest.raises(PermissionDenied, match="append-only"):
+    # no role may change audit records (the policy refuses first; the audit hook's own
+    # append-only check stands behind it), and that refusal is recorded too
+    with pytest.raises(PermissionDenied, match="append-only|may not remove audit"):
         uow.execute(Plan(WriteContext("acme", operation="cover.tracks"),
                          [Group("x", db_name, RECORDS, "audit",
                                 [Op("delete_many", {"tenant_id": "acme"})])]))  # fmt: skip
