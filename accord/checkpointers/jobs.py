@@ -79,6 +79,19 @@ class PutJob:
         self.done = False
 
 
+def detached(checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` with its own copy of the sets among its channel values. LangGraph
+    hands ``put`` the live set of a fan-in barrier's seen nodes (``copy_checkpoint`` is
+    shallow) and adds the next step's nodes to it in place; under "async" durability the
+    put runs beside that step, so the set is copied first thing, before anything else of
+    the put (validation, finding its run) widens the window."""
+    values = checkpoint.get("channel_values")
+    if not isinstance(values, Mapping) or not any(isinstance(v, set) for v in values.values()):
+        return checkpoint
+    copied = {k: set(v) if isinstance(v, set) else v for k, v in values.items()}
+    return {**checkpoint, "channel_values": copied}  # type: ignore[typeddict-item]
+
+
 def unsure(job: PutJob) -> bool:
     """A queued put whose base stopped being known current after it was queued (the
     cache lost track of the thread): committed alone, with its parent checked."""

@@ -76,6 +76,8 @@ class AsyncSaverWrites(AsyncSaverQueue):
         seen nodes) once it moves on. The bridges call it before handing the save to the
         saver's loop or to a thread. Returns the job, the run it belongs to, and whether
         it is saved in the background ("async" durability)."""
+        if isinstance(checkpoint, Mapping):
+            checkpoint = jobs.detached(checkpoint)
         scope = self._scope(config)
         conf = validation.configurable(config)
         parent_id = validation.optional_identifier(conf.get("checkpoint_id"), "checkpoint_id")
