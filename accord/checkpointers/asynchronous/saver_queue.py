@@ -105,7 +105,8 @@ class AsyncSaverQueue(AsyncSaverReads):
         by the task's re-run): they go back in the queue behind its put, waited for here
         (LangGraph hands it over in another thread, later under load), never in
         LangGraph's threads. True when the job went back in the queue; raises when the
-        put failed, or did not come within the saver's timeout."""
+        put (or another save of the run) failed, or the put did not come within the
+        saver's timeout."""
         ns, checkpoint_id = job.scope.checkpoint_ns, job.checkpoint_id
 
         def queued_or_saved() -> bool:
@@ -115,7 +116,8 @@ class AsyncSaverQueue(AsyncSaverReads):
         while not run.is_saved(ns, checkpoint_id):
             if run.behind_its_put(job):
                 return True
-            error = run.put_error(ns, checkpoint_id)
+            # a failed save of the run stops it: the put may never come
+            error = run.put_error(ns, checkpoint_id) or run.failure
             if error is not None or time.monotonic() > deadline:
                 raise failures.unsaved_checkpoint(job.scope, checkpoint_id, job.task_id, error)
             await run.signal.await_for(queued_or_saved, 0.05)
