@@ -554,45 +554,53 @@ def users_workload(turns: int = TURNS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kernel_cost(rounds: int = 2000) -> list[str]:
-    """The kernel's own CPU per step, in this process: the contexts and the check and
-    derive phases of a step's two plans (a checkpoint put with two changed channels and
-    two messages; a task's writes with one business insert), and its run guard. The
-    database round trips are what the tables above measure."""
-    from accord import runtime
+def step_plans(principal: Any) -> list[Any]:
+    """A step's two plans as the saver builds them, acting as ``principal``: a checkpoint
+    put with two changed channels and two messages, and a task's writes with one business
+    insert (in-process cost benchmarks: this one's and governance_policy's)."""
     from accord.checkpointers import plans, schema, storage
     from accord.checkpointers.storage import Scope
     from accord.platform import hosts, runs
     from accord.platform.plan import Op, insert_once
 
-    uow = runtime.kernel(MongoClient("mongodb://127.0.0.1:9/?directConnection=true",
-                                     connect=False))  # fmt: skip
     target = plans.Target("bench", schema.CollectionNames(), "bench")
     scope = Scope("default", "t", "")
     at = runs.now()
     lease = runs.Lease("default", "t", "r", 1, hosts.current().fields()["holder"], at, None)
+    guard = runs.ThreadGuard("bench", "runs", "owner", "default", "t", "v", at, lease=lease)
+    docs = storage.PutDocs(
+        checkpoint=insert_once({"_id": "c", "tenant_id": "default", "thread_id": "t"}),
+        blobs=[insert_once({"_id": f"b{i}", "tenant_id": "default"}) for i in range(2)],
+        messages=[insert_once({"_id": f"m{i}", "tenant_id": "default"}) for i in range(2)],
+        message_keys=["m0", "m1"],
+        entry=None,
+    )
+    put = plans.put_plan(target, scope, guard, docs, "c", run=lease)
+    writes = plans.writes_plan(
+        target, scope, None, storage.WriteDocs(
+            ops=[insert_once({"_id": "w", "tenant_id": "default"})],
+            marks=[Op("insert", doc={"_id": "mark", "tenant_id": "default"})],
+            kept=[], overwrite=False),
+        "c", "task", run=lease,
+        business=[{"op": "insert_one", "collection": "orders",
+                   "document": {"_id": "o", "tenant_id": "default"}}],
+    )  # fmt: skip
+    for plan in (put, writes):
+        plan.context = plan.context.with_principal(principal)  # as the kernel does
+    return [put, writes]
+
+
+def kernel_cost(rounds: int = 2000) -> list[str]:
+    """The kernel's own CPU per step, in this process: the contexts and the check and
+    derive phases of a step's two plans (:func:`step_plans`), and its run guard. The
+    database round trips are what the tables above measure."""
+    from accord import runtime
+
+    uow = runtime.kernel(MongoClient("mongodb://127.0.0.1:9/?directConnection=true",
+                                     connect=False))  # fmt: skip
 
     def step() -> None:
-        guard = runs.ThreadGuard("bench", "runs", "owner", "default", "t", "v", at, lease=lease)
-        docs = storage.PutDocs(
-            checkpoint=insert_once({"_id": "c", "tenant_id": "default", "thread_id": "t"}),
-            blobs=[insert_once({"_id": f"b{i}", "tenant_id": "default"}) for i in range(2)],
-            messages=[insert_once({"_id": f"m{i}", "tenant_id": "default"}) for i in range(2)],
-            message_keys=["m0", "m1"],
-            entry=None,
-        )
-        put = plans.put_plan(target, scope, guard, docs, "c", run=lease)
-        writes = plans.writes_plan(
-            target, scope, None, storage.WriteDocs(
-                ops=[insert_once({"_id": "w", "tenant_id": "default"})],
-                marks=[Op("insert", doc={"_id": "mark", "tenant_id": "default"})],
-                kept=[], overwrite=False),
-            "c", "task", run=lease,
-            business=[{"op": "insert_one", "collection": "orders",
-                       "document": {"_id": "o", "tenant_id": "default"}}],
-        )  # fmt: skip
-        for plan in (put, writes):
-            plan.context = plan.context.with_principal(uow.principal)  # as the kernel does
+        for plan in step_plans(uow.principal):
             for hook in uow.hooks.check:
                 hook.check(plan)
             for hook in uow.hooks.derive:

@@ -26,7 +26,7 @@ from accord.checkpointers import AccordSaver
 from accord.checkpointers import business as accord_business
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import default_hooks
-from benchmarks.checkpointer import build_graph, human, order, start_engine
+from benchmarks.checkpointer import build_graph, human, order, start_engine, step_plans
 
 TURNS = 300
 WARMUP = 10
@@ -68,39 +68,10 @@ def step_latency(turns: int = TURNS) -> dict[str, float]:
 def check_cost(rounds: int = 20000) -> float:
     """Seconds of the policy hook's ``check`` per step (a checkpoint put with its blobs
     and messages, and a task's writes with one business insert), in process."""
-    from accord.checkpointers import plans, schema, storage
-    from accord.checkpointers.storage import Scope
-    from accord.platform import hosts, runs
-    from accord.platform.plan import Op, insert_once
-
     uow = runtime.kernel(MongoClient("mongodb://127.0.0.1:9/?directConnection=true",
                                      connect=False))  # fmt: skip
     hook = next(h for h in uow.hooks.check if h.name == "governance-policy")
-    target = plans.Target("bench", schema.CollectionNames(), "bench")
-    scope = Scope("default", "t", "")
-    at = runs.now()
-    lease = runs.Lease("default", "t", "r", 1, hosts.current().fields()["holder"], at, None)
-    guard = runs.ThreadGuard("bench", "runs", "owner", "default", "t", "v", at, lease=lease)
-    docs = storage.PutDocs(
-        checkpoint=insert_once({"_id": "c", "tenant_id": "default", "thread_id": "t"}),
-        blobs=[insert_once({"_id": f"b{i}", "tenant_id": "default"}) for i in range(2)],
-        messages=[insert_once({"_id": f"m{i}", "tenant_id": "default"}) for i in range(2)],
-        message_keys=["m0", "m1"],
-        entry=None,
-    )
-    put = plans.put_plan(target, scope, guard, docs, "c", run=lease)
-    writes = plans.writes_plan(
-        target, scope, None, storage.WriteDocs(
-            ops=[insert_once({"_id": "w", "tenant_id": "default"})],
-            marks=[Op("insert", doc={"_id": "mark", "tenant_id": "default"})],
-            kept=[], overwrite=False),
-        "c", "task", run=lease,
-        business=[{"op": "insert_one", "collection": "orders",
-                   "document": {"_id": "o", "tenant_id": "default"}}],
-    )  # fmt: skip
-    step = [p for p in (put, writes)]
-    for plan in step:
-        plan.context = plan.context.with_principal(uow.principal)
+    step = step_plans(uow.principal)
     started = time.perf_counter()
     for _ in range(rounds):
         for plan in step:
