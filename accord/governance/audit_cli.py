@@ -26,6 +26,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,14 @@ LIVE = typer.Option(False, "--live", help="Verify the database's chains (the def
 FROM = typer.Option(None, "--from", help="Digest A (a JSON file kept outside, or a digest number).")
 TO = typer.Option(None, "--to", help="Digest B, which must extend A.")
 PROOF = typer.Option(None, "--proof", help="Check this inclusion proof (JSON file).")
+EXPORT_TENANT = typer.Option(..., "--tenant", help="The tenant whose records to export.")
+EXPORT_OUT = typer.Option(
+    ..., "--out", help="The directory to write (new, or an unfinished export)."
+)
+EXPORT_FORMAT_OPT = typer.Option("jsonl", "--format", help="jsonl, csv or parquet (pyarrow).")
+SINCE = typer.Option(None, "--since", help="Each stream from its first record at or after this.")
+UNTIL = typer.Option(None, "--until", help="Up to the last digest taken at or before this.")
+CLASS_OPT = typer.Option(None, "--class", help="Only the streams holding records of this class.")
 KEPT_DIGEST = typer.Option(
     None, "--digest", help="The digest kept outside, which a proof or export must match."
 )
@@ -231,7 +240,7 @@ def verify(
     elif start is not None or to is not None:
         _verify_extension(start, to, pinned, db, uri, dbpath, as_json)
     else:
-        _verify_live(tenant, db, uri, dbpath, as_json)
+        _verify_live(tenant, db, uri, dbpath, as_json, kept, pinned)
 
 
 def _verify_proof(path: Path, kept: Any, pinned: Any, as_json: bool) -> None:
@@ -281,17 +290,89 @@ def _verify_extension(
 
 
 def _verify_export(directory: Path, kept: Any, pinned: Any, as_json: bool) -> None:
-    raise _fail(NotImplementedError("export verification comes with accord audit export"))
+    from accord.governance.export_verify import verify_export
+
+    try:
+        report = verify_export(directory, kept=kept, pinned=pinned)
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        for found in report.problems:
+            out.print(found.describe(), highlight=False, markup=False)
+        verdict = "verified" if report.ok else f"{len(report.problems)} problem(s)"
+        out.print(
+            f"export {directory}: {report.records} records in {report.streams} streams, "
+            f"{report.digests} digests: {verdict}", highlight=False, markup=False,
+        )  # fmt: skip
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@audit_app.command("export")
+def export(
+    tenant: str = EXPORT_TENANT,
+    out_dir: Path = EXPORT_OUT,
+    fmt: str = EXPORT_FORMAT_OPT,
+    since: datetime | None = SINCE,
+    until: datetime | None = UNTIL,
+    artifact: str | None = CLASS_OPT,
+    key: Path | None = KEY,
+    key_env: str | None = KEY_ENV,
+    db: str | None = DB,
+    uri: str | None = URI,
+    dbpath: Path | None = DBPATH,
+) -> None:
+    """Export a tenant's audit records, the digests covering them and a manifest to
+    OUT (resumes an interrupted export into the same OUT)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from accord.governance.export import export as run
+    from accord.governance.signing import load_private
+
+    try:
+        signing = load_private(key, key_env)
+        bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeRemainingColumn(), console=err, transient=True,
+        )  # fmt: skip
+        with _kernel(uri, dbpath, db) as (uow, name), bar:
+            task = bar.add_task(f"exporting {tenant}", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            manifest = run(
+                uow, name, out_dir, tenant=tenant, since=since, until=until,
+                artifact=artifact, fmt=fmt, key=signing, progress=progress,  # type: ignore[arg-type]
+            )  # fmt: skip
+    except AccordError as exc:
+        raise _fail(exc) from exc
+    out.print(
+        f"exported {manifest['records']} records of tenant {tenant!r} in "
+        f"{len(manifest['streams'])} streams to {out_dir} (covered by digest "
+        f"{manifest['digest']['seq']})", highlight=False, markup=False,
+    )  # fmt: skip
 
 
 def _verify_live(
-    tenant: str | None, db: str | None, uri: str | None, dbpath: Path | None, as_json: bool
-) -> None:
+    tenant: str | None, db: str | None, uri: str | None, dbpath: Path | None, as_json: bool,
+    kept: Mapping[str, Any] | None = None, pinned: Any = None,
+) -> None:  # fmt: skip
+    from accord.governance.proofs import check_live_against
     from accord.governance.verify import verify_chain
 
     try:
         with _kernel(uri, dbpath, db) as (uow, name):
             report = verify_chain(uow, name, tenant=tenant, principal=uow.principal)
+            if kept is not None:  # the chains must still hold what the kept digest saw
+                broken = {b.stream for b in report.breaks}
+                report.breaks.extend(
+                    b for b in check_live_against(uow, name, kept, pinned=pinned)
+                    if b.stream not in broken
+                    and (tenant is None or b.stream.startswith(f'["{tenant}",') or not b.stream)
+                )  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
     if as_json:

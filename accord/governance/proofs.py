@@ -283,3 +283,44 @@ def _check_segment(
     if expected_seq != b.seq + 1 or last_hash != b.hash:
         report.problems.append(ChainBreak(stream, expected_seq, "the chain does not reach the "
                                           "later digest's head", b.hash, last_hash))  # fmt: skip
+
+
+def check_live_against(
+    uow: Any, db: str, digest: Mapping[str, Any], *, pinned: Ed25519PublicKey | None = None
+) -> list[ChainBreak]:
+    """Whether ``db``'s chains still hold the history ``digest`` (kept outside) committed
+    to: the stored digest of its number is it, the heads stored for it rebuild its root,
+    and each of those heads is still a record of its stream with that hash, at or before
+    the stream's current head. With :func:`~.verify.verify_chain` (every chain links up
+    to its head), this proves the live chains extend the digest: a tail removed with its
+    head moved back, or a history rewritten with every later hash and head recomputed,
+    fails here."""
+    problem = digest_problem(digest, pinned)
+    if problem:
+        return [ChainBreak("", None, problem, None, None)]
+    seq = int(digest["seq"])
+    stored = [d for d in list_digests(uow, db, upto=seq) if int(d["seq"]) == seq]
+    if not stored or stored[0]["hash"] != digest["hash"]:
+        return [ChainBreak("", None, f"the database's digest {seq} is not the digest given "
+                           "(rewritten or removed)", digest["hash"],
+                           stored[0]["hash"] if stored else None)]  # fmt: skip
+    heads = heads_at(uow, db, seq)
+    if HeadTree(heads).root != digest["root"]:
+        return [ChainBreak("", None, f"the heads stored for digest {seq} are not the ones its "
+                           "root commits to (rewritten)", digest["root"], HeadTree(heads).root)]  # fmt: skip
+    found: list[ChainBreak] = []
+    for stream, head in sorted(heads.items()):
+        records = list(uow.find(_reader(), AUDIT.name, db, RECORDS,
+                                {"stream": stream, "seq": head.seq}, limit=2))  # fmt: skip
+        hashes = [chain_hash(r) for r in records]
+        if hashes != [head.hash]:
+            what = (
+                "is missing (removed)"
+                if not records
+                else "was rewritten"
+                if len(records) == 1
+                else "appears twice (one is forged)"
+            )
+            found.append(ChainBreak(stream, head.seq, f"the record digest {seq} holds as this "
+                                    f"stream's head {what}", head.hash, hashes or None))  # fmt: skip
+    return found
