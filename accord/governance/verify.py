@@ -168,8 +168,10 @@ class ChainChecker:
             found = (head.get("seq") or 0, head.get("hash") or GENESIS)
             if found != last:
                 self._broken.add(stream)
+                # the first record missing from the end, or the first one past the head
+                first = min(last[0], int(found[0])) + 1
                 self.report.breaks.append(ChainBreak(
-                    stream, None, "the head does not name the last record (records were "
+                    stream, first, "the head does not name the last record (records were "
                     "removed from its end, or forged after it)", last, found,
                 ))  # fmt: skip
         for stream in sorted(set(self._last) - seen - self._broken):

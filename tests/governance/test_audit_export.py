@@ -378,26 +378,61 @@ def _rehead(client: MongoClient, db: str) -> None:
                                                           "hash": last["hash"]}})  # fmt: skip
 
 
-def test_tampering_the_live_collection_is_found_with_the_digest_kept(
-    client: MongoClient, db_name: str, trail: dict[str, Any], tmp_path: Path
-) -> None:
-    kept = tmp_path / "d.json"
-    kept.write_text(json.dumps(trail["digest"]))
-    assert _live(client, db_name, kept)["ok"] is True
-    records = client[db_name][RECORDS]
-    # two swapped records: their seqs exchanged
+def _live_change(records: Any) -> None:
+    records.update_one({"stream": ACME, "seq": 4}, {"$set": {"principal.name": "mallory"}})
+
+
+def _live_delete(records: Any) -> None:
+    records.delete_one({"stream": ACME, "seq": 6})
+
+
+def _live_forge(records: Any) -> None:
+    third = records.find_one({"stream": ACME, "seq": 3})
+    third.pop("_id")
+    forged = dict(third, seq=4, prev=third["hash"], action="orders.forged")
+    forged["hash"] = chain_hash(forged)
+    records.insert_one(forged)
+
+
+def _live_swap(records: Any) -> None:
     a = records.find_one({"stream": ACME, "seq": 7})
     b = records.find_one({"stream": ACME, "seq": 8})
     records.update_one({"_id": a["_id"]}, {"$set": {"seq": 8}})
     records.update_one({"_id": b["_id"]}, {"$set": {"seq": 7}})
-    found = _live(client, db_name, kept)
-    assert [(x["stream"], x["seq"]) for x in found["breaks"]] == [(ACME, 7)]
-    records.update_one({"_id": a["_id"]}, {"$set": {"seq": 7}})
-    records.update_one({"_id": b["_id"]}, {"$set": {"seq": 8}})
-    assert _live(client, db_name, kept)["ok"] is True
-    # a truncated tail with the head moved back: the chain alone verifies, the digest not
+
+
+def _live_truncate(records: Any) -> None:
     records.delete_many({"stream": ACME, "seq": {"$gte": 11}})
-    _rehead(client, db_name)
+
+
+LIVE: dict[str, tuple[Callable[[Any], None], list[int], str]] = {
+    "one changed field": (_live_change, [4], "altered"),
+    "a deleted record": (_live_delete, [6], "missing"),
+    # the forged seq 4 sorts after the real one: the chain breaks where it stands
+    "an inserted forged record": (_live_forge, [4, 5], "out of place"),
+    "two swapped records": (_live_swap, [7], "prev"),
+    # as is, the head names seq 12 and the chain stops at 10; head recomputed, only the
+    # digest kept still holds seq 12
+    "a truncated tail": (_live_truncate, [11, 12], "remove"),
+}
+
+
+@pytest.mark.parametrize("rehead", [False, True], ids=["as-is", "head-recomputed"])
+@pytest.mark.parametrize("kind", list(LIVE))
+def test_tampering_the_live_collection_is_found_with_the_digest_kept(
+    client: MongoClient, db_name: str, trail: dict[str, Any], tmp_path: Path, kind: str,
+    rehead: bool,
+) -> None:  # fmt: skip
+    kept = tmp_path / "d.json"
+    kept.write_text(json.dumps(trail["digest"]))
+    assert _live(client, db_name, kept)["ok"] is True
+    tamper, seqs, words = LIVE[kind]
+    tamper(client[db_name][RECORDS])
+    if rehead:
+        _rehead(client, db_name)
     found = _live(client, db_name, kept)
-    assert [(x["stream"], x["seq"]) for x in found["breaks"]] == [(ACME, 12)]
-    assert "missing (removed)" in found["breaks"][0]["problem"]
+    assert not found["ok"]
+    named = [(b["stream"], b["seq"]) for b in found["breaks"]]
+    assert len(named) == 1 and named[0][0] == ACME and named[0][1] in seqs, found
+    problem = found["breaks"][0]["problem"]
+    assert words in problem, problem
