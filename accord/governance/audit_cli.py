@@ -61,8 +61,13 @@ JSON_OUT = typer.Option(False, "--json", help="Print the report as JSON.")
 TENANT = typer.Option(None, "--tenant", help="Only this tenant's streams.")
 KEY_PATH = typer.Argument(..., help="Where to write the private key.")
 DIGEST_OUT = typer.Option(
-    None, "--out", help="Also write the digest (JSON) to this file, to keep outside."
+    None, "--out", help="Also write the digest (JSON) to this file, to keep outside; "
+    "{seq} in the name is replaced by the digest's number.",
+)  # fmt: skip
+EVERY = typer.Option(
+    None, "--every", help="Take a digest every interval (e.g. 15m, 1h) until stopped."
 )
+COUNT = typer.Option(None, "--count", help="With --every: stop after this many digests.")
 AGAINST = typer.Option(None, "--digest", help="Against this digest (default the latest).")
 EXPORT_DIR = typer.Argument(
     None, help="An export (accord audit export) to verify without the database."
@@ -171,22 +176,39 @@ def digest(
     dbpath: Path | None = DBPATH,
     key: Path | None = KEY,
     key_env: str | None = KEY_ENV,
-    out_file: Path | None = DIGEST_OUT,
+    out_file: str | None = DIGEST_OUT,
+    every: str | None = EVERY,
+    count: int | None = COUNT,
 ) -> None:
-    """Take a digest of every audit stream's head: store it and print it as JSON."""
+    """Take a digest of every audit stream's head: store it and print it as JSON (with
+    --every, one per interval until stopped or --count digests)."""
+    import time
+
+    from accord.errors import InvalidInputError
     from accord.governance.digests import external, write_digest
+    from accord.governance.policy import parse_duration
     from accord.governance.signing import load_private
 
     try:
         signing = load_private(key, key_env)
+        try:
+            interval = parse_duration(every).total_seconds() if every is not None else None
+        except ValueError as exc:
+            raise InvalidInputError(f"--every: {exc}") from None
         with _kernel(uri, dbpath, db, setup=True) as (uow, name):
-            doc = external(write_digest(uow, name, key=signing))
+            taken = 0
+            while True:
+                doc = external(write_digest(uow, name, key=signing))
+                text = json.dumps(doc, indent=2)
+                if out_file is not None:  # "{seq}" in the name: one file per digest
+                    Path(out_file.replace("{seq}", f"{doc['seq']:06d}")).write_text(text + "\n")
+                out.print(text, highlight=False, markup=False)
+                taken += 1
+                if interval is None or (count is not None and taken >= count):
+                    break
+                time.sleep(interval)
     except AccordError as exc:
         raise _fail(exc) from exc
-    text = json.dumps(doc, indent=2)
-    if out_file is not None:
-        out_file.write_text(text + "\n")
-    out.print(text, highlight=False, markup=False)
 
 
 @audit_app.command("prove")

@@ -70,7 +70,10 @@ from accord.platform.context import AUDITOR, Principal, ReadContext
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-__all__ = ["COLUMNS", "EXPORT_FORMAT", "PART_SIZE", "Format", "export"]
+__all__ = [
+    "COLUMNS", "EXPORT_FORMAT", "PART_SIZE", "PROGRESS", "Format", "columns_of",
+    "digest_entries", "export", "pyarrow_modules",
+]  # fmt: skip
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: tuple[Format, ...] = ("jsonl", "csv", "parquet")
@@ -146,7 +149,7 @@ class _Part:
                 self._flush_rows()
 
     def _flush_rows(self) -> None:
-        pa, pq = _pyarrow()
+        pa, pq = pyarrow_modules()
         if not self._rows:
             return
         table = pa.Table.from_pylist(self._rows, schema=_parquet_schema(pa))
@@ -190,7 +193,8 @@ def _file_sha(path: Path) -> tuple[Any, int]:
     return sha, size
 
 
-def _pyarrow() -> tuple[Any, Any]:
+def pyarrow_modules() -> tuple[Any, Any]:
+    """``pyarrow`` and ``pyarrow.parquet``, or a ``MissingExtraError`` naming the extra."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -321,7 +325,7 @@ def export(
     if fmt not in FORMATS:
         raise InvalidInputError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt == "parquet":
-        _pyarrow()
+        pyarrow_modules()
     covering = _covering(uow, db, until)
     upto = int(covering["seq"])
     digests = digest_entries(uow, db, tenant, upto)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from accord.governance.audit_records import GENESIS
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
-from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, _pyarrow, columns_of
+from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
 from accord.governance.verify import ChainChecker
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
 
 def _read(path: Path, add: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
     if path.suffix == ".parquet":
-        _, pq = _pyarrow()
+        _, pq = pyarrow_modules()
         line = 0
         for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=10_000):
             for row in batch.to_pylist():

@@ -261,3 +261,21 @@ def test_a_later_digest_extends_an_earlier_one_until_history_is_rewritten(
     report = check_extends(uow, db_name, a, b)
     assert not report.ok
     assert "not the ones its root commits to" in report.problems[0].problem
+
+
+def test_digests_at_intervals_each_to_its_own_file(
+    client: MongoClient, db_name: str, tmp_path: Path
+) -> None:
+    write(client, db_name, "acme", 0, 2)
+    env = {"MONGODB_URI": _uri(client)}
+    result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--every", "0.05s",
+                                      "--count", "3", "--out", str(tmp_path / "d-{seq}.json")],
+                                env=env)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    files = sorted(tmp_path.glob("d-*.json"))
+    assert [f.name for f in files] == ["d-000001.json", "d-000002.json", "d-000003.json"]
+    kept = [json.loads(f.read_text()) for f in files]
+    assert [d["prev"] for d in kept[1:]] == [d["hash"] for d in kept[:-1]]
+    result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--every", "soon"],
+                                env=env)  # fmt: skip
+    assert result.exit_code == 2 and "--every" in result.output
