@@ -83,6 +83,18 @@ def child(phase: str, uri: str, out: str) -> None:
         manifest = export(uow, DB, Path(out), tenant=TENANT)
         count = manifest["records"]
         client.close()
+    elif phase == "read":  # the floor: the same cursor, nothing done with the records
+        from accord.governance.audit_records import RECORDS as AUDIT_RECORDS
+        from accord.platform.context import ReadContext
+
+        client = MongoClient(uri)
+        uow = runtime.kernel(client, principal=Principal.service(AUDITOR))
+        context = ReadContext(TENANT, principal=Principal.service(AUDITOR))
+        count = sum(1 for _ in uow.iterate(
+            context, "audit", DB, AUDIT_RECORDS, {"tenant_id": TENANT},
+            sort=[("tenant_id", 1), ("stream", 1), ("seq", 1)], batch_size=1000,
+        ))  # fmt: skip
+        client.close()
     else:
         from accord.governance.export_verify import verify_export
 
@@ -115,7 +127,7 @@ def main(records: int = RECORDS, streams: int = STREAMS) -> None:
             print(f"wrote {records} audit records in {streams} streams in {made:.1f} s "
                   f"(not measured below)")  # fmt: skip
             out = str(Path(tmp) / "export")
-            rows = [measure(uri, "export", out), measure(uri, "verify", out)]
+            rows = [measure(uri, p, out) for p in ("read", "export", "verify")]
             size = sum(p.stat().st_size for p in Path(out).iterdir()) / 2**20
         finally:
             proc.terminate()
