@@ -301,11 +301,15 @@ def test_a_rewritten_history_is_caught_by_the_digests_and_the_digest_kept(
     assert "not signed" in report.problems[0].problem
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_an_interrupted_export_resumes_to_the_same_bytes(
-    db_name: str, trail: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    db_name: str, trail: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+) -> None:  # fmt: skip
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow", reason="parquet needs the 'export' extra (pyarrow)")
     whole = tmp_path / "whole"
-    _export(trail, db_name, whole, part_size=4)
+    _export(trail, db_name, whole, part_size=4, fmt=fmt)
     resumed = tmp_path / "resumed"
     real_add = export_module._Part.add
     calls = {"n": 0}
@@ -318,16 +322,16 @@ def test_an_interrupted_export_resumes_to_the_same_bytes(
 
     monkeypatch.setattr(export_module._Part, "add", crash_on_the_11th)
     with pytest.raises(KeyboardInterrupt):
-        _export(trail, db_name, resumed, part_size=4)
+        _export(trail, db_name, resumed, part_size=4, fmt=fmt)
     monkeypatch.setattr(export_module._Part, "add", real_add)
     assert (resumed / ".export-progress.json").exists()
     assert not (resumed / "manifest.json").exists()
-    with open(resumed / "records-00002.jsonl", "ab") as f:
+    with open(resumed / f"records-00002.{fmt}", "ab") as f:
         f.write(b'{"half a record')  # a crash's torn write
     # other arguments are refused, not mixed in
     with pytest.raises(Exception, match="other arguments"):
-        _export(trail, db_name, resumed, part_size=5)
-    _export(trail, db_name, resumed, part_size=4)
+        _export(trail, db_name, resumed, part_size=5, fmt=fmt)
+    _export(trail, db_name, resumed, part_size=4, fmt=fmt)
     names = sorted(p.name for p in whole.iterdir())
     assert names == sorted(p.name for p in resumed.iterdir())
     for name in names:
@@ -339,6 +343,44 @@ def test_an_interrupted_export_resumes_to_the_same_bytes(
         else:
             assert a == b, name
     assert verify_export(resumed, kept=trail["digest"]).ok
+
+
+def test_since_starts_each_stream_later_and_until_picks_an_earlier_digest(
+    client: MongoClient, db_name: str, trail: dict[str, Any], tmp_path: Path
+) -> None:
+    import time
+    from datetime import UTC, datetime
+
+    time.sleep(0.01)
+    since = datetime.now(UTC)
+    time.sleep(0.01)
+    write(client, db_name, "acme", 12, 3)  # orders 13..15, after `since`
+    second = external(write_digest(trail["uow"], db_name))
+    out = tmp_path / "since"
+    manifest = _export(trail, db_name, out, since=since)
+    assert manifest["digest"]["seq"] == 2
+    assert {s: (v["first_seq"], v["last_seq"]) for s, v in manifest["streams"].items()} == {
+        ACME: (13, 15)
+    }  # the threads wrote nothing since: not exported
+    assert verify_export(out, kept=second).ok
+    # with --since, a stream's first record links to the manifest's first_prev
+    path = out / "manifest.json"
+    changed = json.loads(path.read_text())
+    changed["streams"][ACME]["first_prev"] = "e" * 64
+    path.write_text(json.dumps(changed))
+    report = verify_export(out, kept=second)
+    assert [(p.stream, p.seq) for p in report.problems] == [(ACME, 13)]
+    assert "prev" in report.problems[0].problem
+    # --until before the second digest: covered by the first, up to its heads
+    until = datetime.fromisoformat(trail["digest"]["at"].replace("Z", "+00:00"))
+    out = tmp_path / "until"
+    manifest = _export(trail, db_name, out, until=until)
+    assert manifest["digest"]["seq"] == 1 and manifest["streams"][ACME]["last_seq"] == 12
+    report = verify_export(out, kept=trail["digest"])
+    assert report.ok, report.as_dict()
+    # the later digest kept outside says the export stops short of it
+    report = verify_export(out, kept=second)
+    assert "does not reach the digest kept" in report.problems[0].problem
 
 
 def test_the_export_command_filters_and_needs_a_digest(
