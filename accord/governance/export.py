@@ -21,9 +21,10 @@ whole). Records written after the covering digest wait for the next one: take a 
     and Parquet: the columns of :data:`COLUMNS` for people and tools, and ``record``,
     the same JSON, which is what the verifier hashes (and each column must agree with).
 ``digests.json``
-    every digest up to the covering one, each with the tenant's stream heads at it and
-    the audit path of the tenant's root in the digest's tree: enough to recompute the
-    digest's root from the export alone.
+    every digest up to the covering one (they link); the covering one and each that
+    moved one of the tenant's heads with the tenant's stream heads at it and the audit
+    path of the tenant's root in the digest's tree: enough to recompute the digest's
+    root from the export alone (the others carry ``heads: null``).
 ``manifest.json``
     counts, per stream its seq range, ``prev`` of its first record and its last hash,
     every file's SHA-256 and size, the covering digest, the generator and time;
@@ -260,14 +261,23 @@ def digest_entries(uow: Any, db: str, tenant: str, upto: int) -> list[dict[str, 
     )  # fmt: skip
     pending = next(changes, None)
     for n in range(1, upto + 1):
+        moved = False  # whether this digest moved one of the tenant's heads
         while pending is not None and int(pending["digest"]) == n:
             state[pending["stream"]] = Head(pending["tenant_id"], int(pending["seq"]),
                                             pending["hash"])  # fmt: skip
+            moved = moved or pending["tenant_id"] == tenant
             pending = next(changes, None)
         if n not in stored:
             continue  # a gap: the verifier names it (the digests must link)
-        tree = HeadTree(state)
         entry: dict[str, Any] = {"digest": external(stored[n]), "tenant": tenant}
+        if not moved and n != upto:
+            # the tenant's heads are an earlier entry's: the digest is here for its link
+            # only (a tree over every stream per digest would cost the export O(digests x
+            # streams) hashes)
+            entry.update(tenant_index=None, tenants=None, tenant_path=None, heads=None)
+            entries.append(entry)
+            continue
+        tree = HeadTree(state)
         if tenant in tree.streams_of:
             index, size, path = tree.tenant_path(tenant)
             entry.update(

@@ -111,17 +111,31 @@ def verify_export(
     kept: Mapping[str, Any] | None = None,
     pinned: Ed25519PublicKey | None = None,
 ) -> ExportReport:
-    """Verify the export in ``directory`` (module docstring)."""
+    """Verify the export in ``directory`` (module docstring). A file of the wrong shape
+    (not what the export writes) fails the verification, naming what could not be read."""
     report = ExportReport()
+    try:
+        _verify(directory, kept, pinned, report)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        report.problems.append(ExportProblem(
+            f"the export is malformed, so it cannot be verified ({type(exc).__name__}: {exc})"
+        ))  # fmt: skip
+    return report
+
+
+def _verify(
+    directory: Path, kept: Mapping[str, Any] | None, pinned: Ed25519PublicKey | None,
+    report: ExportReport,
+) -> None:  # fmt: skip
     add = report.problems.append
     try:
         manifest = _load(directory / "manifest.json")
     except (OSError, ValueError) as exc:
         add(ExportProblem(f"no readable manifest.json in {directory}: {exc}"))
-        return report
+        return
     if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
         add(ExportProblem(f"{directory / 'manifest.json'} is not an accord audit export manifest"))
-        return report
+        return
     _check_manifest_signature(manifest, pinned, add)
     listed = {f.get("name") for f in manifest.get("files", [])}
     listed.add((manifest.get("digests_file") or {}).get("name"))
@@ -129,10 +143,10 @@ def verify_export(
         if path.name not in listed and path.name not in ("manifest.json", PROGRESS):
             add(ExportProblem(f"file {path.name} is not in the manifest (added)"))
     digests = _check_digests(directory, manifest, kept, pinned, report)
-    heads = {s: (seq, h) for s, seq, h in digests[-1]["heads"]} if digests else {}
+    heads = {s: (seq, h) for s, seq, h in digests[-1].get("heads") or ()} if digests else {}
     checkpoints: dict[str, dict[int, tuple[int, str]]] = {}
     for entry in digests:
-        for s, seq, h in entry["heads"]:
+        for s, seq, h in entry.get("heads") or ():
             checkpoints.setdefault(s, {})[int(seq)] = (int(entry["digest"]["seq"]), h)
     streams = manifest.get("streams") or {}
     filtered = bool(manifest.get("since") or manifest.get("class"))
@@ -221,7 +235,6 @@ def verify_export(
     if manifest.get("records") != report.records:
         add(ExportProblem("the manifest's record count disagrees with the files",
                           expected=manifest.get("records"), found=report.records))  # fmt: skip
-    return report
 
 
 def _check_manifest_signature(
@@ -291,7 +304,9 @@ def _check_digests(
 
 def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
     digest = entry["digest"]
-    heads = [(str(s), int(seq), str(h)) for s, seq, h in entry.get("heads", [])]
+    if entry.get("heads") is None:
+        return None  # a digest in the export for its link only (export.digest_entries)
+    heads = [(str(s), int(seq), str(h)) for s, seq, h in entry["heads"]]
     if not heads:
         return None  # the tenant had no stream yet at this digest
     tenant_root = tenant_root_from(heads)

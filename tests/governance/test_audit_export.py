@@ -383,6 +383,29 @@ def test_since_starts_each_stream_later_and_until_picks_an_earlier_digest(
     assert "does not reach the digest kept" in report.problems[0].problem
 
 
+def test_digests_that_left_the_tenant_alone_are_exported_for_their_link(
+    client: MongoClient, db_name: str, trail: dict[str, Any], tmp_path: Path
+) -> None:
+    write(client, db_name, "globex", 4, 2)
+    write_digest(trail["uow"], db_name)  # 2: globex moved, acme did not
+    write(client, db_name, "acme", 12, 1)
+    last = external(write_digest(trail["uow"], db_name))  # 3
+    out = tmp_path / "x"
+    _export(trail, db_name, out)
+    digests = json.loads((out / "digests.json").read_text())
+    assert [e["heads"] is None for e in digests] == [False, True, False]
+    assert verify_export(out, kept=last).ok
+    # a digest in the middle removed: the links break
+    del digests[1]
+    (out / "digests.json").write_text(json.dumps(digests))
+    _recompute_manifest(out)
+    assert "does not link" in verify_export(out).problems[0].problem
+    # a file of another shape fails, naming what could not be read
+    (out / "digests.json").write_text("[1]")
+    _recompute_manifest(out)
+    assert "malformed" in verify_export(out).problems[0].problem
+
+
 def test_the_export_command_filters_and_needs_a_digest(
     client: MongoClient, db_name: str, trail: dict[str, Any], tmp_path: Path
 ) -> None:
