@@ -28,11 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 from bson.errors import InvalidId
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from accord.errors import InvalidInputError
 from accord.governance.audit_records import RECORDS, chain_hash
@@ -52,6 +51,9 @@ from accord.governance.digests import (
 from accord.governance.verify import ChainBreak
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
 from accord.platform.context import AUDITOR, Principal, ReadContext
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = ["PROOF_FORMAT", "ExtensionReport", "check_extends", "check_proof", "prove"]
 
