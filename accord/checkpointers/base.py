@@ -281,6 +281,8 @@ class AccordBase(BaseCheckpointSaver[str]):
         reserved = self.reserved_collections()
         for spec in staged:
             name = spec.get("collection")
+            if spec.get("op") == plans.APPEND_EVENT:
+                continue  # accord's workflow log, numbered by its seal hook
             if name in reserved:
                 raise InvalidInputError(
                     f"business writes may not target {name!r}: it is one of accord's own "

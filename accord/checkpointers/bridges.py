@@ -159,6 +159,13 @@ class AnswersSyncCalls:
     def delete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
         self._on_loop(self.adelete_for_runs(run_ids, **kwargs))  # type: ignore[attr-defined]
 
+    def read_workflow_events(
+        self, config: RunnableConfig, workflow: str, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[dict[str, Any]]:
+        return self._on_loop(  # type: ignore[no-any-return]
+            self.aread_workflow_events(config, workflow, after=after, limit=limit)  # type: ignore[attr-defined]
+        )
+
     def sweep(self) -> int:
         return self._on_loop(self.asweep())  # type: ignore[attr-defined,no-any-return]
 
@@ -255,6 +262,12 @@ class AnswersAsyncCalls:
 
     async def adelete_for_runs(self, run_ids: Sequence[str], **kwargs: Any) -> None:
         await in_thread(self.delete_for_runs, run_ids, **kwargs)  # type: ignore[attr-defined]
+
+    async def aread_workflow_events(
+        self, config: RunnableConfig, workflow: str, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[dict[str, Any]]:
+        read = self.read_workflow_events  # type: ignore[attr-defined]
+        return await in_thread(read, config, workflow, after=after, limit=limit)  # type: ignore[no-any-return]
 
     async def asweep(self) -> int:
         return await in_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]

@@ -49,10 +49,11 @@ from typing import Any
 from langgraph.config import get_config
 
 from accord.checkpointers import langgraph_internals
-from accord.checkpointers.plans import VERSION_FIELD, business_op, version_problem
+from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, business_op, version_problem
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
 from accord.errors import ConfigurationError, InvalidInputError
+from accord.platform import workflow_log
 from accord.platform.tenancy import op_problem
 
 _SEND = langgraph_internals.CONFIG_SEND
@@ -60,7 +61,10 @@ _CHECKPOINTER = langgraph_internals.CONFIG_CHECKPOINTER
 _DURABILITY = langgraph_internals.CONFIG_DURABILITY
 _RUNTIME = langgraph_internals.CONFIG_RUNTIME
 
-__all__ = ["insert_one", "update_one", "replace_one", "delete_one", "BUSINESS_CHANNEL"]
+__all__ = [
+    "BUSINESS_CHANNEL", "aread_events", "append_event", "delete_one", "insert_one",
+    "read_events", "replace_one", "update_one",
+]  # fmt: skip
 
 
 def insert_one(collection: str, document: Mapping[str, Any]) -> None:
@@ -137,6 +141,32 @@ def delete_one(
     )
 
 
+def append_event(workflow: str, event: Mapping[str, Any]) -> None:
+    """Stage an event for the shared log of ``workflow`` (module docstring): committed
+    with the task, numbered in commit order (``seq`` 1, 2, 3... per workflow of the run's
+    tenant). ``event`` is a small document (at most 64 KiB of BSON)."""
+    _stage(
+        APPEND_EVENT,
+        workflow_log.COLLECTION,
+        workflow=workflow_log.workflow_name(workflow),
+        event=_document(event, "event"),
+    )
+
+
+def read_events(workflow: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+    """The committed events of ``workflow`` (the run's tenant) with ``seq > after``, in
+    order, at most ``limit`` (1..1000): each ``{"seq", "event", "thread_id", "node",
+    "at"}``. Inside a node of a graph compiled with an accord saver (sync nodes)."""
+    config, _, _, saver = _node_context()
+    return saver.read_workflow_events(config, workflow, after=after, limit=limit)  # type: ignore[no-any-return]
+
+
+async def aread_events(workflow: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+    """:func:`read_events` for async nodes."""
+    config, _, _, saver = _node_context()
+    return await saver.aread_workflow_events(config, workflow, after=after, limit=limit)  # type: ignore[no-any-return]
+
+
 def _expected(version: Any, upsert: bool) -> dict[str, int]:
     """The staged op's ``expect_version`` field, validated."""
     if version is None:
@@ -162,6 +192,24 @@ def _document(value: Any, name: str) -> dict[str, Any]:
 
 
 def _stage(kind: str, collection: str, **fields: Any) -> None:
+    config, conf, send, saver = _node_context()
+    if kind == APPEND_EVENT:
+        name = collection
+        tenant = saver.tenant_of(config)
+        thread = conf.get("thread_id")
+        node_name = (config.get("metadata") or {}).get("langgraph_node")
+        fields["document"] = workflow_log.event_doc(
+            tenant, fields.pop("workflow"), fields.pop("event"),
+            thread_id=thread if isinstance(thread, str) else None,
+            node=node_name if isinstance(node_name, str) else None,
+        )  # fmt: skip
+    else:
+        name = collection_name(collection, saver.reserved_collections())
+    _send(config, conf, send, saver, kind, name, fields)
+
+
+def _node_context() -> tuple[Any, dict[str, Any], Any, Any]:
+    """(config, configurable, send, saver) of the running node, or ConfigurationError."""
     try:
         config = get_config()
     except RuntimeError:
@@ -189,7 +237,14 @@ def _stage(kind: str, collection: str, **fields: Any) -> None:
             "business writes need durability='sync' or 'async': with durability='exit' "
             "LangGraph does not record tasks one by one, so staged writes would be lost."
         )
-    name = collection_name(collection, saver.reserved_collections())
+    return config, conf, send, saver
+
+
+def _send(
+    config: Any, conf: dict[str, Any], send: Any, saver: Any, kind: str, name: str,
+    fields: dict[str, Any],
+) -> None:  # fmt: skip
+    """Check a staged op and put it on the task's writes."""
     tenant = saver.tenant_of(config)
     op: dict[str, Any] = {"op": kind, "collection": name, **fields}
     node = (config.get("metadata") or {}).get("langgraph_node")

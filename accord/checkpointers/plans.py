@@ -30,7 +30,7 @@ from accord.checkpointers import events, schema
 from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
 from accord.errors import ConfigurationError, WriteRefused
 from accord.platform import runs
-from accord.platform.artifacts import BUSINESS
+from accord.platform.artifacts import BUSINESS, WORKFLOW_EVENT
 from accord.platform.context import WriteContext
 from accord.platform.plan import Counts, Expect, Group, Op, OutboxEvent, Plan
 
@@ -174,6 +174,10 @@ def writes_plan(
     return Plan(context(scope, "checkpoint.put_writes", guard, run), groups, [event])
 
 
+#: The staged op that appends an event to a shared workflow log (``business.append_event``).
+APPEND_EVENT = "append_event"
+
+
 def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]:
     """One group per run of consecutive staged ops on the same collection, in order; an
     op staged with ``expect_version`` is a group of its own, expected to match its record
@@ -182,6 +186,19 @@ def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]
     for spec in staged:
         op = business_op(spec)
         name = spec["collection"]
+        if spec["op"] == APPEND_EVENT:
+            # numbered in the transaction by the kernel's seal (platform/workflow_log.py)
+            groups.append(
+                Group(
+                    f"{BUSINESS_PREFIX}{len(groups)}",
+                    db,
+                    name,
+                    WORKFLOW_EVENT.name,
+                    [op],
+                    sources=[spec],
+                )  # fmt: skip
+            )
+            continue
         expected = spec.get("expect_version")
         last = groups[-1] if groups else None
         if (
@@ -279,6 +296,8 @@ def business_op(spec: Mapping[str, Any]) -> Op:
     """The op a staged business write runs: the application's op, keeping the record's
     ``_version`` (and matching only the expected one, with ``expect_version``)."""
     kind = spec["op"]
+    if kind == APPEND_EVENT:
+        return Op("insert", doc=spec["document"])
     if kind == "insert_one":
         return Op("insert", doc={**spec["document"], VERSION_FIELD: 1})
     if kind == "update_one":

@@ -92,6 +92,12 @@ roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find"
 audit = "metadata"
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
+[classes.workflow_event]       # shared workflow logs: appended in a step, numbered by accord
+collection = "accord_workflow_events"
+audit = "metadata"
+subject_fields = ["event.user_id"]
+roles = { runtime = ["find", "insert", "update"], admin = ["find", "insert", "update", "remove"] }
+
 [classes.audit]                # append-only: nobody may update or remove a record
 collection = "audit"
 audit = "off"

@@ -85,6 +85,10 @@ POLICY = ArtifactClass(
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
+WORKFLOW_EVENT = ArtifactClass(
+    "workflow_event", "ordered events the agents of one workflow share, append-only",
+    "accord_workflow_events",
+)  # fmt: skip
 
 CLASSES: dict[str, ArtifactClass] = {
     c.name: c
@@ -105,6 +109,7 @@ CLASSES: dict[str, ArtifactClass] = {
         MIGRATION,
         POLICY,
         BUSINESS,
+        WORKFLOW_EVENT,
     )
 }
 

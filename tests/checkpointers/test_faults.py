@@ -32,7 +32,7 @@ from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import AccordError, DatabaseError, InvalidInputError, TransactionTimeout
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.synchronous.service import MemoryService
-from accord.platform import artifacts, runs
+from accord.platform import artifacts, runs, workflow_log
 from accord.platform.synchronous.catalog import Catalog
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.checkpointers.conftest import config, make_saver
@@ -220,6 +220,7 @@ def test_business_writes_cannot_target_another_components_collections(
             "m_vectors",
             "accord_migrations",
             artifacts.CATALOG_COLLECTION,
+            workflow_log.COLLECTION,
         ]
         # every artifact class that has collections so far is covered (audit records
         # and checkpoint heads have no component writing them yet; applied policies are

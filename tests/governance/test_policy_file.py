@@ -142,9 +142,10 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
         "memory_vector", "business", "audit", "audit_digest", "catalog", "migration", "policy",
+        "workflow_event",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
-                "run", "outbox", "business"):  # fmt: skip
+                "run", "outbox", "business", "workflow_event"):  # fmt: skip
         assert table[cls]["memory-api"] == "-", cls  # the memory API never sees state
         assert table[cls]["auditor"] == "-", cls
     assert {c for c, row in table.items() if row["auditor"] != "-"} == {"audit", "audit_digest"}
@@ -152,6 +153,7 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
     assert table["audit"] == {"runtime": "-", "aggregator": "-", "memory-api": "-",
                               "auditor": "f", "admin": "f"}  # fmt: skip
     assert table["long_term_memory"]["memory-api"] == "fiur"
+    assert table["workflow_event"]["runtime"] == "fiu"  # appended, numbered, never removed
     assert table["short_term_memory"]["aggregator"] == "f"
     assert policy.classes["checkpoint"].retention.keep_latest == 100
     assert policy.classes["short_term_memory"].retention.expire_after == timedelta(days=30)

@@ -6,6 +6,7 @@ This module is the async source; its sync twin ``accord/checkpointers/synchronou
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,10 @@ from accord.checkpointers import cache, langgraph_internals, reads, validation
 from accord.checkpointers.asynchronous.saver_runs import AsyncSaverRuns
 from accord.checkpointers.ownership import ActiveRun
 from accord.checkpointers.storage import Scope
+from accord.errors import InvalidInputError
+from accord.platform import workflow_log
+from accord.platform.artifacts import WORKFLOW_EVENT
+from accord.platform.context import ReadContext
 
 _IS_SYNC = False
 
@@ -85,6 +90,29 @@ class AsyncSaverReads(AsyncSaverRuns):
                 scope.tenant_id, scope.thread_id, scope.checkpoint_ns, entry, epoch
             )
         return tup
+
+    async def aread_workflow_events(
+        self, config: RunnableConfig, workflow: str, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[dict[str, Any]]:
+        """The committed events of ``workflow`` (the tenant of ``config``) with ``seq >
+        after``, in order, at most ``limit`` (``business.read_events``; docs/checkpointer.md,
+        "Workflow event logs")."""
+        await self._ensure_setup()
+        tenant = self.tenant_of(config)
+        name = workflow_log.workflow_name(workflow)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidInputError(f"limit must be an int from 1 to 1000, got {limit!r}")
+        thread = validation.configurable(config).get("thread_id")
+        context = ReadContext(
+            tenant, thread if isinstance(thread, str) else None, operation="workflow.read"
+        )
+        found = await self.uow.find(
+            context, WORKFLOW_EVENT.name, self.business_db, workflow_log.COLLECTION,
+            workflow_log.read_filter(tenant, name, after),
+            projection={"_id": 0, "seq": 1, "event": 1, "thread_id": 1, "node": 1, "at": 1},
+            sort=[("seq", 1)], limit=limit,
+        )  # fmt: skip
+        return builtins.list(found)
 
     async def _settle(self, scope: Scope, ns: str | None) -> None:
         """Read your own writes: wait for this saver's queued puts on the thread (in
