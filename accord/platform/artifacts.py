@@ -78,6 +78,10 @@ MIGRATION = ArtifactClass(
 POLICY = ArtifactClass(
     "policy", "the governance policies applied to the database, versioned", "accord_policies"
 )
+RECORDED_CALL = ArtifactClass(
+    "recorded_call", "tool and model calls of runs: intent, arguments, result",
+    "accord_recorded_calls", thread_scoped=True,
+)  # fmt: skip
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -99,6 +103,7 @@ CLASSES: dict[str, ArtifactClass] = {
         CATALOG,
         MIGRATION,
         POLICY,
+        RECORDED_CALL,
         BUSINESS,
     )
 }

@@ -1,0 +1,135 @@
+"""Acceptance: recorded calls survive SIGKILL (issue 25, item 2).
+
+A real LangGraph graph with an accord saver calls a nondeterministic fake model (a new
+random transfer id every call) and a counter-backed fake bank
+(``tests/durable/recorded_worker.py``). The worker process SIGKILLs itself:
+
+* after the bank call returned, before the node returned: a new process resumes the
+  thread; the bank saw the charge once and the model's recorded decision (the transfer
+  id it charged) was replayed, not asked again;
+* inside the bank call, after the money moved (an intent without a result): a call not
+  declared idempotent raises ``NeedsReconciliation`` and is parked (the bank is never
+  asked twice); an idempotent one is retried once, with the same idempotency key, and the
+  bank (which dedupes on it) moves the money once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from accord.platform import calls
+
+WORKER = Path(__file__).with_name("recorded_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+SAVERS = ["sync", "async"]
+
+
+def run_worker(
+    uri: str, db: str, thread: str, books: Path, saver: str, *extra: str
+) -> tuple[int, dict[str, Any] | None, str]:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--uri", uri, "--db", db, "--thread", thread,
+         "--dir", str(books), "--saver", saver, *extra],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ},
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.returncode, json.loads(lines[-1]) if lines else None, proc.stderr
+
+
+def books(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Any:
+    name = "rc_" + uuid.uuid4().hex[:12]
+    try:
+        yield name
+    finally:
+        client.drop_database(name)
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_crash_after_the_call_replays_the_model_and_charges_once(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    thread = f"pay-{saver}"
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--kill",
+                                "after_charge")  # fmt: skip
+    assert code == -9, (code, out, err)
+    # the worker died with the bank's charge made and recorded, the node unfinished
+    assert [e["charged"] for e in books(tmp_path / "bank.jsonl")] == [True]
+    model_calls = books(tmp_path / "model.jsonl")
+    assert len(model_calls) == 1
+
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver)
+    assert code == 0, (code, out, err)
+    assert out is not None
+    state = out["state"]
+    charges = books(tmp_path / "bank.jsonl")
+    assert len(charges) == 1, charges  # the bank was not called again
+    # the model was not asked again: its first (recorded) decision was replayed
+    assert len(books(tmp_path / "model.jsonl")) == 1
+    assert state["transfer_id"] == model_calls[0]["transfer_id"] == charges[0]["transfer_id"]
+    assert state["confirmed"] is True
+    assert client[db_name]["transfers"].count_documents({}) == 1
+    docs = list(client[db_name]["accord_recorded_calls"].find({}, sort=[("position", 1)]))
+    assert [(d["name"], d["position"], d["status"], d["attempts"]) for d in docs] == [
+        ("model.decide", 0, calls.DONE, 1),
+        ("bank.charge", 1, calls.DONE, 1),
+    ]
+    assert all(d["divergences"] == 0 for d in docs)
+    assert all(d["thread_id"] == thread and d["run_id"] for d in docs)
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_crash_mid_call_parks_a_call_that_is_not_idempotent(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    thread = f"mid-{saver}"
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--kill",
+                                "mid_charge")  # fmt: skip
+    assert code == -9, (code, out, err)
+    assert len(books(tmp_path / "bank.jsonl")) == 1
+
+    for _ in range(2):  # parked: every resume refuses again, never calls the bank
+        code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver)
+        assert code == 3, (code, out, err)
+        assert out is not None and out["error"] == "NeedsReconciliation", out
+        assert "bank.charge" in out["message"] and "position 1" in out["message"]
+    assert len(books(tmp_path / "bank.jsonl")) == 1
+    assert len(books(tmp_path / "model.jsonl")) == 1
+    doc = client[db_name]["accord_recorded_calls"].find_one({"_id": out["key"]})
+    assert doc is not None and doc["status"] == calls.PARKED and doc["name"] == "bank.charge"
+    assert client[db_name]["transfers"].count_documents({}) == 0
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_crash_mid_call_retries_an_idempotent_call_once_with_the_same_key(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    thread = f"idem-{saver}"
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--kill",
+                                "mid_charge", "--idempotent")  # fmt: skip
+    assert code == -9, (code, out, err)
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--idempotent")
+    assert code == 0, (code, out, err)
+    requests = books(tmp_path / "bank.jsonl")
+    # asked twice (the retry), with the same key; the money moved once
+    assert len(requests) == 2 and requests[0]["key"] == requests[1]["key"] is not None
+    assert [r["charged"] for r in requests] == [True, False]
+    assert requests[0]["transfer_id"] == requests[1]["transfer_id"]  # the replayed decision
+    assert len(books(tmp_path / "model.jsonl")) == 1
+    doc = client[db_name]["accord_recorded_calls"].find_one({"name": "bank.charge"})
+    assert doc is not None and doc["_id"] == requests[0]["key"]
+    assert doc["status"] == calls.DONE and doc["attempts"] == 2
+    assert client[db_name]["transfers"].count_documents({}) == 1
