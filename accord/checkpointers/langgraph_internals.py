@@ -192,6 +192,14 @@ def problems() -> list[str]:
     for attr in (*_LOOP_ATTRIBUTES, "checkpoint"):
         if attr not in assigned:
             found.append(f"PregelLoop no longer sets self.{attr}")
-    if "control" not in {f.name for f in dataclasses.fields(Runtime)}:
-        found.append("langgraph.runtime.Runtime has no `control` field")
+    runtime_fields = {f.name for f in dataclasses.fields(Runtime)}
+    for name in ("control", "execution_info"):
+        if name not in runtime_fields:
+            found.append(f"langgraph.runtime.Runtime has no `{name}` field")
+    from langgraph.runtime import ExecutionInfo
+
+    info_fields = {f.name for f in dataclasses.fields(ExecutionInfo)}
+    for name in ("checkpoint_id", "checkpoint_ns", "task_id", "node_attempt"):
+        if name not in info_fields:
+            found.append(f"langgraph.runtime.ExecutionInfo has no `{name}` field")
     return found
