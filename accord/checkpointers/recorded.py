@@ -316,7 +316,7 @@ def recorded_call(
         log.retrying(here.site, here.lease)
         return _make_sync(log, here, name, fn, args, kwargs, _idempotent)
     if doc.get("status") != calls.PARKED:
-        log.park(here.site, "intent without result; not idempotent", here.lease)
+        log.park(here.site, name, "intent without result; not idempotent", here.lease)
     raise _parked(here, name, doc)
 
 
@@ -390,7 +390,7 @@ async def arecorded_call(
         await run(log.retrying, here.site, here.lease)
         return await _make_async(run, log, here, name, fn, args, kwargs, _idempotent)
     if doc.get("status") != calls.PARKED:
-        await run(log.park, here.site, "intent without result; not idempotent", here.lease)
+        await run(log.park, here.site, name, "intent without result; not idempotent", here.lease)
     raise _parked(here, name, doc)
 
 

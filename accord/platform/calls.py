@@ -208,6 +208,25 @@ def park_op(key: str, reason: str, *, at: _dt.datetime) -> Op:
     )
 
 
+def run_parked_op(tenant_id: str, thread_id: str, key: str, name: str, *, at: _dt.datetime) -> Op:
+    """Mark the thread's run-registry document as parked on call ``key`` (what ``accord
+    runs`` shows as waiting for a human). Never creates the document."""
+    return Op(
+        "update",
+        {"_id": run_doc_id(tenant_id, thread_id)},
+        {"$set": {"parked": {"call": key, "name": name, "at": at}}},
+    )
+
+
+def run_unparked_op(tenant_id: str, thread_id: str, key: str) -> Op:
+    """Clear the parked mark of call ``key`` (it was settled)."""
+    return Op(
+        "update",
+        {"_id": run_doc_id(tenant_id, thread_id), "parked.call": key},
+        {"$unset": {"parked": ""}},
+    )
+
+
 def resolve_op(key: str, result: Mapping[str, Any], *, by: str, at: _dt.datetime) -> Op:
     """A human settles an unsettled call with the result it had (re-executions replay
     it). Expect ``matched == 1``."""

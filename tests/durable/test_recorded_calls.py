@@ -169,12 +169,17 @@ def test_a_call_raising_is_parked_then_settled_by_a_human(
     assert "not declared idempotent" in str(err) and err.key in str(err)
     listed = unsettled_calls(saver, thread_id="t4")
     assert [(c["_id"], c["status"]) for c in listed] == [(err.key, calls.PARKED)]
+    run_doc = client[db_name]["runs"].find_one({"_id": runs.run_doc_id(saver.tenant_id, "t4")})
+    assert run_doc is not None and run_doc["parked"]["call"] == err.key
+    assert run_doc["parked"]["name"] == "fake.transfer"
     resolve_call(saver, "t4", err.key, "receipt-from-the-bank", by="user:ops")
     result = graph.invoke(None, cfg("t4"))
     assert result["out"] == ["receipt-from-the-bank"] and len(fake.calls) == 1
     doc = client[db_name][CALLS].find_one({"_id": err.key})
     assert doc is not None and doc["status"] == calls.DONE and doc["resolved_by"] == "user:ops"
     assert unsettled_calls(saver, thread_id="t4") == []
+    run_doc = client[db_name]["runs"].find_one({"_id": runs.run_doc_id(saver.tenant_id, "t4")})
+    assert run_doc is not None and "parked" not in run_doc
 
 
 def test_a_run_that_lost_its_lease_cannot_record_or_make_a_call(

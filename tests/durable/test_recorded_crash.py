@@ -58,20 +58,27 @@ def db_name(client: MongoClient) -> Any:
         client.drop_database(name)
 
 
+@pytest.mark.parametrize("durability", ["async", "sync"])
 @pytest.mark.parametrize("saver", SAVERS)
 def test_crash_after_the_call_replays_the_model_and_charges_once(
-    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+    mongo_uri: str,
+    client: MongoClient,
+    db_name: str,
+    tmp_path: Path,
+    saver: str,
+    durability: str,
 ) -> None:
     thread = f"pay-{saver}"
     code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--kill",
-                                "after_charge")  # fmt: skip
+                                "after_charge", "--durability", durability)  # fmt: skip
     assert code == -9, (code, out, err)
     # the worker died with the bank's charge made and recorded, the node unfinished
     assert [e["charged"] for e in books(tmp_path / "bank.jsonl")] == [True]
     model_calls = books(tmp_path / "model.jsonl")
     assert len(model_calls) == 1
 
-    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver)
+    code, out, err = run_worker(mongo_uri, db_name, thread, tmp_path, saver, "--durability",
+                                durability)  # fmt: skip
     assert code == 0, (code, out, err)
     assert out is not None
     state = out["state"]
@@ -110,6 +117,8 @@ def test_crash_mid_call_parks_a_call_that_is_not_idempotent(
     assert len(books(tmp_path / "model.jsonl")) == 1
     doc = client[db_name]["accord_recorded_calls"].find_one({"_id": out["key"]})
     assert doc is not None and doc["status"] == calls.PARKED and doc["name"] == "bank.charge"
+    run_doc = client[db_name]["runs"].find_one({"thread_id": thread})
+    assert run_doc is not None and run_doc["parked"]["call"] == out["key"]  # the run waits
     assert client[db_name]["transfers"].count_documents({}) == 0
 
 

@@ -19,7 +19,7 @@ from pymongo import ASCENDING, IndexModel
 
 from accord.errors import ConcurrentRunError, WriteRefused
 from accord.platform import calls, codes, runs
-from accord.platform.artifacts import RECORDED_CALL
+from accord.platform.artifacts import RECORDED_CALL, RUN
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Counts, Expect, Group, Op, Plan
 from accord.platform.synchronous.catalog import Catalog
@@ -146,11 +146,15 @@ class CallLog:
             "calls.retry", expect=Expect(matched=1, error=_changed(site.key)),
         )  # fmt: skip
 
-    def park(self, site: calls.CallSite, reason: str, lease: runs.Lease | None) -> None:
-        """Park the unsettled call at ``site`` for a human."""
+    def park(self, site: calls.CallSite, name: str, reason: str, lease: runs.Lease | None) -> None:
+        """Park the unsettled call at ``site`` for a human, and mark the thread's
+        run-registry document as parked on it (``parked``), in one transaction."""
         at = runs.now()
+        mark = Group("parked", self.db, self.runs_collection, RUN.name,
+                     [calls.run_parked_op(site.tenant_id, site.thread_id, site.key, name, at=at)])  # fmt: skip
         self._write(site.tenant_id, site.thread_id,
-                          calls.park_op(site.key, reason, at=at), lease, "calls.park")  # fmt: skip
+                          calls.park_op(site.key, reason, at=at), lease, "calls.park",
+                          extra=mark)  # fmt: skip
 
     def diverged(self, site: calls.CallSite, args_digest: str, lease: runs.Lease | None) -> None:
         """Count a re-execution of ``site`` whose arguments differ from the recorded."""
@@ -178,8 +182,11 @@ class CallLog:
                 f"resolved already, or does not exist); nothing was written."
             )
 
+        unmark = Group("parked", self.db, self.runs_collection, RUN.name,
+                       [calls.run_unparked_op(tenant_id, thread_id, key)])  # fmt: skip
         self._write(tenant_id, thread_id, calls.resolve_op(key, result, by=by, at=at),
-                          None, "calls.resolve", expect=Expect(matched=1, error=missing))  # fmt: skip
+                          None, "calls.resolve", expect=Expect(matched=1, error=missing),
+                          extra=unmark)  # fmt: skip
 
     def _write(
         self,
@@ -190,6 +197,7 @@ class CallLog:
         operation: str,
         *,
         expect: Expect | None = None,
+        extra: Group | None = None,
     ) -> None:
         plan = Plan(WriteContext(tenant_id=tenant_id, thread_id=thread_id,
                                  operation=operation, run=lease))  # fmt: skip
@@ -197,4 +205,6 @@ class CallLog:
             plan.add(calls.fence_group(self.db, self.runs_collection, lease, at=runs.now()))
         plan.add(Group(CALL_GROUP, self.db, self.collection, RECORDED_CALL.name, [op],
                        expect=expect))  # fmt: skip
+        if extra is not None:
+            plan.add(extra)
         self.uow.execute(plan)
