@@ -38,12 +38,14 @@ import functools
 import hashlib
 import inspect
 import json
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from types import CodeType
 from typing import Any, Literal, cast
 
+from accord.checkpointers.recorded import call_log
 from accord.errors import ConfigurationError
-from accord.platform import bundles, runs
+from accord.platform import bundles, calls, runs
 from accord.platform.asynchronous.bundle_pins import AsyncBundlePins
 from accord.platform.bundles import Bundle, Migrations, Override
 from accord.platform.synchronous.bundle_pins import BundlePins
@@ -112,6 +114,45 @@ def fingerprint(graph: Any) -> str:
 # --- pinned runs ------------------------------------------------------------------------
 
 
+def _checkpoint_id(snapshot: Any) -> str:
+    return str(snapshot.config["configurable"]["checkpoint_id"])
+
+
+def _carried(held: list[Any], before: Any, after: Any) -> list[dict[str, Any]]:
+    """The recorded calls of the tasks due at ``before`` (the checkpoint a migration
+    updated), moved to the same tasks at ``after`` (the migration's checkpoint, where
+    LangGraph runs them again under new ids): the resumed task replays them. A task is
+    the same when its node and path are."""
+    old = {t.id: (t.name, tuple(t.path)) for t in before.tasks}
+    new = {(t.name, tuple(t.path)): t.id for t in after.tasks}
+    checkpoint_id = _checkpoint_id(after)
+    out = []
+    for doc in held:
+        task_id = new.get(old.get(doc["task_id"], ("", ())))
+        ns = str(doc["checkpoint_ns"])
+        if task_id is None or not ns.endswith(":" + doc["task_id"]):
+            continue  # the task is no longer due after the migration
+        new_ns = ns[: -len(doc["task_id"])] + task_id
+        out.append(calls.carried(doc, checkpoint_ns=new_ns, checkpoint_id=checkpoint_id,
+                                 task_id=task_id))  # fmt: skip
+    return out
+
+
+def _subgraph_in_flight(thread: str, pinned: Bundle, current: Bundle, node: str) -> Any:
+    error = bundles.mismatch(thread, pinned, current)
+    error.args = (
+        f"{error}; besides, node {node!r} of the paused step made recorded calls inside a "
+        f"subgraph, which a migration cannot carry over: resume the step on bundle "
+        f"{pinned.version!r} first, or pass an Override.",
+    )
+    return error
+
+
+def _mover() -> str:
+    """The run id of a pin's move (it holds the thread for an instant)."""
+    return f"accord-bundle-{secrets.token_hex(8)}"
+
+
 class PinnedGraph:
     """A compiled graph whose runs are pinned to ``bundle`` (module docstring).
 
@@ -170,16 +211,28 @@ class PinnedGraph:
             return "pinned"
         if pinned.digest == self.bundle.digest:
             return "same"
+        if override is None:
+            route = self._route(thread, pinned)
+        # a pin moves (and state migrates) only while no run holds the thread: a run
+        # that died (its worker was killed) is taken over here, as its next run would
+        self.saver.leases.release(self.saver.leases.claim(tenant, thread, _mover()))
         if override is not None:
             entry = bundles.history_entry("override", at=at, old=pinned, new=self.bundle,
                                           by=override.by, reason=override.reason)  # fmt: skip
             self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
             return "override"
-        route = self._route(thread, pinned)
+        before = self.graph.get_state(config)
+        log = call_log(self.saver)
+        log.setup()
+        held = log.of_checkpoint(tenant, thread, _checkpoint_id(before))
+        for task in before.tasks:
+            if log.nested(tenant, thread, f"{task.name}:{task.id}"):
+                raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
         for _, _, migrate in route:
             updates = migrate(dict(self.graph.get_state(config).values))
             if updates:
                 self.graph.update_state(config, dict(updates))
+        log.carry(tenant, thread, _carried(held, before, self.graph.get_state(config)))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,
                                       steps=[f"{a}->{b}" for a, b, _ in route])  # fmt: skip
         self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
@@ -198,16 +251,28 @@ class PinnedGraph:
             return "pinned"
         if pinned.digest == self.bundle.digest:
             return "same"
+        if override is None:
+            route = self._route(thread, pinned)
+        leases = self.saver.leases
+        await leases.release(await leases.claim(tenant, thread, _mover()))
         if override is not None:
             entry = bundles.history_entry("override", at=at, old=pinned, new=self.bundle,
                                           by=override.by, reason=override.reason)  # fmt: skip
             await self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
             return "override"
-        route = self._route(thread, pinned)
+        before = await self.graph.aget_state(config)
+        log = call_log(self.saver)
+        await log.setup()
+        held = await log.of_checkpoint(tenant, thread, _checkpoint_id(before))
+        for task in before.tasks:
+            if await log.nested(tenant, thread, f"{task.name}:{task.id}"):
+                raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
         for _, _, migrate in route:
             updates = migrate(dict((await self.graph.aget_state(config)).values))
             if updates:
                 await self.graph.aupdate_state(config, dict(updates))
+        after = await self.graph.aget_state(config)
+        await log.carry(tenant, thread, _carried(held, before, after))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,
                                       steps=[f"{a}->{b}" for a, b, _ in route])  # fmt: skip
         await self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)

@@ -177,6 +177,12 @@ _LOGS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _LOGS_MUTEX = threading.Lock()
 
 
+def call_log(saver: Any) -> Any:
+    """The call log (:class:`~accord.platform.synchronous.call_log.CallLog`, or the async
+    one for an :class:`~accord.checkpointers.AsyncAccordSaver`) on ``saver``'s kernel."""
+    return _log_of(saver)
+
+
 def _log_of(saver: Any) -> Any:
     """The call log on ``saver``'s kernel and database (one per saver)."""
     with _LOGS_MUTEX:
@@ -264,6 +270,12 @@ def _with_key(fn: Callable[..., Any], kwargs: dict[str, Any], key: str) -> dict[
     return {**kwargs, KEY_ARGUMENT: key} if takes else kwargs
 
 
+def _key_of(doc: Mapping[str, Any]) -> str:
+    """The provider-facing idempotency key of a record (a carried record keeps its
+    original's: :func:`accord.platform.calls.carried`)."""
+    return str(doc.get("idempotency_key") or doc["_id"])
+
+
 def _not_saved(here: _Here) -> TaskWriteError:
     return TaskWriteError(
         f"checkpoint {here.site.checkpoint_id} that task {here.site.task_id} runs from was "
@@ -314,7 +326,7 @@ def recorded_call(
         return _result_value(here, doc)  # type: ignore[no-any-return]
     if decision == "retry":
         log.retrying(here.site, here.lease)
-        return _make_sync(log, here, name, fn, args, kwargs, _idempotent)
+        return _make_sync(log, here, name, fn, args, kwargs, _idempotent, _key_of(doc))
     if doc.get("status") != calls.PARKED:
         log.park(here.site, name, "intent without result; not idempotent", here.lease)
     raise _parked(here, name, doc)
@@ -328,8 +340,9 @@ def _make_sync(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     idempotent: bool,
+    key: str | None = None,
 ) -> R:
-    call_kwargs = _with_key(fn, kwargs, here.site.key) if idempotent else kwargs
+    call_kwargs = _with_key(fn, kwargs, key or here.site.key) if idempotent else kwargs
     try:
         result = fn(*args, **call_kwargs)
     except Exception as exc:
@@ -388,7 +401,7 @@ async def arecorded_call(
         return _result_value(here, doc)  # type: ignore[no-any-return]
     if decision == "retry":
         await run(log.retrying, here.site, here.lease)
-        return await _make_async(run, log, here, name, fn, args, kwargs, _idempotent)
+        return await _make_async(run, log, here, name, fn, args, kwargs, _idempotent, _key_of(doc))
     if doc.get("status") != calls.PARKED:
         await run(log.park, here.site, name, "intent without result; not idempotent", here.lease)
     raise _parked(here, name, doc)
@@ -403,8 +416,9 @@ async def _make_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     idempotent: bool,
+    key: str | None = None,
 ) -> R:
-    call_kwargs = _with_key(fn, kwargs, here.site.key) if idempotent else kwargs
+    call_kwargs = _with_key(fn, kwargs, key or here.site.key) if idempotent else kwargs
     try:
         result = await fn(*args, **call_kwargs)
     except Exception as exc:

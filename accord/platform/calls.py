@@ -164,6 +164,27 @@ def intent_doc(
     }
 
 
+def carried(
+    doc: Mapping[str, Any], *, checkpoint_ns: str, checkpoint_id: str, task_id: str
+) -> dict[str, Any]:
+    """``doc`` (a recorded call of a task) moved to the same task of another checkpoint:
+    a bundle migration writes a new checkpoint under a paused or crashed task, which
+    LangGraph then runs again under a new task id. The copy has the new site's key as
+    ``_id`` and keeps the provider-facing ``idempotency_key`` of the original, so a
+    retried idempotent call is still deduplicated by its provider."""
+    site = CallSite(doc["tenant_id"], doc["thread_id"], checkpoint_ns, checkpoint_id,
+                    task_id, int(doc["position"]))  # fmt: skip
+    return {
+        **dict(doc),
+        "_id": site.key,
+        "checkpoint_ns": checkpoint_ns,
+        "checkpoint_id": checkpoint_id,
+        "task_id": task_id,
+        "idempotency_key": doc.get("idempotency_key") or doc["_id"],
+        "carried_from": doc["_id"],
+    }
+
+
 def _unsettled(key: str) -> dict[str, Any]:
     return {"_id": key, "status": {"$in": list(UNSETTLED)}}
 

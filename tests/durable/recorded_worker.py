@@ -22,7 +22,8 @@ without it):
   returned: the call has an intent and no result.
 
 ``--idempotent``: the bank call is declared idempotent and the bank dedupes on the
-key it is given. The outcome is printed as one JSON line: the final state, or the error.
+key it is given. ``--bundle VERSION``: the graph runs through ``PinnedGraph`` on that
+bundle (``--migrate``: with a migration from v1 to it, which marks the state). The outcome is printed as one JSON line: the final state, or the error.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 from pymongo import AsyncMongoClient, MongoClient  # noqa: E402
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver, business  # noqa: E402
+from accord.checkpointers.bundles import PinnedGraph  # noqa: E402
 from accord.checkpointers.recorded import recorded  # noqa: E402
 from accord.errors import AccordError  # noqa: E402
+from accord.platform.bundles import Bundle, Migrations  # noqa: E402
 
 
 class State(TypedDict, total=False):
@@ -54,6 +57,7 @@ class State(TypedDict, total=False):
     transfer_id: str
     receipt: str
     confirmed: bool
+    migrated: bool
 
 
 def _append(path: Path, entry: dict[str, Any]) -> None:
@@ -153,7 +157,14 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
     g.add_edge(START, "pay")
     g.add_edge("pay", "confirm")
     g.add_edge("confirm", END)
-    return g.compile(checkpointer=saver)
+    graph = g.compile(checkpointer=saver)
+    if args.bundle is None:
+        return graph
+    migrations = Migrations()
+    if args.migrate:
+        migrations.register("v1", args.bundle)(lambda values: {"migrated": True})
+    bundle = Bundle(args.bundle, models={"chat": f"model-{args.bundle}"})
+    return PinnedGraph(graph, bundle, migrations=migrations)
 
 
 def run_sync(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,6 +205,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--durability", choices=("sync", "async"), default="async")
     p.add_argument("--kill", choices=("after_charge", "mid_charge"))
     p.add_argument("--idempotent", action="store_true")
+    p.add_argument("--bundle")
+    p.add_argument("--migrate", action="store_true")
     args = p.parse_args(argv)
     try:
         state = run_sync(args) if args.saver == "sync" else asyncio.run(run_async(args))

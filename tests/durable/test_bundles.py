@@ -10,10 +10,12 @@ from typing import Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
 from pymongo import AsyncMongoClient, MongoClient
 
 from accord.checkpointers import AsyncAccordSaver
 from accord.checkpointers.bundles import PinnedGraph, fingerprint
+from accord.checkpointers.recorded import recorded
 from accord.errors import BundleMismatch, ConcurrentRunError, ConfigurationError
 from accord.platform.bundles import Bundle, Migrations, Override, changes, text_digest
 from tests.checkpointers.conftest import make_saver
@@ -207,3 +209,39 @@ def test_bundle_rules() -> None:
     assert Bundle.of_document(V2.document()) == V2 and V2.digest != V1.digest
     with pytest.raises(ConfigurationError):
         Bundle("")
+
+
+def test_a_migration_under_a_paused_task_keeps_its_recorded_calls(
+    saver: Any, client: MongoClient, db_name: str
+) -> None:
+    """The migration writes a new checkpoint under a task paused by interrupt(): LangGraph
+    runs the task again under a new id, and its calls made before the pause are carried
+    over to it, so they are replayed, not made again."""
+    charges: list[int] = []
+
+    @recorded(name="fake.charge")
+    def charge(cents: int) -> str:
+        charges.append(cents)
+        return f"receipt-{len(charges)}"
+
+    def pay(state: State) -> State:
+        receipt = charge(500)
+        answer = interrupt("approve?")
+        return {"sent": f"{receipt} {answer} {state.get('greeting', '')}"}
+
+    g = StateGraph(State)
+    g.add_node("pay", pay)
+    g.add_edge(START, "pay")
+    g.add_edge("pay", END)
+    graph = g.compile(checkpointer=saver)
+    PinnedGraph(graph, V1).invoke({"name": "Fay"}, cfg("g"))
+    assert charges == [500]
+    migrations = Migrations()
+    migrations.register("v1", "v2")(lambda values: {"greeting": "migrated"})
+    result = PinnedGraph(graph, V2, migrations=migrations).invoke(Command(resume="yes"), cfg("g"))
+    assert charges == [500]  # replayed under the task's new id
+    assert result["sent"] == "receipt-1 yes migrated"
+    docs = list(client[db_name]["accord_recorded_calls"].find({"name": "fake.charge"}))
+    assert len(docs) == 2 and {d["idempotency_key"] for d in docs if "carried_from" in d} == {
+        d["_id"] for d in docs if "carried_from" not in d
+    }

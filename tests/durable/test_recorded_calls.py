@@ -211,3 +211,30 @@ def test_misuse_is_named(saver: AccordSaver, mongo_uri: str, db_name: str) -> No
         graph = one_node(async_saver, lambda s: {"out": [recorded_call(FakeCounter(), 1)]})
         with pytest.raises(ConfigurationError, match="sync but the graph's saver is Async"):
             graph.invoke({"out": []}, cfg("t6"))
+
+
+def test_calls_in_a_subgraph_are_recorded_and_replayed(
+    saver: AccordSaver, client: MongoClient, db_name: str
+) -> None:
+    fake = FakeCounter()
+    tool = recorded(name="fake.inner")(fake)
+
+    def inner(state: State) -> State:
+        first = tool("in")
+        interrupt("approve?")
+        return {"out": [first]}
+
+    sub = StateGraph(State)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    g = StateGraph(State)
+    g.add_node("sub", sub.compile())
+    g.add_edge(START, "sub")
+    g.add_edge("sub", END)
+    graph = g.compile(checkpointer=saver)
+    graph.invoke({"out": []}, cfg("t7"))
+    result = graph.invoke(Command(resume="ok"), cfg("t7"))
+    assert fake.calls == [("in",)] and result["out"] == ["r1"]
+    doc = client[db_name][CALLS].find_one({"name": "fake.inner"})
+    assert doc is not None and "|inner:" in doc["checkpoint_ns"]

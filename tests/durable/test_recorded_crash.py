@@ -142,3 +142,35 @@ def test_crash_mid_call_retries_an_idempotent_call_once_with_the_same_key(
     assert doc is not None and doc["_id"] == requests[0]["key"]
     assert doc["status"] == calls.DONE and doc["attempts"] == 2
     assert client[db_name]["transfers"].count_documents({}) == 1
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_a_run_crashed_on_bundle_v1_is_refused_on_v2_and_resumes(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    """Bundle pinning across a real crash: the run SIGKILLed on v1 is refused by a worker
+    on v2 (nothing runs, the bank is not called), then resumes on v1 unchanged; a second
+    thread crashed on v1 resumes on v2 once a migration is registered."""
+    for thread in ("pinned-a", "pinned-b"):
+        code, out, err = run_worker(mongo_uri, db_name, f"{thread}-{saver}", tmp_path, saver,
+                                    "--kill", "after_charge", "--bundle", "v1")  # fmt: skip
+        assert code == -9, (code, out, err)
+        code, out, err = run_worker(mongo_uri, db_name, f"{thread}-{saver}", tmp_path, saver,
+                                    "--bundle", "v2")  # fmt: skip
+        assert code == 3 and out is not None and out["error"] == "BundleMismatch", (out, err)
+        assert "pinned to bundle 'v1'" in out["message"] and "model:chat" in out["message"]
+    assert len(books(tmp_path / "bank.jsonl")) == 2  # one charge per thread, none since
+
+    code, out, err = run_worker(mongo_uri, db_name, f"pinned-a-{saver}", tmp_path, saver,
+                                "--bundle", "v1")  # fmt: skip
+    assert code == 0, (out, err)
+    assert out is not None and out["state"]["confirmed"] and "migrated" not in out["state"]
+    code, out, err = run_worker(mongo_uri, db_name, f"pinned-b-{saver}", tmp_path, saver,
+                                "--bundle", "v2", "--migrate")  # fmt: skip
+    assert code == 0, (out, err)
+    assert out is not None and out["state"]["confirmed"] and out["state"]["migrated"] is True
+    assert len(books(tmp_path / "bank.jsonl")) == 2  # still one charge per thread
+    assert len(books(tmp_path / "model.jsonl")) == 2
+    pin = client[db_name]["runs"].find_one({"thread_id": f"pinned-b-{saver}"})
+    assert pin is not None and pin["bundle"]["version"] == "v2"
+    assert [e["kind"] for e in pin["bundle_history"]] == ["pinned", "migrated"]

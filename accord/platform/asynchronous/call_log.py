@@ -12,6 +12,7 @@ This module is the async source; its sync twin is generated from it by
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ from accord.platform.artifacts import RECORDED_CALL, RUN
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.context import ReadContext, WriteContext
-from accord.platform.plan import Counts, Expect, Group, Op, Plan
+from accord.platform.plan import Counts, Expect, Group, Op, Plan, insert_once
 
 _IS_SYNC = False
 
@@ -107,7 +108,35 @@ class AsyncCallLog:
             projection={"args": 0, "result": 0}, sort=[("intent_at", 1)],
         )  # fmt: skip
 
+    async def of_checkpoint(self, tenant_id: str, thread_id: str, checkpoint_id: str) -> list[Any]:
+        """The recorded calls of the tasks that run from ``checkpoint_id``."""
+        context = ReadContext(tenant_id=tenant_id, thread_id=thread_id, operation="calls.read")
+        return await self.uow.find(
+            context, RECORDED_CALL.name, self.db, self.collection,
+            {"tenant_id": tenant_id, "thread_id": thread_id, "checkpoint_id": checkpoint_id},
+            sort=[("checkpoint_ns", 1), ("position", 1)],
+        )  # fmt: skip
+
+    async def nested(self, tenant_id: str, thread_id: str, task_ns: str) -> int:
+        """How many recorded calls were made inside subgraphs of the task ``task_ns``."""
+        context = ReadContext(tenant_id=tenant_id, thread_id=thread_id, operation="calls.read")
+        return await self.uow.count(
+            context, RECORDED_CALL.name, self.db, self.collection,
+            {"tenant_id": tenant_id, "thread_id": thread_id,
+             "checkpoint_ns": {"$regex": "^" + re.escape(task_ns + "|")}},
+        )  # fmt: skip
+
     # --- writes -----------------------------------------------------------------------
+
+    async def carry(self, tenant_id: str, thread_id: str, docs: list[Mapping[str, Any]]) -> None:
+        """Record ``docs`` (:func:`calls.carried` copies), once, in one transaction."""
+        if not docs:
+            return
+        plan = Plan(WriteContext(tenant_id=tenant_id, thread_id=thread_id,
+                                 operation="calls.carry"))  # fmt: skip
+        plan.add(Group(CALL_GROUP, self.db, self.collection, RECORDED_CALL.name,
+                       [insert_once(d) for d in docs]))  # fmt: skip
+        await self.uow.execute(plan)
 
     async def intend(self, doc: Mapping[str, Any], lease: runs.Lease | None) -> bool:
         """Record the intent ``doc`` (:func:`calls.intent_doc`) before the call. False
