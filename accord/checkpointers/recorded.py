@@ -250,8 +250,8 @@ def _parked(here: _Here, name: str, doc: Mapping[str, Any]) -> NeedsReconciliati
     return NeedsReconciliation(
         f"{site.describe(name)} {what} and has no recorded result (idempotency key "
         f"{site.key}); it is not declared idempotent, so it was not made again. Check "
-        f"with the provider whether it took effect, then settle it: `accord runs calls "
-        f"resolve {site.thread_id} {site.key} --result JSON` (or CallLog.resolve), or "
+        f"with the provider whether it took effect, then settle it: `accord runs "
+        f"resolve {site.thread_id} {site.key} --result JSON` (or resolve_call), or "
         f"declare the call idempotent if the provider dedupes on the key.",
         key=site.key, name=name, thread_id=site.thread_id, task_id=site.task_id,
         position=site.position,
