@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
 from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp
 
 from accord.checkpointers import langgraph_internals
 from accord.errors import ConfigurationError, NeedsReconciliation, TaskWriteError
@@ -345,6 +346,9 @@ def _make_sync(
     call_kwargs = _with_key(fn, kwargs, key or here.site.key) if idempotent else kwargs
     try:
         result = fn(*args, **call_kwargs)
+    except GraphBubbleUp:  # interrupt(), a Command to the parent: not a failure
+        log.withdraw(here.site, here.lease)
+        raise
     except Exception as exc:
         log.failed(here.site, f"{type(exc).__name__}: {exc}", here.lease)
         raise
@@ -421,6 +425,9 @@ async def _make_async(
     call_kwargs = _with_key(fn, kwargs, key or here.site.key) if idempotent else kwargs
     try:
         result = await fn(*args, **call_kwargs)
+    except GraphBubbleUp:  # interrupt(), a Command to the parent: not a failure
+        await run(log.withdraw, here.site, here.lease)
+        raise
     except Exception as exc:
         await run(log.failed, here.site, f"{type(exc).__name__}: {exc}", here.lease)
         raise

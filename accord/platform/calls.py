@@ -208,6 +208,13 @@ def failure_op(key: str, error: str, *, at: _dt.datetime) -> Op:
     )
 
 
+def withdraw_op(key: str) -> Op:
+    """Remove the intent of a call that did not end but handed control back to LangGraph
+    (it called ``interrupt()``): LangGraph runs it again from its start on resume, as it
+    runs every node that interrupts."""
+    return Op("delete", {"_id": key, "status": INTENT})
+
+
 def retry_op(key: str, *, lease: Lease | None, at: _dt.datetime) -> Op:
     """An unsettled call is made again, with the same key (an idempotent call)."""
     return Op(

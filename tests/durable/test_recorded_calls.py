@@ -238,3 +238,22 @@ def test_calls_in_a_subgraph_are_recorded_and_replayed(
     assert fake.calls == [("in",)] and result["out"] == ["r1"]
     doc = client[db_name][CALLS].find_one({"name": "fake.inner"})
     assert doc is not None and "|inner:" in doc["checkpoint_ns"]
+
+
+def test_a_call_that_interrupts_is_made_again_on_resume(
+    saver: AccordSaver, client: MongoClient, db_name: str
+) -> None:
+    asked: list[str] = []
+
+    @recorded(name="fake.approval")
+    def approval(what: str) -> str:
+        asked.append(what)
+        return str(interrupt(f"approve {what}?"))  # LangGraph re-runs it on resume
+
+    graph = one_node(saver, lambda s: {"out": [approval("wire")]})
+    graph.invoke({"out": []}, cfg("t8"))
+    assert client[db_name][CALLS].count_documents({}) == 0  # withdrawn, not failed
+    result = graph.invoke(Command(resume="yes"), cfg("t8"))
+    assert result["out"] == ["yes"] and asked == ["wire", "wire"]
+    doc = client[db_name][CALLS].find_one({"name": "fake.approval"})
+    assert doc is not None and doc["status"] == calls.DONE

@@ -167,6 +167,11 @@ class CallLog:
         self._write(site.tenant_id, site.thread_id,
                           calls.failure_op(site.key, error, at=at), lease, "calls.failed")  # fmt: skip
 
+    def withdraw(self, site: calls.CallSite, lease: runs.Lease | None) -> None:
+        """Remove the intent of the call at ``site`` (it paused with ``interrupt()``)."""
+        self._write(site.tenant_id, site.thread_id, calls.withdraw_op(site.key), lease,
+                          "calls.withdraw")  # fmt: skip
+
     def retrying(self, site: calls.CallSite, lease: runs.Lease | None) -> None:
         """The unsettled call at ``site`` is made again with its key."""
         at = runs.now()
