@@ -153,6 +153,13 @@ def _here(name: str) -> _Here:
             f"{type(saver).__name__ if saver is not None else 'no checkpointer'}): its "
             f"intent and result are committed beside the run's checkpoints."
         )
+    if conf.get(langgraph_internals.CONFIG_DURABILITY, "async") == "exit":
+        raise ConfigurationError(
+            f"recorded call {name!r} needs durability='sync' or 'async': with "
+            f"durability='exit' LangGraph saves no checkpoint until the run ends, so a "
+            f"crash would re-create the task under another id and its calls would not be "
+            f"found."
+        )
     runtime = langgraph_internals.runtime_of(config)
     info = getattr(runtime, "execution_info", None)
     token = langgraph_internals.task_token(config)

@@ -207,6 +207,9 @@ def test_misuse_is_named(saver: AccordSaver, mongo_uri: str, db_name: str) -> No
     tool = recorded(FakeCounter())
     with pytest.raises(ConfigurationError, match="outside a running LangGraph node"):
         tool("x")
+    graph = one_node(saver, lambda s: {"out": [tool("y")]})
+    with pytest.raises(ConfigurationError, match="durability='sync' or 'async'"):
+        graph.invoke({"out": []}, cfg("t9"), durability="exit")
     with make_saver("async", mongo_uri, db_name) as async_saver:
         graph = one_node(async_saver, lambda s: {"out": [recorded_call(FakeCounter(), 1)]})
         with pytest.raises(ConfigurationError, match="sync but the graph's saver is Async"):
