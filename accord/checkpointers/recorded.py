@@ -65,7 +65,12 @@ from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 
 from accord.checkpointers import langgraph_internals
-from accord.errors import ConfigurationError, NeedsReconciliation, TaskWriteError
+from accord.errors import (
+    ConcurrentRunError,
+    ConfigurationError,
+    NeedsReconciliation,
+    TaskWriteError,
+)
 from accord.platform import calls, runs
 from accord.platform.asynchronous.call_log import AsyncCallLog
 from accord.platform.synchronous.call_log import CallLog
@@ -96,7 +101,8 @@ class _Positions:
     """Position counters per (task preparation, attempt); see the module docstring."""
 
     def __init__(self) -> None:
-        self._mutex = threading.Lock()
+        # reentrant: a garbage collection inside ``next`` may run ``_drop`` on this thread
+        self._mutex = threading.RLock()
         self._counters: dict[int, tuple[weakref.ref[Any], dict[int, itertools.count[int]]]] = {}
 
     def next(self, token: Any, attempt: int) -> int:
@@ -284,6 +290,14 @@ def _key_of(doc: Mapping[str, Any]) -> str:
     return str(doc.get("idempotency_key") or doc["_id"])
 
 
+def _contended(here: _Here, name: str) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"{here.site.describe(name)}: its record kept appearing and vanishing while this "
+        f"execution read it (another execution of the same task is running?); nothing was "
+        f"called. Make sure one run at a time executes the thread, and retry."
+    )
+
+
 def _not_saved(here: _Here) -> TaskWriteError:
     return TaskWriteError(
         f"checkpoint {here.site.checkpoint_id} that task {here.site.task_id} runs from was "
@@ -327,7 +341,8 @@ def recorded_call(
                                   args=value, idempotent=_idempotent, at=runs.now())  # fmt: skip
         if log.intend(intent, here.lease):
             return _make_sync(log, here, name, fn, args, kwargs, _idempotent)
-    assert doc is not None
+    if doc is None:
+        raise _contended(here, name)
     if _divergent(here, name, doc, digest):
         log.diverged(here.site, digest, here.lease)
     if decision == "replay":
@@ -405,7 +420,8 @@ async def arecorded_call(
                                   args=value, idempotent=_idempotent, at=runs.now())  # fmt: skip
         if await run(log.intend, intent, here.lease):
             return await _make_async(run, log, here, name, fn, args, kwargs, _idempotent)
-    assert doc is not None
+    if doc is None:
+        raise _contended(here, name)
     if _divergent(here, name, doc, digest):
         await run(log.diverged, here.site, digest, here.lease)
     if decision == "replay":
