@@ -21,6 +21,14 @@ without it):
 * ``mid_charge``: inside the bank call, after the bank moved the money, before it
   returned: the call has an intent and no result.
 
+``--steps N``: ``pay`` runs N times (one decision, one charge and one business write
+each) before ``confirm``; ``--pause S`` sleeps S seconds inside each fake call (wider
+windows for the random kills of ``test_random_kills``); ``--lsid-file``: every session
+that starts a transaction is appended to it, so the parent can end a killed worker's
+open transaction (``killSessions``) as a supervisor would.
+
+The model call is declared idempotent: asking a model again when no answer was recorded
+is harmless (the answer never reached anything); an answer once recorded is replayed.
 ``--idempotent``: the bank call is declared idempotent and the bank dedupes on the
 key it is given. ``--bundle VERSION``: the graph runs through ``PinnedGraph`` on that
 bundle (``--migrate``: with a migration from v1 to it, which marks the state). The outcome is printed as one JSON line: the final state, or the error.
@@ -34,6 +42,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, TypedDict
@@ -42,8 +51,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bson import json_util  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
-from pymongo import AsyncMongoClient, MongoClient  # noqa: E402
+from pymongo import AsyncMongoClient, MongoClient, monitoring  # noqa: E402
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver, business  # noqa: E402
 from accord.checkpointers.bundles import PinnedGraph  # noqa: E402
@@ -53,11 +63,16 @@ from accord.platform.bundles import Bundle, Migrations  # noqa: E402
 
 
 class State(TypedDict, total=False):
+    count: int
     account: str
     transfer_id: str
     receipt: str
     confirmed: bool
     migrated: bool
+
+
+#: seconds each fake call sleeps (``--pause``)
+PAUSE = [0.0]
 
 
 def _append(path: Path, entry: dict[str, Any]) -> None:
@@ -78,6 +93,7 @@ class FakeModel:
         self.books = books
 
     def decide(self, account: str) -> dict[str, Any]:
+        time.sleep(PAUSE[0])
         decision = {"transfer_id": uuid.uuid4().hex, "cents": 50_000, "account": account}
         _append(self.books, decision)
         return decision
@@ -94,12 +110,14 @@ class FakeBank:
         self.kill_mid = kill_mid
 
     def charge(self, account: str, cents: int, transfer_id: str, key: str | None) -> str:
+        time.sleep(PAUSE[0])
         seen = {e["key"] for e in _lines(self.books) if e["charged"] and e["key"]}
         charged = not (self.dedupe and key in seen)
         _append(self.books, {"account": account, "cents": cents, "transfer_id": transfer_id,
                              "key": key, "charged": charged})  # fmt: skip
         if self.kill_mid:
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(PAUSE[0])
         return f"receipt-{key or transfer_id}"
 
 
@@ -112,7 +130,7 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
 
     if args.saver == "sync":
 
-        @recorded(name="model.decide")
+        @recorded(name="model.decide", idempotent=True)
         def decide(account: str) -> dict[str, Any]:
             return model.decide(account)
 
@@ -125,12 +143,14 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
             receipt = charge(state["account"], decision["cents"], decision["transfer_id"])
             if args.kill == "after_charge":
                 os.kill(os.getpid(), signal.SIGKILL)
-            return {"transfer_id": decision["transfer_id"], "receipt": receipt}
+            business.insert_one("charges", {"_id": decision["transfer_id"], "receipt": receipt})
+            return {"transfer_id": decision["transfer_id"], "receipt": receipt,
+                    "count": state.get("count", 0) + 1}  # fmt: skip
 
         pay_node: Any = pay
     else:
 
-        @recorded(name="model.decide")
+        @recorded(name="model.decide", idempotent=True)
         async def adecide(account: str) -> dict[str, Any]:
             return model.decide(account)
 
@@ -143,7 +163,9 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
             receipt = await acharge(state["account"], decision["cents"], decision["transfer_id"])
             if args.kill == "after_charge":
                 os.kill(os.getpid(), signal.SIGKILL)
-            return {"transfer_id": decision["transfer_id"], "receipt": receipt}
+            business.insert_one("charges", {"_id": decision["transfer_id"], "receipt": receipt})
+            return {"transfer_id": decision["transfer_id"], "receipt": receipt,
+                    "count": state.get("count", 0) + 1}  # fmt: skip
 
         pay_node = apay
 
@@ -155,7 +177,9 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
     g.add_node("pay", pay_node)
     g.add_node("confirm", confirm)
     g.add_edge(START, "pay")
-    g.add_edge("pay", "confirm")
+    g.add_conditional_edges(
+        "pay", lambda s: "pay" if s.get("count", 0) < args.steps else "confirm", ["pay", "confirm"]
+    )
     g.add_edge("confirm", END)
     graph = g.compile(checkpointer=saver)
     if args.bundle is None:
@@ -167,8 +191,34 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
     return PinnedGraph(graph, bundle, migrations=migrations)
 
 
+class SessionLog(monitoring.CommandListener):
+    """Appends the session of every transaction this worker starts to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen: set[str] = set()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command.get("startTransaction") and "lsid" in event.command:
+            line = json_util.dumps(event.command["lsid"])
+            if line not in self.seen:
+                self.seen.add(line)
+                with open(self.path, "a") as f:
+                    f.write(line + "\n")
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def _listeners(args: argparse.Namespace) -> list[Any]:
+    return [SessionLog(args.lsid_file)] if args.lsid_file else []
+
+
 def run_sync(args: argparse.Namespace) -> dict[str, Any]:
-    client: MongoClient[Any] = MongoClient(args.uri)
+    client: MongoClient[Any] = MongoClient(args.uri, event_listeners=_listeners(args))
     try:
         saver = AccordSaver(client, db_name=args.db)
         saver.setup()
@@ -182,7 +232,7 @@ def run_sync(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_async(args: argparse.Namespace) -> dict[str, Any]:
-    client: AsyncMongoClient[Any] = AsyncMongoClient(args.uri)
+    client: AsyncMongoClient[Any] = AsyncMongoClient(args.uri, event_listeners=_listeners(args))
     try:
         saver = AsyncAccordSaver(client, db_name=args.db)
         await saver.setup()
@@ -205,9 +255,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--durability", choices=("sync", "async"), default="async")
     p.add_argument("--kill", choices=("after_charge", "mid_charge"))
     p.add_argument("--idempotent", action="store_true")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--pause", type=float, default=0.0)
+    p.add_argument("--lsid-file")
     p.add_argument("--bundle")
     p.add_argument("--migrate", action="store_true")
     args = p.parse_args(argv)
+    PAUSE[0] = args.pause
     try:
         state = run_sync(args) if args.saver == "sync" else asyncio.run(run_async(args))
     except AccordError as exc:

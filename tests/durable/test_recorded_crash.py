@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bson import json_util
 from pymongo import MongoClient
 
 from accord.platform import calls
@@ -174,3 +176,64 @@ def test_a_run_crashed_on_bundle_v1_is_refused_on_v2_and_resumes(
     pin = client[db_name]["runs"].find_one({"thread_id": f"pinned-b-{saver}"})
     assert pin is not None and pin["bundle"]["version"] == "v2"
     assert [e["kind"] for e in pin["bundle_history"]] == ["pinned", "migrated"]
+
+
+STEPS = 6
+#: kills aimed at each run; a worker that finishes first ends the series
+RANDOM_KILLS = 5
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_random_kills_charge_each_step_once(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    """The worker is SIGKILLed from outside at random moments (inside a call, inside a
+    transaction, between steps) again and again while it runs STEPS payments, each a
+    model decision, an idempotent bank charge and a business write; a supervisor ends
+    the dead worker's open transaction. After the last (unkilled) worker: every step's
+    money moved exactly once, for the transfer the step's recorded decision named, and
+    every business write exists once."""
+    # ACCORD_TEST_SEED: another series of kill times (the default series is fixed)
+    rng = random.Random(f"recorded-{saver}-{os.environ.get('ACCORD_TEST_SEED', '')}")
+    thread = f"random-{saver}"
+    lsids = tmp_path / "lsids"
+    cmd = [sys.executable, str(WORKER), "--uri", mongo_uri, "--db", db_name, "--thread",
+           thread, "--dir", str(tmp_path), "--saver", saver, "--idempotent", "--steps",
+           str(STEPS), "--pause", "0.1", "--lsid-file", str(lsids)]  # fmt: skip
+    killed = 0
+    for attempt in range(RANDOM_KILLS + 10):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)  # fmt: skip
+        try:
+            if killed < RANDOM_KILLS:
+                try:
+                    proc.wait(timeout=rng.uniform(1.0, 3.0))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    killed += 1
+                    if lsids.exists():  # end the dead worker's open transaction
+                        sessions = [json_util.loads(x) for x in lsids.read_text().splitlines() if x]
+                        client.admin.command("killSessions", sessions)
+                        lsids.unlink()
+                    continue
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (attempt, out, err)
+        break
+    assert killed >= 3, killed  # the kills landed (the seed fixes when)
+    state = json.loads(out.splitlines()[-1])["state"]
+    assert state["count"] == STEPS and state["confirmed"] is True
+    charged = [e for e in books(tmp_path / "bank.jsonl") if e["charged"]]
+    assert len(charged) == STEPS, charged  # the money moved once per step
+    assert len({e["key"] for e in charged}) == STEPS
+    decisions = {d["_id"]: d for d in client[db_name]["accord_recorded_calls"].find(
+        {"name": "model.decide", "status": calls.DONE})}  # fmt: skip
+    writes = {d["_id"] for d in client[db_name]["charges"].find()}
+    # each business write names a charged transfer: the decision that was replayed
+    assert writes == {e["transfer_id"] for e in charged} and len(writes) == STEPS
+    assert len(decisions) >= STEPS
+    assert client[db_name]["transfers"].count_documents({}) == 1
