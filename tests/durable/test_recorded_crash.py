@@ -30,6 +30,8 @@ from pymongo import MongoClient
 
 from accord.platform import calls
 
+pytestmark = pytest.mark.slow  # worker processes killed and restarted
+
 WORKER = Path(__file__).with_name("recorded_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 SAVERS = ["sync", "async"]
