@@ -62,7 +62,55 @@ class PermissionDenied(AccordError):
 
 
 class BundleMismatch(AccordError):
-    """A run was started on a different code/prompt/model bundle than the one resuming it."""
+    """A run was started on a different code/prompt/model bundle than the one resuming it.
+
+    ``changes`` names each part that differs (``code``, ``prompt:NAME``, ``model:NAME``,
+    ``graph``...) with its old and new value, so a caller can decide programmatically;
+    the message says how to go on (register a migration or give an override)."""
+
+    def __init__(self, message: str, *, changes: dict[str, tuple[object, object]] | None = None):
+        super().__init__(message)
+        self.changes = dict(changes or {})
+
+
+class NeedsReconciliation(AccordError):
+    """A recorded tool or model call has an intent but no result: the process died (or the
+    call raised) while the call was in flight, so nobody knows whether it took effect. The
+    call is not declared idempotent, so accord refuses to make it again blindly; the run
+    is parked until a human resolves the call (``accord runs calls``).
+
+    Attributes: ``key`` (the call's idempotency key), ``name`` (the call), ``thread_id``,
+    ``task_id``, ``position`` (the call's position within its task), ``status``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        name: str,
+        thread_id: str,
+        task_id: str,
+        position: int,
+        status: str = "needs_reconciliation",
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.name = name
+        self.thread_id = thread_id
+        self.task_id = task_id
+        self.position = position
+        self.status = status
+
+    def __reduce__(self) -> tuple[object, ...]:
+        details = {
+            "key": self.key, "name": self.name, "thread_id": self.thread_id,
+            "task_id": self.task_id, "position": self.position, "status": self.status,
+        }  # fmt: skip
+        return (_rebuild_reconciliation, (str(self), details))
+
+
+def _rebuild_reconciliation(message: str, details: dict[str, object]) -> NeedsReconciliation:
+    return NeedsReconciliation(message, **details)  # type: ignore[arg-type]
 
 
 class TaskWriteError(AccordError):

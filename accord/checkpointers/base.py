@@ -244,6 +244,58 @@ class AccordBase(BaseCheckpointSaver[str]):
                 if (tenant, thread) == (scope.tenant_id, scope.thread_id)
             ]
 
+    # --- recorded calls (see recorded.py) -----------------------------------------------
+
+    def run_lease(self, config: RunnableConfig) -> runs.Lease | None:
+        """The lease of the run a task's ``config`` belongs to, when this saver holds it
+        (recorded calls carry its fence), else None."""
+        run = self._run_of(self._scope(config), config)
+        return run.lease if run is not None else None
+
+    def checkpoint_saved(
+        self, config: RunnableConfig, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool | None:
+        """Whether the run of ``config`` committed (or loaded) checkpoint
+        ``checkpoint_id`` of ``checkpoint_ns``: True, False (its put is still queued:
+        "async" durability) or None (no run of this saver: nothing to wait for)."""
+        run = self._run_of(self._scope(config), config)
+        if run is None:
+            return None
+        return run.is_saved(checkpoint_ns, checkpoint_id)
+
+    def wait_checkpoint_saved(
+        self, config: RunnableConfig, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool:
+        """Wait (a thread) until :meth:`checkpoint_saved` is not False, within the saver's
+        timeout; False when it ran out or the put failed."""
+        run = self._run_of(self._scope(config), config)
+        if run is None:
+            return True
+        return run.signal.wait_for(
+            lambda: (
+                run.is_saved(checkpoint_ns, checkpoint_id)
+                or run.put_error(checkpoint_ns, checkpoint_id) is not None
+                or run.failure is not None
+            ),
+            self.timeout,
+        ) and run.is_saved(checkpoint_ns, checkpoint_id)
+
+    async def await_checkpoint_saved(
+        self, config: RunnableConfig, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool:
+        """:meth:`wait_checkpoint_saved` for a coroutine."""
+        run = self._run_of(self._scope(config), config)
+        if run is None:
+            return True
+        return await run.signal.await_for(
+            lambda: (
+                run.is_saved(checkpoint_ns, checkpoint_id)
+                or run.put_error(checkpoint_ns, checkpoint_id) is not None
+                or run.failure is not None
+            ),
+            self.timeout,
+        ) and run.is_saved(checkpoint_ns, checkpoint_id)
+
     # --- staged business writes (see business.py) --------------------------------------
 
     def note_staged(self, config: RunnableConfig, checkpoint_id: str, task_id: str) -> None:

@@ -11,7 +11,10 @@ LangGraph release that breaks one is caught before a user meets it). docs/checkp
 * The running task's configurable keys (``langgraph._internal._constants``): ``send``
   (where a node's writes go: business writes ride on it), ``checkpointer``,
   ``durability`` and ``runtime`` (the invocation's ``Runtime``, whose ``control`` is shared
-  by every loop and task of one top-level invocation: the run's identity).
+  by every loop and task of one top-level invocation: the run's identity; its
+  ``execution_info`` names the running task for recorded calls) and ``read`` (the task's
+  state reader, made once per preparation of a task: recorded calls count positions per
+  preparation).
 * The loop (``langgraph.pregel._loop.PregelLoop``): its ``__enter__``/``__aenter__`` calls
   ``get_tuple`` first (that call is how a run is recognised: :func:`calling_loop`); its
   ``checkpoint_config``, ``is_nested``, ``config``, ``durability``, ``checkpoint`` and
@@ -36,12 +39,17 @@ CONFIG_SEND = "__pregel_send"
 CONFIG_CHECKPOINTER = "__pregel_checkpointer"
 CONFIG_DURABILITY = "__pregel_durability"
 CONFIG_RUNTIME = "__pregel_runtime"
+#: The task's state reader, a ``functools.partial`` LangGraph makes once per prepared task:
+#: its identity tells one preparation of a task from another (recorded calls count their
+#: positions per preparation and attempt).
+CONFIG_READ = "__pregel_read"
 
 _CONSTANTS = {
     "CONFIG_KEY_SEND": CONFIG_SEND,
     "CONFIG_KEY_CHECKPOINTER": CONFIG_CHECKPOINTER,
     "CONFIG_KEY_DURABILITY": CONFIG_DURABILITY,
     "CONFIG_KEY_RUNTIME": CONFIG_RUNTIME,
+    "CONFIG_KEY_READ": CONFIG_READ,
 }
 #: Attributes of the loop accord reads (set in ``PregelLoop.__init__``).
 _LOOP_ATTRIBUTES = (
@@ -93,6 +101,14 @@ def runtime_of(config: Mapping[str, Any] | None) -> Any | None:
     """The invocation's ``Runtime`` in a task's config, or None."""
     conf = (config or {}).get("configurable") or {}
     return conf.get(CONFIG_RUNTIME) if isinstance(conf, Mapping) else None
+
+
+def task_token(config: Mapping[str, Any] | None) -> Any | None:
+    """An object made once per preparation of the running task (LangGraph's state reader
+    partial), weakly referenceable, or None: a task prepared again (resumed after an
+    interrupt, re-executed after a crash) has a new one; its retries keep it."""
+    conf = (config or {}).get("configurable") or {}
+    return conf.get(CONFIG_READ) if isinstance(conf, Mapping) else None
 
 
 def is_top_level(loop: Any) -> bool:
@@ -230,6 +246,14 @@ def problems() -> list[str]:
     for attr in (*_LOOP_ATTRIBUTES, "checkpoint", "submit"):
         if attr not in assigned:
             found.append(f"PregelLoop no longer sets self.{attr}")
-    if "control" not in {f.name for f in dataclasses.fields(Runtime)}:
-        found.append("langgraph.runtime.Runtime has no `control` field")
+    runtime_fields = {f.name for f in dataclasses.fields(Runtime)}
+    for name in ("control", "execution_info"):
+        if name not in runtime_fields:
+            found.append(f"langgraph.runtime.Runtime has no `{name}` field")
+    from langgraph.runtime import ExecutionInfo
+
+    info_fields = {f.name for f in dataclasses.fields(ExecutionInfo)}
+    for name in ("checkpoint_id", "checkpoint_ns", "task_id", "node_attempt"):
+        if name not in info_fields:
+            found.append(f"langgraph.runtime.ExecutionInfo has no `{name}` field")
     return found

@@ -17,6 +17,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from accord.checkpointers import cache, chains, schema, storage, validation
 from accord.checkpointers.chains import group_fragments
+from accord.checkpointers.schema_migrations import MIGRATIONS
 
 
 def _or(clauses: list[dict[str, Any]]) -> dict[str, Any]:
@@ -57,8 +58,9 @@ class ReadBatch:
         self, tenant_id: str, docs: list[Mapping[str, Any]], serde: SerializerProtocol
     ) -> None:
         self.tenant_id = tenant_id
-        self.docs = docs
-        self.bodies = [storage.load_checkpoint_body(d, serde) for d in docs]
+        # documents of an older layout are upgraded as they are loaded (schema_migrations)
+        self.docs = MIGRATIONS.upgrade_all("checkpoint", docs)
+        self.bodies = [storage.load_checkpoint_body(d, serde) for d in self.docs]
         self.serde = serde
 
     def roots(self) -> set[tuple[str, str, str]]:
@@ -132,6 +134,9 @@ class ReadBatch:
         """Build the tuples (and, with ``keep``, their cache entries); ``extra(doc)``
         gives the extra configurable keys of each tuple (the tenant, when not the
         saver's default)."""
+        blob_docs = MIGRATIONS.upgrade_all("checkpoint_blob", blob_docs)
+        write_docs = MIGRATIONS.upgrade_all("checkpoint_write", write_docs)
+        message_docs = MIGRATIONS.upgrade_all("short_term_memory", message_docs)
         blobs = group_fragments(blob_docs, "thread_id", "checkpoint_ns", "key")
         messages = group_fragments(message_docs, "thread_id", "key")
         writes = group_fragments(write_docs, "thread_id", "checkpoint_ns", "checkpoint_id")

@@ -119,6 +119,11 @@ collection = "accord_migrations"
 audit = "off"
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
+[classes.recorded_call]        # tool and model calls of runs, replayed after a crash
+collection = "accord_recorded_calls"
+audit = "metadata"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
 [classes.policy]               # the policies applied to the database, every version kept
 collection = "accord_policies"
 audit = "metadata"

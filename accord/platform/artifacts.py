@@ -82,6 +82,10 @@ MIGRATION = ArtifactClass(
 POLICY = ArtifactClass(
     "policy", "the governance policies applied to the database, versioned", "accord_policies"
 )
+RECORDED_CALL = ArtifactClass(
+    "recorded_call", "tool and model calls of runs: intent, arguments, result",
+    "accord_recorded_calls", thread_scoped=True,
+)  # fmt: skip
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -108,6 +112,7 @@ CLASSES: dict[str, ArtifactClass] = {
         CATALOG,
         MIGRATION,
         POLICY,
+        RECORDED_CALL,
         BUSINESS,
         WORKFLOW_EVENT,
     )

@@ -33,6 +33,7 @@ from accord.errors import AccordError, DatabaseError, InvalidInputError, Transac
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.synchronous.service import MemoryService
 from accord.platform import artifacts, runs, workflow_log
+from accord.platform.synchronous.call_log import CallLog
 from accord.platform.synchronous.catalog import Catalog
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.checkpointers.conftest import config, make_saver
@@ -210,6 +211,8 @@ def test_business_writes_cannot_target_another_components_collections(
         Catalog(UnitOfWork(client), db_name).setup(
             "checkpointer.migration", {"accord_migrations": artifacts.MIGRATION.name}
         )
+        # the recorded calls of durable execution (set up at a run's first recorded call)
+        CallLog(UnitOfWork(client), db_name).setup()
         cataloged = {d["_id"]: d["artifact"] for d in client[db_name].accord_catalog.find()}
         owned_classes = {c.name for c in artifacts.CLASSES.values() if c.default_collection}
         targets = [
@@ -219,6 +222,7 @@ def test_business_writes_cannot_target_another_components_collections(
             "m_history",
             "m_vectors",
             "accord_migrations",
+            "accord_recorded_calls",
             artifacts.CATALOG_COLLECTION,
             workflow_log.COLLECTION,
         ]

@@ -59,6 +59,7 @@ TABLE: dict[str, dict[str, str]] = {
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
     "policy": {R: "f", A: "f", D: "fiu"},
+    "recorded_call": {R: ALL, D: ALL},
 }
 TENANT = "acme"
 

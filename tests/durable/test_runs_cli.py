@@ -1,0 +1,78 @@
+"""`accord runs calls` and `accord runs resolve`: a human lists a parked call and settles
+it; the run then replays the settled result."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypedDict
+
+import pytest
+import typer
+from langgraph.graph import END, START, StateGraph
+from pymongo import MongoClient
+from typer.testing import CliRunner
+
+from accord.checkpointers.durable_cli import register
+from accord.checkpointers.recorded import recorded
+from accord.errors import NeedsReconciliation
+from tests.checkpointers.conftest import make_saver
+
+
+class State(TypedDict, total=False):
+    out: str
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Any:
+    name = "cli_" + uuid.uuid4().hex[:12]
+    try:
+        yield name
+    finally:
+        client.drop_database(name)
+
+
+def test_a_parked_call_is_listed_and_settled_from_the_cli(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MONGODB_URI", mongo_uri)
+    app = typer.Typer()
+    app.command("noop")(lambda: None)  # a group with one command would be flattened
+    register(app)
+    cli = CliRunner()
+    made: list[int] = []
+
+    @recorded(name="fake.wire")
+    def wire(cents: int) -> str:
+        made.append(cents)
+        raise TimeoutError("no answer")
+
+    with make_saver("sync", mongo_uri, db_name) as saver:
+        g = StateGraph(State)
+        g.add_node("work", lambda s: {"out": wire(700)})
+        g.add_edge(START, "work")
+        g.add_edge("work", END)
+        graph = g.compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": "w1"}}
+        with pytest.raises(TimeoutError):
+            graph.invoke({"out": ""}, cfg)
+        with pytest.raises(NeedsReconciliation) as parked:
+            graph.invoke(None, cfg)
+        key = parked.value.key
+
+        listed = cli.invoke(app, ["runs", "calls", "--db", db_name, "--parked"])
+        assert listed.exit_code == 0, listed.output
+        assert "fake.wire" in listed.output and key in listed.output and "w1" in listed.output
+
+        bad = cli.invoke(app, ["runs", "resolve", "w1", key, "--db", db_name, "--result", "{"])
+        assert bad.exit_code == 2 and "not JSON" in bad.output
+        done = cli.invoke(app, ["runs", "resolve", "w1", key, "--db", db_name,
+                                "--result", '"wired-by-hand"'])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        again = cli.invoke(app, ["runs", "resolve", "w1", key, "--db", db_name,
+                                 "--result", '"twice"'])  # fmt: skip
+        assert again.exit_code == 1 and "not unsettled" in again.output
+
+        assert graph.invoke(None, cfg)["out"] == "wired-by-hand"
+        assert made == [700]
+        empty = cli.invoke(app, ["runs", "calls", "--db", db_name])
+        assert "no unsettled recorded calls" in empty.output
