@@ -44,7 +44,8 @@ from accord.errors import ConfigurationError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.enforcement import DENIALS, PolicyHook
-from accord.governance.loading import PolicySource, resolve_policy
+from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
+from accord.governance.stored import StoredPolicies, interval_from_env
 from accord.memory.aggregator import (
     Aggregator,
     AggregatorConfig,
@@ -82,10 +83,14 @@ def kernel(
     principal: Principal | None = None,
     policy: PolicySource = None,
     audit: str | None = None,
+    policy_refresh: float | None = None,
 ) -> Any:
     """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
     guard, outbox), governance's policy (``policy``: a ``Policy`` or a policy file; else
-    the file ``ACCORD_POLICY`` names; else the built-in default, docs/governance.md), the
+    the file ``ACCORD_POLICY`` names; else, per database, the newest policy ``accord
+    governance apply`` stored in it, re-read at most every ``policy_refresh`` seconds
+    (default ``ACCORD_POLICY_REFRESH``, else 5); else the built-in default;
+    docs/governance.md, "Which policy is enforced"), the
     hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``, then
     the audit hook when ``audit`` (default ``ACCORD_AUDIT``) is on (:func:`audit_hooks`):
     last, so its records cover what every other hook added. A ``UnitOfWork`` for a
@@ -94,7 +99,7 @@ def kernel(
     own (the drop-in ``AccordSaver(client)``), so every door passes the same hooks."""
     every = [
         *default_hooks(),
-        PolicyHook(resolve_policy(policy)),
+        policy_hook(policy, policy_refresh),
         *configured_hooks(),
         *hooks,
         *audit_hooks(audit),
@@ -106,6 +111,16 @@ def kernel(
     return UnitOfWork(
         client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
     )
+
+
+def policy_hook(policy: PolicySource = None, refresh: float | None = None) -> PolicyHook:
+    """governance's policy hook: ``policy`` (or ``ACCORD_POLICY``'s file) everywhere when
+    given; else each database's stored policy, the built-in default where none is."""
+    resolved = resolve_policy(policy)
+    if policy is not None or os.environ.get(POLICY_ENV, "").strip():
+        return PolicyHook(resolved)
+    interval = refresh if refresh is not None else interval_from_env()
+    return PolicyHook(resolved, stored=StoredPolicies(resolved, interval))
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:

@@ -14,11 +14,12 @@ What is applied today:
   password given (or granted the role when they exist);
 * **the applied policy**, stored and versioned in ``accord_policies`` (the ``policy``
   class): version N's text, its hash, who applied it and when; a head document names the
-  current version. Applying the same policy again stores nothing.
+  current version. Applying the same policy again stores nothing. Running processes pick
+  the new version up within seconds (:mod:`accord.governance.stored`).
 
 Not applied yet (issue 23): ``expire_at`` and TTL indexes, sweeps and legal holds
 (retention, item 5), ``$jsonSchema`` validators other than the outbox's (set up by the
-aggregator), and running processes noticing a newer stored policy without a restart.
+aggregator).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Least privilege for accord's own parts, with the grants each one's real work nee
 * ``aggregator``: reads messages and outbox events, claims and completes events, writes
   long-term memory with its history and vectors;
 * ``memory-api`` (HTTP API keys, MCP): long-term memory, its history and vectors, and
-  nothing else: never checkpoints, pending writes, messages or the outbox;
+  nothing else: never checkpoints, pending writes, messages or the outbox (it reads the
+  catalog and the applied policy, which every process enforces);
 * ``auditor``: finds audit records, nothing else;
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
   records, which nobody may do (a policy that grants it is refused).
@@ -110,5 +111,5 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 [classes.policy]               # the policies applied to the database, every version kept
 collection = "accord_policies"
 audit = "metadata"
-roles = { runtime = ["find"], aggregator = ["find"], admin = ["find", "insert", "update"] }
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "update"] }
 """

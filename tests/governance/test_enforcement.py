@@ -58,7 +58,7 @@ TABLE: dict[str, dict[str, str]] = {
     "audit": {U: "f", D: "f"},
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
-    "policy": {R: "f", A: "f", D: "fiu"},
+    "policy": {R: "f", A: "f", M: "f", D: "fiu"},
 }
 TENANT = "acme"
 

@@ -1,0 +1,154 @@
+"""The policy stored in the database is the one every process enforces (issue 23, item 2):
+a part built alone (the drop-in ``AccordSaver(client)``) loads its database's applied
+policy, notices a newer version without a restart, and an explicit policy (argument or
+``ACCORD_POLICY``) wins over the stored one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from pymongo import MongoClient
+
+from accord import runtime
+from accord.checkpointers import AccordSaver
+from accord.errors import PermissionDenied, TaskWriteError
+from accord.governance.apply import apply, plan
+from accord.governance.loading import default_policy, parse_policy
+from accord.platform.context import Principal, ReadContext
+from tests.test_kernel_doors import _graph
+
+ALL = '["find", "insert", "update", "remove"]'
+#: the runtime may read checkpoints but no longer write them
+NO_CHECKPOINTS = f'[classes.checkpoint.roles]\nruntime = ["find"]\nadmin = {ALL}\n'
+REFRESH = 0.2
+#: a refused checkpoint reaches the graph as itself, or inside the error of the task's
+#: writes that ran from it (the saver's background commit: whichever LangGraph sees first)
+REFUSED = (PermissionDenied, TaskWriteError)
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = "stored_" + uuid.uuid4().hex[:10]
+    yield name
+    client[name].command("dropAllRolesFromDatabase")
+    client.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def _fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCORD_POLICY", raising=False)
+    monkeypatch.setenv("ACCORD_POLICY_REFRESH", str(REFRESH))
+
+
+def _apply(client: MongoClient, db: str, text: str | None) -> int:
+    admin = runtime.kernel(client, principal=Principal.os_user(), policy=default_policy())
+    policy = default_policy() if text is None else parse_policy(text, f"{db}.toml")
+    changes = plan(admin, db, policy)
+    apply(admin, changes)
+    return changes.version
+
+
+def _turn(graph: Any, thread: str) -> None:
+    graph.invoke({"messages": [HumanMessage("hi")], "log": []},
+                 {"configurable": {"thread_id": thread}})  # fmt: skip
+
+
+def test_a_saver_constructed_alone_enforces_the_policy_applied_to_its_database(
+    client: MongoClient, db_name: str
+) -> None:
+    assert _apply(client, db_name, NO_CHECKPOINTS) == 1
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    with pytest.raises(REFUSED) as refused:
+        _turn(graph, "t-1")
+    message = str(refused.value)
+    assert "runtime may not insert checkpoint" in message
+    assert f"policy {db_name}.accord_policies version 1" in message
+    assert client[db_name].accord_checkpoints.count_documents({}) == 0
+    # the same saver on another database (nothing applied there) runs under the default
+    other = "stored_" + uuid.uuid4().hex[:10]
+    try:
+        free = AccordSaver(client, db_name=other)
+        free.setup()
+        _turn(_graph(free), "t-1")
+        assert client[other].accord_checkpoints.count_documents({}) > 0
+    finally:
+        client.drop_database(other)
+
+
+def test_a_running_saver_notices_a_newer_version_without_a_restart(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, None)  # version 1: the default
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    _turn(graph, "t-1")
+    assert _apply(client, db_name, NO_CHECKPOINTS) == 2
+    time.sleep(REFRESH * 1.5)
+    with pytest.raises(REFUSED, match="version 2"):
+        _turn(graph, "t-2")
+    assert _apply(client, db_name, None) == 3  # the default again
+    time.sleep(REFRESH * 1.5)
+    _turn(graph, "t-3")
+    threads = client[db_name].accord_checkpoints.distinct("thread_id")
+    assert sorted(threads) == ["t-1", "t-3"]
+
+
+def test_the_stored_policy_is_read_through_the_kernel_at_most_every_interval(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, NO_CHECKPOINTS)
+    uow = runtime.kernel(client, policy_refresh=60)
+    hook = next(h for h in uow.hooks.all if h.name == "governance-policy")
+    reads: list[str] = []
+
+    class Spy:  # a read hook sees every read the kernel makes, the refresh included
+        name = "spy"
+
+        def read(self, request: Any) -> Any:
+            reads.append(request.context.operation)
+            return request
+
+    uow.register(Spy())
+    for _ in range(5):
+        uow.find(ReadContext("default", operation="test"), "checkpoint", db_name,
+                 "accord_checkpoints", {})  # fmt: skip
+    assert reads.count("governance.policy_refresh") == 1 and reads.count("test") == 5
+    assert hook.stored.version(db_name) == 1
+    assert hook.rules(db_name).policy.classes["checkpoint"].roles["runtime"] == {"find"}
+
+
+def test_an_explicit_policy_wins_over_the_stored_one(
+    client: MongoClient, db_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _apply(client, db_name, NO_CHECKPOINTS)
+    app = runtime.Accord(client=client, db_name=db_name, policy=default_policy())
+    _turn(_graph(app.checkpointer()), "t-1")  # the argument: the default, not the stored
+    path = tmp_path / "policy.toml"
+    path.write_text("version = 1\n")  # the default, as a file
+    monkeypatch.setenv("ACCORD_POLICY", str(path))
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    _turn(_graph(saver), "t-2")
+    assert sorted(client[db_name].accord_checkpoints.distinct("thread_id")) == ["t-1", "t-2"]
+
+
+def test_a_tenant_bound_principal_loads_the_stored_policy_too(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, NO_CHECKPOINTS)
+    key = Principal.api_key("k1", tenant_id="acme", scopes=frozenset({"read"}))
+    uow = runtime.kernel(client).acting_as(key)
+    uow.find(ReadContext("acme", operation="test"), "long_term_memory", db_name,
+             "long_term_memory", {})  # fmt: skip
+    hook = next(h for h in uow.hooks.all if h.name == "governance-policy")
+    assert hook.stored.version(db_name) == 1
