@@ -44,7 +44,10 @@ from accord.errors import ConfigurationError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.enforcement import DENIALS, PolicyHook
+from accord.governance.holding import holds_collection
+from accord.governance.holds import HoldSet
 from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
+from accord.governance.retention import RetentionHook
 from accord.governance.stored import StoredPolicies, interval_from_env
 from accord.memory.aggregator import (
     Aggregator,
@@ -97,9 +100,11 @@ def kernel(
     ``MongoClient``, an ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place
     units of work are made: the roots below use it, and so does a part constructed on its
     own (the drop-in ``AccordSaver(client)``), so every door passes the same hooks."""
+    enforced = policy_hook(policy, policy_refresh)
     every = [
         *default_hooks(),
-        policy_hook(policy, policy_refresh),
+        enforced,
+        retention_hook(enforced, policy_refresh),
         *configured_hooks(),
         *hooks,
         *audit_hooks(audit),
@@ -121,6 +126,18 @@ def policy_hook(policy: PolicySource = None, refresh: float | None = None) -> Po
         return PolicyHook(resolved)
     interval = refresh if refresh is not None else interval_from_env()
     return PolicyHook(resolved, stored=StoredPolicies(resolved, interval))
+
+
+def retention_hook(enforced: PolicyHook, refresh: float | None = None) -> RetentionHook:
+    """governance's retention hook (``expire_at`` from the policy ``enforced`` applies
+    to each database, nothing on what a legal hold covers; docs/governance.md)."""
+
+    def policy_of(db: str) -> Any:
+        return enforced.rules(db).policy
+
+    interval = refresh if refresh is not None else interval_from_env()
+    holds = HoldSet(lambda db: holds_collection(policy_of(db)), interval)
+    return RetentionHook(policy_of, holds)
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:

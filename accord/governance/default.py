@@ -112,4 +112,9 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 collection = "accord_policies"
 audit = "metadata"
 roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "update"] }
+
+[classes.hold]                 # legal holds: what must not expire, be swept or erased
+collection = "accord_holds"
+audit = "metadata"
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "update", "remove"] }
 """

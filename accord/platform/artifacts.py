@@ -78,6 +78,10 @@ MIGRATION = ArtifactClass(
 POLICY = ArtifactClass(
     "policy", "the governance policies applied to the database, versioned", "accord_policies"
 )
+HOLD = ArtifactClass(
+    "hold", "legal holds: what must not expire, be swept or be erased while they last",
+    "accord_holds",
+)  # fmt: skip
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -99,6 +103,7 @@ CLASSES: dict[str, ArtifactClass] = {
         CATALOG,
         MIGRATION,
         POLICY,
+        HOLD,
         BUSINESS,
     )
 }

@@ -59,6 +59,7 @@ TABLE: dict[str, dict[str, str]] = {
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
     "policy": {R: "f", A: "f", M: "f", D: "fiu"},
+    "hold": {R: "f", A: "f", M: "f", D: ALL},
 }
 TENANT = "acme"
 

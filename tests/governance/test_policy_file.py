@@ -141,7 +141,7 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
     assert set(table) == {
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
-        "memory_vector", "business", "audit", "catalog", "migration", "policy",
+        "memory_vector", "business", "audit", "catalog", "migration", "policy", "hold",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
                 "run", "outbox", "business"):  # fmt: skip
