@@ -47,8 +47,10 @@ from accord.governance.enforcement import DENIALS, PolicyHook
 from accord.governance.holding import holds_collection
 from accord.governance.holds import HoldSet
 from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
-from accord.governance.retention import RetentionHook
+from accord.governance.policy import Policy
+from accord.governance.retention import RetentionHook, thread_ttl
 from accord.governance.stored import StoredPolicies, interval_from_env
+from accord.governance.sweep import SweepReport, sweep_once
 from accord.memory.aggregator import (
     Aggregator,
     AggregatorConfig,
@@ -61,12 +63,13 @@ from accord.memory.asynchronous.store import AsyncAccordStore
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
+from accord.platform.artifacts import POLICY
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
-from accord.platform.context import Principal
+from accord.platform.context import Principal, ReadContext
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord", "kernel", "policy_denials"]
+__all__ = ["Accord", "AsyncAccord", "effective_policy", "kernel", "policy_denials", "sweep"]
 
 
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
@@ -138,6 +141,41 @@ def retention_hook(enforced: PolicyHook, refresh: float | None = None) -> Retent
     interval = refresh if refresh is not None else interval_from_env()
     holds = HoldSet(lambda db: holds_collection(policy_of(db)), interval)
     return RetentionHook(policy_of, holds)
+
+
+def effective_policy(uow: Any, db_name: str) -> Policy:
+    """The policy ``uow`` (a kernel of :func:`kernel`, sync) enforces on ``db_name``, once
+    the policy stored there was read (one read of the policy class, through the kernel;
+    its ``refresh`` phase loads the stored policy and the legal holds)."""
+    hook = next(h for h in uow.hooks.all if isinstance(h, PolicyHook))
+    cls = hook.rules(db_name).policy.of(POLICY.name)
+    collection = (cls.collection if cls is not None else None) or "accord_policies"
+    uow.count(ReadContext("*", operation="governance.policy"), POLICY.name, db_name,
+              collection, {"_id": "head"})  # fmt: skip
+    return hook.rules(db_name).policy
+
+
+def sweep(
+    client: Any,
+    db_name: str = "accord",
+    *,
+    limit: int = 1000,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> SweepReport:
+    """One retention sweep of ``db_name`` (``accord governance sweep``;
+    :mod:`accord.governance.sweep`): keep the latest N checkpoints per thread and delete
+    expired threads, skipping held ones, through a kernel acting as ``principal``
+    (default the operating-system user, role admin) with the checkpointer doing the
+    deleting (so a kept checkpoint keeps what it needs)."""
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    effective = effective_policy(uow, db_name)
+    ttl = thread_ttl(effective)
+    saver = AccordSaver(
+        client, db_name=db_name, uow=uow, ttl=ttl.total_seconds() if ttl is not None else None
+    )
+    return sweep_once(uow, db_name, effective, saver, limit=limit, progress=progress)
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:
