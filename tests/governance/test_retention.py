@@ -135,3 +135,22 @@ def test_apply_recomputes_expire_at_when_the_period_changes(
     _apply(client, db_name, _orders(3600))  # expiring again: from now
     third = client[db_name].orders.find_one()["expire_at"]
     assert third - datetime.now(UTC).replace(tzinfo=None) > timedelta(minutes=59)
+
+
+def test_an_expired_memory_leaves_vector_search_with_its_vectors(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, '[classes.long_term_memory]\nretention = { expire_after = "1s" }\n')
+    assert "retention" in client[db_name].memory_vectors.index_information()
+    app = runtime.Accord(client=client, db_name=db_name)
+    memory = app.memory("acme")
+    memory.put(("u-1",), "tea", {"text": "drinks green tea every morning"})
+    memory.put(("u-1",), "dog", {"text": "has a dog called Rex"})
+    stamps = {d["expire_at"] for d in client[db_name].long_term_memory.find()}
+    vectors = list(client[db_name].memory_vectors.find())
+    assert vectors and {v["expire_at"] for v in vectors} <= stamps  # with their memory
+    hits = memory.search(("u-1",), query="green tea", include_unscored=False)
+    assert [h.key for h in hits][:1] == ["tea"]
+    _wait_until(lambda: client[db_name].memory_vectors.count_documents({}) == 0)
+    assert client[db_name].long_term_memory.count_documents({}) == 0
+    assert memory.search(("u-1",), query="green tea", include_unscored=False) == []
