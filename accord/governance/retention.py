@@ -162,6 +162,26 @@ class RetentionHook:
         self._clock = clock
         self.refresh_read = holds.refresh_read
         self.refreshed = holds.refreshed
+        # per policy object: its thread period and rules, so a step costs dict lookups
+        self._thread: dict[int, tuple[Policy, timedelta | None]] = {}
+        self._rules: dict[tuple[int, str, str], TtlRule | None] = {}
+
+    def _thread_ttl(self, policy: Policy) -> timedelta | None:
+        found = self._thread.get(id(policy))
+        if found is None or found[0] is not policy:
+            if len(self._thread) > 64:
+                self._thread.clear()
+                self._rules.clear()
+            found = self._thread[id(policy)] = (policy, thread_ttl(policy))
+        return found[1]
+
+    def _rule(self, policy: Policy, artifact: str, collection: str) -> TtlRule | None:
+        self._thread_ttl(policy)  # keeps the policy alive while its rules are cached
+        key = (id(policy), artifact, collection)
+        if key in self._rules:
+            return self._rules[key]
+        rule = self._rules[key] = ttl_rule(policy, artifact, collection)
+        return rule
 
     def derive(self, plan: Plan) -> None:
         """Stamp the plan's groups (and its thread guard) as the policy says."""
@@ -175,7 +195,7 @@ class RetentionHook:
         held = self.holds.of(db or guard.db)  # type: ignore[union-attr]
         now = self._clock()
         if guard is not None and guard.kind in ("owner", "free"):
-            ttl = thread_ttl(policy)
+            ttl = self._thread_ttl(policy)
             thread_held = held.holds_thread(guard.tenant_id, guard.thread_id) or any(
                 held.holds_class(name, None) for name in THREAD_CLASSES
             )
@@ -186,8 +206,10 @@ class RetentionHook:
                 if guard.expire_at is None or guard.expire_at > at:  # the shorter one
                     plan.context = replace(context, guard=replace(guard, expire_at=at))
         for group in groups:
-            rule = ttl_rule(policy, group.artifact, group.collection)
-            if rule is None or not group.ops:
+            if not group.ops:
+                continue
+            rule = self._rule(policy, group.artifact, group.collection)
+            if rule is None:
                 continue
             self._stamp(group, rule, now, held, context, policy)
 
