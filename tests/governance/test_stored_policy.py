@@ -152,3 +152,56 @@ def test_a_tenant_bound_principal_loads_the_stored_policy_too(
              "long_term_memory", {})  # fmt: skip
     hook = next(h for h in uow.hooks.all if h.name == "governance-policy")
     assert hook.stored.version(db_name) == 1
+
+
+async def _async_turn(client_uri: str, db: str) -> None:
+    from pymongo import AsyncMongoClient
+
+    from accord.checkpointers import AsyncAccordSaver
+
+    async_client: AsyncMongoClient[Any] = AsyncMongoClient(client_uri)
+    try:
+        saver = AsyncAccordSaver(async_client, db_name=db)
+        await saver.setup()
+        await _graph(saver).ainvoke({"messages": [HumanMessage("hi")], "log": []},
+                                    {"configurable": {"thread_id": "t-async"}})  # fmt: skip
+    finally:
+        await async_client.close()
+
+
+def test_an_async_saver_constructed_alone_enforces_it_too(
+    client: MongoClient, mongo_uri: str, db_name: str
+) -> None:
+    import asyncio
+
+    _apply(client, db_name, NO_CHECKPOINTS)
+    with pytest.raises(REFUSED, match=f"policy {db_name}.accord_policies version 1"):
+        asyncio.run(_async_turn(mongo_uri, db_name))
+
+
+WRITE_ONLY_API = """\
+[classes.long_term_memory.roles]
+runtime = ["find", "insert", "update", "remove"]
+memory-api = ["insert", "update"]
+"""
+
+
+def test_the_http_api_enforces_the_stored_policy(
+    client: MongoClient, mongo_uri: str, db_name: str
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from accord.memory.http_api import create_app
+    from accord.memory.principals import ApiKeys
+    from accord.memory.principals import Principal as KeyPrincipal
+
+    runtime.Accord(client=client, db_name=db_name).store().put(("notes",), "n1", {"text": "x"})
+    key = "acc_" + uuid.uuid4().hex
+    keys = ApiKeys([KeyPrincipal(name="ops", tenant="default", key=key)])
+    with TestClient(create_app(mongo_uri, keys=keys, db_name=db_name)) as api:
+        assert api.get("/v1/memories/notes/n1", headers={"X-API-Key": key}).status_code == 200
+        _apply(client, db_name, WRITE_ONLY_API)  # applied while the API runs
+        time.sleep(REFRESH * 1.5)
+        got = api.get("/v1/memories/notes/n1", headers={"X-API-Key": key})
+    assert got.status_code == 403
+    assert f"policy {db_name}.accord_policies version 1" in got.json()["detail"]
