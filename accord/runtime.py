@@ -172,9 +172,9 @@ def sweep(
     uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
     effective = effective_policy(uow, db_name)
     ttl = thread_ttl(effective)
-    saver = AccordSaver(
-        client, db_name=db_name, uow=uow, ttl=ttl.total_seconds() if ttl is not None else None
-    )
+    saver = AccordSaver(client, db_name=db_name, uow=uow)
+    saver.setup()  # without a ttl: a saver set up with one starts its own background sweeper
+    saver.ttl = ttl.total_seconds() if ttl is not None else None  # what its sweep() needs
     return sweep_once(uow, db_name, effective, saver, limit=limit, progress=progress)
 
 
