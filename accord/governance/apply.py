@@ -21,8 +21,8 @@ What is applied today:
   (:mod:`accord.governance.retention`), and, when the stored policy changes, ``expire_at``
   recomputed on what was written before (:mod:`accord.governance.recompute`).
 
-Not applied yet: ``$jsonSchema`` validators other than the outbox's (set up by the
-aggregator).
+* **validators**: a ``$jsonSchema`` validator per tenanted class
+  (:mod:`accord.governance.validators`; the outbox and audit trail keep their own).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from accord.governance.loading import parse_policy
 from accord.governance.policy import Policy, to_toml
 from accord.governance.recompute import recompute, ttl_index_commands
 from accord.governance.roles import RoleSpec, atlas_role, normalised, privileges_of, role_specs
+from accord.governance.validators import validator_commands
 from accord.platform.artifacts import HOLD, POLICY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Expect, Group, Op, Plan, insert_once
@@ -140,6 +141,10 @@ def plan(
     except PyMongoError as exc:
         raise DatabaseError(f"reading the roles and users of {db} failed: {exc}") from None
     try:
+        for collection, command in validator_commands(client, db, policy):
+            out.changes.append(Change("set validator", f"{db}.{collection}",
+                                      "$jsonSchema: tenant_id, thread_id, expiry dates",
+                                      command))  # fmt: skip
         for collection, command in ttl_index_commands(client, db, policy):
             out.changes.append(Change("create index", f"{db}.{collection}",
                                       "TTL on expire_at (expireAfterSeconds 0)", command))  # fmt: skip
