@@ -18,7 +18,7 @@ from typing import Any
 
 from accord.errors import InvalidInputError
 from accord.governance.holds import Hold
-from accord.governance.policy import Policy
+from accord.governance.policy import DEPENDENT, Policy
 from accord.governance.retention import (
     EXPIRE_AT,
     HELD_EXPIRE_AT,
@@ -73,18 +73,49 @@ def _targets(policy: Policy) -> list[tuple[str, str, TtlRule | None, tuple[str, 
 
 
 def hold_filters(
-    holds: list[Hold], artifact: str, collection: str, fields: tuple[str, ...]
-) -> list[Any]:
+    uow: Any, db: str, policy: Policy, holds: list[Hold], artifact: str, collection: str,
+    fields: tuple[str, ...],
+) -> list[Any]:  # fmt: skip
     """The filters of the documents of ``collection`` that ``holds`` cover."""
-    return [f for h in holds if (f := _filter(h, artifact, collection, fields)) is not None]
+    return [
+        f for h in holds
+        if (f := _covers(uow, db, policy, h, artifact, collection, fields)) is not None
+    ]  # fmt: skip
 
 
 def _filter(hold: Hold, artifact: str, collection: str, fields: tuple[str, ...]) -> Any:
+    owner = DEPENDENT.get(artifact)
+    if owner is not None and hold.kind == "class" and hold.value == owner:
+        return {}  # a memory's vectors are held with their memories
     if artifact == RUN.name and hold.kind == "class":
         return {} if hold.value in THREAD_CLASSES else None
     if artifact == RUN.name and hold.kind == "subject":
         return None  # run documents carry no subject fields: hold the thread
     return hold.filter(artifact, collection, fields)
+
+
+#: dependent class -> the field naming the document it belongs to
+OWNER_LINK = {"memory_vector": "memory_id"}
+
+
+def _covers(
+    uow: Any, db: str, policy: Policy, hold: Hold, artifact: str, collection: str,
+    fields: tuple[str, ...],
+) -> Any:  # fmt: skip
+    """:func:`_filter`, and for a subject hold on a dependent class (a memory's vectors,
+    which carry no subject fields): the documents of the owners the hold covers."""
+    owner, link = DEPENDENT.get(artifact), OWNER_LINK.get(artifact)
+    if hold.kind != "subject" or owner is None or link is None:
+        return _filter(hold, artifact, collection, fields)
+    owner_class = policy.of(owner)
+    if owner_class is None or not owner_class.collection:
+        return None
+    which = hold.filter(owner, owner_class.collection, owner_class.subject_fields)
+    if which is None:
+        return None
+    ids = [d["_id"] for d in uow.find(ReadContext("*", operation="governance.hold"), owner, db,
+                                      owner_class.collection, which, projection={"_id": 1})]  # fmt: skip
+    return {link: {"$in": ids}}
 
 
 def place(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | None = None) -> int:
@@ -98,7 +129,7 @@ def place(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | No
     ]))  # fmt: skip
     moved = 0
     for collection, artifact, _rule, fields in _targets(policy):
-        which = _filter(hold, artifact, collection, fields)
+        which = _covers(uow, db, policy, hold, artifact, collection, fields)
         if which is None:
             continue
         moved += _move(uow, db, collection, artifact, which, rename=(EXPIRE_AT, HELD_EXPIRE_AT),
@@ -121,10 +152,13 @@ def release(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | 
     now = datetime.now(UTC)
     back = 0
     for collection, artifact, rule, fields in _targets(policy):
-        which = _filter(hold, artifact, collection, fields)
+        which = _covers(uow, db, policy, hold, artifact, collection, fields)
         if which is None:
             continue
-        still = [f for h in others if (f := _filter(h, artifact, collection, fields)) is not None]
+        still = [
+            f for h in others
+            if (f := _covers(uow, db, policy, h, artifact, collection, fields)) is not None
+        ]  # fmt: skip
         if still:
             which = {"$and": [which, {"$nor": still}]} if which else {"$nor": still}
         back += _move(uow, db, collection, artifact, which, rename=(HELD_EXPIRE_AT, EXPIRE_AT),

@@ -111,7 +111,7 @@ def recompute(
                                          HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
             if rule.event == "done":
                 unstamped["status"] = "done"
-            held = hold_filters(holds, artifact, collection, fields)
+            held = hold_filters(uow, db, new, holds, artifact, collection, fields)
             which = {"$and": [unstamped, {"$nor": held}]} if held else unstamped
             changed += run(which, {"$set": {EXPIRE_AT: now + rule.expire_after}})
         else:  # the same event, another period

@@ -154,3 +154,34 @@ def test_an_expired_memory_leaves_vector_search_with_its_vectors(
     _wait_until(lambda: client[db_name].memory_vectors.count_documents({}) == 0)
     assert client[db_name].long_term_memory.count_documents({}) == 0
     assert memory.search(("u-1",), query="green tea", include_unscored=False) == []
+
+
+def test_a_held_subjects_memories_keep_their_vectors_until_release(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, '[classes.long_term_memory]\nretention = { expire_after = "1s" }\n')
+    policy = parse_policy('[classes.long_term_memory]\nretention = { expire_after = "1s" }\n', "x")
+    admin = _admin(client)
+    hold = Hold("subject", "u-1", reason="subject access request")
+    place(admin, db_name, hold, policy)
+    time.sleep(REFRESH * 2)
+    app = runtime.Accord(client=client, db_name=db_name)
+    memory = app.memory("acme")
+    memory.put(("u-1",), "tea", {"text": "drinks green tea"})  # held: written without expiry
+    memory.put(("u-2",), "tea", {"text": "drinks green tea"})
+    db = client[db_name]
+
+    def keys() -> set[tuple[str, ...]]:
+        return {tuple(d["namespace"]) for d in db.long_term_memory.find()}
+
+    _wait_until(lambda: keys() == {("u-1",)})
+    time.sleep(1.5)
+    assert keys() == {("u-1",)}
+    assert (
+        db.memory_vectors.count_documents({})
+        == db.memory_vectors.count_documents({"memory_id": db.long_term_memory.find_one()["_id"]})
+        > 0
+    )  # the held memory's vectors stayed with it
+    assert [h.namespace for h in memory.search((), query="green tea")] == [("u-1",)]
+    assert release(admin, db_name, hold, policy) >= 2  # the memory and its vectors
+    _wait_until(lambda: db.memory_vectors.count_documents({}) == 0 and not keys())
