@@ -4,6 +4,15 @@ A hook is an object with a ``name`` and one method per phase it takes part in. T
 (the unit of work) calls the phases in this order for every plan, whatever the order the
 hooks were registered in (within one phase, registration order):
 
+``refresh_read(db)`` then ``refreshed(db, found, error)``
+    before ``check`` (a plan, for each database it writes) and before ``read`` (a read):
+    the hook may name ONE read of its own that is due (:class:`RefreshRead`; None when
+    nothing is due, which must be cheap, as it is asked on every operation). The kernel
+    makes it through its own read path (the read hooks apply), outside any transaction,
+    and hands the documents (or the error) to ``refreshed``. A hook keeps its state fresh
+    this way without doing I/O itself: governance re-reads the policy stored in the
+    database at most every few seconds. A hook must not name a read while its previous
+    one is under way (the kernel's read of it would ask again).
 ``check(plan)``
     before the transaction; pure. May refuse the plan by raising
     (:class:`~accord.errors.PermissionDenied`, :class:`~accord.errors.InvalidInputError`):
@@ -12,7 +21,10 @@ hooks were registered in (within one phase, registration order):
     a write that was allowed).
 ``derive(plan)``
     before the transaction; pure. May add groups (and read the plan's events): the outbox
-    inserts, a memory's vectors.
+    inserts, a memory's vectors. May also rewrite the ops of the plan's groups and its
+    context's guard, provided a rewrite changes only what an op writes into the documents
+    it already reaches (the checks ran before it): governance's retention stamps
+    ``expire_at`` this way.
 ``seal_reads(batch)`` then ``seal(batch, found)``
     INSIDE each transaction attempt, on every retry, once all plans of the batch are final
     (checked, derived, their groups named). ``seal_reads`` names documents to read in the
@@ -27,15 +39,6 @@ hooks were registered in (within one phase, registration order):
     around every read (:class:`ReadRequest`): may refuse (raise), narrow the filter
     (return a new request, e.g. :meth:`ReadRequest.narrowed`) or record; returns the
     request to run.
-``refresh_read(db)`` then ``refreshed(db, found, error)``
-    before ``check`` (a plan, for each database it writes) and before ``read`` (a read):
-    the hook may name ONE read of its own that is due (:class:`RefreshRead`; None when
-    nothing is due, which must be cheap, as it is asked on every operation). The kernel
-    makes it through its own read path (the read hooks apply), outside any transaction,
-    and hands the documents (or the error) to ``refreshed``. A hook keeps its state fresh
-    this way without doing I/O itself: governance re-reads the policy stored in the
-    database at most every few seconds. A hook must not name a read while its previous
-    one is under way (the kernel's read of it would ask again).
 ``refused(refusal)``
     after a check or read hook refused an operation with
     :class:`~accord.errors.PermissionDenied`: may return a plan that the kernel runs on its
