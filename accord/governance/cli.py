@@ -159,7 +159,8 @@ def apply_command(
 
     try:
         uow, changes = _planned(uri, db, policy, users)
-        done = apply(uow, changes)
+        with _progress() as bar:  # expire_at recomputed in batches when periods change
+            done = apply(uow, changes, _advancer(bar, "recomputing expire_at"))
         uow.client.close()
     except AccordError as err:
         _fail(err)
