@@ -222,10 +222,11 @@ def test_business_writes_cannot_target_another_components_collections(
             artifacts.CATALOG_COLLECTION,
         ]
         # every artifact class that has collections so far is covered (audit records
-        # and checkpoint heads have no component writing them yet; applied policies are
-        # recorded by `accord governance apply`, tests/governance/test_enforcement.py)
+        # and checkpoint heads have no component writing them yet; applied policies and
+        # legal holds are recorded by `accord governance apply`,
+        # tests/governance/test_enforcement.py)
         covered = {cataloged.get(t, "catalog") for t in targets}
-        assert owned_classes - covered <= {"audit", "checkpoint_head", "policy"}, (
+        assert owned_classes - covered <= {"audit", "checkpoint_head", "policy", "hold"}, (
             owned_classes - covered
         )
         for target in targets:
