@@ -127,7 +127,10 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
             return op
         return replace(op, doc=[*doc, {"$set": {EXPIRE_AT: at}}])
     sets = doc.get("$set") or {}
-    if rule.event == "done" and sets.get("status") == "done":  # the policy's period wins
+    if rule.event == "done" and sets.get("status") == "done":
+        own = sets.get(EXPIRE_AT)  # the consumer's own retention: the shorter one wins
+        if isinstance(own, datetime) and _aware(own) <= at:
+            return op
         return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
     if "$rename" in doc or any(
         EXPIRE_AT in (doc.get(o) or {}) for o in ("$set", "$setOnInsert", "$unset")
@@ -141,6 +144,10 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
     if rule.event == "done":
         return op  # not marked done by this op
     return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 class RetentionHook:
