@@ -210,7 +210,7 @@ class RetentionHook:
                 plan.context = replace(context, guard=replace(guard, expire_at=None))
             elif ttl is not None and not thread_held:
                 at = now + ttl
-                if guard.expire_at is None or guard.expire_at > at:  # the shorter one
+                if guard.expire_at is None or _aware(guard.expire_at) > at:  # the shorter one
                     plan.context = replace(context, guard=replace(guard, expire_at=at))
         for group in groups:
             if not group.ops:
@@ -230,9 +230,14 @@ class RetentionHook:
         policy: Policy,
     ) -> None:
         tenant, thread = context.tenant_id, context.thread_id
-        cls = policy.of(DEPENDENT.get(group.artifact, group.artifact), group.collection)
+        owner = DEPENDENT.get(group.artifact, group.artifact)  # a memory's, for its vectors
+        cls = policy.of(owner, group.collection)
         subject_fields = cls.subject_fields if cls is not None else ()
-        if held.holds_class(group.artifact, group.collection) or held.holds_thread(tenant, thread):
+        if (
+            held.holds_class(group.artifact, group.collection)
+            or held.holds_class(owner, None)
+            or held.holds_thread(tenant, thread)
+        ):
             return
         subjects = held.subjects_in(subject_fields)
         out = []
