@@ -205,3 +205,45 @@ def test_the_http_api_enforces_the_stored_policy(
         got = api.get("/v1/memories/notes/n1", headers={"X-API-Key": key})
     assert got.status_code == 403
     assert f"policy {db_name}.accord_policies version 1" in got.json()["detail"]
+
+
+def test_the_mcp_server_enforces_the_stored_policy(
+    client: MongoClient, mongo_uri: str, db_name: str
+) -> None:
+    import asyncio
+
+    from mcp import Client
+
+    from accord.memory.mcp_server import create_server
+
+    runtime.Accord(client=client, db_name=db_name).store().put(("notes",), "n1", {"text": "x"})
+    _apply(client, db_name, WRITE_ONLY_API)
+
+    async def run() -> Any:
+        server = create_server(mongo_uri, tenant_id="default", db_name=db_name)
+        async with Client(server) as mcp:
+            return await mcp.call_tool("get_memory", {"namespace": ["notes"], "key": "n1"})
+
+    result = asyncio.run(run())
+    assert result.is_error
+    text = str(result.content[0].text)
+    assert "mcp:default (role memory-api) may not find long_term_memory" in text
+    assert f"{db_name}.accord_policies version 1" in text
+
+
+#: the aggregator may no longer read messages
+NO_AGGREGATOR_READS = f"[classes.short_term_memory.roles]\nruntime = {ALL}\nadmin = {ALL}\n"
+
+
+def test_the_aggregator_worker_enforces_the_stored_policy(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, NO_AGGREGATOR_READS)
+    app = runtime.Accord(client=client, db_name=db_name)
+    aggregator = app.aggregator()  # a consumer: the saver now writes outbox events
+    _turn(_graph(app.checkpointer()), "t-1")
+    key = ("aggregator", "find", "short_term_memory")
+    before = runtime.policy_denials().get(key, 0)
+    aggregator.drain()
+    assert runtime.policy_denials().get(key, 0) > before
+    assert client[db_name].long_term_memory.count_documents({}) == 0
