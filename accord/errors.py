@@ -136,6 +136,30 @@ def _rebuild_business_error(message: str, details: dict[str, object]) -> Busines
     return BusinessWriteError(message, **details)  # type: ignore[arg-type]
 
 
+class VersionConflict(BusinessWriteError):
+    """A business write staged with ``expect_version=n`` found the record at another
+    version (or gone): another agent changed it first. Nothing of the task was committed;
+    resuming the thread re-runs the task on the record as it is now. ``expected`` is the
+    version the task expected; the other attributes are :class:`BusinessWriteError`'s."""
+
+    def __init__(self, message: str, *, expected: int | None = None, **details: object) -> None:
+        super().__init__(message, **details)  # type: ignore[arg-type]
+        self.expected = expected
+
+    def details(self) -> dict[str, object]:
+        return {**super().details(), "expected": self.expected}
+
+    def copy(self) -> VersionConflict:
+        return VersionConflict(str(self), **self.details())  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_version_conflict, (str(self), self.details()))
+
+
+def _rebuild_version_conflict(message: str, details: dict[str, object]) -> VersionConflict:
+    return VersionConflict(message, **details)  # type: ignore[arg-type]
+
+
 class EmbeddingDimensionError(ConfigurationError):
     """An embedder's vectors do not have the dimensions the vector index was built with."""
 

@@ -35,7 +35,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from accord.checkpointers import langgraph_internals
+from accord.checkpointers import jobs, langgraph_internals
 from accord.errors import AccordError, DatabaseError
 from accord.platform.logs import describe, log_failure
 
@@ -387,6 +387,10 @@ def on_loop_exit(
 
         stack.push(exit_)
     _release_if_start_fails(pregel_loop, release, run, on_saver_loop)
+    langgraph_internals.before_first(
+        pregel_loop,
+        lambda: langgraph_internals.detach_handed_checkpoints(pregel_loop, jobs.detached),
+    )
 
 
 def _ending_after(exc: BaseException, failed: BaseException) -> None:

@@ -21,6 +21,17 @@ records the task as finished (``put_writes``). Consequences:
   applied twice: exactly once per task, as long as the task's writes are committed;
 * staged writes are invisible (to the node too) until the transaction commits.
 
+**Versioned records** (agents sharing a business object): every business write keeps an
+integer ``_version`` on the record (an insert sets 1, an update adds 1, a replacement
+with ``expect_version=n`` sets n + 1, one without a fresh random value). Read it with the
+record and pass it back: ``update_one(..., expect_version=n)`` (``replace_one`` and
+``delete_one`` too) commits only if the record is still at version ``n``; otherwise the
+task's transaction fails with :class:`~accord.errors.VersionConflict` (nothing of the task
+is committed) and resuming the thread re-runs the task on the record as it is now, instead
+of overwriting another agent's change. ``expect_version=0`` means "a record no accord
+write has versioned yet". Compare versions for equality only; ``_version`` is accord's:
+staged writes may not set it.
+
 Documents get the run's ``tenant_id`` and filters are scoped to it; no update may change
 or remove ``tenant_id`` (operators naming it, ``$rename`` onto or from it, pipeline
 stages that could drop it are refused when staged). Staging requires
@@ -38,7 +49,7 @@ from typing import Any
 from langgraph.config import get_config
 
 from accord.checkpointers import langgraph_internals
-from accord.checkpointers.plans import business_op
+from accord.checkpointers.plans import VERSION_FIELD, business_op, version_problem
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
 from accord.errors import ConfigurationError, InvalidInputError
@@ -63,8 +74,11 @@ def update_one(
     update: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     *,
     upsert: bool = False,
+    expect_version: int | None = None,
 ) -> None:
-    """Stage ``update_one(filter, update, upsert=upsert)``; ``update`` uses operators ($set, $inc...)."""
+    """Stage ``update_one(filter, update, upsert=upsert)``; ``update`` uses operators ($set,
+    $inc...) or is a pipeline. ``expect_version``: commit only if the record is at that
+    version (module docstring)."""
     if isinstance(update, Mapping):
         if not update or not all(isinstance(k, str) and k.startswith("$") for k in update):
             raise InvalidInputError(
@@ -83,6 +97,7 @@ def update_one(
         filter=_document(filter, "filter"),
         update=update_doc,
         upsert=bool(upsert),
+        **_expected(expect_version, upsert),
     )
 
 
@@ -92,8 +107,10 @@ def replace_one(
     replacement: Mapping[str, Any],
     *,
     upsert: bool = False,
+    expect_version: int | None = None,
 ) -> None:
-    """Stage ``replace_one(filter, replacement, upsert=upsert)``."""
+    """Stage ``replace_one(filter, replacement, upsert=upsert)``. ``expect_version``:
+    commit only if the record is at that version (module docstring)."""
     doc = _document(replacement, "replacement")
     if any(isinstance(k, str) and k.startswith("$") for k in doc):
         raise InvalidInputError("replacement must be a document, not an update with operators.")
@@ -103,12 +120,38 @@ def replace_one(
         filter=_document(filter, "filter"),
         document=doc,
         upsert=bool(upsert),
+        **_expected(expect_version, upsert),
     )
 
 
-def delete_one(collection: str, filter: Mapping[str, Any]) -> None:
-    """Stage ``delete_one(filter)``."""
-    _stage("delete_one", collection, filter=_document(filter, "filter"))
+def delete_one(
+    collection: str, filter: Mapping[str, Any], *, expect_version: int | None = None
+) -> None:
+    """Stage ``delete_one(filter)``. ``expect_version``: delete only if the record is at
+    that version (module docstring)."""
+    _stage(
+        "delete_one",
+        collection,
+        filter=_document(filter, "filter"),
+        **_expected(expect_version, False),
+    )
+
+
+def _expected(version: Any, upsert: bool) -> dict[str, int]:
+    """The staged op's ``expect_version`` field, validated."""
+    if version is None:
+        return {}
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise InvalidInputError(
+            f"expect_version must be a non-negative int (the record's _version as read), "
+            f"got {version!r}."
+        )
+    if upsert:
+        raise InvalidInputError(
+            "expect_version and upsert=True do not go together: expect_version says the "
+            "record exists at that version; create records with insert_one."
+        )
+    return {"expect_version": version}
 
 
 def _document(value: Any, name: str) -> dict[str, Any]:
@@ -161,6 +204,11 @@ def _stage(kind: str, collection: str, **fields: Any) -> None:
     if "filter" in op:
         op["filter"]["tenant_id"] = tenant
     identifier(tenant, "tenant_id")
+    if version_problem(op):
+        raise InvalidInputError(
+            f"business {kind} on {name!r} refused: {version_problem(op)}. "
+            f"{VERSION_FIELD!r} is kept by accord (pass expect_version= to check it)."
+        )
     # refused here, in the node, rather than when the task's writes are committed
     problem = op_problem(business_op(op), tenant)
     if problem is not None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from accord.checkpointers.ownership import FailedTask
+from accord.checkpointers.plans import StaleVersion
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import (
     AccordError,
@@ -21,6 +22,7 @@ from accord.errors import (
     DatabaseError,
     TaskWriteError,
     TransactionTimeout,
+    VersionConflict,
     WriteRefused,
 )
 from accord.platform import codes, reachability
@@ -61,6 +63,20 @@ def business_error(
     else:
         reason = f"{reason_text} (code {code})" if code is not None else reason_text
     which = "" if spec or ops_in_group == 1 else f" (one of {ops_in_group} staged there)"
+    if isinstance(refused, StaleVersion):
+        expected = spec.get("expect_version")
+        return VersionConflict(
+            f"Version conflict in {task_name(node, task_id)} of thread {scope.thread_id!r}: "
+            f"{what} collection {refused.collection!r} expected the record at version "
+            f"{expected}, but {reason_text}. Nothing of the task was committed (neither its "
+            f"business writes nor its task record): the thread stays at checkpoint "
+            f"{checkpoint_id!r}. Resume the thread (graph.invoke(None, config)) to re-run "
+            f"the task on the record as it is now.",
+            expected=expected if isinstance(expected, int) else None,
+            thread_id=scope.thread_id, checkpoint_id=checkpoint_id, task_id=task_id,
+            node=node, collection=refused.collection, operation=operation, code=None,
+            reason=reason_text,
+        )  # fmt: skip
     message = (
         f"Business write failed in {task_name(node, task_id)} of thread "
         f"{scope.thread_id!r}: {what} collection {refused.collection!r}{which} was "

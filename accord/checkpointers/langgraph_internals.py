@@ -17,7 +17,9 @@ LangGraph release that breaks one is caught before a user meets it). docs/checkp
   ``checkpoint_config``, ``is_nested``, ``config``, ``durability``, ``checkpoint`` and
   ``specs`` attributes; its exit stack ``stack`` (the run's release is pushed on it); its
   ``_first`` method (the rest of ``__enter__`` after loading the thread: wrapped so that
-  a run whose start fails is released at once).
+  a run whose start fails is released at once); its ``submit`` (the background executor
+  ``__enter__`` sets before ``_first``) and ``_checkpointer_put_after_previous`` (the save
+  it submits, with the checkpoint as fourth argument): :func:`detach_handed_checkpoints`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -148,6 +151,44 @@ def on_start_failure(loop: Any, callback: Callable[[], None]) -> None:
     loop._first = guarded
 
 
+def detach_handed_checkpoints(loop: Any, detach: Callable[[Any], Any]) -> None:
+    """Make the loop pass each checkpoint it hands to a background save through
+    ``detach``, in its own thread, as it submits the save.
+
+    ``copy_checkpoint`` is shallow: a fan-in barrier's set of seen nodes in the copy is
+    the live one, which the loop changes in place when the next step's nodes finish. The
+    save runs later in another thread (after the previous save returned), so anything it
+    copies may already hold the next step's nodes. Called from the loop's ``_first``
+    (``submit`` is set just before it), so every save of the run, the input's included,
+    is detached."""
+    submit = getattr(loop, "submit", None)
+    save = getattr(loop, "_checkpointer_put_after_previous", None)
+    if submit is None or save is None:
+        return
+
+    def submitting(executor: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn == save and len(args) >= 4:
+            args = (*args[:3], detach(args[3]), *args[4:])
+        return submit(fn, *args, **kwargs)
+
+    # a bound method, as the loop's own is: LangGraph takes ``WeakMethod(loop.submit)``
+    loop.submit = types.MethodType(submitting, getattr(submit, "__self__", loop))
+
+
+def before_first(loop: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback`` in the loop's thread when ``__enter__`` calls ``_first`` (after
+    loading the thread and setting the loop's ``submit``, before anything is saved)."""
+    first = getattr(loop, "_first", None)
+    if first is None:
+        return
+
+    def starting(*args: Any, **kwargs: Any) -> Any:
+        callback()
+        return first(*args, **kwargs)
+
+    loop._first = starting
+
+
 def problems() -> list[str]:
     """What the installed LangGraph no longer has of the above (empty: all there)."""
     found: list[str] = []
@@ -169,11 +210,24 @@ def problems() -> list[str]:
             found.append(f"{cls.__name__}.{enter} no longer loads the thread (get_tuple)")
         if not callable(getattr(cls, "_first", None)):
             found.append(f"{cls.__name__} has no _first method")
+        if not callable(getattr(cls, "_checkpointer_put_after_previous", None)):
+            found.append(f"{cls.__name__} has no _checkpointer_put_after_previous method")
+    put_source = inspect.getsource(_loop.PregelLoop._put_checkpoint)
+    if not re.search(
+        r"self\.submit\(\s*self\._checkpointer_put_after_previous,.*?delta_write_futs,"
+        r"\s*self\.checkpoint_config,\s*copy_checkpoint\(self\.checkpoint\)",
+        put_source,
+        re.DOTALL,
+    ):
+        found.append(
+            "PregelLoop._put_checkpoint no longer submits _checkpointer_put_after_previous "
+            "with the checkpoint as its fourth argument"
+        )
     assigned: set[str] = set()
     for loop_class in (_loop.PregelLoop, _loop.SyncPregelLoop, _loop.AsyncPregelLoop):
         source = inspect.getsource(loop_class)
         assigned.update(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=", source))
-    for attr in (*_LOOP_ATTRIBUTES, "checkpoint"):
+    for attr in (*_LOOP_ATTRIBUTES, "checkpoint", "submit"):
         if attr not in assigned:
             found.append(f"PregelLoop no longer sets self.{attr}")
     if "control" not in {f.name for f in dataclasses.fields(Runtime)}:

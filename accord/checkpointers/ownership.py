@@ -213,6 +213,11 @@ class ActiveRun:
                 out.append(self.jobs.popleft())
         return out
 
+    def queued_count(self) -> int:
+        """How many saves are queued (the drainer's batch in hand not counted)."""
+        with self._mutex:
+            return len(self.jobs)
+
     def behind_its_put(self, job: Any) -> bool:
         """Put queued task writes ``job`` right after the queued put of its checkpoint (a
         task's writes can reach the queue before that put: the put is handed over in

@@ -22,12 +22,13 @@ in the same transaction (the outbox hook).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from accord.checkpointers import events, schema
 from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
-from accord.errors import ConfigurationError
+from accord.errors import ConfigurationError, WriteRefused
 from accord.platform import runs
 from accord.platform.artifacts import BUSINESS
 from accord.platform.context import WriteContext
@@ -174,39 +175,132 @@ def writes_plan(
 
 
 def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]:
-    """One group per run of consecutive staged ops on the same collection, in order."""
+    """One group per run of consecutive staged ops on the same collection, in order; an
+    op staged with ``expect_version`` is a group of its own, expected to match its record
+    (else :class:`StaleVersion`, which the saver turns into ``VersionConflict``)."""
     groups: list[Group] = []
     for spec in staged:
         op = business_op(spec)
         name = spec["collection"]
-        if groups and groups[-1].collection == name:
-            groups[-1].ops.append(op)
-            assert groups[-1].sources is not None
-            groups[-1].sources.append(spec)
-        else:
-            groups.append(
-                Group(
-                    f"{BUSINESS_PREFIX}{len(groups)}",
-                    db,
-                    name,
-                    BUSINESS.name,
-                    [op],
-                    sources=[spec],
-                )
+        expected = spec.get("expect_version")
+        last = groups[-1] if groups else None
+        if (
+            expected is None
+            and last is not None
+            and last.collection == name
+            and last.expect is None
+        ):
+            last.ops.append(op)
+            assert last.sources is not None
+            last.sources.append(spec)
+            continue
+        group_name = f"{BUSINESS_PREFIX}{len(groups)}"
+        expect = None
+        if expected is not None:
+            stale = _stale(group_name, spec)
+            expect = (
+                Expect(deleted=1, error=stale)
+                if op.kind == "delete"
+                else Expect(matched=1, error=stale)
             )
+        groups.append(
+            Group(group_name, db, name, BUSINESS.name, [op], sources=[spec], expect=expect)
+        )
     return groups
 
 
+class StaleVersion(WriteRefused):
+    """A business op staged with ``expect_version`` matched no record at that version."""
+
+
+def _stale(group: str, spec: Mapping[str, Any]) -> Callable[[Counts], BaseException]:
+    def error(counts: Counts) -> BaseException:
+        reason = (
+            f"no record matching the filter is at version {spec.get('expect_version')} any "
+            f"more: another writer changed or removed it first"
+        )
+        return StaleVersion(
+            reason, group=group, collection=str(spec["collection"]), index=0, reason=reason,
+            source=spec,
+        )  # fmt: skip
+
+    return error
+
+
+#: The version every business write keeps on its record (see ``business``'s docstring).
+VERSION_FIELD = "_version"
+#: The pipeline stage that moves a record's version on (an update given as a pipeline).
+_NEXT_VERSION = {"$set": {VERSION_FIELD: {"$add": [{"$ifNull": ["$" + VERSION_FIELD, 0]}, 1]}}}
+
+
+def _names_version(path: Any) -> bool:
+    return isinstance(path, str) and path.split(".", 1)[0] == VERSION_FIELD
+
+
+def version_problem(spec: Mapping[str, Any]) -> str | None:
+    """Why a staged op would set accord's ``_version`` itself (or filter on it beside
+    ``expect_version``), or None."""
+    doc = spec.get("document")
+    if isinstance(doc, Mapping) and VERSION_FIELD in doc:
+        return f"the document sets {VERSION_FIELD!r}"
+    update = spec.get("update")
+    if isinstance(update, Mapping):
+        for operator, arg in update.items():
+            if not isinstance(arg, Mapping):
+                continue
+            for path, value in arg.items():
+                if _names_version(path) or (operator == "$rename" and _names_version(value)):
+                    return f"{operator} names {VERSION_FIELD!r}"
+    elif isinstance(update, Sequence) and not isinstance(update, str | bytes):
+        for stage in update:
+            for name, arg in stage.items() if isinstance(stage, Mapping) else ():
+                paths = [arg] if isinstance(arg, str) else arg
+                if name == "$unset" and isinstance(paths, list | tuple):
+                    if any(_names_version(p) for p in paths):
+                        return f"$unset names {VERSION_FIELD!r}"
+                elif isinstance(arg, Mapping) and any(_names_version(p) for p in arg):
+                    return f"{name} names {VERSION_FIELD!r}"
+    filt = spec.get("filter")
+    versioned = spec.get("expect_version") is not None
+    if versioned and isinstance(filt, Mapping) and VERSION_FIELD in filt:
+        return f"the filter names {VERSION_FIELD!r} beside expect_version"
+    return None
+
+
+def _versioned_filter(spec: Mapping[str, Any]) -> Any:
+    filt = spec["filter"]
+    expected = spec.get("expect_version")
+    if expected is None:
+        return filt
+    return {**filt, VERSION_FIELD: expected if expected else {"$in": [None, 0]}}
+
+
 def business_op(spec: Mapping[str, Any]) -> Op:
+    """The op a staged business write runs: the application's op, keeping the record's
+    ``_version`` (and matching only the expected one, with ``expect_version``)."""
     kind = spec["op"]
     if kind == "insert_one":
-        return Op("insert", doc=spec["document"])
+        return Op("insert", doc={**spec["document"], VERSION_FIELD: 1})
     if kind == "update_one":
-        return Op("update", spec["filter"], spec["update"], upsert=spec.get("upsert", False))
+        update = spec["update"]
+        if isinstance(update, Mapping):
+            inc = update.get("$inc")
+            versioned: Any = {
+                **update,
+                "$inc": {**(inc if isinstance(inc, Mapping) else {}), VERSION_FIELD: 1},
+            }
+        else:
+            versioned = [*update, _NEXT_VERSION]
+        return Op("update", _versioned_filter(spec), versioned, upsert=spec.get("upsert", False))
     if kind == "replace_one":
-        return Op("replace", spec["filter"], spec["document"], upsert=spec.get("upsert", False))
+        expected = spec.get("expect_version")
+        # without an expected version the next one is unknown: a fresh value (versions
+        # are compared for equality only) that no earlier version of the record had
+        version = expected + 1 if expected is not None else secrets.randbelow(2**62) + 2**32
+        doc = {**spec["document"], VERSION_FIELD: version}
+        return Op("replace", _versioned_filter(spec), doc, upsert=spec.get("upsert", False))
     if kind == "delete_one":
-        return Op("delete", spec["filter"])
+        return Op("delete", _versioned_filter(spec))
     raise ConfigurationError(f"unknown staged business operation {kind!r}")
 
 

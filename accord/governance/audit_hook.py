@@ -6,7 +6,8 @@ transaction as every write, and records refused operations.
 ``check``
     refuses any plan that writes the audit collections (records or heads): only this
     hook writes them, from ``seal``, so the trail is append-only for everybody
-    (:class:`~accord.errors.PermissionDenied`; the refusal is itself recorded).
+    (:class:`~accord.errors.PermissionDenied`; the refusal is itself recorded). The
+    digests (:mod:`accord.governance.digests`) may be inserted, never changed.
 ``derive``
     gives every insert that has no ``_id`` one (an ``ObjectId``, as the driver would), so
     its record names the document it created.
@@ -61,7 +62,14 @@ from accord.governance.audit_records import (
     stream_of,
 )
 from accord.governance.canonical import ms
-from accord.platform.artifacts import AUDIT, CLASSES
+from accord.governance.digests import (
+    DIGEST_HEAD_INDEXES,
+    DIGEST_HEAD_VALIDATOR,
+    DIGEST_HEADS,
+    DIGEST_VALIDATOR,
+    DIGESTS,
+)
+from accord.platform.artifacts import AUDIT, AUDIT_DIGEST, CLASSES
 from accord.platform.context import WriteContext
 from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
 from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
@@ -136,16 +144,24 @@ class AuditHook:
         return {
             self.records: HookCollection(AUDIT.name, VALIDATOR, RECORD_INDEXES),
             self.heads: HookCollection(AUDIT.name, None, HEAD_INDEXES),
+            DIGESTS: HookCollection(AUDIT_DIGEST.name, DIGEST_VALIDATOR),
+            DIGEST_HEADS: HookCollection(
+                AUDIT_DIGEST.name, DIGEST_HEAD_VALIDATOR, DIGEST_HEAD_INDEXES
+            ),
         }
 
     def own(self, collection: str) -> bool:
         """Whether ``collection`` is one of the audit collections (never audited)."""
-        return collection in (self.records, self.heads)
+        return collection in (self.records, self.heads, DIGESTS, DIGEST_HEADS)
 
     # --- check / derive -------------------------------------------------------------
 
     def check(self, plan: Plan) -> None:
         for group in plan.groups:
+            if group.collection in (DIGESTS, DIGEST_HEADS) and all(
+                op.kind == "insert" for op in group.ops
+            ):
+                continue  # digests are appended (accord audit digest), never changed
             if group.ops and self.own(group.collection):
                 who = plan.context.principal.describe() if plan.context.principal else "nobody"
                 kinds = sorted({op.kind for op in group.ops})

@@ -15,7 +15,8 @@ Least privilege for accord's own parts, with the grants each one's real work nee
 * ``memory-api`` (HTTP API keys, MCP): long-term memory, its history and vectors, and
   nothing else: never checkpoints, pending writes, messages or the outbox (it reads the
   catalog and the applied policy, which every process enforces);
-* ``auditor``: finds audit records, nothing else;
+* ``auditor``: finds audit records, and finds and writes digests of their chains
+  (``accord audit digest``), nothing else;
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
   records, which nobody may do (a policy that grants it is refused).
 """
@@ -97,6 +98,11 @@ collection = "audit"
 audit = "off"
 retention = { expire_after = "7y", after = "created" }
 roles = { auditor = ["find"], admin = ["find"] }
+
+[classes.audit_digest]         # digests of the audit chains: written once, never changed
+collection = "accord_audit_digests"
+audit = "off"
+roles = { auditor = ["find", "insert"], admin = ["find", "insert"] }
 
 [classes.catalog]              # which collections accord owns
 collection = "accord_catalog"

@@ -22,7 +22,7 @@ from accord.platform.artifacts import CLASSES
 __all__ = ["LEVEL", "validator_commands", "validator_of"]
 
 #: Classes whose parts set complete validators of their own.
-OWN_VALIDATORS = frozenset({"outbox", "audit"})
+OWN_VALIDATORS = frozenset({"outbox", "audit", "audit_digest"})
 LEVEL = "moderate"
 
 

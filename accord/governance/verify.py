@@ -55,6 +55,8 @@ class ChainBreak:
     found: Any
 
     def describe(self) -> str:
+        if not self.stream:  # about a digest, not one stream
+            return self.problem
         at = f"seq {self.seq}" if self.seq is not None else "its head"
         return (
             f"stream {self.stream} breaks at {at}: {self.problem} "
@@ -85,7 +87,11 @@ class AuditReport:
 class ChainChecker:
     """Checks records fed in (stream, seq) order (module docstring), then the heads."""
 
-    def __init__(self) -> None:
+    def __init__(self, starts: Mapping[str, tuple[int, str]] | None = None) -> None:
+        """``starts``: per stream, the (seq, hash) its first fed record follows, for
+        records that do not start at seq 1 (an export from a date); default (0,
+        :data:`~.audit_records.GENESIS`)."""
+        self.starts = starts or {}
         self.report = AuditReport()
         self._stream: str | None = None
         self._seq = 0
@@ -97,7 +103,8 @@ class ChainChecker:
         """Check the next record."""
         stream = str(record.get("stream"))
         if stream != self._stream:
-            self._stream, self._seq, self._hash = stream, 0, GENESIS
+            self._stream = stream
+            self._seq, self._hash = self.starts.get(stream, (0, GENESIS))
             self.report.streams += 1
         self.report.records += 1
         if stream in self._broken:
@@ -140,6 +147,14 @@ class ChainChecker:
                     )  # fmt: skip
         return None
 
+    def last(self, stream: str) -> tuple[int, str] | None:
+        """The (seq, hash) of ``stream``'s last record that verified, if any."""
+        return self._last.get(stream)
+
+    def broken(self, stream: str) -> bool:
+        """Whether ``stream`` broke (its first break is in the report)."""
+        return stream in self._broken
+
     def heads(self, heads: Iterable[Mapping[str, Any]]) -> None:
         """Check every stream's head against its last record (and that every stream whose
         records were fed has a head)."""
@@ -153,8 +168,10 @@ class ChainChecker:
             found = (head.get("seq") or 0, head.get("hash") or GENESIS)
             if found != last:
                 self._broken.add(stream)
+                # the first record missing from the end, or the first one past the head
+                first = min(last[0], int(found[0])) + 1
                 self.report.breaks.append(ChainBreak(
-                    stream, None, "the head does not name the last record (records were "
+                    stream, first, "the head does not name the last record (records were "
                     "removed from its end, or forged after it)", last, found,
                 ))  # fmt: skip
         for stream in sorted(set(self._last) - seen - self._broken):

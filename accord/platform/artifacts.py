@@ -70,6 +70,10 @@ MEMORY_VECTOR = ArtifactClass(
     "memory_vectors",
 )  # fmt: skip
 AUDIT = ArtifactClass("audit", "hash-chained mutation records", "audit")
+AUDIT_DIGEST = ArtifactClass(
+    "audit_digest", "Merkle digests of the audit chains' heads, append-only",
+    "accord_audit_digests",
+)  # fmt: skip
 RUN = ArtifactClass("run", "run registry: active run, lease, fence", "runs", thread_scoped=True)
 CATALOG = ArtifactClass("catalog", "the collections accord owns", "accord_catalog")
 MIGRATION = ArtifactClass(
@@ -99,6 +103,7 @@ CLASSES: dict[str, ArtifactClass] = {
         MEMORY_HISTORY,
         MEMORY_VECTOR,
         AUDIT,
+        AUDIT_DIGEST,
         RUN,
         CATALOG,
         MIGRATION,

@@ -19,12 +19,15 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 
 from accord.checkpointers import business
+from accord.checkpointers.asynchronous import saver_queue as saver_queue_async
 from accord.checkpointers.ownership import ActiveRun, FailedTask
+from accord.checkpointers.synchronous import saver_queue as saver_queue_sync
 from accord.errors import ConcurrentRunError
 from accord.platform import runs
+from tests.checkpointers.conftest import KINDS, make_saver
 from tests.checkpointers.test_ownership import Gate, _graph, _in_thread, _no_heartbeat
 
 
@@ -136,3 +139,51 @@ def test_taking_more_jobs_asks_about_tasks_without_the_mutex() -> None:
     assert not run.last_batch()  # the loop has not exited
     run.releasing = True
     assert run.last_batch()  # ... now it has, and nothing is queued behind the batch
+
+
+class _Commands(monitoring.CommandListener):
+    """Counts the commands sent, by name."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.names.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_quick_invokes_saves_and_release_share_one_transaction(
+    kind: str, mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the loop runs tasks the drainer waits for the run's next save (here as long
+    as it likes: 5 s), and the loop's exit ends the wait at once: an invoke's three puts,
+    its tasks' writes and the lease's release commit in one transaction, with no
+    separate release, and the invoke does not wait out the linger. (``START -> a``: five
+    saves, within a transaction's limit of 8.)"""
+    monkeypatch.setattr(saver_queue_async, "_LINGER", 5.0)
+    monkeypatch.setattr(saver_queue_async, "_LINGER_MAX", 5.0)
+    monkeypatch.setattr(saver_queue_sync, "_LINGER", 5.0)
+    monkeypatch.setattr(saver_queue_sync, "_LINGER_MAX", 5.0)
+    seen = _Commands()
+    with make_saver(kind, mongo_uri, db_name, listeners=[seen], outbox_events=False) as saver:
+        one = StateGraph(Fan)
+        one.add_node("a", lambda state: {"log": ["a"]})
+        one.add_edge(START, "a")
+        graph = one.compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": "quick"}}
+        graph.invoke({"log": ["warm"]}, cfg, durability="async")
+        seen.names.clear()
+        started = time.monotonic()
+        out = graph.invoke({"log": ["in"]}, cfg, durability="async")
+        took = time.monotonic() - started
+    assert out["log"] == ["warm", "a", "in", "a"]
+    assert took < 2.5, f"the invoke waited out the linger ({took:.1f} s)"
+    assert seen.names.count("commitTransaction") == 1, seen.names
+    assert seen.names.count("bulkWrite") == 1, seen.names
+    assert "update" not in seen.names, seen.names  # the release rode in the transaction

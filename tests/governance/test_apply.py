@@ -62,7 +62,11 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     assert memory_api["accord_catalog"] == ["find"] and memory_api[""] == ["listCollections"]
     assert memory_api["accord_policies"] == ["find"]  # every process reads the applied policy
     auditor = _privileges(client, db_name, "accord_auditor")
-    assert auditor == {"audit": ["find"], "": ["listCollections"]}
+    setup = ["collMod", "createCollection", "createIndex", "listIndexes"]
+    assert auditor == {  # finds records; finds and appends digests (Governance II)
+        "audit": ["find"], "accord_audit_digests": sorted(["find", "insert", *setup]),
+        "": ["listCollections"],
+    }  # fmt: skip
     runtime_role = _privileges(client, db_name, "accord_runtime")
     assert "audit" not in runtime_role
     stored = client[db_name].accord_policies.find_one({"_id": "head"})

@@ -141,13 +141,15 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
     assert set(table) == {
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
-        "memory_vector", "business", "audit", "catalog", "migration", "policy", "hold",
+        "memory_vector", "business", "audit", "audit_digest", "catalog", "migration", "policy",
+        "hold",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
                 "run", "outbox", "business"):  # fmt: skip
         assert table[cls]["memory-api"] == "-", cls  # the memory API never sees state
         assert table[cls]["auditor"] == "-", cls
-    assert {c for c, row in table.items() if row["auditor"] != "-"} == {"audit"}
+    assert {c for c, row in table.items() if row["auditor"] != "-"} == {"audit", "audit_digest"}
+    assert table["audit_digest"]["auditor"] == "fi"  # digests are appended, never changed
     assert table["audit"] == {"runtime": "-", "aggregator": "-", "memory-api": "-",
                               "auditor": "f", "admin": "f"}  # fmt: skip
     assert table["long_term_memory"]["memory-api"] == "fiur"

@@ -36,6 +36,12 @@ logger = logging.getLogger("accord.checkpointers")
 
 #: Queued saves of a run committed in one transaction, at most.
 _BATCH_JOBS = 8
+#: While the run's loop runs tasks, how long the drainer waits for the run's next save
+#: before committing what it holds (again after each save that comes meanwhile): a
+#: quick step's saves then share one transaction instead of queueing behind it.
+_LINGER = 0.002
+#: The most a save waits that way, in all.
+_LINGER_MAX = 0.02
 
 
 class SaverQueue(SaverReads):
@@ -83,12 +89,7 @@ class SaverQueue(SaverReads):
                 self._ensure_setup()
                 if isinstance(job, jobs.PutJob) and job.parent_id is not None:
                     self._check_parent(run, job)
-                batch = self._with_parents_writes(run, [job])
-                while len(batch) < _BATCH_JOBS:
-                    more = run.more_jobs(functools.partial(self._joins, run, batch=batch), 1)
-                    if not more:
-                        break
-                    batch = self._with_parents_writes(run, batch + more)
+                batch = self._fill(run, self._with_parents_writes(run, [job]))
                 self._commit_queued(run, batch)
             except BaseException as exc:  # kept for the run's next put and its end
                 logger.debug(
@@ -99,6 +100,31 @@ class SaverQueue(SaverReads):
                 run.failure = run.failure or exc
                 for one in batch:
                     self._job_done(run, one, run.failure)
+
+    def _fill(self, run: ActiveRun, batch: builtins.list[Any]) -> builtins.list[Any]:
+        """``batch`` with the queued saves that may share its transaction; while the run's
+        loop still runs tasks, also those that come within ``_LINGER`` of the last one
+        (at most ``_LINGER_MAX`` in all). The loop's exit ends the wait at once: its last
+        saves then commit with the lease's release, in one transaction. Lingering never
+        loses what "async" durability keeps: LangGraph does not wait for these saves, and
+        a crash may lose the latest steps' saves either way, never part of one."""
+        deadline = time.monotonic() + _LINGER_MAX
+        while True:
+            while len(batch) < _BATCH_JOBS:
+                more = run.more_jobs(functools.partial(self._joins, run, batch=batch), 1)
+                if not more:
+                    break
+                batch = self._with_parents_writes(run, batch + more)
+            remaining = deadline - time.monotonic()
+            if len(batch) >= _BATCH_JOBS or run.releasing or run.failure or remaining <= 0:
+                return batch
+            seen = run.queued_count()
+
+            def moved(seen: int = seen) -> bool:
+                return run.queued_count() != seen or run.releasing
+
+            if not run.signal.wait_for(moved, min(_LINGER, remaining)):
+                return batch
 
     def _before_its_put(self, run: ActiveRun, job: jobs.WritesJob) -> bool:
         """Task writes whose checkpoint is not saved yet never commit before it (business

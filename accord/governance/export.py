@@ -1,0 +1,518 @@
+"""The compliance export: one tenant's audit records, the digests covering them and a
+manifest, written so that :mod:`accord.governance.export_verify` can check everything
+without the database.
+
+**What is exported.** The tenant's streams, each from its first selected record up to
+its head at the *covering digest* (the latest digest, or the latest taken at or before
+``until``): a stream's records are exported as one unbroken run, because a hash chain
+proves nothing with holes in it. So ``since`` starts each stream at its first record at
+or after ``since`` (what came before is outside the export, and so outside its proof);
+``until`` chooses the covering digest; ``artifact`` keeps the streams holding records of
+that class (a thread's stream holds all its thread-scoped classes and is exported
+whole). Records written after the covering digest wait for the next one: take a digest
+(``accord audit digest``) right before exporting.
+
+**Files** (in ``out``):
+
+``records-NNNNN.jsonl|csv|parquet``
+    the records in (stream, seq) order, :data:`PART_SIZE` per file. JSONL: one line per
+    record, its RFC 8785 JSON (:func:`accord.governance.canonical.to_json`, so BSON
+    types are tagged: ``{"$oid"}``, ``{"$date"}``...), images included as stored. CSV
+    and Parquet: the columns of :data:`COLUMNS` for people and tools, and ``record``,
+    the same JSON, which is what the verifier hashes (and each column must agree with).
+``digests.json``
+    every digest up to the covering one (they link); the covering one and each that
+    moved one of the tenant's heads with the tenant's stream heads at it and the audit
+    path of the tenant's root in the digest's tree: enough to recompute the digest's
+    root from the export alone (the others carry ``heads: null``).
+``manifest.json``
+    counts, per stream its seq range, ``prev`` of its first record and its last hash,
+    every file's SHA-256 and size, the covering digest, the generator and time;
+    signed (Ed25519) when a key is given.
+
+**Bounded memory, resumable.** Records stream from one cursor in batches and are
+written as they come; memory holds one part's writer and a few numbers per stream.
+After each finished part, ``.export-progress.json`` records the parts written (with
+their SHA-256) and where the next starts; an interrupted export run again with the same
+arguments deletes the unfinished part and goes on from there. Parts end at fixed record
+counts and every byte is a function of the records, so a resumed export is byte for
+byte the uninterrupted one (only the manifest's ``generated_at`` differs).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import queue
+import threading
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from accord import __version__
+from accord.errors import InvalidInputError, MissingExtraError
+from accord.governance.audit_records import RECORDS
+from accord.governance.canonical import canonical
+from accord.governance.digests import (
+    DIGEST_HEADS,
+    DIGESTS,
+    Head,
+    HeadTree,
+    external,
+)
+from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
+from accord.platform.context import AUDITOR, Principal, ReadContext
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+__all__ = [
+    "COLUMNS", "EXPORT_FORMAT", "PART_SIZE", "PROGRESS", "Format", "columns_of",
+    "digest_entries", "export", "pyarrow_modules",
+]  # fmt: skip
+
+Format = Literal["jsonl", "csv", "parquet"]
+FORMATS: tuple[Format, ...] = ("jsonl", "csv", "parquet")
+EXPORT_FORMAT = "accord-audit-export"
+PART_SIZE = 100_000
+PROGRESS = ".export-progress.json"
+#: CSV and Parquet columns (each a field of the record; ``record`` is all of it).
+COLUMNS = (
+    "id", "stream", "seq", "prev", "hash", "tenant_id", "at", "txn", "outcome",
+    "principal", "action", "artifact", "db", "collection", "thread_id", "record",
+)  # fmt: skip
+
+
+def _reader(tenant: str) -> ReadContext:
+    return ReadContext(tenant, principal=Principal.service(AUDITOR), operation="audit.export")
+
+
+def columns_of(record: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """The CSV/Parquet row of ``record`` (as JSON; ``text`` its canonical JSON)."""
+    principal = record.get("principal") or {}
+    at = record.get("at")
+    return {
+        "id": (record.get("_id") or {}).get("$oid", ""), "stream": record.get("stream", ""),
+        "seq": record.get("seq"), "prev": record.get("prev", ""), "hash": record.get("hash", ""),
+        "tenant_id": record.get("tenant_id", ""),
+        "at": at.get("$date", "") if isinstance(at, Mapping) else "",
+        "txn": record.get("txn", ""), "outcome": record.get("outcome", ""),
+        "principal": f"{principal.get('kind', '')}:{principal.get('name', '')}"
+                     f" ({principal.get('role', '')})",
+        "action": record.get("action", ""), "artifact": record.get("artifact", ""),
+        "db": record.get("db", ""), "collection": record.get("collection", ""),
+        "thread_id": record.get("thread_id") or "", "record": text,
+    }  # fmt: skip
+
+
+class _Part:
+    """One records file being written; SHA-256 and size counted as it is written (parquet:
+    read back once closed)."""
+
+    def __init__(self, path: Path, fmt: Format) -> None:
+        self.path, self.fmt, self.records = path, fmt, 0
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._rows: list[dict[str, Any]] = []
+        self._writer: Any = None
+        if fmt == "parquet":
+            self._file: Any = None
+        else:
+            self._file = open(path, "wb")  # noqa: SIM115 (closed in close())
+            if fmt == "csv":
+                self._emit(_csv_line(list(COLUMNS)))
+
+    def _emit(self, data: bytes) -> None:
+        self._file.write(data)
+        self._sha.update(data)
+        self._size += len(data)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Write ``record`` (as read: BSON types; its RFC 8785 JSON is the same either
+        way, and computing it once from the BSON is the export's main CPU cost)."""
+        data = canonical(record)
+        self.records += 1
+        if self.fmt == "jsonl":
+            self._emit(data + b"\n")
+            return
+        text = data.decode()
+        row = columns_of(json.loads(text), text)
+        if self.fmt == "csv":
+            self._emit(_csv_line([row[c] for c in COLUMNS]))
+        else:
+            self._rows.append(row)
+            if len(self._rows) >= 10_000:
+                self._flush_rows()
+
+    def _flush_rows(self) -> None:
+        pa, pq = pyarrow_modules()
+        if not self._rows:
+            return
+        table = pa.Table.from_pylist(self._rows, schema=_parquet_schema(pa))
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
+        self._writer.write_table(table)
+        self._rows = []
+
+    def close(self) -> dict[str, Any]:
+        if self.fmt == "parquet":
+            self._flush_rows()
+            if self._writer is not None:
+                self._writer.close()
+            self._sha, self._size = _file_sha(self.path)
+        else:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        return {"name": self.path.name, "sha256": self._sha.hexdigest(), "bytes": self._size,
+                "records": self.records}  # fmt: skip
+
+    def abandon(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _csv_line(values: list[Any]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(values)
+    return buffer.getvalue().encode()
+
+
+def _file_sha(path: Path) -> tuple[Any, int]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha, size
+
+
+def pyarrow_modules() -> tuple[Any, Any]:
+    """``pyarrow`` and ``pyarrow.parquet``, or a ``MissingExtraError`` naming the extra."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingExtraError(
+            "the parquet format needs pyarrow: pip install 'accord[export]'"
+        ) from None
+    return pa, pq
+
+
+def _parquet_schema(pa: Any) -> Any:
+    return pa.schema([(c, pa.int64() if c == "seq" else pa.string()) for c in COLUMNS])
+
+
+@dataclass
+class _Stream:
+    first_seq: int
+    first_prev: str
+    last_seq: int
+    last_hash: str
+    count: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"first_seq": self.first_seq, "first_prev": self.first_prev,
+                "last_seq": self.last_seq, "last_hash": self.last_hash, "count": self.count}  # fmt: skip
+
+
+def _covering(uow: Any, db: str, until: datetime | None) -> dict[str, Any]:
+    context = _reader("*")
+    where: dict[str, Any] = {}
+    if until is not None:
+        where["at"] = {"$lte": _iso(until)}
+    found = list(uow.find(context, AUDIT_DIGEST.name, db, DIGESTS, where,
+                          sort=[("_id", -1)], limit=1))  # fmt: skip
+    if not found:
+        when = f" taken at or before {_iso(until)}" if until is not None else ""
+        raise InvalidInputError(
+            f"no audit digest{when} in {db}: an export is proved by a digest; run "
+            f"`accord audit digest` first"
+        )
+    return found[0]
+
+
+def _iso(when: datetime) -> str:
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def digest_entries(uow: Any, db: str, tenant: str, upto: int) -> list[dict[str, Any]]:
+    """Every digest 1..``upto``, each with ``tenant``'s heads at it and its tenant path."""
+    stored = {
+        int(d["seq"]): d
+        for d in uow.find(
+            _reader("*"), AUDIT_DIGEST.name, db, DIGESTS, {"_id": {"$lte": upto}}, sort=[("_id", 1)]
+        )  # fmt: skip
+    }
+    state: dict[str, Head] = {}
+    entries: list[dict[str, Any]] = []
+    changes = uow.iterate(
+        _reader("*"), AUDIT_DIGEST.name, db, DIGEST_HEADS, {"digest": {"$lte": upto}},
+        sort=[("digest", 1), ("stream", 1)], batch_size=1000,
+    )  # fmt: skip
+    pending = next(changes, None)
+    for n in range(1, upto + 1):
+        moved = False  # whether this digest moved one of the tenant's heads
+        while pending is not None and int(pending["digest"]) == n:
+            state[pending["stream"]] = Head(pending["tenant_id"], int(pending["seq"]),
+                                            pending["hash"])  # fmt: skip
+            moved = moved or pending["tenant_id"] == tenant
+            pending = next(changes, None)
+        if n not in stored:
+            continue  # a gap: the verifier names it (the digests must link)
+        entry: dict[str, Any] = {"digest": external(stored[n]), "tenant": tenant}
+        if not moved and n != upto:
+            # the tenant's heads are an earlier entry's: the digest is here for its link
+            # only (a tree over every stream per digest would cost the export O(digests x
+            # streams) hashes)
+            entry.update(tenant_index=None, tenants=None, tenant_path=None, heads=None)
+            entries.append(entry)
+            continue
+        tree = HeadTree(state)
+        if tenant in tree.streams_of:
+            index, size, path = tree.tenant_path(tenant)
+            entry.update(
+                tenant_index=index, tenants=size, tenant_path=path,
+                heads=[[s, tree.heads[s].seq, tree.heads[s].hash]
+                       for s in tree.streams_of[tenant]],
+            )  # fmt: skip
+        else:
+            entry.update(tenant_index=None, tenants=len(tree.tenants), tenant_path=[], heads=[])
+        entries.append(entry)
+    return entries
+
+
+def _selected_streams(
+    uow: Any, db: str, tenant: str, heads: Mapping[str, Head], since: datetime | None,
+    artifact: str | None,
+) -> dict[str, int]:  # fmt: skip
+    """Stream -> first seq to export."""
+    context = _reader(tenant)
+    if since is None:
+        firsts = dict.fromkeys(heads, 1)
+    else:
+        rows = uow.aggregate(context, AUDIT.name, db, RECORDS, [
+            {"$match": {"tenant_id": tenant, "at": {"$gte": since}}},
+            {"$group": {"_id": "$stream", "first": {"$min": "$seq"}}},
+        ])  # fmt: skip
+        firsts = {r["_id"]: int(r["first"]) for r in rows if r["_id"] in heads}
+    if artifact is not None:
+        rows = uow.aggregate(context, AUDIT.name, db, RECORDS, [
+            {"$match": {"tenant_id": tenant, "artifact": artifact}},
+            {"$group": {"_id": "$stream"}},
+        ])  # fmt: skip
+        keep = {r["_id"] for r in rows}
+        firsts = {s: f for s, f in firsts.items() if s in keep}
+    return {s: f for s, f in sorted(firsts.items()) if f <= heads[s].seq}
+
+
+def export(
+    uow: Any,
+    db: str,
+    out: Path,
+    *,
+    tenant: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    artifact: str | None = None,
+    fmt: Format = "jsonl",
+    key: Ed25519PrivateKey | None = None,
+    part_size: int = PART_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Export ``tenant``'s audit trail to ``out`` (module docstring), resuming an
+    interrupted export of the same arguments; returns the manifest. ``progress(done,
+    total)`` is called after each batch."""
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "parquet":
+        pyarrow_modules()
+    covering = _covering(uow, db, until)
+    upto = int(covering["seq"])
+    digests = digest_entries(uow, db, tenant, upto)
+    heads = {s: Head(tenant, seq, h) for s, seq, h in digests[-1]["heads"]} if digests else {}
+    firsts = _selected_streams(uow, db, tenant, heads, since, artifact)
+    if not firsts:
+        raise InvalidInputError(
+            f"tenant {tenant!r} has no audit records to export up to digest {upto}"
+            f"{' with these filters' if since or artifact else ''}"
+        )
+    total = sum(heads[s].seq - f + 1 for s, f in firsts.items())
+    params = {
+        "db": db, "tenant": tenant, "since": _iso(since) if since else None,
+        "until": _iso(until) if until else None, "class": artifact, "records_format": fmt,
+        "digest": {"seq": upto, "hash": covering["hash"]}, "part_size": part_size,
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    state = _resume(out, params)
+    streams = {s: _Stream(**v) for s, v in state["streams"].items()}
+    done = sum(p["records"] for p in state["parts"])
+    after: tuple[str, int] | None = tuple(state["after"]) if state["after"] else None  # type: ignore[assignment]
+    part: _Part | None = None
+    records = _records(uow, db, tenant, after, batch=1000)
+    try:
+        for record in records:
+            stream, seq = record["stream"], int(record["seq"])
+            first = firsts.get(stream)
+            if first is None or not first <= seq <= heads[stream].seq:
+                continue
+            if part is None:
+                part = _Part(out / f"records-{len(state['parts']):05d}.{fmt}", fmt)
+            part.add(record)
+            known = streams.get(stream)
+            if known is None:
+                streams[stream] = _Stream(seq, record["prev"], seq, record["hash"], 1)
+            else:
+                known.last_seq, known.last_hash = seq, record["hash"]
+                known.count += 1
+            done += 1
+            if part.records >= part_size:
+                state["parts"].append(part.close())
+                part = None
+                state["after"] = [stream, seq]
+                state["streams"] = {s: v.as_dict() for s, v in streams.items()}
+                _save(out, state)
+            if progress is not None and done % 1000 == 0:
+                progress(done, total)
+        if part is not None:
+            state["parts"].append(part.close())
+            part = None
+    finally:
+        records.close()  # stops the reader thread now, not when the generator is collected
+        if part is not None:
+            part.abandon()
+    if progress is not None:
+        progress(done, total)
+    manifest = _finish(out, params, state["parts"], streams, digests, key)
+    (out / PROGRESS).unlink(missing_ok=True)
+    return manifest
+
+
+def _records(
+    uow: Any, db: str, tenant: str, after: tuple[str, int] | None, *, batch: int
+) -> Generator[Any, None, None]:
+    """The tenant's records in (stream, seq) order, after ``after`` (a resume), read one
+    batch ahead by a thread of their own: the database prepares the next batch while
+    this one is encoded (the cursor waits without the GIL). At most two batches are
+    held."""
+    where: dict[str, Any] = {"tenant_id": tenant}
+    if after is not None:
+        stream, seq = after
+        where["$or"] = [{"stream": stream, "seq": {"$gt": seq}}, {"stream": {"$gt": stream}}]
+    cursor = uow.iterate(
+        _reader(tenant), AUDIT.name, db, RECORDS, where,
+        sort=[("tenant_id", 1), ("stream", 1), ("seq", 1)], batch_size=batch,
+    )  # fmt: skip
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    end = object()
+
+    def read() -> None:
+        chunk: list[Any] = []
+        try:
+            for doc in cursor:
+                chunk.append(doc)
+                if len(chunk) >= batch:
+                    if not _put(ahead, chunk, stop):
+                        return
+                    chunk = []
+            _put(ahead, chunk, stop)
+            _put(ahead, end, stop)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            _put(ahead, exc, stop)
+        finally:
+            cursor.close()
+
+    reader = threading.Thread(target=read, name="audit-export-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        reader.join(timeout=30)
+
+
+def _put(ahead: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item``, unless the consumer stopped; whether it was put."""
+    while not stop.is_set():
+        try:
+            ahead.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _resume(out: Path, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The progress of an earlier run of this export in ``out`` (parts it finished are
+    checked and kept, anything after them deleted), or a fresh start."""
+    fresh: dict[str, Any] = {"params": dict(params), "parts": [], "after": None, "streams": {}}
+    marker = out / PROGRESS
+    if not marker.exists():
+        leftovers = [p.name for p in out.iterdir() if p.name != PROGRESS]
+        if leftovers:
+            raise InvalidInputError(
+                f"{out} is not empty ({', '.join(sorted(leftovers)[:3])}...) and holds no "
+                f"unfinished export: export into a new directory"
+            )
+        return fresh
+    state = json.loads(marker.read_text())
+    if state.get("params") != dict(params):
+        raise InvalidInputError(
+            f"{out} holds an unfinished export with other arguments ({state.get('params')}); "
+            f"run it again with those, or export into a new directory"
+        )
+    kept = {p["name"] for p in state["parts"]}
+    for p in state["parts"]:
+        sha, _ = _file_sha(out / p["name"])
+        if sha.hexdigest() != p["sha256"]:
+            raise InvalidInputError(f"{out / p['name']} changed since it was written; "
+                                    f"export into a new directory")  # fmt: skip
+    for leftover in out.iterdir():
+        if leftover.name != PROGRESS and leftover.name not in kept:
+            leftover.unlink()  # the part being written when the export stopped
+    return state
+
+
+def _save(out: Path, state: Mapping[str, Any]) -> None:
+    tmp = out / (PROGRESS + ".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, out / PROGRESS)
+
+
+def _finish(
+    out: Path, params: Mapping[str, Any], parts: list[dict[str, Any]],
+    streams: Mapping[str, _Stream], digests: list[dict[str, Any]],
+    key: Ed25519PrivateKey | None,
+) -> dict[str, Any]:  # fmt: skip
+    digest_bytes = json.dumps(digests, indent=1, sort_keys=True).encode() + b"\n"
+    (out / "digests.json").write_bytes(digest_bytes)
+    manifest: dict[str, Any] = {
+        "format": EXPORT_FORMAT, "v": 1, "generator": f"accord {__version__}",
+        "generated_at": _iso(datetime.now(UTC)), **params,
+        "records": sum(p["records"] for p in parts), "files": parts,
+        "digests_file": {"name": "digests.json",
+                         "sha256": hashlib.sha256(digest_bytes).hexdigest()},
+        "streams": {s: v.as_dict() for s, v in sorted(streams.items())},
+    }  # fmt: skip
+    if key is not None:
+        from accord.governance.signing import sign
+
+        manifest["signature"] = sign(key, manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest

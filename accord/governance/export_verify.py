@@ -1,0 +1,376 @@
+"""Verifying a compliance export from its files alone: no database, no private key.
+
+:func:`verify_export` recomputes, from what :mod:`accord.governance.export` wrote:
+
+1. the manifest's signature (by the pinned public key, when one is given) and every
+   file's SHA-256 and size against the manifest;
+2. the digests: each hashes to its ``hash``, is signed (when signed; by the pinned key),
+   links to the previous one, and the tenant's stream heads it lists rebuild, through
+   the tenant's audit path, the digest's Merkle root; the digest kept outside the
+   export (``kept``), when given, must be the export's digest of its number;
+3. every record, in file order, stream by stream
+   (:class:`~accord.governance.verify.ChainChecker`): its ``seq`` follows, its ``prev``
+   is the previous record's ``hash``, it hashes to its ``hash``, its images hash to the
+   hashes the chain covers; a record at a digest's head seq has that head's hash; CSV
+   and Parquet columns agree with the record they show;
+4. at the end of each stream, that it reaches the covering digest's head; that no
+   stream of the digest is missing (an export without filters) and none is unknown to
+   it.
+
+Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
+and what was expected. An attacker who edits records and recomputes the manifest
+(hashes, counts, ranges) is still caught by 3 and 4; one who also rewrites the chains
+and the digests in the export is caught by the digest's signature or by the digest kept
+outside (2).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accord.governance.audit_records import GENESIS
+from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
+from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
+from accord.governance.verify import ChainChecker
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+__all__ = ["ExportProblem", "ExportReport", "verify_export"]
+
+
+@dataclass(frozen=True)
+class ExportProblem:
+    """What is wrong, and where: the record (``stream``, ``seq``, ``record_id``,
+    ``location`` file:line) when it is one, else the file or digest."""
+
+    problem: str
+    stream: str | None = None
+    seq: int | None = None
+    record_id: str | None = None
+    location: str | None = None
+    expected: Any = None
+    found: Any = None
+
+    def describe(self) -> str:
+        where = []
+        if self.stream is not None:
+            where.append(f"stream {self.stream}")
+        if self.seq is not None:
+            where.append(f"seq {self.seq}")
+        if self.record_id:
+            where.append(f"record {self.record_id}")
+        if self.location:
+            where.append(f"at {self.location}")
+        text = f"{', '.join(where)}: {self.problem}" if where else self.problem
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected!r}, found {self.found!r})"
+        return text
+
+
+@dataclass
+class ExportReport:
+    """What :func:`verify_export` found; ``ok`` when nothing is wrong."""
+
+    records: int = 0
+    streams: int = 0
+    digests: int = 0
+    problems: list[ExportProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "records": self.records, "streams": self.streams,
+                "digests": self.digests, "problems": [asdict(p) for p in self.problems]}  # fmt: skip
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _sha(path: Path) -> tuple[str, int]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def verify_export(
+    directory: Path,
+    *,
+    kept: Mapping[str, Any] | None = None,
+    pinned: Ed25519PublicKey | None = None,
+) -> ExportReport:
+    """Verify the export in ``directory`` (module docstring). A file of the wrong shape
+    (not what the export writes) fails the verification, naming what could not be read."""
+    report = ExportReport()
+    try:
+        _verify(directory, kept, pinned, report)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        report.problems.append(ExportProblem(
+            f"the export is malformed, so it cannot be verified ({type(exc).__name__}: {exc})"
+        ))  # fmt: skip
+    return report
+
+
+def _verify(
+    directory: Path, kept: Mapping[str, Any] | None, pinned: Ed25519PublicKey | None,
+    report: ExportReport,
+) -> None:  # fmt: skip
+    add = report.problems.append
+    try:
+        manifest = _load(directory / "manifest.json")
+    except (OSError, ValueError) as exc:
+        add(ExportProblem(f"no readable manifest.json in {directory}: {exc}"))
+        return
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
+        add(ExportProblem(f"{directory / 'manifest.json'} is not an accord audit export manifest"))
+        return
+    _check_manifest_signature(manifest, pinned, add)
+    listed = {f.get("name") for f in manifest.get("files", [])}
+    listed.add((manifest.get("digests_file") or {}).get("name"))
+    for path in sorted(directory.iterdir()):
+        if path.name not in listed and path.name not in ("manifest.json", PROGRESS):
+            add(ExportProblem(f"file {path.name} is not in the manifest (added)"))
+    digests = _check_digests(directory, manifest, kept, pinned, report)
+    heads = {s: (seq, h) for s, seq, h in digests[-1].get("heads") or ()} if digests else {}
+    checkpoints: dict[str, dict[int, tuple[int, str]]] = {}
+    for entry in digests:
+        for s, seq, h in entry.get("heads") or ():
+            checkpoints.setdefault(s, {})[int(seq)] = (int(entry["digest"]["seq"]), h)
+    streams = manifest.get("streams") or {}
+    filtered = bool(manifest.get("since") or manifest.get("class"))
+    starts: dict[str, tuple[int, str]] = {}
+    for s, info in streams.items():
+        first = int(info.get("first_seq", 1))
+        if first > 1 and not manifest.get("since"):
+            add(ExportProblem("the stream starts after seq 1 in an export without --since",
+                              s, 1, expected=1, found=first))  # fmt: skip
+        starts[s] = (first - 1, GENESIS if first == 1 else str(info.get("first_prev")))
+    checker = ChainChecker(starts)
+    located: dict[str, tuple[int, str | None, str]] = {}  # stream -> (seq, id, location)
+    seen: set[str] = set()
+    previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
+    dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
+    for location, record, columns in _records(directory, manifest, add):
+        report.records += 1
+        stream = str(record.get("stream"))
+        rid = (record.get("_id") or {}).get("$oid") if isinstance(record.get("_id"), dict) else None
+        seq = record.get("seq")
+        seen.add(stream)  # a stream met again restarts the checker there: a break
+        breaks = len(checker.report.breaks)
+        checker.feed(record)
+        if len(checker.report.breaks) > breaks:
+            b = checker.report.breaks[-1]
+            problem = b.problem
+            if problem == "a record is missing":  # from here on, the seqs skip one or more
+                problem = "a record is missing here (removed, or moved out of order)"
+            before = previous.get(stream)
+            twice = (
+                isinstance(b.found, int) and isinstance(b.expected, int) and b.found < b.expected
+            )
+            if twice and before is not None:  # the one before may be the forgery
+                problem += (f"; seq {b.found} appears twice, the other is record "
+                                f"{before[0]} at {before[1]} (one of them is inserted)")  # fmt: skip
+            add(ExportProblem(problem, stream, b.seq, rid, location, b.expected, b.found))
+            continue
+        previous[stream] = (rid, location)
+        if checker.broken(stream) or stream in dead:
+            continue
+        if columns is not None:
+            wrong = [c for c in COLUMNS if str(columns.get(c, "")) != str(
+                columns_of(record, columns["record"]).get(c, ""))]  # fmt: skip
+            if wrong:
+                add(ExportProblem(f"its {', '.join(wrong)} column(s) disagree with the record "
+                                  "(altered)", stream, seq, rid, location))  # fmt: skip
+                dead.add(stream)
+                continue
+        mark = checkpoints.get(stream, {}).get(int(seq)) if isinstance(seq, int) else None
+        if mark is not None and mark[1] != record.get("hash"):
+            add(ExportProblem(f"digest {mark[0]} holds another hash for this seq (the chain "
+                              "was rewritten)", stream, seq, rid, location, mark[1],
+                              record.get("hash")))  # fmt: skip
+            dead.add(stream)
+        located[stream] = (int(seq), rid, location)  # type: ignore[arg-type]
+    report.streams = len(seen)
+    broken = {p.stream for p in report.problems if p.stream is not None}
+    for stream in sorted(set(heads) | seen):
+        if stream in broken:
+            continue
+        head = heads.get(stream)
+        last = checker.last(stream)
+        if head is None:
+            add(ExportProblem("the stream is not in the covering digest (forged)", stream))
+        elif last is None:
+            if not filtered:
+                add(ExportProblem("the stream's records are missing (the digest holds its "
+                                  f"head at seq {head[0]})", stream, 1))  # fmt: skip
+        elif last[0] < head[0]:
+            add(ExportProblem(f"the records after seq {last[0]} are missing (truncated: the "
+                              f"covering digest holds the head at seq {head[0]})", stream,
+                              last[0] + 1, expected=head[0], found=last[0]))  # fmt: skip
+        elif last != head:
+            add(ExportProblem("the stream does not end at the covering digest's head", stream,
+                              last[0], None, located.get(stream, (0, None, None))[2], head,
+                              last))  # fmt: skip
+    broken = {p.stream for p in report.problems if p.stream is not None}
+    for stream, info in streams.items():
+        last = checker.last(stream)
+        if stream in broken or last is None:
+            continue
+        if (info.get("last_seq"), info.get("last_hash")) != last:
+            add(ExportProblem("the manifest's range of the stream disagrees with its records",
+                              stream, None, expected=(info.get("last_seq"),
+                                                      info.get("last_hash")), found=last))  # fmt: skip
+    if manifest.get("records") != report.records:
+        add(ExportProblem("the manifest's record count disagrees with the files",
+                          expected=manifest.get("records"), found=report.records))  # fmt: skip
+
+
+def _check_manifest_signature(
+    manifest: Mapping[str, Any], pinned: Ed25519PublicKey | None, add: Any
+) -> None:
+    signature = manifest.get("signature")
+    if not signature:
+        if pinned is not None:
+            add(ExportProblem("the manifest is not signed, and a public key was pinned"))
+        return
+    from accord.governance.signing import signature_problem
+
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    problem = signature_problem(body, signature, pinned)
+    if problem:
+        add(ExportProblem(f"manifest.json: {problem}"))
+
+
+def _check_digests(
+    directory: Path, manifest: Mapping[str, Any], kept: Mapping[str, Any] | None,
+    pinned: Ed25519PublicKey | None, report: ExportReport,
+) -> list[dict[str, Any]]:  # fmt: skip
+    add = report.problems.append
+    info = manifest.get("digests_file") or {}
+    path = directory / str(info.get("name", "digests.json"))
+    try:
+        sha, _ = _sha(path)
+        digests = _load(path)
+    except (OSError, ValueError) as exc:
+        add(ExportProblem(f"the digests file cannot be read: {exc}"))
+        return []
+    if sha != info.get("sha256"):
+        add(ExportProblem(f"file {path.name} does not hash to the manifest's SHA-256 (altered)",
+                          expected=info.get("sha256"), found=sha))  # fmt: skip
+    report.digests = len(digests)
+    prev = GENESIS
+    for n, entry in enumerate(digests, start=1):
+        digest = entry["digest"]
+        problem = digest_problem(digest, pinned)
+        if problem is None and (digest.get("seq") != n or digest.get("prev") != prev):
+            problem = f"digest {digest.get('seq')} does not link to digest {n - 1}"
+        if problem is None:
+            problem = _tenant_problem(entry)
+        if problem:
+            add(ExportProblem(problem))
+            return []  # a digest that does not hold proves nothing
+        prev = digest["hash"]
+    covering = manifest.get("digest") or {}
+    if digests and (digests[-1]["digest"]["seq"], digests[-1]["digest"]["hash"]) != (
+        covering.get("seq"),
+        covering.get("hash"),
+    ):
+        add(ExportProblem("the manifest names another covering digest than digests.json's last",
+                          expected=covering, found=digests[-1]["digest"]["seq"]))  # fmt: skip
+    if kept is not None:
+        mine = next((e["digest"] for e in digests if e["digest"]["seq"] == kept.get("seq")), None)
+        if mine is None:
+            add(ExportProblem(f"the export does not reach the digest kept (seq {kept.get('seq')}; "
+                              f"its last is {len(digests)}): records it covers are missing"))  # fmt: skip
+        elif mine["hash"] != kept.get("hash"):
+            add(ExportProblem(f"the export's digest {kept.get('seq')} is not the digest kept "
+                              "(the export's digests were rewritten)", expected=kept.get("hash"),
+                              found=mine["hash"]))  # fmt: skip
+            return []
+    return list(digests)
+
+
+def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
+    digest = entry["digest"]
+    if entry.get("heads") is None:
+        return None  # a digest in the export for its link only (export.digest_entries)
+    heads = [(str(s), int(seq), str(h)) for s, seq, h in entry["heads"]]
+    if not heads:
+        return None  # the tenant had no stream yet at this digest
+    tenant_root = tenant_root_from(heads)
+    leaf = tenant_leaf(str(entry["tenant"]), tenant_root, len(heads))
+    found = root_via(int(entry["tenant_index"]), int(entry["tenants"]), leaf, entry["tenant_path"])
+    if found != digest["root"]:
+        return (f"digest {digest['seq']}: the tenant's stream heads in the export do not "
+                f"rebuild its Merkle root (heads altered, removed or added)")  # fmt: skip
+    return None
+
+
+def _records(
+    directory: Path, manifest: Mapping[str, Any], add: Any
+) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """(file:line, record, its CSV/Parquet columns or None) of every records file the
+    manifest lists, in order; files that do not hash to the manifest are named, and
+    still read (the records say which one changed)."""
+    for info in manifest.get("files", []):
+        path = directory / str(info.get("name"))
+        if not path.exists():
+            add(ExportProblem(f"file {path.name} is missing (removed)"))
+            continue
+        sha, size = _sha(path)
+        if sha != info.get("sha256") or size != info.get("bytes"):
+            add(ExportProblem(f"file {path.name} does not hash to the manifest's SHA-256 "
+                              "(altered)", expected=info.get("sha256"), found=sha))  # fmt: skip
+        yield from _read(path, add)
+
+
+def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        add(ExportProblem(f"the record is not JSON ({exc}): altered", location=location))
+        return None
+    if not isinstance(record, dict):
+        add(ExportProblem("the record is not a JSON object: altered", location=location))
+        return None
+    return record
+
+
+def _read(path: Path, add: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    if path.suffix == ".parquet":
+        _, pq = pyarrow_modules()
+        line = 0
+        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=10_000):
+            for row in batch.to_pylist():
+                line += 1
+                where = f"{path.name}:row {line}"
+                record = _parse(str(row.get("record")), where, add)
+                if record is not None:
+                    yield where, record, row
+        return
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        if path.suffix == ".csv":
+            reader = csv.DictReader(f)
+            for row in reader:
+                where = f"{path.name}:line {reader.line_num}"
+                record = _parse(row.get("record") or "", where, add)
+                if record is not None:
+                    yield where, record, row
+            return
+        for n, text in enumerate(f, start=1):
+            where = f"{path.name}:line {n}"
+            record = _parse(text, where, add)
+            if record is not None:
+                yield where, record, None
