@@ -14,8 +14,9 @@ apply to it; it acts as the kernel's principal), outside any transaction, and ha
 result back. The hook's checks ask :meth:`StoredPolicies.current`, a dictionary lookup.
 
 What a process enforces when the read fails: what it enforced before (the fallback at
-first). A principal the policy refuses the stored policy to (the default policy's
-``auditor``) keeps the fallback and is asked again only every ten minutes; an error of the
+first). A principal the policy refuses the stored policy to (a policy that takes ``find``
+on the ``policy`` class from a role; the default grants it to every role) keeps the
+fallback and is asked again only every ten minutes; an error of the
 database is retried at the next interval. A stored policy this version of accord cannot
 parse is reported (logged) and not enforced.
 """

@@ -65,6 +65,7 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     setup = ["collMod", "createCollection", "createIndex", "listIndexes"]
     assert auditor == {  # finds records; finds and appends digests (Governance II)
         "audit": ["find"], "accord_audit_digests": sorted(["find", "insert", *setup]),
+        "accord_policies": ["find"], "accord_holds": ["find"],  # what every process reads
         "": ["listCollections"],
     }  # fmt: skip
     runtime_role = _privileges(client, db_name, "accord_runtime")

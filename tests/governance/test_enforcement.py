@@ -58,8 +58,8 @@ TABLE: dict[str, dict[str, str]] = {
     "audit": {U: "f", D: "f"},
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
-    "policy": {R: "f", A: "f", M: "f", D: "fiu"},
-    "hold": {R: "f", A: "f", M: "f", D: ALL},
+    "policy": {R: "f", A: "f", M: "f", U: "f", D: "fiu"},
+    "hold": {R: "f", A: "f", M: "f", U: "f", D: ALL},
 }
 TENANT = "acme"
 

@@ -148,7 +148,10 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
                 "run", "outbox", "business"):  # fmt: skip
         assert table[cls]["memory-api"] == "-", cls  # the memory API never sees state
         assert table[cls]["auditor"] == "-", cls
-    assert {c for c, row in table.items() if row["auditor"] != "-"} == {"audit", "audit_digest"}
+    assert {c for c, row in table.items() if row["auditor"] != "-"} == {
+        "audit", "audit_digest", "policy", "hold",  # every process reads the last two
+    }  # fmt: skip
+    assert table["policy"]["auditor"] == table["hold"]["auditor"] == "f"
     assert table["audit_digest"]["auditor"] == "fi"  # digests are appended, never changed
     assert table["audit"] == {"runtime": "-", "aggregator": "-", "memory-api": "-",
                               "auditor": "f", "admin": "f"}  # fmt: skip
