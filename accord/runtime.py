@@ -44,7 +44,13 @@ from accord.errors import ConfigurationError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.enforcement import DENIALS, PolicyHook
-from accord.governance.loading import PolicySource, resolve_policy
+from accord.governance.holding import holds_collection
+from accord.governance.holds import HoldSet
+from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
+from accord.governance.policy import Policy
+from accord.governance.retention import RetentionHook, thread_ttl
+from accord.governance.stored import StoredPolicies, interval_from_env
+from accord.governance.sweep import SweepReport, sweep_once
 from accord.memory.aggregator import (
     Aggregator,
     AggregatorConfig,
@@ -57,12 +63,13 @@ from accord.memory.asynchronous.store import AsyncAccordStore
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
+from accord.platform.artifacts import POLICY
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
-from accord.platform.context import Principal
+from accord.platform.context import Principal, ReadContext
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord", "kernel", "policy_denials"]
+__all__ = ["Accord", "AsyncAccord", "effective_policy", "kernel", "policy_denials", "sweep"]
 
 
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
@@ -82,19 +89,25 @@ def kernel(
     principal: Principal | None = None,
     policy: PolicySource = None,
     audit: str | None = None,
+    policy_refresh: float | None = None,
 ) -> Any:
     """A unit of work (the kernel) on ``client`` with accord's hooks: the defaults (tenancy
     guard, outbox), governance's policy (``policy``: a ``Policy`` or a policy file; else
-    the file ``ACCORD_POLICY`` names; else the built-in default, docs/governance.md), the
+    the file ``ACCORD_POLICY`` names; else, per database, the newest policy ``accord
+    governance apply`` stored in it, re-read at most every ``policy_refresh`` seconds
+    (default ``ACCORD_POLICY_REFRESH``, else 5); else the built-in default;
+    docs/governance.md, "Which policy is enforced"), the
     hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``, then
     the audit hook when ``audit`` (default ``ACCORD_AUDIT``) is on (:func:`audit_hooks`):
     last, so its records cover what every other hook added. A ``UnitOfWork`` for a
     ``MongoClient``, an ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place
     units of work are made: the roots below use it, and so does a part constructed on its
     own (the drop-in ``AccordSaver(client)``), so every door passes the same hooks."""
+    enforced = policy_hook(policy, policy_refresh)
     every = [
         *default_hooks(),
-        PolicyHook(resolve_policy(policy)),
+        enforced,
+        retention_hook(enforced, policy_refresh),
         *configured_hooks(),
         *hooks,
         *audit_hooks(audit),
@@ -106,6 +119,63 @@ def kernel(
     return UnitOfWork(
         client, hooks=every, timeout=timeout, client_bulk=client_bulk, principal=principal
     )
+
+
+def policy_hook(policy: PolicySource = None, refresh: float | None = None) -> PolicyHook:
+    """governance's policy hook: ``policy`` (or ``ACCORD_POLICY``'s file) everywhere when
+    given; else each database's stored policy, the built-in default where none is."""
+    resolved = resolve_policy(policy)
+    if policy is not None or os.environ.get(POLICY_ENV, "").strip():
+        return PolicyHook(resolved)
+    interval = refresh if refresh is not None else interval_from_env()
+    return PolicyHook(resolved, stored=StoredPolicies(resolved, interval))
+
+
+def retention_hook(enforced: PolicyHook, refresh: float | None = None) -> RetentionHook:
+    """governance's retention hook (``expire_at`` from the policy ``enforced`` applies
+    to each database, nothing on what a legal hold covers; docs/governance.md)."""
+
+    def policy_of(db: str) -> Any:
+        return enforced.rules(db).policy
+
+    interval = refresh if refresh is not None else interval_from_env()
+    holds = HoldSet(lambda db: holds_collection(policy_of(db)), interval)
+    return RetentionHook(policy_of, holds)
+
+
+def effective_policy(uow: Any, db_name: str) -> Policy:
+    """The policy ``uow`` (a kernel of :func:`kernel`, sync) enforces on ``db_name``, once
+    the policy stored there was read (one read of the policy class, through the kernel;
+    its ``refresh`` phase loads the stored policy and the legal holds)."""
+    hook = next(h for h in uow.hooks.all if isinstance(h, PolicyHook))
+    cls = hook.rules(db_name).policy.of(POLICY.name)
+    collection = (cls.collection if cls is not None else None) or "accord_policies"
+    uow.count(ReadContext("*", operation="governance.policy"), POLICY.name, db_name,
+              collection, {"_id": "head"})  # fmt: skip
+    return hook.rules(db_name).policy
+
+
+def sweep(
+    client: Any,
+    db_name: str = "accord",
+    *,
+    limit: int = 1000,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> SweepReport:
+    """One retention sweep of ``db_name`` (``accord governance sweep``;
+    :mod:`accord.governance.sweep`): keep the latest N checkpoints per thread and delete
+    expired threads, skipping held ones, through a kernel acting as ``principal``
+    (default the operating-system user, role admin) with the checkpointer doing the
+    deleting (so a kept checkpoint keeps what it needs)."""
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    effective = effective_policy(uow, db_name)
+    ttl = thread_ttl(effective)
+    saver = AccordSaver(client, db_name=db_name, uow=uow)
+    saver.setup()  # without a ttl: a saver set up with one starts its own background sweeper
+    saver.ttl = ttl.total_seconds() if ttl is not None else None  # what its sweep() needs
+    return sweep_once(uow, db_name, effective, saver, limit=limit, progress=progress)
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:

@@ -1,7 +1,7 @@
 """The governance policy's cost on a step: the same graph on two savers in one run, one
-whose kernel enforces the policy (as every kernel ``accord.runtime`` builds does) and one
-on a kernel with the default hooks only (tenancy guard and outbox), built directly here
-because no part of accord can build a kernel without the policy.
+whose kernel enforces the policy (as every kernel ``accord.runtime`` builds does, with the
+retention hook) and one on a kernel with the default hooks only (tenancy guard and
+outbox), built directly here because no part of accord can build a kernel without them.
 
 Turns are interleaved (turn i on both savers before turn i+1) so machine noise hits both
 alike; each turn writes one business record (the users' workload). Reported: the median

@@ -14,18 +14,22 @@ What is applied today:
   password given (or granted the role when they exist);
 * **the applied policy**, stored and versioned in ``accord_policies`` (the ``policy``
   class): version N's text, its hash, who applied it and when; a head document names the
-  current version. Applying the same policy again stores nothing.
+  current version. Applying the same policy again stores nothing. Running processes pick
+  the new version up within seconds (:mod:`accord.governance.stored`).
 
-Not applied yet (issue 23): ``expire_at`` and TTL indexes, sweeps and legal holds
-(retention, item 5), ``$jsonSchema`` validators other than the outbox's (set up by the
-aggregator), and running processes noticing a newer stored policy without a restart.
+* **retention**: a TTL index on ``expire_at`` for each collection the policy stamps
+  (:mod:`accord.governance.retention`), and, when the stored policy changes, ``expire_at``
+  recomputed on what was written before (:mod:`accord.governance.recompute`).
+
+* **validators**: a ``$jsonSchema`` validator per tenanted class
+  (:mod:`accord.governance.validators`; the outbox and audit trail keep their own).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,9 +38,12 @@ from typing import Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from accord.errors import AccordError, ConfigurationError, DatabaseError
+from accord.governance.loading import parse_policy
 from accord.governance.policy import Policy, to_toml
+from accord.governance.recompute import recompute, ttl_index_commands
 from accord.governance.roles import RoleSpec, atlas_role, normalised, privileges_of, role_specs
-from accord.platform.artifacts import POLICY
+from accord.governance.validators import validator_commands
+from accord.platform.artifacts import HOLD, POLICY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Expect, Group, Op, Plan, insert_once
 from accord.platform.synchronous.catalog import Catalog
@@ -44,6 +51,7 @@ from accord.platform.synchronous.catalog import Catalog
 __all__ = ["Change", "GovernancePlan", "apply", "atlas_files", "plan", "user_name"]
 
 POLICIES = POLICY.default_collection or "accord_policies"
+HOLDS = HOLD.default_collection or "accord_holds"
 COMPONENT = "governance"
 HEAD = "head"
 
@@ -132,6 +140,16 @@ def plan(
         ) from None
     except PyMongoError as exc:
         raise DatabaseError(f"reading the roles and users of {db} failed: {exc}") from None
+    try:
+        for collection, command in validator_commands(client, db, policy):
+            out.changes.append(Change("set validator", f"{db}.{collection}",
+                                      "$jsonSchema: tenant_id, thread_id, expiry dates",
+                                      command))  # fmt: skip
+        for collection, command in ttl_index_commands(client, db, policy):
+            out.changes.append(Change("create index", f"{db}.{collection}",
+                                      "TTL on expire_at (expireAfterSeconds 0)", command))  # fmt: skip
+    except PyMongoError as exc:
+        raise DatabaseError(f"reading the indexes of {db} failed: {exc}") from None
     out.text, out.digest = digest_of(policy)
     head = _head(uow, db)
     if head is None or head.get("sha256") != out.digest:
@@ -143,9 +161,13 @@ def plan(
     return out
 
 
-def apply(uow: Any, changes: GovernancePlan) -> list[Change]:
+def apply(
+    uow: Any, changes: GovernancePlan, progress: Callable[[str, int], None] | None = None
+) -> list[Change]:
     """Make ``changes`` (a :func:`plan`); returns what was done. Idempotent: a plan made
-    again afterwards is empty."""
+    again afterwards is empty. When the stored policy changes, ``expire_at`` of the
+    documents written under the previous one is recomputed (bounded batches;
+    ``progress(collection, n)`` after each)."""
     done: list[Change] = []
     client = uow.client
     for change in changes.changes:
@@ -162,10 +184,23 @@ def apply(uow: Any, changes: GovernancePlan) -> list[Change]:
         done.append(change)
     if changes.version:
         # accord's collection, recorded as such: no tenant input may target it
-        Catalog(uow, changes.db).setup(COMPONENT, {POLICIES: POLICY.name})
+        Catalog(uow, changes.db).setup(COMPONENT, {POLICIES: POLICY.name, HOLDS: HOLD.name})
+        previous = _stored(uow, changes.db, changes.version - 1)
         _store(uow, changes)
         done.extend(c for c in changes.changes if c.kind == "store policy")
+        recompute(uow, changes.db, previous, changes.policy, progress)
     return done
+
+
+def _stored(uow: Any, db: str, version: int) -> Policy | None:
+    """Stored version ``version`` of ``db``'s policy (None: none)."""
+    if version < 1:
+        return None
+    found = uow.find(ReadContext("*", operation="governance.apply"), "policy", db, POLICIES,
+                     {"_id": f"v{version}"}, limit=1)  # fmt: skip
+    if not found:
+        return None
+    return parse_policy(found[0]["policy"], f"{db}.{POLICIES} version {version}", base=None)
 
 
 def _head(uow: Any, db: str) -> dict[str, Any] | None:

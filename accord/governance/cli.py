@@ -9,6 +9,8 @@ apply``. They register on the platform's typer app through the ``accord.cli`` en
 * ``plan``: what ``apply`` would change in the database (roles, users, the stored policy);
   ``--atlas-roles DIR`` writes the roles as Atlas custom database role JSON instead.
 * ``apply``: makes it so, idempotently (docs/governance.md, "Applying the policy").
+* ``hold | release VALUE --by tenant|thread|subject|class``, ``holds``: legal holds.
+* ``sweep [--interval S] [--limit N]``: keep-latest-N checkpoints and expired threads.
 
 Configuration: ``MONGODB_URI`` (else the embedded engine), ``ACCORD_POLICY``.
 """
@@ -27,7 +29,7 @@ from rich.table import Table
 from accord.errors import AccordError
 
 governance_app = typer.Typer(
-    help="The governance policy: show it, check a file, plan and apply it to a database.",
+    help="The governance policy: show, check, plan, apply; legal holds; retention sweeps.",
     no_args_is_help=True,
 )
 console = Console(stderr=True)
@@ -157,7 +159,8 @@ def apply_command(
 
     try:
         uow, changes = _planned(uri, db, policy, users)
-        done = apply(uow, changes)
+        with _progress() as bar:  # expire_at recomputed in batches when periods change
+            done = apply(uow, changes, _advancer(bar, "recomputing expire_at"))
         uow.client.close()
     except AccordError as err:
         _fail(err)
@@ -171,6 +174,144 @@ def apply_command(
             )
     if done:
         out.print(f"applied {len(done)} change(s) to {db}")
+
+
+KIND = typer.Option(..., "--by", help="What the hold names: tenant, thread, subject or class.")
+TENANT = typer.Option(None, "--tenant", help="The tenant (of a thread; optional for a subject).")
+REASON = typer.Option("", "--reason", help="Why (a case number): kept with the hold.")
+
+
+def _kernel(uri: str | None) -> Any:
+    from accord import runtime
+    from accord.platform import connect
+    from accord.platform.context import Principal
+
+    return runtime.kernel(connect(uri), principal=Principal.os_user())
+
+
+def _progress() -> Any:
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                    TextColumn("{task.completed} documents"), console=console,
+                    transient=True)  # fmt: skip
+
+
+def _hold(kind: str, value: str, tenant: str | None, reason: str = "") -> Any:
+    from accord.governance.holds import Hold
+
+    return Hold(kind, value, tenant if kind != "tenant" else None, reason=reason)  # type: ignore[arg-type]
+
+
+@governance_app.command("hold")
+def hold_command(
+    value: str, by: str = KIND, tenant: str | None = TENANT, reason: str = REASON,
+    db: str = DB, uri: str | None = URI,
+) -> None:  # fmt: skip
+    """Place a legal hold: what it names stops expiring and is not swept or erased."""
+    import time
+
+    from accord import runtime
+    from accord.governance.holding import place
+    from accord.governance.stored import interval_from_env
+
+    try:
+        uow = _kernel(uri)
+        policy = runtime.effective_policy(uow, db)
+        hold = _hold(by, value, tenant, reason)
+        with _progress() as bar:
+            task = bar.add_task("taking the expiry off", total=None)
+            moved = place(uow, db, hold, policy, lambda _c, n: bar.advance(task, n))
+            # a process that had not read the hold yet may have stamped a document since
+            time.sleep(interval_from_env())
+            moved += place(uow, db, hold, policy, lambda _c, n: bar.advance(task, n))
+        uow.client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"held {escape(hold.describe())} in {db}: {moved} document(s) no longer expire")
+
+
+@governance_app.command("release")
+def release_command(
+    value: str, by: str = KIND, tenant: str | None = TENANT, db: str = DB,
+    uri: str | None = URI,
+) -> None:  # fmt: skip
+    """Release a legal hold: what no other hold covers expires again as the policy says."""
+    from accord import runtime
+    from accord.governance.holding import release
+
+    try:
+        uow = _kernel(uri)
+        policy = runtime.effective_policy(uow, db)
+        hold = _hold(by, value, tenant)
+        with _progress() as bar:
+            task = bar.add_task("giving the expiry back", total=None)
+            back = release(uow, db, hold, policy, lambda _c, n: bar.advance(task, n))
+        uow.client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"released {escape(hold.describe())} in {db}: {back} document(s) expire again")
+
+
+@governance_app.command("holds")
+def holds_command(db: str = DB, uri: str | None = URI) -> None:
+    """List the legal holds of the database."""
+    from accord import runtime
+    from accord.governance.holding import list_holds
+
+    try:
+        uow = _kernel(uri)
+        holds = list_holds(uow, db, runtime.effective_policy(uow, db))
+        uow.client.close()
+    except AccordError as err:
+        _fail(err)
+    if not holds:
+        out.print(f"{db}: no legal holds")
+        return
+    table = Table("by", "value", "tenant", "since", "placed by", "reason")
+    for h in holds:
+        table.add_row(h.kind, escape(h.value), escape(h.tenant_id or "-"),
+                      str(h.at)[:19] if h.at else "-", escape(h.by), escape(h.reason))  # fmt: skip
+    out.print(table)
+
+
+def _advancer(bar: Any, what: str) -> Any:
+    task = bar.add_task(what, total=None)
+
+    def advance(_collection: str, n: int) -> None:
+        bar.advance(task, n)
+
+    return advance
+
+
+@governance_app.command("sweep")
+def sweep_command(
+    db: str = DB,
+    uri: str | None = URI,
+    limit: int = typer.Option(1000, "--limit", min=1, help="Threads per rule per pass."),
+    interval: float = typer.Option(
+        0, "--interval", min=0, help="Run a pass every this many seconds (0: once)."
+    ),
+) -> None:
+    """Keep the latest N checkpoints per thread and delete expired threads (held ones are
+    skipped); with --interval, as a worker."""
+    import time
+
+    from accord import runtime
+    from accord.platform import connect
+
+    try:
+        client = connect(uri)
+        while True:
+            with _progress() as bar:
+                report = runtime.sweep(client, db, limit=limit, progress=_advancer(bar, "sweeping"))
+            out.print(f"{db}: {report.describe()}")
+            if not interval:
+                break
+            time.sleep(interval)
+        client.close()
+    except AccordError as err:
+        _fail(err)
 
 
 def register(app: typer.Typer) -> None:

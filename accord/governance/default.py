@@ -13,9 +13,11 @@ Least privilege for accord's own parts, with the grants each one's real work nee
 * ``aggregator``: reads messages and outbox events, claims and completes events, writes
   long-term memory with its history and vectors;
 * ``memory-api`` (HTTP API keys, MCP): long-term memory, its history and vectors, and
-  nothing else: never checkpoints, pending writes, messages or the outbox;
+  nothing else: never checkpoints, pending writes, messages or the outbox (it reads the
+  catalog);
 * ``auditor``: finds audit records, and finds and writes digests of their chains
   (``accord audit digest``), nothing else;
+* every role finds the applied policy and the legal holds: every process enforces them;
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
   records, which nobody may do (a policy that grants it is refused).
 """
@@ -127,5 +129,10 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 [classes.policy]               # the policies applied to the database, every version kept
 collection = "accord_policies"
 audit = "metadata"
-roles = { runtime = ["find"], aggregator = ["find"], admin = ["find", "insert", "update"] }
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], auditor = ["find"], admin = ["find", "insert", "update"] }
+
+[classes.hold]                 # legal holds: what must not expire, be swept or erased
+collection = "accord_holds"
+audit = "metadata"
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], auditor = ["find"], admin = ["find", "insert", "update", "remove"] }
 """

@@ -98,13 +98,69 @@ def _named(principal: Principal | None, operation: str) -> Principal:
 
 
 class PolicyHook:
-    """The policy's ``check`` and ``read`` hook (module docstring)."""
+    """The policy's ``check`` and ``read`` hook (module docstring).
+
+    ``policy`` is enforced everywhere, unless ``stored`` is given: then each database's
+    own applied policy (:class:`~accord.governance.stored.StoredPolicies`, which keeps it
+    fresh through the kernel's ``refresh`` phase) is enforced on the operations of that
+    database, and ``policy`` where none is stored. The checks stay pure: they ask
+    ``stored`` for what it holds."""
 
     name = "governance-policy"
 
-    def __init__(self, policy: Policy, denials: Denials | None = None) -> None:
-        self.policy = policy
+    def __init__(self, policy: Policy, denials: Denials | None = None, stored: Any = None) -> None:
         self.denials = denials if denials is not None else DENIALS
+        self.stored = stored
+        self._rules = _Rules(policy, self.denials)
+        self._by_policy: dict[int, _Rules] = {id(policy): self._rules}
+        if stored is not None:  # the kernel asks it before each operation
+            self.refresh_read = stored.refresh_read
+            self.refreshed = stored.refreshed
+
+    @property
+    def policy(self) -> Policy:
+        """The policy enforced where no stored one applies."""
+        return self._rules.policy
+
+    def rules(self, db: str | None) -> _Rules:
+        """The rules of the policy enforced on database ``db``."""
+        if self.stored is None or db is None:
+            return self._rules
+        policy = self.stored.current(db)
+        found = self._by_policy.get(id(policy))
+        if found is None or found.policy is not policy:
+            found = _Rules(policy, self.denials)
+            if len(self._by_policy) > 64:  # old versions: built again if ever needed
+                self._by_policy = {id(self._rules.policy): self._rules}
+            self._by_policy[id(policy)] = found
+        return found
+
+    # -- the phases ------------------------------------------------------------------
+
+    def check(self, plan: Plan) -> None:
+        """Refuse ``plan`` unless its principal may do every op of it."""
+        db = plan.groups[0].db if plan.groups else plan.events[0].db if plan.events else None
+        self.rules(db).check(plan)
+
+    def read(self, request: ReadRequest) -> ReadRequest:
+        """Refuse ``request`` unless its principal may find in every class it reads; a
+        tenant-bound principal's read is narrowed to its tenant."""
+        return self.rules(request.db).read(request)
+
+    def allowed(
+        self, principal: Principal, artifact: str, collection: str | None, db: str | None = None
+    ) -> frozenset[Action]:
+        """What ``principal`` may do on ``artifact`` (in ``collection``, for business), in
+        database ``db``."""
+        return self.rules(db).allowed(principal, artifact, collection)
+
+
+class _Rules:
+    """One policy's decisions, with the grants cached per principal and class."""
+
+    def __init__(self, policy: Policy, denials: Denials) -> None:
+        self.policy = policy
+        self.denials = denials
         self._allowed: dict[tuple[str, str, str, str | None], frozenset[Action]] = {}
         # collection -> class, for the collections a pipeline stage reads
         self._by_collection = {
@@ -113,10 +169,7 @@ class PolicyHook:
             if cls.collection is not None
         }
 
-    # -- the phases ------------------------------------------------------------------
-
     def check(self, plan: Plan) -> None:
-        """Refuse ``plan`` unless its principal may do every op of it."""
         context = plan.context
         principal = _named(context.principal, context.operation)
         self._tenant(
@@ -138,8 +191,6 @@ class PolicyHook:
                 self._tenant(principal, event.tenant_id, ["outbox"], "write", context.operation)
 
     def read(self, request: ReadRequest) -> ReadRequest:
-        """Refuse ``request`` unless its principal may find in every class it reads; a
-        tenant-bound principal's read is narrowed to its tenant."""
         context = request.context
         principal = _named(context.principal, context.operation)
         self._tenant(principal, context.tenant_id, [request.artifact], "read", context.operation)

@@ -73,7 +73,7 @@ DEPENDENT: Mapping[str, str] = {
     "memory_vector": "long_term_memory",
 }
 #: Classes whose documents carry no ``tenant_id`` (accord's own bookkeeping).
-UNTENANTED = frozenset({"catalog", "migration", "policy"})
+UNTENANTED = frozenset({"catalog", "migration", "policy", "hold"})
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(-?)\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")

@@ -224,6 +224,8 @@ def vector_documents(doc: Mapping[str, Any]) -> list[Doc]:
         "kind": doc.get("kind", "item"),
         "expires_at": doc.get("expires_at"),
     }
+    if doc.get("expire_at") is not None:  # governance's retention: vectors go with it
+        base["expire_at"] = doc["expire_at"]
     return [{"_id": vector_id(doc["_id"], n), **base, "path": path, "embedding": vec}
             for n, (path, vec) in enumerate(stored_vectors(doc))]  # fmt: skip
 

@@ -86,6 +86,10 @@ RECORDED_CALL = ArtifactClass(
     "recorded_call", "tool and model calls of runs: intent, arguments, result",
     "accord_recorded_calls", thread_scoped=True,
 )  # fmt: skip
+HOLD = ArtifactClass(
+    "hold", "legal holds: what must not expire, be swept or be erased while they last",
+    "accord_holds",
+)  # fmt: skip
 BUSINESS = ArtifactClass(
     "business", "the application's own records written by nodes", None, tenant_writable=True
 )
@@ -113,6 +117,7 @@ CLASSES: dict[str, ArtifactClass] = {
         MIGRATION,
         POLICY,
         RECORDED_CALL,
+        HOLD,
         BUSINESS,
         WORKFLOW_EVENT,
     )

@@ -4,6 +4,15 @@ A hook is an object with a ``name`` and one method per phase it takes part in. T
 (the unit of work) calls the phases in this order for every plan, whatever the order the
 hooks were registered in (within one phase, registration order):
 
+``refresh_read(db)`` then ``refreshed(db, found, error)``
+    before ``check`` (a plan, for each database it writes) and before ``read`` (a read):
+    the hook may name ONE read of its own that is due (:class:`RefreshRead`; None when
+    nothing is due, which must be cheap, as it is asked on every operation). The kernel
+    makes it through its own read path (the read hooks apply), outside any transaction,
+    and hands the documents (or the error) to ``refreshed``. A hook keeps its state fresh
+    this way without doing I/O itself: governance re-reads the policy stored in the
+    database at most every few seconds. A hook must not name a read while its previous
+    one is under way (the kernel's read of it would ask again).
 ``check(plan)``
     before the transaction; pure. May refuse the plan by raising
     (:class:`~accord.errors.PermissionDenied`, :class:`~accord.errors.InvalidInputError`):
@@ -12,7 +21,10 @@ hooks were registered in (within one phase, registration order):
     a write that was allowed).
 ``derive(plan)``
     before the transaction; pure. May add groups (and read the plan's events): the outbox
-    inserts, a memory's vectors.
+    inserts, a memory's vectors. May also rewrite the ops of the plan's groups and its
+    context's guard, provided a rewrite changes only what an op writes into the documents
+    it already reaches (the checks ran before it): governance's retention stamps
+    ``expire_at`` this way.
 ``seal_reads(batch)`` then ``seal(batch, found)``
     INSIDE each transaction attempt, on every retry, once all plans of the batch are final
     (checked, derived, their groups named). ``seal_reads`` names documents to read in the
@@ -53,8 +65,8 @@ from accord.errors import ConfigurationError
 from accord.platform.context import ReadContext
 from accord.platform.plan import Group, Plan
 
-PHASES = ("check", "derive", "seal", "read", "refused")
-Phase = Literal["check", "derive", "seal", "read", "refused"]
+PHASES = ("refresh", "check", "derive", "seal", "read", "refused")
+Phase = Literal["refresh", "check", "derive", "seal", "read", "refused"]
 ReadKind = Literal["find", "aggregate", "count", "distinct"]
 
 
@@ -75,6 +87,30 @@ class DeriveHook(Protocol):
     name: str
 
     def derive(self, plan: Plan) -> None: ...
+
+
+@dataclass(frozen=True)
+class RefreshRead:
+    """A read a refresh hook needs before an operation (module docstring): the documents of
+    ``collection`` (artifact class ``artifact``) in the operation's database matching
+    ``filter``, sorted by ``sort``, at most ``limit`` (0: all), read in a context of
+    ``tenant_id`` for ``operation``."""
+
+    artifact: str
+    collection: str
+    filter: Mapping[str, Any]
+    operation: str
+    sort: Sequence[tuple[str, int]] | None = None
+    limit: int = 0
+    tenant_id: str = "*"
+
+
+class RefreshHook(Protocol):
+    name: str
+
+    def refresh_read(self, db: str) -> RefreshRead | None: ...
+
+    def refreshed(self, db: str, found: list[Any] | None, error: BaseException | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -194,6 +230,7 @@ class Hooks:
 
     def __init__(self, hooks: Sequence[Any] = ()) -> None:
         self.all: list[Any] = []
+        self.refresh: list[RefreshHook] = []
         self.check: list[CheckHook] = []
         self.derive: list[DeriveHook] = []
         self.seal: list[SealHook] = []
@@ -211,7 +248,8 @@ class Hooks:
         phases = phases_of(hook)
         if not phases:
             raise ConfigurationError(
-                f"hook {name!r} takes part in no phase: define one or more of check(plan), "
+                f"hook {name!r} takes part in no phase: define one or more of refresh_read(db) + "
+                f"refreshed(db, found, error), check(plan), "
                 f"derive(plan), seal_reads(batch) + seal(batch, found), read(request), "
                 f"refused(refusal) (docs/platform.md, 'Hooks')"
             )
@@ -226,6 +264,14 @@ class Hooks:
 def phases_of(hook: Any) -> list[Phase]:
     """The phases ``hook`` takes part in (by the methods it defines)."""
     found: list[Phase] = []
+    has_refresh = callable(getattr(hook, "refresh_read", None))
+    if has_refresh != callable(getattr(hook, "refreshed", None)):
+        raise ConfigurationError(
+            f"hook {getattr(hook, 'name', hook)!r} must define both refresh_read(db) and "
+            f"refreshed(db, found, error), or neither"
+        )
+    if has_refresh:
+        found.append("refresh")
     for phase in ("check", "derive", "read", "refused"):
         if callable(getattr(hook, phase, None)):
             found.append(phase)  # type: ignore[arg-type]

@@ -227,13 +227,13 @@ def test_business_writes_cannot_target_another_components_collections(
             workflow_log.COLLECTION,
         ]
         # every artifact class that has collections so far is covered (audit records
-        # and checkpoint heads have no component writing them yet; applied policies are
-        # recorded by `accord governance apply`, tests/governance/test_enforcement.py;
-        # audit digests by `accord audit digest`, tests/governance/test_audit_digests.py)
+        # and checkpoint heads have no component writing them yet; applied policies and
+        # legal holds are recorded by `accord governance apply`,
+        # tests/governance/test_enforcement.py; audit digests by `accord audit digest`,
+        # tests/governance/test_audit_digests.py)
         covered = {cataloged.get(t, "catalog") for t in targets}
-        assert owned_classes - covered <= {"audit", "audit_digest", "checkpoint_head", "policy"}, (
-            owned_classes - covered
-        )
+        owned_elsewhere = {"audit", "audit_digest", "checkpoint_head", "policy", "hold"}
+        assert owned_classes - covered <= owned_elsewhere, owned_classes - covered
         for target in targets:
             before = client[db_name][target].count_documents({})
 

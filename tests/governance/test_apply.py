@@ -58,12 +58,14 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     assert not plan(uow, db_name, default_policy())  # applied: nothing to change
     memory_api = _privileges(client, db_name, "accord_memory-api")
     assert set(memory_api) == {"long_term_memory", "memory_history", "memory_vectors",
-                               "accord_catalog", ""}  # fmt: skip
+                               "accord_catalog", "accord_policies", "accord_holds", ""}  # fmt: skip
     assert memory_api["accord_catalog"] == ["find"] and memory_api[""] == ["listCollections"]
+    assert memory_api["accord_policies"] == ["find"]  # every process reads the applied policy
     auditor = _privileges(client, db_name, "accord_auditor")
     setup = ["collMod", "createCollection", "createIndex", "listIndexes"]
     assert auditor == {  # finds records; finds and appends digests (Governance II)
         "audit": ["find"], "accord_audit_digests": sorted(["find", "insert", *setup]),
+        "accord_policies": ["find"], "accord_holds": ["find"],  # what every process reads
         "": ["listCollections"],
     }  # fmt: skip
     runtime_role = _privileges(client, db_name, "accord_runtime")

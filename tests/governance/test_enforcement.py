@@ -55,11 +55,13 @@ TABLE: dict[str, dict[str, str]] = {
     "memory_history": MEMORY,
     "memory_vector": MEMORY,
     "business": {R: ALL, D: ALL},
+    "workflow_event": {R: "fiu", D: ALL},
     "audit": {U: "f", D: "f"},
     "catalog": {R: "fiu", A: "fiu", M: "f", D: ALL},
     "migration": {R: ALL, D: ALL},
-    "policy": {R: "f", A: "f", D: "fiu"},
+    "policy": {R: "f", A: "f", M: "f", U: "f", D: "fiu"},
     "recorded_call": {R: ALL, D: ALL},
+    "hold": {R: "f", A: "f", M: "f", U: "f", D: ALL},
 }
 TENANT = "acme"
 

@@ -142,13 +142,16 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
         "memory_vector", "business", "audit", "audit_digest", "catalog", "migration", "policy",
-        "workflow_event", "recorded_call",
+        "workflow_event", "recorded_call", "hold",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
                 "run", "outbox", "business", "workflow_event", "recorded_call"):  # fmt: skip
         assert table[cls]["memory-api"] == "-", cls  # the memory API never sees state
         assert table[cls]["auditor"] == "-", cls
-    assert {c for c, row in table.items() if row["auditor"] != "-"} == {"audit", "audit_digest"}
+    assert {c for c, row in table.items() if row["auditor"] != "-"} == {
+        "audit", "audit_digest", "policy", "hold",  # every process reads the last two
+    }  # fmt: skip
+    assert table["policy"]["auditor"] == table["hold"]["auditor"] == "f"
     assert table["audit_digest"]["auditor"] == "fi"  # digests are appended, never changed
     assert table["audit"] == {"runtime": "-", "aggregator": "-", "memory-api": "-",
                               "auditor": "f", "admin": "f"}  # fmt: skip

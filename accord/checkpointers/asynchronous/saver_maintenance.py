@@ -189,16 +189,20 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
         *,
         strategy: str = "keep_latest",
         tenant_id: str | None = None,
+        keep: int = 1,
     ) -> None:
-        """Prune threads: ``"keep_latest"`` keeps the newest checkpoint per namespace (and
-        its writes, values and messages); ``"delete"`` deletes the threads. Threads that
-        use LangGraph ``DeltaChannel`` are skipped by ``keep_latest`` (their state needs
-        the ancestors). Refused (ConcurrentRunError) for a thread a live run holds."""
+        """Prune threads: ``"keep_latest"`` keeps the newest ``keep`` checkpoints per
+        namespace (and their writes, values and messages); ``"delete"`` deletes the
+        threads. Threads that use LangGraph ``DeltaChannel`` are skipped by
+        ``keep_latest`` (their state needs the ancestors). Refused (ConcurrentRunError)
+        for a thread a live run holds."""
         threads = validation.thread_ids(thread_ids)
         if strategy not in ("keep_latest", "delete"):
             raise InvalidInputError(
                 f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}."
             )
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise InvalidInputError(f"prune keeps at least 1 checkpoint, got keep={keep!r}.")
         await self._ensure_setup()
         for thread_id in threads:
             if strategy == "delete":
@@ -210,13 +214,14 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
             )
             for ns in sorted({d["checkpoint_ns"] for d in docs}):
                 scope = Scope(scope0.tenant_id, thread_id, ns)
-                latest = await self._find_one(
-                    self.collections.checkpoints, scope.ns_filter, sort=[("checkpoint_id", -1)]
-                )
-                if latest is None or maintenance.uses_delta_channels(latest, self.serde):
+                kept = await self._find_all(
+                    self.collections.checkpoints, scope.ns_filter,
+                    sort=[("checkpoint_id", -1)], limit=keep,
+                )  # fmt: skip
+                if not kept or maintenance.uses_delta_channels(kept[0], self.serde):
                     continue
                 await self._drop_checkpoints(
-                    scope, {"$lt": latest["checkpoint_id"]}, "checkpoint.prune"
+                    scope, {"$lt": kept[-1]["checkpoint_id"]}, "checkpoint.prune"
                 )
 
     async def _drop_checkpoints(self, scope: Scope, which: dict[str, Any], operation: str) -> None:

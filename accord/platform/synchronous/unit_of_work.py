@@ -5,6 +5,9 @@ Writes. Every component hands it a :class:`~accord.platform.plan.Plan` (data, wi
 :class:`~accord.platform.context.WriteContext`) and it runs the plan in ONE multi-document
 transaction:
 
+0. the ``refresh`` hooks may name a read that is due (governance re-reading the stored
+   policy every few seconds); the kernel makes it, through its read path, and hands it
+   back (before every read too);
 1. the ``check`` hooks (pure: the tenancy guard, governance's policy) may refuse it;
 2. the ``derive`` hooks (pure) may add groups: the outbox inserts, a memory's vectors;
 3. the run guard of the context (``context.guard``, :class:`~accord.platform.runs.ThreadGuard`)
@@ -66,6 +69,7 @@ from accord.platform.hooks import (
     Hooks,
     ReadKind,
     ReadRequest,
+    RefreshHook,
     Refusal,
     SealBatch,
     new_transaction_id,
@@ -187,9 +191,12 @@ class UnitOfWork:
         return self._run(SealBatch(list(plans), new_transaction_id()), groups)
 
     def _prepare(self, plan: Plan) -> None:
-        """Name the principal, run the check hooks, then the derive hooks."""
+        """Name the principal, run the refresh hooks, the check hooks, then the derive
+        hooks."""
         if plan.context.principal is None:
             plan.context = replace(plan.context, principal=self.principal)
+        if self.hooks.refresh:
+            self._refresh({g.db for g in plan.groups} | {e.db for e in plan.events})
         try:
             for hook in self.hooks.check:
                 hook.check(plan)
@@ -198,6 +205,27 @@ class UnitOfWork:
             raise
         for derive in self.hooks.derive:
             derive.derive(plan)
+
+    def _refresh(self, dbs: set[str] | tuple[str, ...]) -> None:
+        """Make the reads the refresh hooks say are due (outside any transaction, through
+        :meth:`find`, so the read hooks see them) and hand each its result or error."""
+        for hook in self.hooks.refresh:
+            for db in sorted(dbs):
+                self._refreshed(hook, db)
+
+    def _refreshed(self, hook: RefreshHook, db: str) -> None:
+        due = hook.refresh_read(db)
+        if due is None:
+            return
+        try:
+            found = self.find(
+                ReadContext(due.tenant_id, operation=due.operation), due.artifact, db,
+                due.collection, due.filter, sort=due.sort, limit=due.limit,
+            )  # fmt: skip
+        except AccordError as exc:  # the hook decides what a failed read means
+            hook.refreshed(db, None, exc)
+            return
+        hook.refreshed(db, found, None)
 
     def _seals(self, batch: SealBatch) -> bool:
         """Whether a seal hook would add anything to ``batch`` (for the single-op path:
@@ -530,6 +558,8 @@ class UnitOfWork:
         hooks saw it)."""
         if context.principal is None:
             context = context.with_principal(self.principal)
+        if self.hooks.refresh:
+            self._refresh((db,))
         request = ReadRequest(context, artifact, db, collection, kind, filter, pipeline)
         try:
             for hook in self.hooks.read:

@@ -1,0 +1,249 @@
+"""Retention: ``expire_at`` stamped on what a plan writes, from the policy, at write time.
+
+Two kinds of rules, because a TTL index deletes documents one by one and knows nothing of
+threads:
+
+* **documents that expire on their own** (the classes that belong to no thread: outbox
+  events, long-term memories and their history, business records, ...): each gets
+  ``expire_at`` = the event + the class's ``expire_after`` (``created``: on insert only;
+  ``updated``: on every write; ``done``: when an outbox event is marked done), and a TTL
+  index ``{expire_at: 1}, expireAfterSeconds: 0`` (``accord governance apply`` creates it)
+  deletes it then. A memory's vectors get their memory's ``expire_at``: they go together
+  (and leave ``$vectorSearch`` together).
+* **threads** (checkpoints, their blobs, writes and head, the messages, the run registry):
+  a TTL on each document would delete half a thread (a value written once and read by
+  every later checkpoint expires first). A thread expires whole: each commit sets the
+  thread's ``expire_at`` on its run-registry document (the commit's guard, no extra op) to
+  last activity + the shortest ``expire_after`` of ``checkpoint``, ``short_term_memory``
+  and ``run`` (messages a kept checkpoint references cannot go before it, and the
+  checkpoints cannot be restored without them, so the thread goes at the earliest), and
+  ``accord governance sweep`` deletes expired threads with everything they own.
+
+A held document (:mod:`accord.governance.holds`) gets no ``expire_at``, and a held
+thread's commits set none. Everything here is pure: :class:`RetentionHook` is a ``derive``
+hook (docs/platform.md, "Hooks") that rewrites the ops of a plan's groups before the
+transaction; its view of the holds is kept fresh in the kernel's ``refresh`` phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from accord.governance.holds import HoldSet
+from accord.governance.policy import DEPENDENT, Policy
+from accord.platform.artifacts import CLASSES
+from accord.platform.plan import Group, Op, Plan
+
+__all__ = [
+    "EXPIRE_AT", "HELD_EXPIRE_AT", "THREAD_CLASSES", "TTL_INDEX", "RetentionHook", "TtlRule",
+    "stamp", "thread_ttl", "ttl_rule", "ttl_targets",
+]  # fmt: skip
+
+EXPIRE_AT = "expire_at"
+#: Where a hold keeps a held document's expiry (restored on release).
+HELD_EXPIRE_AT = "held_expire_at"
+#: The TTL index's name (the outbox's own index has the same name and shape).
+TTL_INDEX = "retention"
+#: The classes whose documents go with their thread.
+THREAD_CLASSES = ("checkpoint", "short_term_memory", "run")
+
+
+class TtlRule:
+    """How one class's documents are stamped: ``expire_after`` after ``event``."""
+
+    __slots__ = ("event", "expire_after")
+
+    def __init__(self, expire_after: timedelta, event: str) -> None:
+        self.expire_after = expire_after
+        self.event = event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TtlRule) and (other.expire_after, other.event) == (
+            self.expire_after,
+            self.event,
+        )
+
+    def __repr__(self) -> str:
+        return f"TtlRule({self.expire_after}, {self.event!r})"
+
+
+def ttl_rule(policy: Policy, artifact: str, collection: str | None = None) -> TtlRule | None:
+    """The per-document rule of ``artifact`` (None: its documents are not stamped: kept,
+    or they go with their thread). A dependent class takes its owner's rule."""
+    registry = CLASSES.get(artifact)
+    if registry is None or registry.thread_scoped:
+        return None
+    owner = DEPENDENT.get(artifact)
+    cls = policy.of(owner or artifact, None if owner else collection)
+    if cls is None or cls.retention.expire_after is None:
+        return None
+    return TtlRule(cls.retention.expire_after, cls.retention.after or "created")
+
+
+def thread_ttl(policy: Policy) -> timedelta | None:
+    """How long after its last commit a thread expires (module docstring); None: never."""
+    found = [
+        cls.retention.expire_after
+        for name in THREAD_CLASSES
+        if (cls := policy.classes.get(name)) is not None and cls.retention.expire_after is not None
+    ]
+    return min(found) if found else None
+
+
+def ttl_targets(policy: Policy) -> dict[str, tuple[str, TtlRule]]:
+    """collection -> (class, rule) of every collection whose documents the policy stamps
+    (the TTL indexes ``apply`` creates). A business class counts when the policy names
+    its collection."""
+    out: dict[str, tuple[str, TtlRule]] = {}
+    for name, cls in policy.classes.items():
+        base = name.partition(":")[0]
+        collection = cls.collection or (name.partition(":")[2] if base == "business" else None)
+        if not collection:
+            continue
+        rule = ttl_rule(policy, base, collection)
+        if rule is not None:
+            out[collection] = (base, rule)
+    return out
+
+
+def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
+    """``op`` with ``expire_at`` set as ``rule`` says (unchanged when the op does not
+    reach the rule's event, or already sets ``expire_at`` itself)."""
+    at = now + rule.expire_after
+    kind, doc = op.kind, op.doc
+    if kind in ("insert", "replace"):
+        if not isinstance(doc, Mapping) or EXPIRE_AT in doc:
+            return op
+        if rule.event == "done" and doc.get("status") != "done":
+            return op
+        return replace(op, doc={**doc, EXPIRE_AT: at})
+    if kind not in ("update", "update_many", "find_one_and_update") or doc is None:
+        return op
+    if not isinstance(doc, Mapping):  # a pipeline update
+        if rule.event in ("created", "done"):
+            return op
+        return replace(op, doc=[*doc, {"$set": {EXPIRE_AT: at}}])
+    sets = doc.get("$set") or {}
+    if rule.event == "done" and sets.get("status") == "done":
+        own = sets.get(EXPIRE_AT)  # the consumer's own retention: the shorter one wins
+        if isinstance(own, datetime) and _aware(own) <= at:
+            return op
+        return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
+    if "$rename" in doc or any(
+        EXPIRE_AT in (doc.get(o) or {}) for o in ("$set", "$setOnInsert", "$unset")
+    ):
+        return op  # it says what becomes of the expiry itself (a hold, a release)
+    if rule.event == "created":
+        if not op.upsert:
+            return op
+        return replace(op, doc={**doc, "$setOnInsert": {**(doc.get("$setOnInsert") or {}),
+                                                         EXPIRE_AT: at}})  # fmt: skip
+    if rule.event == "done":
+        return op  # not marked done by this op
+    return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+class RetentionHook:
+    """The ``derive`` hook that stamps ``expire_at`` (module docstring). ``policies``:
+    the policy of a database (the one the policy hook enforces there); ``holds``: the
+    holds of each database, refreshed through the kernel."""
+
+    name = "governance-retention"
+
+    def __init__(
+        self,
+        policies: Callable[[str], Policy],
+        holds: HoldSet,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.policies = policies
+        self.holds = holds
+        self._clock = clock
+        self.refresh_read = holds.refresh_read
+        self.refreshed = holds.refreshed
+        # per policy object: its thread period and rules, so a step costs dict lookups
+        self._thread: dict[int, tuple[Policy, timedelta | None]] = {}
+        self._rules: dict[tuple[int, str, str], TtlRule | None] = {}
+
+    def _thread_ttl(self, policy: Policy) -> timedelta | None:
+        found = self._thread.get(id(policy))
+        if found is None or found[0] is not policy:
+            if len(self._thread) > 64:
+                self._thread.clear()
+                self._rules.clear()
+            found = self._thread[id(policy)] = (policy, thread_ttl(policy))
+        return found[1]
+
+    def _rule(self, policy: Policy, artifact: str, collection: str) -> TtlRule | None:
+        self._thread_ttl(policy)  # keeps the policy alive while its rules are cached
+        key = (id(policy), artifact, collection)
+        if key in self._rules:
+            return self._rules[key]
+        rule = self._rules[key] = ttl_rule(policy, artifact, collection)
+        return rule
+
+    def derive(self, plan: Plan) -> None:
+        """Stamp the plan's groups (and its thread guard) as the policy says."""
+        groups = plan.groups
+        db = groups[0].db if groups else None
+        guard = plan.context.guard
+        if db is None and guard is None:
+            return
+        policy = self.policies(db or guard.db)  # type: ignore[union-attr]
+        context = plan.context
+        held = self.holds.of(db or guard.db)  # type: ignore[union-attr]
+        now = self._clock()
+        if guard is not None and guard.kind in ("owner", "free"):
+            ttl = self._thread_ttl(policy)
+            thread_held = held.holds_thread(guard.tenant_id, guard.thread_id) or any(
+                held.holds_class(name, None) for name in THREAD_CLASSES
+            )
+            if thread_held and guard.expire_at is not None:
+                plan.context = replace(context, guard=replace(guard, expire_at=None))
+            elif ttl is not None and not thread_held:
+                at = now + ttl
+                if guard.expire_at is None or _aware(guard.expire_at) > at:  # the shorter one
+                    plan.context = replace(context, guard=replace(guard, expire_at=at))
+        for group in groups:
+            if not group.ops:
+                continue
+            rule = self._rule(policy, group.artifact, group.collection)
+            if rule is None:
+                continue
+            self._stamp(group, rule, now, held, context, policy)
+
+    def _stamp(
+        self,
+        group: Group,
+        rule: TtlRule,
+        now: datetime,
+        held: Any,
+        context: Any,
+        policy: Policy,
+    ) -> None:
+        tenant, thread = context.tenant_id, context.thread_id
+        owner = DEPENDENT.get(group.artifact, group.artifact)  # a memory's, for its vectors
+        cls = policy.of(owner, group.collection)
+        subject_fields = cls.subject_fields if cls is not None else ()
+        if (
+            held.holds_class(group.artifact, group.collection)
+            or held.holds_class(owner, None)
+            or held.holds_thread(tenant, thread)
+        ):
+            return
+        subjects = held.subjects_in(subject_fields)
+        out = []
+        for op in group.ops:
+            if subjects and not held.clear_of_subjects(op, subject_fields):
+                out.append(op)  # possibly a held subject's: no expiry
+            else:
+                out.append(stamp(op, rule, now))
+        group.ops = out

@@ -1,0 +1,187 @@
+"""Retention (issue 23, item 5): ``expire_at`` stamped from the policy at write time, TTL
+indexes from ``apply``, ``expire_at`` recomputed when the policy changes, and legal holds
+that stop expiry while they last. The test engine's TTL monitor passes every second
+(tests/conftest.py, ``ttl_interval=1.0``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from accord import runtime
+from accord.governance.apply import apply, plan
+from accord.governance.holding import list_holds, place, release
+from accord.governance.holds import Hold
+from accord.governance.loading import default_policy, parse_policy
+from accord.platform.context import Principal, WriteContext
+from accord.platform.plan import Group, Op, Plan
+
+REFRESH = 0.2
+ALL = '["find", "insert", "update", "remove"]'
+
+
+def _orders(seconds: int | str, invoices: str = "1h") -> str:
+    return (
+        f'[classes."business:orders"]\nretention = {{ expire_after = "{seconds}s" }}\n'
+        f"roles = {{ runtime = {ALL}, admin = {ALL} }}\n"
+        f'[classes."business:invoices"]\nretention = {{ expire_after = "{invoices}" }}\n'
+        f"roles = {{ runtime = {ALL}, admin = {ALL} }}\n"
+    )
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = "ret_" + uuid.uuid4().hex[:10]
+    yield name
+    client[name].command("dropAllRolesFromDatabase")
+    client.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def _fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCORD_POLICY", raising=False)
+    monkeypatch.setenv("ACCORD_POLICY_REFRESH", str(REFRESH))
+
+
+def _admin(client: MongoClient) -> Any:
+    return runtime.kernel(client, principal=Principal.os_user(), policy=default_policy())
+
+
+def _apply(client: MongoClient, db: str, text: str) -> None:
+    admin = _admin(client)
+    apply(admin, plan(admin, db, parse_policy(text, f"{db}.toml")))
+
+
+def _write(uow: Any, db: str, collection: str, tenant: str, key: str) -> None:
+    uow.execute(Plan(WriteContext(tenant, operation="test"), [
+        Group(collection, db, collection, "business",
+              [Op("insert", doc={"_id": f"{tenant}-{key}", "tenant_id": tenant})]),
+    ]))  # fmt: skip
+
+
+def _ids(client: MongoClient, db: str, collection: str) -> set[str]:
+    return {d["_id"] for d in client[db][collection].find({}, {"_id": 1})}
+
+
+def _wait_until(condition: Any, timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_each_class_expires_on_its_own_schedule(client: MongoClient, db_name: str) -> None:
+    _apply(client, db_name, _orders(1))
+    indexes = client[db_name].orders.index_information()
+    assert indexes["retention"]["expireAfterSeconds"] == 0
+    assert indexes["retention"]["key"] == [("expire_at", 1)]
+    uow = runtime.kernel(client)
+    before = datetime.now(UTC).replace(tzinfo=None)
+    _write(uow, db_name, "orders", "acme", "1")
+    _write(uow, db_name, "invoices", "acme", "1")
+    order = client[db_name].orders.find_one()
+    invoice = client[db_name].invoices.find_one()
+    assert timedelta(0) < order["expire_at"] - before <= timedelta(seconds=2)
+    assert timedelta(minutes=59) < invoice["expire_at"] - before <= timedelta(minutes=61)
+    _wait_until(lambda: not _ids(client, db_name, "orders"))
+    assert _ids(client, db_name, "invoices") == {"acme-1"}
+
+
+def test_a_held_tenant_survives_expiry_and_expires_after_release(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, _orders(1))
+    uow = runtime.kernel(client)
+    for tenant in ("acme", "beta"):
+        _write(uow, db_name, "orders", tenant, "old")
+    admin = _admin(client)
+    hold = Hold("tenant", "acme", reason="litigation 2026-17")
+    policy = parse_policy(_orders(1), "x")
+    assert place(admin, db_name, hold, policy) == 1
+    assert place(admin, db_name, hold, policy) == 0  # idempotent
+    held = client[db_name].orders.find_one({"_id": "acme-old"})
+    assert "expire_at" not in held and "held_expire_at" in held
+    time.sleep(REFRESH * 2)  # the writer's kernel learns the hold
+    _write(uow, db_name, "orders", "acme", "new")  # written while held: no expiry
+    assert "expire_at" not in client[db_name].orders.find_one({"_id": "acme-new"})
+    _wait_until(lambda: "beta-old" not in _ids(client, db_name, "orders"))
+    time.sleep(1.5)  # a TTL pass or two more: the held ones stay
+    assert _ids(client, db_name, "orders") == {"acme-old", "acme-new"}
+    assert [h.id for h in list_holds(admin, db_name, policy)] == [hold.id]
+    assert release(admin, db_name, hold, policy) == 2
+    assert list_holds(admin, db_name, policy) == []
+    _wait_until(lambda: not _ids(client, db_name, "orders"))
+
+
+def test_apply_recomputes_expire_at_when_the_period_changes(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, _orders(3600))
+    uow = runtime.kernel(client)
+    _write(uow, db_name, "orders", "acme", "1")
+    first = client[db_name].orders.find_one()["expire_at"]
+    _apply(client, db_name, _orders(7200))  # one hour longer: the same event, moved
+    second = client[db_name].orders.find_one()["expire_at"]
+    assert abs((second - first) - timedelta(hours=1)) < timedelta(milliseconds=5)
+    _apply(client, db_name, "version = 1\n")  # orders kept until erased: no expiry
+    assert "expire_at" not in client[db_name].orders.find_one()
+    _apply(client, db_name, _orders(3600))  # expiring again: from now
+    third = client[db_name].orders.find_one()["expire_at"]
+    assert third - datetime.now(UTC).replace(tzinfo=None) > timedelta(minutes=59)
+
+
+def test_an_expired_memory_leaves_vector_search_with_its_vectors(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, '[classes.long_term_memory]\nretention = { expire_after = "1s" }\n')
+    assert "retention" in client[db_name].memory_vectors.index_information()
+    app = runtime.Accord(client=client, db_name=db_name)
+    memory = app.memory("acme")
+    memory.put(("u-1",), "tea", {"text": "drinks green tea every morning"})
+    memory.put(("u-1",), "dog", {"text": "has a dog called Rex"})
+    stamps = {d["expire_at"] for d in client[db_name].long_term_memory.find()}
+    vectors = list(client[db_name].memory_vectors.find())
+    assert vectors and {v["expire_at"] for v in vectors} <= stamps  # with their memory
+    hits = memory.search(("u-1",), query="green tea", include_unscored=False)
+    assert [h.key for h in hits][:1] == ["tea"]
+    _wait_until(lambda: client[db_name].memory_vectors.count_documents({}) == 0)
+    assert client[db_name].long_term_memory.count_documents({}) == 0
+    assert memory.search(("u-1",), query="green tea", include_unscored=False) == []
+
+
+def test_a_held_subjects_memories_keep_their_vectors_until_release(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, '[classes.long_term_memory]\nretention = { expire_after = "1s" }\n')
+    policy = parse_policy('[classes.long_term_memory]\nretention = { expire_after = "1s" }\n', "x")
+    admin = _admin(client)
+    hold = Hold("subject", "u-1", reason="subject access request")
+    place(admin, db_name, hold, policy)
+    time.sleep(REFRESH * 2)
+    app = runtime.Accord(client=client, db_name=db_name)
+    memory = app.memory("acme")
+    memory.put(("u-1",), "tea", {"text": "drinks green tea"})  # held: written without expiry
+    memory.put(("u-2",), "tea", {"text": "drinks green tea"})
+    db = client[db_name]
+
+    def keys() -> set[tuple[str, ...]]:
+        return {tuple(d["namespace"]) for d in db.long_term_memory.find()}
+
+    _wait_until(lambda: keys() == {("u-1",)})
+    time.sleep(1.5)
+    assert keys() == {("u-1",)}
+    assert (
+        db.memory_vectors.count_documents({})
+        == db.memory_vectors.count_documents({"memory_id": db.long_term_memory.find_one()["_id"]})
+        > 0
+    )  # the held memory's vectors stayed with it
+    assert [h.namespace for h in memory.search((), query="green tea")] == [("u-1",)]
+    assert release(admin, db_name, hold, policy) >= 2  # the memory and its vectors
+    _wait_until(lambda: db.memory_vectors.count_documents({}) == 0 and not keys())

@@ -1,0 +1,129 @@
+"""``accord governance sweep`` (issue 23, item 5): keep-latest-N leaves every thread
+restorable, expired threads are deleted whole, and a held thread survives until released.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from pymongo import MongoClient
+from typer.testing import CliRunner
+
+from accord import runtime
+from accord.checkpointers import AccordSaver
+from accord.governance.apply import apply, plan
+from accord.governance.loading import default_policy, parse_policy
+from accord.platform.cli import app as cli
+from accord.platform.context import Principal
+from tests.test_kernel_doors import _graph
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = "sweep_" + uuid.uuid4().hex[:10]
+    yield name
+    client[name].command("dropAllRolesFromDatabase")
+    client.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def _fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCORD_POLICY", raising=False)
+    monkeypatch.setenv("ACCORD_POLICY_REFRESH", "0.2")
+
+
+def _apply(client: MongoClient, db: str, text: str) -> None:
+    admin = runtime.kernel(client, principal=Principal.os_user(), policy=default_policy())
+    apply(admin, plan(admin, db, parse_policy(text, f"{db}.toml")))
+
+
+def _config(thread: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+    configurable = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def _turns(graph: Any, thread: str, n: int) -> None:
+    for i in range(n):
+        graph.invoke({"messages": [HumanMessage(f"turn {i}", id=uuid.uuid4().hex)], "log": []},
+                     _config(thread))  # fmt: skip
+
+
+def _checkpoints(client: MongoClient, db: str, thread: str) -> int:
+    return client[db].accord_checkpoints.count_documents({"thread_id": thread})
+
+
+def test_keep_latest_n_leaves_every_thread_restorable(client: MongoClient, db_name: str) -> None:
+    _apply(client, db_name, "[classes.checkpoint]\nretention = { keep_latest = 3 }\n")
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    before: dict[str, dict[str, Any]] = {}
+    for thread in ("t-1", "t-2"):
+        _turns(graph, thread, 4)
+        assert _checkpoints(client, db_name, thread) > 3
+        for snapshot in graph.get_state_history(_config(thread)):
+            before[snapshot.config["configurable"]["checkpoint_id"]] = snapshot.values
+    report = runtime.sweep(client, db_name)
+    assert report.pruned_threads == 2 and report.held_skipped == 0
+    for thread in ("t-1", "t-2"):
+        assert _checkpoints(client, db_name, thread) == 3
+        history = list(graph.get_state_history(_config(thread)))
+        assert len(history) == 3
+        for snapshot in history:  # each kept checkpoint restores exactly as before
+            checkpoint_id = snapshot.config["configurable"]["checkpoint_id"]
+            assert snapshot.values == before[checkpoint_id]
+            state = graph.get_state(_config(thread, checkpoint_id))
+            assert state.values == before[checkpoint_id]
+        latest = graph.get_state(_config(thread))
+        assert len(latest.values["messages"]) == 8  # 4 turns, every message kept
+    # the thread goes on from its latest checkpoint
+    _turns(graph, "t-1", 1)
+    assert len(graph.get_state(_config("t-1")).values["messages"]) == 10
+    assert runtime.sweep(client, db_name).pruned_threads == 1
+
+
+def test_a_held_thread_survives_the_sweep_and_expires_after_release(
+    client: MongoClient, db_name: str
+) -> None:
+    _apply(client, db_name, '[classes.checkpoint]\nretention = { expire_after = "1s", '
+                            'after = "last_activity" }\n')  # fmt: skip
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    _turns(graph, "t-held", 1)
+    _turns(graph, "t-free", 1)
+    runner = CliRunner()
+    placed = runner.invoke(cli, ["governance", "hold", "t-held", "--by", "thread",
+                                 "--tenant", "default", "--reason", "case 17", "--db", db_name],
+                           env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert placed.exit_code == 0, placed.output
+    listed = runner.invoke(cli, ["governance", "holds", "--db", db_name],
+                           env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert "t-held" in listed.output and "case 17" in listed.output
+    time.sleep(1.2)
+    report = runtime.sweep(client, db_name)
+    assert report.expired_threads == 1
+    assert _checkpoints(client, db_name, "t-free") == 0
+    assert _checkpoints(client, db_name, "t-held") > 0
+    assert graph.get_state(_config("t-held")).values["messages"]
+    released = runner.invoke(cli, ["governance", "release", "t-held", "--by", "thread",
+                                   "--tenant", "default", "--db", db_name],
+                             env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert released.exit_code == 0, released.output
+    swept = runner.invoke(cli, ["governance", "sweep", "--db", db_name],
+                          env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert swept.exit_code == 0, swept.output
+    assert "deleted 1 expired threads" in swept.output
+    assert _checkpoints(client, db_name, "t-held") == 0
+
+
+def _uri(client: MongoClient) -> str:
+    host, port = client.address  # type: ignore[misc]
+    return f"mongodb://{host}:{port}/?directConnection=true"
