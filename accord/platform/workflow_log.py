@@ -120,7 +120,14 @@ def _pending(batch: SealBatch) -> dict[tuple[str, str, str, str], list[Any]]:
             continue
         for op in group.ops:
             doc = op.doc
-            if op.kind == "insert" and isinstance(doc, Mapping) and doc.get("seq") is None:
+            if (
+                op.kind == "insert"
+                and isinstance(doc, Mapping)
+                and "seq" in doc
+                and doc["seq"] is None
+                and isinstance(doc.get("workflow"), str)
+                and isinstance(doc.get("tenant_id"), str)
+            ):  # an event as event_doc builds it (an administrator's own insert is left be)
                 key = (group.db, group.collection, doc["tenant_id"], doc["workflow"])
                 found[key].append(doc["_id"])
     return found
