@@ -613,12 +613,16 @@ def kernel_cost(rounds: int = 2000) -> list[str]:
     for _ in range(rounds):
         step()
     per_step = (time.perf_counter() - started) / rounds
+    checks = ", ".join(h.name for h in uow.hooks.check)
+    derives = ", ".join(h.name for h in uow.hooks.derive)
+    seals = ", ".join(h.name for h in uow.hooks.seal)
     uow.client.close()
     return [
         f"**The kernel's own cost per step** (in process, {rounds:,} steps, no I/O): "
         f"{per_step * 1e6:.0f} us to build a step's two plans with their contexts and run "
-        "its check (tenancy) and derive (outbox) phases and build its run guard; the "
-        "seal phase costs nothing without a seal hook (governance's audit adds one)."
+        f"its check ({checks}) and derive ({derives}) phases and build its run guard. The "
+        f"seal phase ({seals}) adds nothing to a step that appends no workflow event; "
+        "governance's audit, when on, adds its records there."
     ]
 
 
