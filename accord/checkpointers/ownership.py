@@ -234,6 +234,30 @@ class ActiveRun:
                     return True
         return False
 
+    def writes_behind_their_puts(self) -> None:
+        """Move queued task writes at the head of the queue right behind the queued put of
+        their checkpoint, when that put came after them (it is handed over in another
+        thread): otherwise the drainer's batch would stop at writes that cannot commit
+        before their put, and the put queued behind them would need a transaction of its
+        own."""
+        with self._mutex:
+            while self.jobs and getattr(self.jobs[0], "task_id", None) is not None:
+                head = self.jobs[0]
+                put_at = next(
+                    (
+                        i
+                        for i, queued in enumerate(self.jobs)
+                        if getattr(queued, "task_id", None) is None
+                        and queued.checkpoint_id == head.checkpoint_id
+                        and queued.scope.checkpoint_ns == head.scope.checkpoint_ns
+                    ),
+                    None,
+                )
+                if put_at is None:
+                    return
+                self.jobs.popleft()
+                self.jobs.insert(put_at, head)  # right behind the put, now at put_at - 1
+
     def take_writes(self, ns: str, checkpoint_id: str) -> list[Any]:
         """Take the queued task writes of ``checkpoint_id`` in ``ns``, wherever they are
         in the queue (the drainer commits them before, or with, the put of the next
@@ -412,6 +436,15 @@ def adhoc_refused(thread_id: str, what: str, holder: Holder) -> ConcurrentRunErr
     return ConcurrentRunError(
         f"Thread {thread_id!r} is being run by {holder.describe()}, so this {what} (which "
         f"belongs to no run) was refused and nothing of it was written. {WHAT_TO_DO}"
+    )
+
+
+def call_contended(call: str) -> ConcurrentRunError:
+    """A recorded call's record kept changing under the execution that read it."""
+    return ConcurrentRunError(
+        f"{call}: its record kept appearing and vanishing while this execution read it "
+        f"(another execution of the same task is running?); nothing was called. Make sure "
+        f"one run at a time executes the thread, and retry."
     )
 
 

@@ -64,7 +64,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 
-from accord.checkpointers import langgraph_internals
+from accord.checkpointers import langgraph_internals, ownership
 from accord.errors import (
     ConcurrentRunError,
     ConfigurationError,
@@ -291,11 +291,7 @@ def _key_of(doc: Mapping[str, Any]) -> str:
 
 
 def _contended(here: _Here, name: str) -> ConcurrentRunError:
-    return ConcurrentRunError(
-        f"{here.site.describe(name)}: its record kept appearing and vanishing while this "
-        f"execution read it (another execution of the same task is running?); nothing was "
-        f"called. Make sure one run at a time executes the thread, and retry."
-    )
+    return ownership.call_contended(here.site.describe(name))
 
 
 def _not_saved(here: _Here) -> TaskWriteError:

@@ -278,4 +278,4 @@ def test_concurrent_run_errors_are_built_in_one_place() -> None:
         for p in root.rglob("*.py")
         if "ConcurrentRunError(" in p.read_text()
     }
-    assert sites == {"ownership.py": 3, "failures.py": 1}, sites
+    assert sites == {"ownership.py": 4, "failures.py": 1}, sites

@@ -141,6 +141,36 @@ def test_taking_more_jobs_asks_about_tasks_without_the_mutex() -> None:
     assert run.last_batch()  # ... now it has, and nothing is queued behind the batch
 
 
+def test_writes_queued_before_their_put_move_behind_it() -> None:
+    """A task's writes can reach the queue before the put of their checkpoint (LangGraph
+    hands the put over in another thread): the drainer moves them right behind that put,
+    so they join its batch instead of stopping it (under load that cost a second
+    transaction per invoke). Writes whose put is not queued stay where they are."""
+    from types import SimpleNamespace as NS
+
+    def put(cp: str) -> Any:
+        return NS(task_id=None, checkpoint_id=cp, scope=NS(checkpoint_ns=""))
+
+    def writes(cp: str, task: str) -> Any:
+        return NS(task_id=task, checkpoint_id=cp, scope=NS(checkpoint_ns=""))
+
+    lease = runs.Lease("t", "th", "r", 1, "h", runs.now(), None)
+    run = ActiveRun(lease, object(), threading.Lock())
+    w1, w2, p1, p2 = writes("c1", "t1"), writes("c1", "t2"), put("c1"), put("c2")
+    for job in (w1, w2, p1, p2):
+        run.enqueue(job)
+    run.writes_behind_their_puts()
+    assert list(run.jobs) == [p1, w1, w2, p2]
+    run.writes_behind_their_puts()  # nothing left to move
+    assert list(run.jobs) == [p1, w1, w2, p2]
+    lone = ActiveRun(lease, object(), threading.Lock())
+    w3 = writes("c9", "t3")
+    for job in (w3, p2):
+        lone.enqueue(job)
+    lone.writes_behind_their_puts()
+    assert list(lone.jobs) == [w3, p2]  # its put is not queued: _before_its_put waits
+
+
 class _Commands(monitoring.CommandListener):
     """Counts the commands sent, by name."""
 

@@ -20,6 +20,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -180,9 +181,27 @@ def test_a_run_crashed_on_bundle_v1_is_refused_on_v2_and_resumes(
     assert [e["kind"] for e in pin["bundle_history"]] == ["pinned", "migrated"]
 
 
-STEPS = 6
+STEPS = 10
 #: kills aimed at each run; a worker that finishes first ends the series
 RANDOM_KILLS = 5
+#: seconds each fake call of the random-kill workers sleeps: STEPS steps sleeping three
+#: times each (6 s) outlast RANDOM_KILLS kills of at most _KILL_AFTER[1] s after the
+#: worker's first transaction (4 s), whatever the machine's speed, so the kills land
+_PAUSE = 0.2
+_KILL_AFTER = (0.05, 0.8)
+
+
+def _first_transaction(proc: subprocess.Popen[str], lsids: Path, timeout: float) -> bool:
+    """Wait until the worker began its first transaction (its session log exists: the
+    imports and setup are behind it); False when it exited first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if lsids.exists():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    raise AssertionError(f"the worker began no transaction within {timeout} s")
 
 
 @pytest.mark.parametrize("saver", SAVERS)
@@ -201,15 +220,15 @@ def test_random_kills_charge_each_step_once(
     lsids = tmp_path / "lsids"
     cmd = [sys.executable, str(WORKER), "--uri", mongo_uri, "--db", db_name, "--thread",
            thread, "--dir", str(tmp_path), "--saver", saver, "--idempotent", "--steps",
-           str(STEPS), "--pause", "0.1", "--lsid-file", str(lsids)]  # fmt: skip
+           str(STEPS), "--pause", str(_PAUSE), "--lsid-file", str(lsids)]  # fmt: skip
     killed = 0
     for attempt in range(RANDOM_KILLS + 10):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, cwd=ROOT)  # fmt: skip
         try:
-            if killed < RANDOM_KILLS:
+            if killed < RANDOM_KILLS and _first_transaction(proc, lsids, 120):
                 try:
-                    proc.wait(timeout=rng.uniform(1.0, 3.0))
+                    proc.wait(timeout=rng.uniform(*_KILL_AFTER))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()

@@ -27,9 +27,15 @@ def test_setup_creates_indexes_and_records_ownership(
     runner.call(cat.setup, "checkpointer", {"my_cps": "checkpoint", "my_out": "outbox"}, idx)
     assert "tk" in client[db_name].my_cps.index_information()
     entries = {d["_id"]: d["artifact"] for d in client[db_name][CATALOG_COLLECTION].find()}
-    assert entries == {"my_cps": "checkpoint", "my_out": "outbox"}
+    # the component's collections, and the ones the kernel's default hooks write
+    # (the workflow log's seal hook owns accord_workflow_events)
+    assert entries == {
+        "my_cps": "checkpoint", "my_out": "outbox", "accord_workflow_events": "workflow_event",
+    }  # fmt: skip
     reserved = runner.call(cat.reserved, ["mine"])
-    assert reserved == {"my_cps", "my_out", "mine", CATALOG_COLLECTION}
+    assert reserved == {
+        "my_cps", "my_out", "accord_workflow_events", "mine", CATALOG_COLLECTION,
+    }  # fmt: skip
 
 
 def test_a_second_app_sees_the_first_ones_collections(make_runner, db_name: str) -> None:

@@ -111,6 +111,7 @@ class SaverQueue(SaverReads):
         deadline = time.monotonic() + _LINGER_MAX
         while True:
             while len(batch) < _BATCH_JOBS:
+                run.writes_behind_their_puts()
                 more = run.more_jobs(functools.partial(self._joins, run, batch=batch), 1)
                 if not more:
                     break
