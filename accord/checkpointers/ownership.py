@@ -241,22 +241,34 @@ class ActiveRun:
         before their put, and the put queued behind them would need a transaction of its
         own."""
         with self._mutex:
-            while self.jobs and getattr(self.jobs[0], "task_id", None) is not None:
-                head = self.jobs[0]
+            lead = 0
+            while lead < len(self.jobs) and getattr(self.jobs[lead], "task_id", None) is not None:
+                lead += 1
+            rest = list(self.jobs)[lead:]
+            behind: dict[int, list[Any]] = {}  # index of a put in rest -> writes moved behind it
+            stay: list[Any] = []
+            for head in list(self.jobs)[:lead]:
                 put_at = next(
                     (
                         i
-                        for i, queued in enumerate(self.jobs)
+                        for i, queued in enumerate(rest)
                         if getattr(queued, "task_id", None) is None
                         and queued.checkpoint_id == head.checkpoint_id
                         and queued.scope.checkpoint_ns == head.scope.checkpoint_ns
                     ),
                     None,
                 )
-                if put_at is None:
-                    return
-                self.jobs.popleft()
-                self.jobs.insert(put_at, head)  # right behind the put, now at put_at - 1
+                if stay or put_at is None:
+                    stay.append(head)  # its put is not queued: it, and what follows, stay first
+                else:
+                    behind.setdefault(put_at, []).append(head)
+            if not behind:
+                return
+            self.jobs.clear()
+            self.jobs.extend(stay)
+            for i, queued in enumerate(rest):
+                self.jobs.append(queued)
+                self.jobs.extend(behind.get(i, ()))
 
     def take_writes(self, ns: str, checkpoint_id: str) -> list[Any]:
         """Take the queued task writes of ``checkpoint_id`` in ``ns``, wherever they are
