@@ -283,12 +283,14 @@ def fence_group(
     *,
     at: _dt.datetime,
     lost: Callable[[Counts], BaseException] | None = None,
+    after_call: bool = False,
 ) -> Group:
     """The run's fence as the first group of a call's write: it matches only while the
     run still holds its thread (same run, same fence, lease not given back), so a worker
     that lost its lease cannot record a call. It sets ``calls_at`` only, never the
     thread's ``version``: a recorded call changes no checkpoint, and a process's cache
-    of the thread's state stays valid."""
+    of the thread's state stays valid. ``after_call``: the write records the outcome of a
+    call that was made (its refusal says so)."""
 
     def refused(counts: Counts) -> BaseException:
         return LeaseLost(
@@ -296,6 +298,15 @@ def fence_group(
             f"worker took it over, or the run ended): its recorded call was not written "
             f"and the call was not made. The run that holds the thread now replays or "
             f"reconciles it."
+        )
+
+    def refused_after_call(counts: Counts) -> BaseException:
+        return LeaseLost(
+            f"run {lease.run_id!r} no longer holds thread {lease.thread_id!r} (another "
+            f"worker took it over, or the run ended) while its call was under way: the "
+            f"call's outcome was not recorded by this run. The run that holds the thread "
+            f"now retries the call with the same idempotency key (an idempotent call) or "
+            f"parks it for reconciliation."
         )
 
     return Group(
@@ -307,5 +318,5 @@ def fence_group(
             {"_id": run_doc_id(lease.tenant_id, lease.thread_id), "run_id": lease.run_id,
              "fence": lease.fence, "lease_expires": {"$ne": None}},
             {"$set": {"calls_at": at}})],
-        expect=Expect(matched=1, error=lost or refused),
+        expect=Expect(matched=1, error=lost or (refused_after_call if after_call else refused)),
     )  # fmt: skip

@@ -21,6 +21,13 @@ without it):
 * ``mid_charge``: inside the bank call, after the bank moved the money, before it
   returned: the call has an intent and no result.
 
+``--kill-at POINT:N`` makes the worker SIGKILL itself at the N-th occurrence of a named
+fault point (the fault-point suite, ``test_fault_points.py``): ``node_start`` (F1: ``pay``
+began), ``after_charge`` (F2: the bank call returned, before ``pay`` returned),
+``put_writes_after`` (F3: the task's writes were handed to the saver, before the next
+``put``), ``commit_start`` (F4: inside a transaction, ``commitTransaction`` about to be
+sent). ``--lease S``: the saver's lease (the zombie test pauses a worker past it).
+
 ``--steps N``: ``pay`` runs N times (one decision, one charge and one business write
 each) before ``confirm``; ``--pause S`` sleeps S seconds inside each fake call (wider
 windows for the random kills of ``test_random_kills``); ``--lsid-file``: every session
@@ -73,6 +80,29 @@ class State(TypedDict, total=False):
 
 #: seconds each fake call sleeps (``--pause``)
 PAUSE = [0.0]
+FAULT_POINTS = ("node_start", "after_charge", "put_writes_after", "commit_start")
+
+
+class KillSwitch:
+    """SIGKILLs this process at the n-th occurrence of one fault point (``point:n``)."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.point, self.n, self.count = None, 0, 0
+        if spec:
+            point, _, n = spec.partition(":")
+            if point not in FAULT_POINTS:
+                raise SystemExit(f"unknown fault point {point!r}")
+            self.point, self.n = point, int(n or 1)
+
+    def hit(self, point: str) -> None:
+        if point == self.point:
+            self.count += 1
+            if self.count == self.n:
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(60)  # never reached
+
+
+SWITCH = KillSwitch(None)
 
 
 def _append(path: Path, entry: dict[str, Any]) -> None:
@@ -139,8 +169,10 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
             return bank.charge(account, cents, transfer_id, kw.get("idempotency_key"))
 
         def pay(state: State) -> State:
+            SWITCH.hit("node_start")
             decision = decide(state["account"])
             receipt = charge(state["account"], decision["cents"], decision["transfer_id"])
+            SWITCH.hit("after_charge")
             if args.kill == "after_charge":
                 os.kill(os.getpid(), signal.SIGKILL)
             business.insert_one("charges", {"_id": decision["transfer_id"], "receipt": receipt})
@@ -159,8 +191,10 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
             return bank.charge(account, cents, transfer_id, kw.get("idempotency_key"))
 
         async def apay(state: State) -> State:
+            SWITCH.hit("node_start")
             decision = await adecide(state["account"])
             receipt = await acharge(state["account"], decision["cents"], decision["transfer_id"])
+            SWITCH.hit("after_charge")
             if args.kill == "after_charge":
                 os.kill(os.getpid(), signal.SIGKILL)
             business.insert_one("charges", {"_id": decision["transfer_id"], "receipt": receipt})
@@ -192,14 +226,17 @@ def build(saver: Any, args: argparse.Namespace) -> Any:
 
 
 class SessionLog(monitoring.CommandListener):
-    """Appends the session of every transaction this worker starts to a file."""
+    """Appends the session of every transaction this worker starts to a file (before the
+    command leaves the process), and fires the ``commit_start`` fault point."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | None) -> None:
         self.path = path
         self.seen: set[str] = set()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command.get("startTransaction") and "lsid" in event.command:
+        if event.command_name == "commitTransaction":
+            SWITCH.hit("commit_start")
+        if self.path and event.command.get("startTransaction") and "lsid" in event.command:
             line = json_util.dumps(event.command["lsid"])
             if line not in self.seen:
                 self.seen.add(line)
@@ -214,13 +251,31 @@ class SessionLog(monitoring.CommandListener):
 
 
 def _listeners(args: argparse.Namespace) -> list[Any]:
-    return [SessionLog(args.lsid_file)] if args.lsid_file else []
+    return [SessionLog(args.lsid_file)]
+
+
+class KillingSaver(AccordSaver):
+    """AccordSaver with the ``put_writes_after`` fault point."""
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        super().put_writes(config, writes, task_id, task_path)
+        SWITCH.hit("put_writes_after")
+
+
+class AsyncKillingSaver(AsyncAccordSaver):
+    """AsyncAccordSaver with the ``put_writes_after`` fault point."""
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        await super().aput_writes(config, writes, task_id, task_path)
+        SWITCH.hit("put_writes_after")
 
 
 def run_sync(args: argparse.Namespace) -> dict[str, Any]:
     client: MongoClient[Any] = MongoClient(args.uri, event_listeners=_listeners(args))
     try:
-        saver = AccordSaver(client, db_name=args.db)
+        saver = KillingSaver(client, db_name=args.db, lease_seconds=args.lease)
         saver.setup()
         graph = build(saver, args)
         config = {"configurable": {"thread_id": args.thread}}
@@ -234,7 +289,7 @@ def run_sync(args: argparse.Namespace) -> dict[str, Any]:
 async def run_async(args: argparse.Namespace) -> dict[str, Any]:
     client: AsyncMongoClient[Any] = AsyncMongoClient(args.uri, event_listeners=_listeners(args))
     try:
-        saver = AsyncAccordSaver(client, db_name=args.db)
+        saver = AsyncKillingSaver(client, db_name=args.db, lease_seconds=args.lease)
         await saver.setup()
         graph = build(saver, args)
         config = {"configurable": {"thread_id": args.thread}}
@@ -254,6 +309,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--saver", choices=("sync", "async"), default="sync")
     p.add_argument("--durability", choices=("sync", "async"), default="async")
     p.add_argument("--kill", choices=("after_charge", "mid_charge"))
+    p.add_argument("--kill-at")
+    p.add_argument("--lease", type=float, default=10.0)
     p.add_argument("--idempotent", action="store_true")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--pause", type=float, default=0.0)
@@ -262,6 +319,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--migrate", action="store_true")
     args = p.parse_args(argv)
     PAUSE[0] = args.pause
+    global SWITCH
+    SWITCH = KillSwitch(args.kill_at)
     try:
         state = run_sync(args) if args.saver == "sync" else asyncio.run(run_async(args))
     except AccordError as exc:

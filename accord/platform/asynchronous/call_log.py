@@ -240,7 +240,10 @@ class AsyncCallLog:
         plan = Plan(WriteContext(tenant_id=tenant_id, thread_id=thread_id,
                                  operation=operation, run=lease))  # fmt: skip
         if lease is not None:
-            plan.add(calls.fence_group(self.db, self.runs_collection, lease, at=runs.now()))
+            # a result or a failure follows a call that was made: its refusal says so
+            after_call = operation in ("calls.result", "calls.failed")
+            plan.add(calls.fence_group(self.db, self.runs_collection, lease, at=runs.now(),
+                                       after_call=after_call))  # fmt: skip
         plan.add(Group(CALL_GROUP, self.db, self.collection, RECORDED_CALL.name, [op],
                        expect=expect))  # fmt: skip
         if extra is not None:
