@@ -54,14 +54,8 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
             projection={"tenant_id": 1, "thread_id": 1},
             limit=maintenance.BATCH,
         )
-        swept = 0
-        for doc in expired:
-            scope = Scope(doc["tenant_id"], doc["thread_id"], "")
-            try:
-                await self._delete_thread(scope, expired_only=True)
-                swept += 1
-            except (plans.StillInUse, WriteRefused):
-                continue  # written or claimed since: not expired any more
+        pairs = [(doc["tenant_id"], doc["thread_id"]) for doc in expired]
+        swept, _docs = await self.adelete_expired(pairs)
         return swept
 
     async def adelete_expired(
