@@ -61,6 +61,18 @@ class PermissionDenied(AccordError):
     """The principal lacks the privilege for this action on this artifact class."""
 
 
+class LegalHoldError(AccordError):
+    """A thread (or what it owns) is under a legal hold, so it may not be deleted, pruned
+    or swept; nothing was deleted. ``hold`` describes the hold (``thread 't-1' of tenant
+    'acme'``), ``hold_id`` is its id in ``accord_holds``. Release the hold first
+    (``accord governance release``) if the deletion is lawful."""
+
+    def __init__(self, message: str, *, hold: str = "", hold_id: str = "") -> None:
+        super().__init__(message)
+        self.hold = hold
+        self.hold_id = hold_id
+
+
 class BundleMismatch(AccordError):
     """A run was started on a different code/prompt/model bundle than the one resuming it.
 

@@ -44,6 +44,7 @@ from accord.errors import ConfigurationError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.enforcement import DENIALS, PolicyHook
+from accord.governance.hold_guard import HoldGuard
 from accord.governance.holding import holds_collection
 from accord.governance.holds import HoldSet
 from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
@@ -108,6 +109,7 @@ def kernel(
         *default_hooks(),
         enforced,
         retention_hook(enforced, policy_refresh),
+        HoldGuard(lambda db: enforced.rules(db).policy),
         *configured_hooks(),
         *hooks,
         *audit_hooks(audit),
@@ -160,22 +162,26 @@ def sweep(
     db_name: str = "accord",
     *,
     limit: int = 1000,
+    batch: int = 1000,
+    pause: float = 0.0,
     principal: Principal | None = None,
     policy: PolicySource = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> SweepReport:
     """One retention sweep of ``db_name`` (``accord governance sweep``;
     :mod:`accord.governance.sweep`): keep the latest N checkpoints per thread and delete
-    expired threads, skipping held ones, through a kernel acting as ``principal``
-    (default the operating-system user, role admin) with the checkpointer doing the
-    deleting (so a kept checkpoint keeps what it needs)."""
+    expired threads, skipping held ones, at most ``limit`` threads per rule, at most
+    ``batch`` documents per transaction, ``pause`` seconds between transactions; through
+    a kernel acting as ``principal`` (default the operating-system user, role admin) with
+    the checkpointer doing the deleting (so a kept checkpoint keeps what it needs)."""
     uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
     effective = effective_policy(uow, db_name)
     ttl = thread_ttl(effective)
     saver = AccordSaver(client, db_name=db_name, uow=uow)
     saver.setup()  # without a ttl: a saver set up with one starts its own background sweeper
-    saver.ttl = ttl.total_seconds() if ttl is not None else None  # what its sweep() needs
-    return sweep_once(uow, db_name, effective, saver, limit=limit, progress=progress)
+    saver.ttl = ttl.total_seconds() if ttl is not None else None  # prune's commits stamp it
+    return sweep_once(uow, db_name, effective, saver, limit=limit, batch=batch, pause=pause,
+                      progress=progress)  # fmt: skip
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:

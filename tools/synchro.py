@@ -74,6 +74,7 @@ REPLACEMENTS: dict[str, str] = {
     # ownership.Signal)
     "new_async_lock": "new_thread_lock",
     "asweep": "sweep",
+    "adelete_expired": "delete_expired",
     "aread_workflow_events": "read_workflow_events",
     "await_for": "wait_for",
     # accord's embedders (accord.memory.embedders)

@@ -7,6 +7,7 @@ They register on the platform's typer app through the ``accord.cli`` entry point
 * ``accord checkpoints migrate`` copies a database's MongoDBSaver threads into accord
   (:mod:`accord.checkpointers.asynchronous.migration`, run by its sync twin): resumable,
   idempotent, with a progress bar.
+* ``accord threads delete THREAD``: delete a thread whole (refused under a legal hold).
 * ``accord threads show|release THREAD``: who holds a thread, and taking it over. A run
   holds its thread with a lease (docs/checkpointer.md, "Ownership"). A process that died
   on this machine is noticed by the next claimer at once; one that died on another
@@ -197,6 +198,54 @@ def release(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -
             f"released thread {thread!r} (tenant {tenant!r}) from {before.describe()}; that "
             f"run's next commit will be refused"
         )
+
+
+@threads_app.command("delete")
+def delete(
+    thread: str,
+    db: str = DB,
+    tenant: str = TENANT,
+    keep_memories: bool = typer.Option(
+        False, "--keep-memories", help="Keep the long-term memories derived from the thread."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete THREAD whole: checkpoints, pending writes, values, messages, recorded calls
+    (and, unless --keep-memories, the long-term memories derived only from it, as the
+    aggregator catches up). A thread under a legal hold is refused (nothing is deleted);
+    a run working on the thread loses it."""
+    from accord import runtime
+    from accord.checkpointers import AccordSaver
+    from accord.checkpointers.validation import identifier
+    from accord.errors import LegalHoldError
+    from accord.platform import connect
+    from accord.platform.context import Principal
+
+    try:
+        identifier(thread, "thread")
+        identifier(tenant, "tenant")
+    except AccordError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    if not yes and not typer.confirm(
+        f"Delete thread {thread!r} of tenant {tenant!r} in {db} (this cannot be undone)?"
+    ):
+        console.print("nothing deleted")
+        raise typer.Exit(1)
+    try:
+        client = connect()
+        uow = runtime.kernel(client, principal=Principal.os_user())
+        saver = AccordSaver(client, db_name=db, uow=uow)
+        saver.delete_thread(thread, tenant_id=tenant, keep_memories=keep_memories)
+        client.close()
+    except LegalHoldError as err:
+        console.print(f"[red]refused:[/red] {err}")
+        raise typer.Exit(1) from None
+    except AccordError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from None
+    kept = "; its long-term memories are kept" if keep_memories else ""
+    out.print(f"deleted thread {thread!r} (tenant {tenant!r}) in {db}{kept}")
 
 
 def register(app: typer.Typer) -> None:

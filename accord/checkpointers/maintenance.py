@@ -21,8 +21,9 @@ from accord.platform.plan import Op
 BATCH = 1000
 
 #: Collections of a thread's data, in the order they are deleted: checkpoints first (so
-#: no reader sees a checkpoint without its values), then what they point to.
-THREAD_DATA = ("checkpoints", "writes", "blobs", "messages")
+#: no reader sees a checkpoint without its values), then what they point to, then the
+#: thread's recorded tool and model calls.
+THREAD_DATA = ("checkpoints", "writes", "blobs", "messages", "calls")
 #: ... and the order they are copied: values first, checkpoints last.
 COPY_ORDER = ("blobs", "messages", "writes", "checkpoints")
 

@@ -205,7 +205,8 @@ def _log_of(saver: Any) -> Any:
             from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 
             kind = AsyncCallLog if isinstance(saver.uow, AsyncUnitOfWork) else CallLog
-            log = kind(saver.uow, saver.db_name, runs_collection=saver.collections.runs)
+            log = kind(saver.uow, saver.db_name, collection=saver.collections.calls,
+                       runs_collection=saver.collections.runs)  # fmt: skip
             _LOGS[saver] = log
         return log
 

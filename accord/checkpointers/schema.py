@@ -43,6 +43,9 @@ class CollectionNames:
             thread) naming the run that may write it, its lease and fencing number.
         outbox: events for asynchronous work (memory aggregation), written in the same
             transaction as the step.
+        calls: recorded tool and model calls (:mod:`accord.checkpointers.recorded`); the
+            call log sets it up, and the checkpointer deletes a thread's calls with the
+            thread.
     """
 
     checkpoints: str = "accord_checkpoints"
@@ -51,13 +54,20 @@ class CollectionNames:
     messages: str = "short_term_memory"
     runs: str = "runs"
     outbox: str = "outbox"
+    calls: str = str(artifacts.RECORDED_CALL.default_collection)
 
     def all(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def artifacts(self) -> dict[str, str]:
+        """Collection name -> artifact class of every collection the saver reads or writes."""
+        return {getattr(self, key): cls for key, cls in ARTIFACTS.items()}
+
     def owned(self) -> dict[str, str]:
         """Collection name -> artifact class (what ``setup()`` records in the catalog)."""
-        return {getattr(self, key): cls for key, cls in ARTIFACTS.items()}
+        return {
+            getattr(self, key): cls for key, cls in ARTIFACTS.items() if key not in SET_UP_ELSEWHERE
+        }
 
 
 #: The default names accord used before its checkpoint collections were prefixed
@@ -77,7 +87,10 @@ ARTIFACTS = {
     "messages": artifacts.SHORT_TERM_MEMORY.name,
     "runs": artifacts.RUN.name,
     "outbox": artifacts.OUTBOX.name,
+    "calls": artifacts.RECORDED_CALL.name,
 }
+#: Collection keys another component sets up and records (the call log, "durable").
+SET_UP_ELSEWHERE = frozenset({"calls"})
 
 
 def blob_key(channel: str, version: Any) -> str:

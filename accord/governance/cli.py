@@ -10,7 +10,8 @@ apply``. They register on the platform's typer app through the ``accord.cli`` en
   ``--atlas-roles DIR`` writes the roles as Atlas custom database role JSON instead.
 * ``apply``: makes it so, idempotently (docs/governance.md, "Applying the policy").
 * ``hold | release VALUE --by tenant|thread|subject|class``, ``holds``: legal holds.
-* ``sweep [--interval S] [--limit N]``: keep-latest-N checkpoints and expired threads.
+* ``sweep [--interval S] [--limit N] [--batch D] [--pause S]``: keep-latest-N checkpoints
+  and expired threads, in bounded, paced batches.
 
 Configuration: ``MONGODB_URI`` (else the embedded engine), ``ACCORD_POLICY``.
 """
@@ -288,13 +289,21 @@ def _advancer(bar: Any, what: str) -> Any:
 def sweep_command(
     db: str = DB,
     uri: str | None = URI,
-    limit: int = typer.Option(1000, "--limit", min=1, help="Threads per rule per pass."),
+    limit: int = typer.Option(
+        1000, "--limit", min=1, help="Threads per rule per pass (sweep_limit)."
+    ),
+    batch: int = typer.Option(
+        1000, "--batch", min=1, max=100_000, help="Documents per transaction."
+    ),
+    pause: float = typer.Option(
+        0.0, "--pause", min=0, max=3600, help="Seconds between transactions (pacing)."
+    ),
     interval: float = typer.Option(
         0, "--interval", min=0, help="Run a pass every this many seconds (0: once)."
     ),
 ) -> None:
     """Keep the latest N checkpoints per thread and delete expired threads (held ones are
-    skipped); with --interval, as a worker."""
+    skipped), in bounded, paced batches; with --interval, as a worker."""
     import time
 
     from accord import runtime
@@ -304,7 +313,8 @@ def sweep_command(
         client = connect(uri)
         while True:
             with _progress() as bar:
-                report = runtime.sweep(client, db, limit=limit, progress=_advancer(bar, "sweeping"))
+                report = runtime.sweep(client, db, limit=limit, batch=batch, pause=pause,
+                                       progress=_advancer(bar, "sweeping"))  # fmt: skip
             out.print(f"{db}: {report.describe()}")
             if not interval:
                 break

@@ -12,12 +12,13 @@ Both are idempotent: run again after a crash, they finish the job.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from accord.errors import InvalidInputError
-from accord.governance.holds import Hold
+from accord.governance.hold_guard import checkpoint_subject_fields
+from accord.governance.holds import Hold, Holds
 from accord.governance.policy import DEPENDENT, Policy
 from accord.governance.retention import (
     EXPIRE_AT,
@@ -27,13 +28,14 @@ from accord.governance.retention import (
     thread_ttl,
     ttl_targets,
 )
-from accord.platform.artifacts import HOLD, RUN
+from accord.platform import runs
+from accord.platform.artifacts import CHECKPOINT, HOLD, RUN
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan, insert_once
 
 __all__ = [
     "BATCH", "change_in_batches", "hold_filters", "holds_collection", "list_holds", "place",
-    "release", "runs_collection",
+    "release", "runs_collection", "subject_held_threads",
 ]  # fmt: skip
 
 #: Documents changed per transaction.
@@ -58,6 +60,38 @@ def list_holds(uow: Any, db: str, policy: Policy) -> list[Hold]:
     docs = uow.find(ReadContext("*", operation="governance.holds"), HOLD.name, db,
                     holds_collection(policy), {}, sort=[("at", 1)])  # fmt: skip
     return [Hold.from_document(d) for d in docs]
+
+
+def subject_held_threads(
+    uow: Any, db: str, policy: Policy, holds: Holds, threads: Sequence[tuple[str, str]] | None
+) -> set[tuple[str, str]]:
+    """The (tenant, thread) pairs, among ``threads`` (None: all), whose checkpoints'
+    metadata names a subject a hold of ``holds`` names."""
+    fields = checkpoint_subject_fields(policy)
+    subject_holds = [h for h in holds.holds if h.kind == "subject"]
+    if not fields or not subject_holds or threads == []:
+        return set()
+    named: list[dict[str, Any]] = []
+    for hold in subject_holds:
+        clause: dict[str, Any] = {"$or": [{f: hold.value} for f in fields]}
+        if hold.tenant_id:
+            clause = {"tenant_id": hold.tenant_id, **clause}
+        named.append(clause)
+    match: dict[str, Any] = {"$or": named}
+    if threads is not None:
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, thread in threads:
+            by_tenant.setdefault(tenant, []).append(thread)
+        match = {"$and": [match, {"$or": [
+            {"tenant_id": t, "thread_id": {"$in": sorted(ids)}} for t, ids in by_tenant.items()
+        ]}]}  # fmt: skip
+    cls = policy.of(CHECKPOINT.name)
+    collection = (cls.collection if cls else None) or str(CHECKPOINT.default_collection)
+    rows = uow.aggregate(ReadContext("*", operation="governance.holds"), CHECKPOINT.name, db, collection, [
+        {"$match": match},
+        {"$group": {"_id": {"tenant": "$tenant_id", "thread": "$thread_id"}}},
+    ])  # fmt: skip
+    return {(r["_id"]["tenant"], r["_id"]["thread"]) for r in rows}
 
 
 def _targets(policy: Policy) -> list[tuple[str, str, TtlRule | None, tuple[str, ...]]]:
@@ -89,8 +123,6 @@ def _filter(hold: Hold, artifact: str, collection: str, fields: tuple[str, ...])
         return {}  # a memory's vectors are held with their memories
     if artifact == RUN.name and hold.kind == "class":
         return {} if hold.value in THREAD_CLASSES else None
-    if artifact == RUN.name and hold.kind == "subject":
-        return None  # run documents carry no subject fields: hold the thread
     return hold.filter(artifact, collection, fields)
 
 
@@ -104,6 +136,10 @@ def _covers(
 ) -> Any:  # fmt: skip
     """:func:`_filter`, and for a subject hold on a dependent class (a memory's vectors,
     which carry no subject fields): the documents of the owners the hold covers."""
+    if artifact == RUN.name and hold.kind == "subject":
+        # a thread whose checkpoints' metadata names the subject: its run-registry document
+        threads = subject_held_threads(uow, db, policy, Holds.of([hold]), None)
+        return {"_id": {"$in": sorted(runs.run_doc_id(t, h) for t, h in threads)}}
     owner, link = DEPENDENT.get(artifact), OWNER_LINK.get(artifact)
     if hold.kind != "subject" or owner is None or link is None:
         return _filter(hold, artifact, collection, fields)

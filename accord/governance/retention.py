@@ -32,9 +32,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from accord.governance.holds import HoldSet
+from accord.governance.holds import Holds, HoldSet
 from accord.governance.policy import DEPENDENT, Policy
-from accord.platform.artifacts import CLASSES
+from accord.platform.artifacts import CHECKPOINT, CLASSES
 from accord.platform.plan import Group, Op, Plan
 
 __all__ = [
@@ -146,6 +146,34 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
     return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
 
 
+def names_held_subject(plan: Plan, policy: Policy, held: Holds, tenant_id: str) -> bool:
+    """Whether a checkpoint ``plan`` writes names, in its metadata, a subject a hold of
+    ``held`` names (its thread is then held: its commits set no expiry)."""
+    subjects = {
+        h.value for h in held.holds if h.kind == "subject" and h.tenant_id in (None, tenant_id)
+    }
+    if not subjects:
+        return False
+    cls = policy.of(CHECKPOINT.name)
+    fields = [
+        f.removeprefix("metadata.").split(".")
+        for f in (cls.subject_fields if cls is not None else ())
+        if f.startswith("metadata.")
+    ]
+    for group in plan.groups:
+        if group.artifact != CHECKPOINT.name:
+            continue
+        for op in group.ops:
+            meta = op.doc.get("meta") if isinstance(op.doc, Mapping) else None
+            for path in fields:
+                value: Any = meta
+                for part in path:
+                    value = value.get(part) if isinstance(value, Mapping) else None
+                if isinstance(value, str) and value in subjects:
+                    return True
+    return False
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -203,8 +231,10 @@ class RetentionHook:
         now = self._clock()
         if guard is not None and guard.kind in ("owner", "free"):
             ttl = self._thread_ttl(policy)
-            thread_held = held.holds_thread(guard.tenant_id, guard.thread_id) or any(
-                held.holds_class(name, None) for name in THREAD_CLASSES
+            thread_held = (
+                held.holds_thread(guard.tenant_id, guard.thread_id)
+                or any(held.holds_class(name, None) for name in THREAD_CLASSES)
+                or names_held_subject(plan, policy, held, guard.tenant_id)
             )
             if thread_held and guard.expire_at is not None:
                 plan.context = replace(context, guard=replace(guard, expire_at=None))

@@ -7,17 +7,22 @@
   needs to be restored, whatever was written when);
 * **expired threads** (the thread period of :mod:`accord.governance.retention`): threads
   whose run-registry ``expire_at`` passed (no commit since) and that no live run holds are
-  deleted whole (the checkpointer's ``sweep``, one transaction per thread, guarded so a
-  commit that lands meanwhile wins).
+  deleted whole, with their recorded calls (the checkpointer's ``delete_expired``: each
+  thread's deletion guarded so a commit that lands meanwhile wins).
 
-Held threads (:mod:`accord.governance.holds`: the thread, its tenant, or a thread class)
-are skipped: a hold took their expiry off, and keep-latest-N leaves them alone.
+Held threads (:mod:`accord.governance.holds`: the thread, its tenant, a thread class, or a
+data subject their checkpoints' metadata names) are skipped; the kernel's hold guard
+(:mod:`accord.governance.hold_guard`) refuses, inside the deleting transaction, any
+deletion a hold placed meanwhile covers.
+
+Bounded and paced, like LangGraph Platform's ``sweep_limit`` / ``sweep_interval_minutes``:
+at most ``limit`` threads per rule per pass, at most ``batch`` documents per transaction
+(several small threads share one), ``pause`` seconds between transactions so the runs
+going on meanwhile keep their step latency. As a worker (``--interval``), a pass every
+``interval`` seconds.
 
 Everything is read and written through the kernel; the checkpointer is handed in by the
 composition root (:func:`accord.runtime.sweep`), so this module does not import it.
-Bounded: at most ``limit`` threads per kind of rule per pass. As a worker
-(``--interval``), it runs a pass every ``interval`` seconds, like LangGraph Platform's
-``sweep_interval_minutes`` / ``sweep_limit``.
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accord.errors import AccordError
-from accord.governance.holding import list_holds
+from accord.errors import AccordError, InvalidInputError
+from accord.governance.holding import list_holds, runs_collection, subject_held_threads
 from accord.governance.holds import Holds
 from accord.governance.policy import Policy
 from accord.governance.retention import THREAD_CLASSES
-from accord.platform.artifacts import CHECKPOINT
+from accord.platform import runs
+from accord.platform.artifacts import CHECKPOINT, RUN
 from accord.platform.context import ReadContext
 
 __all__ = ["SweepReport", "sweep_once"]
 
 OPERATION = "governance.sweep"
+Progress = Callable[[str, int], None]
 
 
 @dataclass
@@ -47,6 +54,7 @@ class SweepReport:
     pruned_threads: int = 0
     pruned_checkpoints: int = 0
     expired_threads: int = 0
+    documents: int = 0
     held_skipped: int = 0
     seconds: float = 0.0
 
@@ -54,8 +62,17 @@ class SweepReport:
         return (
             f"kept the latest checkpoints of {self.pruned_threads} threads "
             f"({self.pruned_checkpoints} checkpoints removed), deleted {self.expired_threads} "
-            f"expired threads, skipped {self.held_skipped} held, in {self.seconds:.2f} s"
+            f"expired threads ({self.documents} documents), skipped {self.held_skipped} held, "
+            f"in {self.seconds:.2f} s"
         )
+
+
+def _check(limit: int, batch: int, pause: float) -> None:
+    for name, value in (("limit", limit), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"sweep {name} must be a whole number >= 1, got {value!r}")
+    if isinstance(pause, bool) or not isinstance(pause, int | float) or not 0 <= pause <= 3600:
+        raise InvalidInputError(f"sweep pause must be 0 to 3600 seconds, got {pause!r}")
 
 
 def sweep_once(
@@ -65,51 +82,93 @@ def sweep_once(
     saver: Any,
     *,
     limit: int = 1000,
-    progress: Callable[[str, int], None] | None = None,
+    batch: int = 1000,
+    pause: float = 0.0,
+    progress: Progress | None = None,
 ) -> SweepReport:
     """One pass over ``db`` (module docstring). ``saver``: a checkpointer on ``uow``'s
-    database (``prune(threads, keep=N, tenant_id=T)`` and ``sweep()``)."""
+    database (``prune(threads, keep=N, tenant_id=T)`` and ``delete_expired(pairs,
+    batch=, pause=)``)."""
+    _check(limit, batch, pause)
     started = time.monotonic()
     report = SweepReport()
     held = Holds.of(list_holds(uow, db, policy))
-    thread_classes_held = any(held.holds_class(c, None) for c in THREAD_CLASSES)
+    if any(held.holds_class(c, None) for c in THREAD_CLASSES):
+        report.seconds = time.monotonic() - started
+        return report  # every thread is held
+    _keep_latest(uow, db, policy, saver, held, report, limit, pause, progress)
+    _expired(uow, db, policy, saver, held, report, limit, batch, pause, progress)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _keep_latest(
+    uow: Any, db: str, policy: Policy, saver: Any, held: Holds, report: SweepReport,
+    limit: int, pause: float, progress: Progress | None,
+) -> None:  # fmt: skip
     checkpoint = policy.of(CHECKPOINT.name)
     keep = checkpoint.retention.keep_latest if checkpoint is not None else None
+    if keep is None:
+        return
     collection = (checkpoint.collection if checkpoint else None) or str(
         CHECKPOINT.default_collection
     )
-    if keep is not None and not thread_classes_held:
-        over = uow.aggregate(ReadContext("*", operation=OPERATION), CHECKPOINT.name, db,
-                             collection, [
-            {"$group": {"_id": {"tenant": "$tenant_id", "thread": "$thread_id",
-                                "ns": "$checkpoint_ns"}, "n": {"$sum": 1}}},
-            {"$match": {"n": {"$gt": keep}}},
-            {"$sort": {"n": -1}},
-            {"$limit": limit},
-        ])  # fmt: skip
-        threads: dict[tuple[str, str], int] = {}
-        for row in over:
-            key = (row["_id"]["tenant"], row["_id"]["thread"])
-            threads[key] = threads.get(key, 0) + int(row["n"]) - keep
-        for (tenant, thread), extra in sorted(threads.items()):
-            if held.holds_thread(tenant, thread):
-                report.held_skipped += 1
-                continue
-            try:
-                saver.prune([thread], keep=keep, tenant_id=tenant)
-            except AccordError:
-                continue  # a live run holds it: the next pass
-            report.pruned_threads += 1
-            report.pruned_checkpoints += extra
-            if progress is not None:
-                progress("keep latest", 1)
-    if not thread_classes_held:
-        while report.expired_threads < limit:
-            swept = saver.sweep()
-            report.expired_threads += swept
-            if progress is not None and swept:
-                progress("expired threads", swept)
-            if swept == 0:
-                break
-    report.seconds = time.monotonic() - started
-    return report
+    over = uow.aggregate(ReadContext("*", operation=OPERATION), CHECKPOINT.name, db,
+                         collection, [
+        {"$group": {"_id": {"tenant": "$tenant_id", "thread": "$thread_id",
+                            "ns": "$checkpoint_ns"}, "n": {"$sum": 1}}},
+        {"$match": {"n": {"$gt": keep}}},
+        {"$sort": {"n": -1}},
+        {"$limit": limit},
+    ])  # fmt: skip
+    threads: dict[tuple[str, str], int] = {}
+    for row in over:
+        key = (row["_id"]["tenant"], row["_id"]["thread"])
+        threads[key] = threads.get(key, 0) + int(row["n"]) - keep
+    by_subject = subject_held_threads(uow, db, policy, held, list(threads))
+    for (tenant, thread), extra in sorted(threads.items()):
+        if held.holds_thread(tenant, thread) or (tenant, thread) in by_subject:
+            report.held_skipped += 1
+            continue
+        if report.pruned_threads and pause:
+            time.sleep(pause)
+        try:
+            saver.prune([thread], keep=keep, tenant_id=tenant)
+        except AccordError:
+            continue  # a live run holds it (or a hold placed since): the next pass
+        report.pruned_threads += 1
+        report.pruned_checkpoints += extra
+        if progress is not None:
+            progress("keep latest", 1)
+
+
+def _expired(
+    uow: Any, db: str, policy: Policy, saver: Any, held: Holds, report: SweepReport,
+    limit: int, batch: int, pause: float, progress: Progress | None,
+) -> None:  # fmt: skip
+    """Expired threads, in ``_id`` order of their run-registry documents, a page of at
+    most ``batch`` threads at a time (a page's threads share transactions up to ``batch``
+    documents)."""
+    collection = runs_collection(policy)
+    last: Any = None
+    while report.expired_threads < limit:
+        which: dict[str, Any] = runs.expired(runs.now())
+        if last is not None:
+            which = {"$and": [which, {"_id": {"$gt": last}}]}
+        page = uow.find(ReadContext("*", operation=OPERATION), RUN.name, db, collection, which,
+                        projection={"tenant_id": 1, "thread_id": 1}, sort=[("_id", 1)],
+                        limit=min(batch, limit - report.expired_threads))  # fmt: skip
+        if not page:
+            return
+        last = page[-1]["_id"]
+        pairs = [(d["tenant_id"], d["thread_id"]) for d in page]
+        by_subject = subject_held_threads(uow, db, policy, held, pairs)
+        free = [p for p in pairs if not held.holds_thread(*p) and p not in by_subject]
+        report.held_skipped += len(pairs) - len(free)
+        if report.expired_threads and pause:
+            time.sleep(pause)
+        deleted, docs = saver.delete_expired(free, batch=batch, pause=pause)
+        report.expired_threads += deleted
+        report.documents += docs
+        if progress is not None and deleted:
+            progress("expired threads", deleted)

@@ -77,7 +77,7 @@ class AsyncSaverCore(AccordBase):
 
             uow = runtime.kernel(client, client_bulk=self._client_bulk)
         self.uow = uow if uow.timeout == self.timeout else uow.with_timeout(self.timeout)
-        self._artifacts = self.collections.owned()
+        self._artifacts = self.collections.artifacts()
         self.leases = AsyncRunLeases(
             self.uow, self.db_name, self.collections.runs, lease_seconds=self.lease_seconds
         )
@@ -142,7 +142,7 @@ class AsyncSaverCore(AccordBase):
     def _use_collections(self, names: schema.CollectionNames) -> None:
         super()._use_collections(names)
         # what addresses the collections by name follows
-        self._artifacts = self.collections.owned()
+        self._artifacts = self.collections.artifacts()
         self.leases.collection = self.collections.runs
         self.outbox_gate.collection = self.collections.outbox
 

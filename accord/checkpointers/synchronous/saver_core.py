@@ -78,7 +78,7 @@ class SaverCore(AccordBase):
 
             uow = runtime.kernel(client, client_bulk=self._client_bulk)
         self.uow = uow if uow.timeout == self.timeout else uow.with_timeout(self.timeout)
-        self._artifacts = self.collections.owned()
+        self._artifacts = self.collections.artifacts()
         self.leases = RunLeases(
             self.uow, self.db_name, self.collections.runs, lease_seconds=self.lease_seconds
         )
@@ -139,7 +139,7 @@ class SaverCore(AccordBase):
     def _use_collections(self, names: schema.CollectionNames) -> None:
         super()._use_collections(names)
         # what addresses the collections by name follows
-        self._artifacts = self.collections.owned()
+        self._artifacts = self.collections.artifacts()
         self.leases.collection = self.collections.runs
         self.outbox_gate.collection = self.collections.outbox
 

@@ -7,13 +7,14 @@ Generated from ``accord/checkpointers/asynchronous/saver_maintenance.py`` by ``t
 
 from __future__ import annotations
 
+import time  # noqa: F401  (the sync twin's time.sleep)
 from collections.abc import Sequence
 from typing import Any
 
 from accord.checkpointers import maintenance, plans, schema, validation
 from accord.checkpointers.storage import Scope
 from accord.checkpointers.synchronous.saver_writes import SaverWrites
-from accord.errors import InvalidInputError, WriteRefused
+from accord.errors import InvalidInputError, LegalHoldError, WriteRefused
 from accord.platform import runs
 
 _IS_SYNC = True
@@ -53,19 +54,114 @@ class SaverMaintenance(SaverWrites):
             projection={"tenant_id": 1, "thread_id": 1},
             limit=maintenance.BATCH,
         )
-        swept = 0
-        for doc in expired:
-            scope = Scope(doc["tenant_id"], doc["thread_id"], "")
-            try:
-                self._delete_thread(scope, expired_only=True)
-                swept += 1
-            except (plans.StillInUse, WriteRefused):
-                continue  # written or claimed since: not expired any more
+        pairs = [(doc["tenant_id"], doc["thread_id"]) for doc in expired]
+        swept, _docs = self.delete_expired(pairs)
         return swept
+
+    def delete_expired(
+        self,
+        threads: Sequence[tuple[str, str]],
+        *,
+        batch: int = maintenance.BATCH,
+        pause: float = 0.0,
+    ) -> tuple[int, int]:
+        """Delete the expired threads ``threads`` ((tenant, thread) pairs the caller found
+        expired in the run registry) whole: checkpoints, pending writes, values, messages,
+        recorded calls, pending outbox events. Several threads per transaction, up to
+        ``batch`` documents; ``pause`` seconds between transactions (so the runs going on
+        meanwhile keep their latency). A thread bigger than ``batch`` is deleted on its
+        own, in batches. Each thread's deletion is guarded by the run registry: a thread
+        written or claimed since (or under a legal hold) stays. Returns (threads deleted,
+        documents deleted)."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InvalidInputError(f"batch must be a whole number >= 1, got {batch!r}.")
+        if isinstance(pause, bool) or not isinstance(pause, int | float) or not pause >= 0:
+            raise InvalidInputError(f"pause must be a number of seconds >= 0, got {pause!r}.")
+        self._ensure_setup()
+        scopes = [
+            Scope(validation.identifier(t, "tenant_id"), validation.identifier(h, "thread_id"), "")
+            for t, h in _pairs(threads)
+        ]
+        sizes = self._thread_sizes(scopes)
+        deleted = docs = 0
+        group: list[Scope] = []
+        total = 0
+        first = True
+        for scope in [*scopes, None]:
+            size = sizes.get((scope.tenant_id, scope.thread_id), 0) if scope else 0
+            if scope is not None and group and total + size <= batch:
+                group.append(scope)
+                total += size
+                continue
+            if group:
+                if not first and pause:
+                    time.sleep(pause)
+                first = False
+                n, d = self._delete_expired_group(group, total > batch)
+                deleted, docs = deleted + n, docs + d
+            group, total = ([scope], size) if scope is not None else ([], 0)
+        return deleted, docs
+
+    def _thread_sizes(self, scopes: Sequence[Scope]) -> dict[tuple[str, str], int]:
+        """Documents per thread across the thread's collections (one read per tenant and
+        collection)."""
+        by_tenant: dict[str, list[str]] = {}
+        for scope in scopes:
+            by_tenant.setdefault(scope.tenant_id, []).append(scope.thread_id)
+        sizes: dict[tuple[str, str], int] = {}
+        for tenant, ids in by_tenant.items():
+            filt = {"tenant_id": tenant, "thread_id": {"$in": sorted(set(ids))}}
+            for key in maintenance.THREAD_DATA:
+                coll = getattr(self.collections, key)
+                rows = self.uow.aggregate(
+                    self._read_context(filt), self._artifacts[coll], self.db_name, coll,
+                    [{"$match": filt}, {"$group": {"_id": "$thread_id", "n": {"$sum": 1}}}],
+                )  # fmt: skip
+                for row in rows:
+                    k = (tenant, row["_id"])
+                    sizes[k] = sizes.get(k, 0) + int(row["n"])
+        return sizes
+
+    def _delete_expired_group(self, group: Sequence[Scope], big: bool) -> tuple[int, int]:
+        """One transaction deleting the expired threads of ``group`` whole (or, for one
+        thread too big for a transaction, :meth:`_delete_thread`'s batches); when any of
+        them was written, claimed or held since, each one on its own."""
+        if big or len(group) == 1:
+            return self._delete_expired_one(group[0])
+        plans_ = []
+        for scope in group:
+            f = scope.thread_filter
+            deletes = [("checkpoints", f), ("outbox", {**f, "status": "pending"})]
+            deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
+            guard = self.leases.guard(
+                "expired", scope.tenant_id, scope.thread_id, runs.new_version(),
+                refused=plans.gone,
+            )  # fmt: skip
+            plans_.append(plans.maintenance_plan(
+                self.target, scope, guard, deletes, "checkpoint.delete_thread"
+            ))  # fmt: skip
+        try:
+            result = self.uow.execute_all(plans_)
+        except (plans.StillInUse, WriteRefused, LegalHoldError):
+            deleted = docs = 0  # one of them is not expired any more (or held): one by one
+            for scope in group:
+                n, d = self._delete_expired_one(scope)
+                deleted, docs = deleted + n, docs + d
+            return deleted, docs
+        for scope in group:
+            self.cache.drop(scope.tenant_id, scope.thread_id)
+        return len(group), sum(c.deleted for c in result.counts.values())
+
+    def _delete_expired_one(self, scope: Scope) -> tuple[int, int]:
+        try:
+            docs = self._delete_thread(scope, expired_only=True)
+        except (plans.StillInUse, WriteRefused, LegalHoldError):
+            return 0, 0  # written, claimed or held since: not expired any more
+        return 1, docs
 
     def _delete_thread(
         self, scope: Scope, *, expired_only: bool, forget: bool | None = None
-    ) -> None:
+    ) -> int:
         self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -92,20 +188,26 @@ class SaverMaintenance(SaverWrites):
         # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
         if (not expired_only if forget is None else forget) and self.outbox_gate.refresh():
             plan.events.append(self.target.thread_deleted(scope, version))
-        self.uow.execute(plan)
+        result = self.uow.execute(plan)
         self.cache.drop(scope.tenant_id, scope.thread_id)
+        docs = sum(c.deleted for c in result.counts.values())
         if not small:
             for key in maintenance.THREAD_DATA[1:]:
-                self._delete_in_batches(scope, key, f, "checkpoint.delete_thread", takeover=True)
+                docs += self._delete_in_batches(
+                    scope, key, f, "checkpoint.delete_thread", takeover=True
+                )
+        return docs
 
     def _delete_in_batches(
         self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool
-    ) -> None:
+    ) -> int:
         coll = getattr(self.collections, key)
+        deleted = 0
         while True:
             docs = self._find_all(coll, filt, projection={"_id": 1}, limit=maintenance.BATCH)
             if not docs:
-                return
+                return deleted
+            deleted += len(docs)
             ids = [d["_id"] for d in docs]
             version = runs.new_version()
             guard = (
@@ -224,17 +326,26 @@ class SaverMaintenance(SaverWrites):
         condition) and their writes in one transaction, then collect what no remaining
         checkpoint references."""
         started = maintenance.gc_cutoff()
-        deletes: list[tuple[str, dict[str, Any]]] = [
-            ("writes", {**scope.ns_filter, "checkpoint_id": which}),
-            ("checkpoints", {**scope.ns_filter, "checkpoint_id": which}),
-        ]
-        guard = self._guard(scope, None, runs.new_version(), operation)
-        self._commit(
-            plans.maintenance_plan(self.target, scope, guard, deletes, operation),
-            scope,
-            None,
-            operation,
-        )
+        while True:  # oldest first, BATCH checkpoints (with their writes) per transaction
+            doomed = self._find_all(
+                self.collections.checkpoints, {**scope.ns_filter, "checkpoint_id": which},
+                projection={"checkpoint_id": 1}, sort=[("checkpoint_id", 1)],
+                limit=maintenance.BATCH,
+            )  # fmt: skip
+            if not doomed:
+                break
+            ids = {"$in": [d["checkpoint_id"] for d in doomed]}
+            deletes: list[tuple[str, dict[str, Any]]] = [
+                ("writes", {**scope.ns_filter, "checkpoint_id": ids}),
+                ("checkpoints", {**scope.ns_filter, "checkpoint_id": ids}),
+            ]
+            guard = self._guard(scope, None, runs.new_version(), operation)
+            self._commit(
+                plans.maintenance_plan(self.target, scope, guard, deletes, operation),
+                scope,
+                None,
+                operation,
+            )
         names = self.collections
         remaining = self._find_all(names.checkpoints, scope.ns_filter, projection={"blobs": 1})
         links = {
@@ -254,12 +365,22 @@ class SaverMaintenance(SaverWrites):
         ):
             if b.get("checkpoint_ns") != scope.checkpoint_ns or b["key"] in keep_blobs:
                 refs.update(b.get("refs") or ())
-        guard = self._guard(scope, None, runs.new_version(), operation)
-        garbage = maintenance.garbage(scope, keep_blobs, refs, started)
-        self._commit(
-            plans.maintenance_plan(self.target, scope, guard, garbage, operation),
-            scope,
-            None,
-            operation,
-        )
+        for key, filt in maintenance.garbage(scope, keep_blobs, refs, started):
+            self._delete_in_batches(scope, key, filt, operation, takeover=False)
         self.cache.drop(scope.tenant_id, scope.thread_id)
+
+
+def _pairs(threads: Any) -> list[tuple[Any, Any]]:
+    """``threads`` as (tenant, thread) pairs, or InvalidInputError."""
+    if isinstance(threads, str | bytes) or not isinstance(threads, Sequence):
+        raise InvalidInputError(
+            f"threads must be a list of (tenant, thread) pairs, got {threads!r:.80}."
+        )
+    out = []
+    for i, pair in enumerate(threads):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise InvalidInputError(
+                f"threads[{i}] must be a (tenant, thread) pair, got {pair!r:.80}."
+            )
+        out.append((pair[0], pair[1]))
+    return out
