@@ -21,11 +21,14 @@ import json
 import operator
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from bson import json_util
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
@@ -35,14 +38,17 @@ from typer.testing import CliRunner
 
 from accord import runtime
 from accord.checkpointers import business
-from accord.errors import InvalidInputError, SubjectHeld
+from accord.checkpointers.recorded import recorded_call
+from accord.errors import InvalidInputError, PermissionDenied, SubjectHeld
 from accord.governance.audit_records import RECORDS
 from accord.governance.holding import place, release
 from accord.governance.holds import Hold
 from accord.governance.loading import parse_policy
+from accord.governance.redaction import ERASE_OPERATION, erased_images, image_erasure_op
 from accord.governance.verify import verify_chain
 from accord.platform.cli import app as cli
-from accord.platform.context import Principal
+from accord.platform.context import Principal, WriteContext
+from accord.platform.plan import Group, Op, Plan
 from accord.runtime import Accord
 
 SUBJECT = "u-7"
@@ -61,6 +67,10 @@ class Chat(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
+def _lookup(user: str, words: str) -> str:
+    return f"profile of {user}: {words}"
+
+
 def _graph(saver: Any) -> Any:
     def answer(state: Chat, config: RunnableConfig) -> dict[str, Any]:
         conf = config["configurable"]
@@ -68,6 +78,7 @@ def _graph(saver: Any) -> Any:
         business.insert_one("orders", {"_id": f"order-{thread}-{n}", "tenant_id": "default",
                                        "user_id": user, "item": f"{state['messages'][-1].content}"})  # fmt: skip
         business.append_event("checkout", {"user_id": user, "step": n})
+        recorded_call(_lookup, user, str(state["messages"][-1].content))  # a tool's result
         return {"messages": [AIMessage("Noted.", id=f"ai-{thread}-{n}")], "log": ["answer"]}
 
     builder = StateGraph(Chat)
@@ -111,15 +122,14 @@ def _populate(client: MongoClient, db_name: str) -> None:
 
 
 def _mentions(client: MongoClient, db_name: str, needle: str) -> dict[str, int]:
-    """Documents of each collection whose BSON holds ``needle``."""
+    """Documents of each collection whose bytes (BSON as stored: strings and binary
+    values, serialized checkpoints and messages included) hold ``needle``."""
     found: dict[str, int] = {}
-    db = client[db_name]
+    raw: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+    db = client.get_database(db_name, codec_options=raw)
     for name in db.list_collection_names():
         for doc in db[name].find():
-            if (
-                needle.encode() in json_util.dumps(doc).encode()
-                or needle.encode() in repr(doc).encode()
-            ):
+            if needle.encode() in doc.raw:
                 found[name] = found.get(name, 0) + 1
     return found
 
@@ -145,7 +155,7 @@ def test_export_holds_each_class_with_a_manifest(
                  "outbox"):  # fmt: skip
         assert name in by_class, sorted(by_class)
     for name in ("checkpoint", "checkpoint_blob", "short_term_memory", "long_term_memory",
-                 "business:orders", "workflow_event"):  # fmt: skip
+                 "business:orders", "workflow_event", "recorded_call"):  # fmt: skip
         assert by_class[name]["documents"] > 0, name
     assert manifest["threads"] == [{"tenant_id": "default", "thread_id": "chat-a"}]
     import hashlib
@@ -190,7 +200,7 @@ def test_erasure_leaves_no_trace_and_the_chain_verifies(
     assert db.accord_checkpoints.count_documents({"thread_id": "chat-b"}) > 0
     assert db.accord_checkpoints.count_documents({"thread_id": "chat-a"}) == 0
     for name in ("accord_checkpoint_blobs", "accord_checkpoint_writes", "short_term_memory",
-                 "runs", "checkpoint_heads"):  # fmt: skip
+                 "runs", "checkpoint_heads", "accord_recorded_calls"):  # fmt: skip
         assert db[name].count_documents({"thread_id": "chat-a"}) == 0, name
     # the audit chains verify, live and from the CLI
     report = verify_chain(runtime.kernel(client, principal=Principal.service("auditor")), db_name)
@@ -281,3 +291,45 @@ def test_a_tenant_scoped_erasure_keeps_the_subjects_other_tenants(
                                         policy=policy, compact=False)  # fmt: skip
     assert report.deleted["long_term_memory"] == 1
     assert [d["tenant_id"] for d in client[db_name].long_term_memory.find()] == ["beta"]
+
+
+def test_the_audit_trail_allows_an_admins_image_erasure_and_nothing_else(
+    client: MongoClient, db_name: str, policy_file: Path
+) -> None:
+    _populate(client, db_name)
+    db = client[db_name]
+    record = db[RECORDS].find_one({"images": {"$exists": True}})
+    assert record is not None
+    at = datetime.now(UTC)
+    n = len(record["images"])
+    good = image_erasure_op(record["_id"], n, at)
+    forged = [
+        Op("update", {"_id": record["_id"]}, {"$set": {"images": [{"filter": "{}", "change": None,
+                                                                "image": None, "erased": at}] * n}}),
+        Op("update", {"_id": record["_id"]}, {"$set": {"hash": "0" * 64}}),
+        Op("update", {"_id": record["_id"]}, {"$set": {"images": erased_images(n, at),
+                                                       "action": "x"}}),
+        Op("update", {"stream": record["stream"]}, {"$set": {"images": erased_images(n, at)}}),
+        Op("delete", {"_id": record["_id"]}),
+    ]  # fmt: skip
+    admin = runtime.kernel(client, principal=Principal.os_user())
+
+    def plan(op: Op, operation: str = ERASE_OPERATION) -> Plan:
+        return Plan(WriteContext(record["tenant_id"], operation=operation),
+                    [Group("audit", db_name, RECORDS, "audit", [op])])  # fmt: skip
+
+    for op in forged:
+        with pytest.raises(PermissionDenied):
+            admin.execute(plan(op))
+    with pytest.raises(PermissionDenied):
+        admin.execute(plan(good, operation="governance.sweep"))
+    with pytest.raises(PermissionDenied):
+        runtime.kernel(client, principal=Principal.service("runtime")).execute(plan(good))
+    assert db[RECORDS].find_one({"_id": record["_id"]}) == record  # nothing changed
+    admin.execute(plan(good))
+    after = db[RECORDS].find_one({"_id": record["_id"]})
+    assert [i["erased"] is not None and i["image"] is None for i in after["images"]] == [True] * n
+    assert {k: v for k, v in after.items() if k != "images"} == {
+        k: v for k, v in record.items() if k != "images"
+    }
+    assert verify_chain(runtime.kernel(client), db_name).ok
