@@ -11,6 +11,9 @@ apply``. They register on the platform's typer app through the ``accord.cli`` en
 * ``apply``: makes it so, idempotently (docs/governance.md, "Applying the policy").
 * ``hold | release VALUE --by tenant|thread|subject|class``, ``holds``: legal holds.
 * ``sweep [--interval S] [--limit N]``: keep-latest-N checkpoints and expired threads.
+* ``export-subject ID --out DIR``, ``erase ID [--yes] [--no-compact]``: a data subject's
+  data exported (a JSONL file per class and a manifest) or erased from every class
+  (docs/governance.md, "Data subjects").
 
 Configuration: ``MONGODB_URI`` (else the embedded engine), ``ACCORD_POLICY``.
 """
@@ -29,7 +32,8 @@ from rich.table import Table
 from accord.errors import AccordError
 
 governance_app = typer.Typer(
-    help="The governance policy: show, check, plan, apply; legal holds; retention sweeps.",
+    help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
+    "data subjects' export and erasure.",
     no_args_is_help=True,
 )
 console = Console(stderr=True)
