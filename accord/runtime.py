@@ -201,6 +201,7 @@ def export_subject_data(
     and a manifest (:func:`accord.governance.subjects.export_subject`), read through a
     kernel acting as ``principal`` (default the operating-system user, role admin)."""
     subject, tenant_id = validate_subject(subject, tenant_id)
+    _sync_client(client, "export_subject_data")
     uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
     effective = effective_policy(uow, db_name)
     return export_subject(uow, db_name, effective, subject, out, tenant_id=tenant_id,
@@ -227,6 +228,7 @@ def erase_subject_data(
     trail: with ``audit`` (default ``ACCORD_AUDIT``) off, a database that has an audit
     trail gets its records anyway (mode ``metadata``), so no erasure goes unrecorded."""
     subject, tenant_id = validate_subject(subject, tenant_id)
+    _sync_client(client, "erase_subject_data")
     who = principal or Principal.os_user()
     chosen = audit if audit is not None else os.environ.get(AUDIT_ENV, "")
     if chosen.strip().lower() in ("", "off"):
@@ -243,6 +245,14 @@ def erase_subject_data(
     return report
 
 
+def _sync_client(client: Any, what: str) -> None:
+    if isinstance(client, AsyncMongoClient):
+        raise ConfigurationError(
+            f"{what} runs on a pymongo MongoClient (an administrative task), not an "
+            "AsyncMongoClient; open a MongoClient on the same URI"
+        )
+
+
 def compact_storage(client: Any, db_name: str = "accord") -> str:
     """Make what was deleted physically unrecoverable from the storage, where accord can:
     on the embedded engine, its ``compact`` command (SQLite ``VACUUM`` with
@@ -250,6 +260,7 @@ def compact_storage(client: Any, db_name: str = "accord") -> str:
     MongoDB nothing (WiredTiger reuses the space of deleted documents; run ``compact``
     per collection in a maintenance window if the files must shrink), said in one log
     line. Returns what it did, in words."""
+    _sync_client(client, "compact_storage")
     info = client.admin.command("buildInfo")
     if info.get("gitVersion") != "accord-embedded":
         said = (

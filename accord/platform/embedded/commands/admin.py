@@ -168,6 +168,11 @@ def cmd_compact(ctx: Context, cmd: Doc) -> Doc:
     keeps every collection in one SQLite file, so it rebuilds that file with nothing
     deleted left in it and truncates its WAL (docs/engine.md, "Physical deletion").
     Every other command waits meanwhile."""
+    if ctx.in_transaction:
+        raise EngineError(
+            Code.OperationNotSupportedInTransaction,
+            "Cannot run 'compact' in a multi-document transaction.",
+        )
     name = cmd.get("compact")
     if not isinstance(name, str) or not name:
         raise EngineError(
