@@ -56,7 +56,7 @@ from accord.platform.artifacts import (
     MEMORY_VECTOR,
     RUN,
 )
-from accord.platform.context import WriteContext
+from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
 __all__ = ["ErasureReport", "covering_holds", "erase_subject", "redact_audit_images"]
@@ -140,21 +140,38 @@ def _context(uow: Any, tenant: str, thread: str | None = None) -> WriteContext:
 
 def _delete_thread(uow: Any, db: str, found: SubjectData, tenant: str, thread: str,
                    report: ErasureReport, progress: Progress | None) -> None:  # fmt: skip
+    """Delete one thread: in one transaction when each of its classes has fewer than
+    PAGE documents (the usual case), else class by class in pages, checkpoints first."""
     where = {"tenant_id": tenant, "thread_id": thread}
-    for name in _THREAD_ORDER:
-        coll = found.thread_collections.get(name)
-        if coll is None:
-            continue
-        for docs in pages(uow, name, db, coll, where, projection={"_id": 1},
-                          operation=ERASE_OPERATION):  # fmt: skip
-            ids = [d["_id"] for d in docs]
-            uow.execute(Plan(_context(uow, tenant, thread), [
-                Group(f"erase:{name}", db, coll, name,
-                      [Op("delete_many", {**where, "_id": {"$in": ids}})]),
-            ]))  # fmt: skip
-            report.deleted[name] = report.deleted.get(name, 0) + len(ids)
-            if progress is not None:
-                progress(name, len(ids))
+    collections = [(n, found.thread_collections[n]) for n in _THREAD_ORDER
+                   if n in found.thread_collections]  # fmt: skip
+
+    def ids_of(name: str, coll: str) -> list[Any]:
+        docs = uow.find(ReadContext("*", operation=ERASE_OPERATION), name, db, coll, where,
+                        projection={"_id": 1}, sort=[("_id", 1)], limit=PAGE)  # fmt: skip
+        return [d["_id"] for d in docs]
+
+    def group(name: str, coll: str, ids: list[Any]) -> Group:
+        return Group(f"erase:{name}", db, coll, name,
+                     [Op("delete_many", {**where, "_id": {"$in": ids}})])  # fmt: skip
+
+    def done(name: str, n: int) -> None:
+        report.deleted[name] = report.deleted.get(name, 0) + n
+        if progress is not None and n:
+            progress(name, n)
+
+    first = {name: ids_of(name, coll) for name, coll in collections}
+    if all(len(ids) < PAGE for ids in first.values()):
+        groups = [group(name, coll, first[name]) for name, coll in collections if first[name]]
+        if groups:
+            uow.execute(Plan(_context(uow, tenant, thread), groups))
+        for name, _ in collections:
+            done(name, len(first[name]))
+        return
+    for name, coll in collections:
+        while ids := ids_of(name, coll):
+            uow.execute(Plan(_context(uow, tenant, thread), [group(name, coll, ids)]))
+            done(name, len(ids))
 
 
 def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport,
@@ -180,25 +197,26 @@ def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str =
     those of its threads' streams, of the documents erased, and any whose images mention
     the subject's identifier. Returns how many records changed."""
     either: list[dict[str, Any]] = []
-    for tenant, thread in sorted(found.threads):
-        either.append({"stream": stream_of(tenant, thread, CHECKPOINT.name, "")})
+    streams = sorted({stream_of(t, th, CHECKPOINT.name, "") for t, th in found.threads})
+    for start in range(0, len(streams), PAGE):
+        either.append({"stream": {"$in": streams[start : start + PAGE]}})
     for target in found.targets.values():
         for tenant, ids in target.ids.items():
             for start in range(0, len(ids), PAGE):
                 either.append({"tenant_id": tenant, "collection": target.collection,
                                "ops.doc_id": {"$in": ids[start : start + PAGE]}})  # fmt: skip
     mention = {"$regex": re.escape(found.subject)}
-    either += [{f"images.{name}": mention} for name in ("filter", "change", "image")]
+    either.append({"$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]})
     at = datetime.now(UTC)
     changed = 0
     for part in either:
         filt = {"images": {"$exists": True}, **part}
         for docs in pages(uow, AUDIT.name, db, records, filt,
-                          projection={"images": 1, "tenant_id": 1},
+                          projection={"images.erased": 1, "tenant_id": 1},
                           operation=ERASE_OPERATION):  # fmt: skip
             by_tenant: dict[str, list[Op]] = {}
             for d in docs:
-                images = d.get("images") or []
+                images = d.get("images") or []  # one {} (or {erased}) per image entry
                 if all(isinstance(i, dict) and "erased" in i for i in images):
                     continue  # erased already
                 by_tenant.setdefault(str(d.get("tenant_id")), []).append(

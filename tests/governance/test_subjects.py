@@ -178,7 +178,7 @@ def test_export_holds_each_class_with_a_manifest(
 
 
 def test_erasure_leaves_no_trace_and_the_chain_verifies(
-    client: MongoClient, mongo_uri: str, db_name: str, policy_file: Path
+    client: MongoClient, mongo_uri: str, db_name: str, policy_file: Path, tmp_path: Path
 ) -> None:
     _populate(client, db_name)
     assert _mentions(client, db_name, SUBJECT) and _mentions(client, db_name, SECRET)
@@ -209,6 +209,20 @@ def test_erasure_leaves_no_trace_and_the_chain_verifies(
         cli, ["audit", "verify", "--live", "--db", db_name, "--uri", mongo_uri]
     )
     assert live.exit_code == 0, live.output
+    # a digest and a compliance export taken after the erasure verify without the database
+    runner = CliRunner()
+    digest = runner.invoke(cli, ["audit", "digest", "--db", db_name, "--uri", mongo_uri,
+                                 "--out", str(tmp_path / "d.json")])  # fmt: skip
+    assert digest.exit_code == 0, digest.output
+    exported = runner.invoke(cli, ["audit", "export", "--tenant", "default", "--db", db_name,
+                                   "--uri", mongo_uri, "--out", str(tmp_path / "audit")])  # fmt: skip
+    assert exported.exit_code == 0, exported.output
+    checked = runner.invoke(cli, ["audit", "verify", str(tmp_path / "audit"), "--digest",
+                                  str(tmp_path / "d.json")])  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    assert SUBJECT.encode() not in b"".join(
+        f.read_bytes() for f in (tmp_path / "audit").iterdir() if f.is_file()
+    )
     # the erasure is recorded, by whom, and its records keep no image of the subject
     erase_records = list(db[RECORDS].find({"action": "governance.erase"}))
     assert erase_records and {r["principal"]["role"] for r in erase_records} == {"admin"}
