@@ -288,3 +288,9 @@ class ExtractionError(AccordError):
     """A memory extractor could not turn a conversation into memories (e.g. a chat model's
     reply was not the JSON asked for). The aggregator retries the event with backoff and
     dead-letters it after its last attempt."""
+
+
+class SubjectHeld(AccordError):
+    """A legal hold covers data of the data subject asked to be erased; the erasure was
+    refused before anything was deleted. Release the hold (``accord governance
+    release``) once the case it serves allows, then erase again."""

@@ -31,6 +31,7 @@ audit hook, which appends a hash-chained record of every write in its transactio
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -43,7 +44,9 @@ from accord.checkpointers import AccordSaver, AsyncAccordSaver
 from accord.errors import ConfigurationError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
+from accord.governance.audit_records import RECORDS as AUDIT_RECORDS
 from accord.governance.enforcement import DENIALS, PolicyHook
+from accord.governance.erasure import ErasureReport, erase_subject
 from accord.governance.hold_guard import HoldGuard
 from accord.governance.holding import holds_collection
 from accord.governance.holds import HoldSet
@@ -51,6 +54,7 @@ from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
 from accord.governance.policy import Policy
 from accord.governance.retention import RetentionHook, thread_ttl
 from accord.governance.stored import StoredPolicies, interval_from_env
+from accord.governance.subjects import export_subject, validate_subject
 from accord.governance.sweep import SweepReport, sweep_once
 from accord.memory.aggregator import (
     Aggregator,
@@ -64,13 +68,16 @@ from accord.memory.asynchronous.store import AsyncAccordStore
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
-from accord.platform.artifacts import POLICY
+from accord.platform.artifacts import AUDIT, POLICY
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.context import Principal, ReadContext
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
-__all__ = ["Accord", "AsyncAccord", "effective_policy", "kernel", "policy_denials", "sweep"]
+__all__ = [
+    "Accord", "AsyncAccord", "compact_storage", "effective_policy", "erase_subject_data",
+    "export_subject_data", "kernel", "policy_denials", "sweep",
+]  # fmt: skip
 
 
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
@@ -182,6 +189,98 @@ def sweep(
     saver.ttl = ttl.total_seconds() if ttl is not None else None  # prune's commits stamp it
     return sweep_once(uow, db_name, effective, saver, limit=limit, batch=batch, pause=pause,
                       progress=progress)  # fmt: skip
+
+
+def export_subject_data(
+    client: Any,
+    subject: str,
+    out: str | os.PathLike[str],
+    db_name: str = "accord",
+    *,
+    tenant_id: str | None = None,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """Write everything ``db_name`` holds about data subject ``subject`` to the directory
+    ``out`` (``accord governance export-subject``; GDPR Art. 15): a JSONL file per class
+    and a manifest (:func:`accord.governance.subjects.export_subject`), read through a
+    kernel acting as ``principal`` (default the operating-system user, role admin)."""
+    subject, tenant_id = validate_subject(subject, tenant_id)
+    _sync_client(client, "export_subject_data")
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    effective = effective_policy(uow, db_name)
+    return export_subject(uow, db_name, effective, subject, out, tenant_id=tenant_id,
+                          progress=progress)  # fmt: skip
+
+
+def erase_subject_data(
+    client: Any,
+    subject: str,
+    db_name: str = "accord",
+    *,
+    tenant_id: str | None = None,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+    audit: str | None = None,
+    compact: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+) -> ErasureReport:
+    """Erase data subject ``subject`` from ``db_name`` (``accord governance erase``; GDPR
+    Art. 17; :mod:`accord.governance.erasure`), through a kernel acting as ``principal``
+    (default the operating-system user, role admin), then compact the storage
+    (:func:`compact_storage`) unless ``compact=False``. Raises ``SubjectHeld`` (nothing
+    erased) when a legal hold covers any of it. The erasure is recorded in the audit
+    trail: with ``audit`` (default ``ACCORD_AUDIT``) off, a database that has an audit
+    trail gets its records anyway (mode ``metadata``), so no erasure goes unrecorded."""
+    subject, tenant_id = validate_subject(subject, tenant_id)
+    _sync_client(client, "erase_subject_data")
+    who = principal or Principal.os_user()
+    chosen = audit if audit is not None else os.environ.get(AUDIT_ENV, "")
+    if chosen.strip().lower() in ("", "off"):
+        probe = kernel(client, principal=who, policy=policy, audit="off")
+        has_trail = probe.find_one(ReadContext("*", operation="governance.erase"), AUDIT.name,
+                                   db_name, AUDIT_RECORDS, {}, projection={"_id": 1})  # fmt: skip
+        chosen = "metadata" if has_trail is not None else "off"
+    uow = kernel(client, principal=who, policy=policy, audit=chosen)
+    effective = effective_policy(uow, db_name)
+    report = erase_subject(uow, db_name, effective, subject, tenant_id=tenant_id,
+                           progress=progress)  # fmt: skip
+    if compact:
+        report.compacted = compact_storage(client, db_name)
+    return report
+
+
+def _sync_client(client: Any, what: str) -> None:
+    if isinstance(client, AsyncMongoClient):
+        raise ConfigurationError(
+            f"{what} runs on a pymongo MongoClient (an administrative task), not an "
+            "AsyncMongoClient; open a MongoClient on the same URI"
+        )
+
+
+def compact_storage(client: Any, db_name: str = "accord") -> str:
+    """Make what was deleted physically unrecoverable from the storage, where accord can:
+    on the embedded engine, its ``compact`` command (SQLite ``VACUUM`` with
+    ``secure_delete`` and the WAL truncated: docs/engine.md, "Physical deletion"); on
+    MongoDB nothing (WiredTiger reuses the space of deleted documents; run ``compact``
+    per collection in a maintenance window if the files must shrink), said in one log
+    line. Returns what it did, in words."""
+    _sync_client(client, "compact_storage")
+    info = client.admin.command("buildInfo")
+    if info.get("gitVersion") != "accord-embedded":
+        said = (
+            f"storage not compacted: {db_name} is on MongoDB {info.get('version', '?')}, whose "
+            "WiredTiger reuses the space of deleted documents; run compact per collection "
+            "in a maintenance window if the files must shrink"
+        )
+        logging.getLogger("accord.governance").info("accord: %s", said)
+        return said
+    reply = client[db_name].command("compact", AUDIT_RECORDS)
+    return (
+        f"storage compacted ({reply.get('bytesBefore', 0)} -> {reply.get('bytesAfter', 0)} "
+        f"bytes, {reply.get('seconds', 0.0):.2f} s)"
+    )
 
 
 def policy_denials() -> dict[tuple[str, str, str], int]:

@@ -69,6 +69,7 @@ from accord.governance.digests import (
     DIGEST_VALIDATOR,
     DIGESTS,
 )
+from accord.governance.redaction import is_image_erasure
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST, CLASSES
 from accord.platform.context import WriteContext
 from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
@@ -162,6 +163,8 @@ class AuditHook:
                 op.kind == "insert" for op in group.ops
             ):
                 continue  # digests are appended (accord audit digest), never changed
+            if group.collection == self.records and is_image_erasure(plan.context.operation, group):
+                continue  # a subject's erasure: images go, their hashes stay (redaction.py)
             if group.ops and self.own(group.collection):
                 who = plan.context.principal.describe() if plan.context.principal else "nobody"
                 kinds = sorted({op.kind for op in group.ops})

@@ -12,6 +12,9 @@ apply``. They register on the platform's typer app through the ``accord.cli`` en
 * ``hold | release VALUE --by tenant|thread|subject|class``, ``holds``: legal holds.
 * ``sweep [--interval S] [--limit N] [--batch D] [--pause S]``: keep-latest-N checkpoints
   and expired threads, in bounded, paced batches.
+* ``export-subject ID --out DIR``, ``erase ID [--yes] [--no-compact]``: a data subject's
+  data exported (a JSONL file per class and a manifest) or erased from every class
+  (docs/governance.md, "Data subjects").
 
 Configuration: ``MONGODB_URI`` (else the embedded engine), ``ACCORD_POLICY``.
 """
@@ -30,7 +33,8 @@ from rich.table import Table
 from accord.errors import AccordError
 
 governance_app = typer.Typer(
-    help="The governance policy: show, check, plan, apply; legal holds; retention sweeps.",
+    help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
+    "data subjects' export and erasure.",
     no_args_is_help=True,
 )
 console = Console(stderr=True)
@@ -322,6 +326,65 @@ def sweep_command(
         client.close()
     except AccordError as err:
         _fail(err)
+
+
+YES = typer.Option(False, "--yes", help="Do not ask for confirmation.")
+NO_COMPACT = typer.Option(False, "--no-compact", help="Do not compact the storage afterwards.")
+OUT = typer.Option(..., "--out", help="A new (or empty) directory to write to.")
+SUBJECT_TENANT = typer.Option(None, "--tenant", help="Only this tenant's data of the subject.")
+
+
+@governance_app.command("export-subject")
+def export_subject_command(
+    subject: str,
+    out: Path = OUT,
+    tenant: str | None = SUBJECT_TENANT, db: str = DB, uri: str | None = URI,
+) -> None:  # fmt: skip
+    """Export everything accord holds about a data subject (GDPR Art. 15): a JSONL file
+    per class and a manifest with counts and SHA-256s."""
+    from accord import runtime
+    from accord.platform import connect
+
+    try:
+        client = connect(uri)
+        with _progress() as bar:
+            manifest = runtime.export_subject_data(client, subject, out, db, tenant_id=tenant,
+                                                   progress=_advancer(bar, "exporting"))  # fmt: skip
+        client.close()
+    except AccordError as err:
+        _fail(err)
+    for name, entry in sorted(manifest["files"].items()):
+        typer.echo(f"  {name}: {entry['documents']} document(s), sha256 {entry['sha256'][:16]}")
+    typer.echo(f"exported {manifest['documents']} document(s) of {len(manifest['threads'])} "
+               f"thread(s) to {out} (manifest.json)")  # fmt: skip
+
+
+@governance_app.command("erase")
+def erase_command(
+    subject: str,
+    tenant: str | None = SUBJECT_TENANT, db: str = DB, uri: str | None = URI,
+    yes: bool = YES,
+    no_compact: bool = NO_COMPACT,
+) -> None:  # fmt: skip
+    """Erase a data subject (GDPR Art. 17) from every class, unless a legal hold covers
+    it; the erasure is recorded in the audit trail, whose chains still verify."""
+    from accord import runtime
+    from accord.platform import connect
+
+    if not yes and not typer.confirm(
+        f"erase every document of data subject {subject!r} from {db}? This cannot be undone"
+    ):
+        raise typer.Exit(1)
+    try:
+        client = connect(uri)
+        with _progress() as bar:
+            report = runtime.erase_subject_data(client, subject, db, tenant_id=tenant,
+                                                compact=not no_compact,
+                                                progress=_advancer(bar, "erasing"))  # fmt: skip
+        client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"{db}: {escape(report.describe())}")
 
 
 def register(app: typer.Typer) -> None:

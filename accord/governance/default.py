@@ -34,7 +34,7 @@ version = 1
 [classes.checkpoint]
 collection = "accord_checkpoints"
 audit = "metadata"
-subject_fields = ["metadata.user_id"]
+subject_fields = ["meta.user_id"]     # the run's config.user_id, as LangGraph copies it
 retention = { keep_latest = 100, expire_after = "90d", after = "last_activity" }
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
@@ -69,6 +69,7 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 [classes.outbox]
 collection = "outbox"
 audit = "off"
+subject_fields = ["configurable.user_id"]
 retention = { expire_after = "7d", after = "done" }
 roles = { runtime = ["find", "insert", "update", "remove"], aggregator = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 

@@ -32,6 +32,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from accord.governance.hold_guard import checkpoint_subject_fields
 from accord.governance.holds import Holds, HoldSet
 from accord.governance.policy import DEPENDENT, Policy
 from accord.platform.artifacts import CHECKPOINT, CLASSES
@@ -154,11 +155,10 @@ def names_held_subject(plan: Plan, policy: Policy, held: Holds, tenant_id: str) 
     }
     if not subjects:
         return False
-    cls = policy.of(CHECKPOINT.name)
-    fields = [
-        f.removeprefix("metadata.").split(".")
-        for f in (cls.subject_fields if cls is not None else ())
-        if f.startswith("metadata.")
+    fields = [  # paths inside a checkpoint document's plain metadata, ``meta``
+        f.removeprefix("meta.").split(".")
+        for f in checkpoint_subject_fields(policy)
+        if f.startswith("meta.")
     ]
     for group in plan.groups:
         if group.artifact != CHECKPOINT.name:

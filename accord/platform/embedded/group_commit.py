@@ -269,6 +269,14 @@ class GroupCommitter:
         with self._as_writer():
             return self.engine.storage.compact(rows)
 
+    def vacuum(self) -> tuple[int, int]:
+        """Rebuild the storage's files with nothing deleted left in them
+        (``Storage.vacuum``: the ``compact`` command) as the writer; commits that arrive
+        meanwhile queue and form the next group. Returns the files' bytes (before, after).
+        The engine lock may be held (the writer's work never needs it)."""
+        with self._as_writer():
+            return self.engine.storage.vacuum()
+
     def checkpoint(self) -> tuple[int, int]:
         """Copy the storage's WAL into its database file so that its next write starts
         the WAL over (``Storage.checkpoint``); returns SQLite's (frames, copied) of the

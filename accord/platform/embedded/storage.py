@@ -40,6 +40,7 @@ import mmap
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,9 @@ class Storage:
             self.path.unlink()
         self._sync = sync
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Deleted content is overwritten with zeros, not left in free pages (an erased data
+        # subject must not stay readable in the file): docs/engine.md, "Physical deletion".
+        self._conn.execute("PRAGMA secure_delete=ON")
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=%s" % ("FULL" if sync else "OFF"))
         # Checkpoints (copying the WAL into the database file) run in the background
@@ -202,6 +206,7 @@ class Storage:
                 self._checkpointer.execute(
                     "PRAGMA synchronous=%s" % ("FULL" if self._sync else "OFF")
                 )
+                self._checkpointer.execute("PRAGMA secure_delete=ON")
             # Cleared first: a write during the copy sets it again.
             self._unchecked = False
             # fetchall: a statement left unfinished would keep a read of the WAL open.
@@ -324,6 +329,38 @@ class Storage:
         """Empty the journal (at start-up, and at shutdown as the writer)."""
         while self.compact(4096):
             pass
+
+    def vacuum(self) -> tuple[int, int]:
+        """Leave nothing deleted readable in the files (the ``compact`` command): move the
+        journal into the tables, rebuild the database file (``VACUUM``, its temporary copy
+        in memory, not in a temporary file), copy the WAL into it and truncate the WAL to
+        nothing (``wal_checkpoint(TRUNCATE)``). With ``secure_delete`` the pages freed
+        meanwhile were zeroed; the rebuild leaves no free page and no stale cell behind.
+        Returns the bytes of the database and WAL files (before, after). The caller holds
+        the writer role."""
+        before = self._files_bytes()
+        with self._checkpoint_lock:  # no background copy of the WAL meanwhile
+            self.compact_all()
+            self._conn.execute("PRAGMA temp_store=MEMORY")
+            self._conn.execute("VACUUM")
+            for _ in range(100):
+                ((busy, _frames, _copied),) = self._conn.execute(
+                    "PRAGMA wal_checkpoint(TRUNCATE)"
+                ).fetchall()
+                if not busy:
+                    break
+                time.sleep(0.01)  # a reader of the WAL (none but ours): try again
+            else:
+                raise sqlite3.OperationalError("the WAL could not be truncated: still busy")
+            self._unchecked = False
+        return before, self._files_bytes()
+
+    def _files_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal"):
+            path = Path(f"{self.path}{suffix}")
+            total += path.stat().st_size if path.exists() else 0
+        return total
 
     # -- test-only seams --------------------------------------------------------------------
 

@@ -213,6 +213,11 @@ def _list_databases(r: Request) -> bool:
     return True  # any authenticated user; the handler shows what they may see (mongod)
 
 
+@rule("compact")
+def _compact(r: Request) -> bool:
+    return r.on(r.ns(), "compact")
+
+
 @rule("dbStats", "dbstats")
 def _db_stats(r: Request) -> bool:
     return r.on_db("dbStats")

@@ -1,0 +1,254 @@
+"""Erasing a data subject (GDPR Art. 17): ``accord governance erase ID``.
+
+What :func:`erase_subject` does, in this order (what it finds: :mod:`accord.governance.subjects`):
+
+1. **legal holds**: if any hold covers what it would erase (a subject hold on the ID, a
+   tenant, thread or class hold on data of the subject), it raises
+   :class:`~accord.errors.SubjectHeld` naming each hold, before anything is written;
+2. **threads**, whole: per thread, its checkpoints first (the thread then reads as
+   empty), then its channel values, pending writes, messages, recorded calls, head and
+   run-registry entry; batches of :data:`~accord.governance.subjects.PAGE` documents,
+   one transaction each;
+3. **memories** (with their vectors and history), **outbox events**, **workflow events**
+   and **business records**: deleted by ``_id``, per tenant, in batches;
+4. **audit images**: ``full``-mode audit records of the erased threads and documents,
+   and any whose images mention the ID, keep only the hashes of their images
+   (:mod:`accord.governance.redaction`); the chain still verifies;
+5. the caller (``accord.runtime.erase_subject``) then compacts the storage, so that on
+   the embedded engine nothing erased is left in its data files.
+
+Every write is a plan through the kernel with operation ``governance.erase`` and the
+caller's principal (the CLI's operating-system user, role admin): with the audit trail
+on, each deletion is recorded in its stream, by whom and when. No plan filters on the
+subject's identifier itself (documents are deleted by ``_id`` or by thread), so no audit
+record of the erasure holds it, even in ``full`` mode. Idempotent: run it again after a
+crash and it finishes the job.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from accord.errors import SubjectHeld
+from accord.governance.audit_records import RECORDS, stream_of
+from accord.governance.holding import list_holds
+from accord.governance.holds import Hold
+from accord.governance.policy import Policy
+from accord.governance.redaction import ERASE_OPERATION, image_erasure_op
+from accord.governance.subjects import (
+    PAGE,
+    THREAD_CLASSES,
+    SubjectData,
+    find_subject,
+    pages,
+    subject_hash,
+)
+from accord.platform.artifacts import (
+    AUDIT,
+    CHECKPOINT,
+    LONG_TERM_MEMORY,
+    MEMORY_HISTORY,
+    MEMORY_VECTOR,
+    RUN,
+)
+from accord.platform.context import ReadContext, WriteContext
+from accord.platform.plan import Group, Op, Plan
+
+__all__ = ["ErasureReport", "covering_holds", "erase_subject", "redact_audit_images"]
+
+Progress = Callable[[str, int], None]
+
+#: A thread's classes in the order they are deleted: checkpoints first (the thread reads
+#: as empty from then on), its registry entry last.
+_THREAD_ORDER = (
+    (CHECKPOINT.name,)
+    + tuple(c for c in THREAD_CLASSES if c not in (CHECKPOINT.name, RUN.name))
+    + (RUN.name,)
+)
+#: Other classes in the order they are deleted: a memory's vectors and history first.
+_FIRST = (MEMORY_VECTOR.name, MEMORY_HISTORY.name, LONG_TERM_MEMORY.name)
+
+
+@dataclass
+class ErasureReport:
+    """What one erasure did."""
+
+    subject_sha256: str
+    db: str
+    threads: int = 0
+    deleted: dict[str, int] = field(default_factory=dict)
+    audit_images_erased: int = 0
+    compacted: str | None = None
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        classes = ", ".join(f"{n} {c}" for c, n in sorted(self.deleted.items()) if n) or "nothing"
+        return (
+            f"erased {self.threads} thread(s) and deleted {classes}; "
+            f"{self.audit_images_erased} audit record(s) keep only the hashes of their images"
+            f"{'; ' + self.compacted if self.compacted else ''} ({self.seconds:.2f} s)"
+        )
+
+
+def covering_holds(holds: Iterable[Hold], found: SubjectData) -> list[Hold]:
+    """The holds that cover anything of ``found``."""
+    tenants = found.tenants()
+    out = []
+    for hold in holds:
+        if hold.kind == "subject":
+            hit = hold.value == found.subject and (
+                hold.tenant_id is None or found.tenant_id in (None, hold.tenant_id)
+            )
+        elif hold.kind == "tenant":
+            hit = hold.value in tenants
+        elif hold.kind == "thread":
+            hit = (hold.tenant_id, hold.value) in found.threads
+        else:
+            hit = (bool(found.threads) and hold.value in THREAD_CLASSES) or any(
+                t.count() and hold.value in (t.name, t.artifact, f"{t.artifact}:{t.collection}")
+                for t in found.targets.values()
+            )
+        if hit:
+            out.append(hold)
+    return out
+
+
+def _refuse(held: list[Hold], db: str) -> SubjectHeld:
+    named = "; ".join(
+        f"{h.describe()}"
+        + (f" (reason {h.reason!r})" if h.reason else "")
+        + (f", placed by {h.by}" if h.by else "")
+        + (f" at {h.at:%Y-%m-%d %H:%M}" if h.at else "")
+        for h in held
+    )
+    return SubjectHeld(
+        f"the data subject is under legal hold in {db}: {named}. Nothing was erased; "
+        f"release the hold when the case allows (accord governance release VALUE --by "
+        f"KIND --db {db}) and erase again"
+    )
+
+
+def _context(uow: Any, tenant: str, thread: str | None = None) -> WriteContext:
+    return WriteContext(tenant, thread_id=thread, principal=uow.principal,
+                        operation=ERASE_OPERATION)  # fmt: skip
+
+
+def _delete_thread(uow: Any, db: str, found: SubjectData, tenant: str, thread: str,
+                   report: ErasureReport, progress: Progress | None) -> None:  # fmt: skip
+    """Delete one thread: in one transaction when each of its classes has fewer than
+    PAGE documents (the usual case), else class by class in pages, checkpoints first."""
+    where = {"tenant_id": tenant, "thread_id": thread}
+    collections = [(n, found.thread_collections[n]) for n in _THREAD_ORDER
+                   if n in found.thread_collections]  # fmt: skip
+
+    def ids_of(name: str, coll: str) -> list[Any]:
+        docs = uow.find(ReadContext("*", operation=ERASE_OPERATION), name, db, coll, where,
+                        projection={"_id": 1}, sort=[("_id", 1)], limit=PAGE)  # fmt: skip
+        return [d["_id"] for d in docs]
+
+    def group(name: str, coll: str, ids: list[Any]) -> Group:
+        return Group(f"erase:{name}", db, coll, name,
+                     [Op("delete_many", {**where, "_id": {"$in": ids}})])  # fmt: skip
+
+    def done(name: str, n: int) -> None:
+        report.deleted[name] = report.deleted.get(name, 0) + n
+        if progress is not None and n:
+            progress(name, n)
+
+    first = {name: ids_of(name, coll) for name, coll in collections}
+    if all(len(ids) < PAGE for ids in first.values()):
+        groups = [group(name, coll, first[name]) for name, coll in collections if first[name]]
+        if groups:
+            uow.execute(Plan(_context(uow, tenant, thread), groups))
+        for name, _ in collections:
+            done(name, len(first[name]))
+        return
+    for name, coll in collections:
+        while ids := ids_of(name, coll):
+            uow.execute(Plan(_context(uow, tenant, thread), [group(name, coll, ids)]))
+            done(name, len(ids))
+
+
+def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport,
+                    progress: Progress | None) -> None:  # fmt: skip
+    order = sorted(found.targets, key=lambda n: (_FIRST.index(n) if n in _FIRST else 9, n))
+    for name in order:
+        target = found.targets[name]
+        for tenant, ids in sorted(target.ids.items()):
+            for start in range(0, len(ids), PAGE):
+                batch = ids[start : start + PAGE]
+                uow.execute(Plan(_context(uow, tenant), [
+                    Group(f"erase:{name}", db, target.collection, target.artifact,
+                          [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": batch}})]),
+                ]))  # fmt: skip
+                report.deleted[name] = report.deleted.get(name, 0) + len(batch)
+                if progress is not None:
+                    progress(name, len(batch))
+
+
+def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str = RECORDS,
+                        progress: Progress | None = None) -> int:  # fmt: skip
+    """Erase the images of the ``full``-mode audit records that held the subject's data:
+    those of its threads' streams, of the documents erased, and any whose images mention
+    the subject's identifier. Returns how many records changed."""
+    either: list[dict[str, Any]] = []
+    streams = sorted({stream_of(t, th, CHECKPOINT.name, "") for t, th in found.threads})
+    for start in range(0, len(streams), PAGE):
+        either.append({"stream": {"$in": streams[start : start + PAGE]}})
+    for target in found.targets.values():
+        for tenant, ids in target.ids.items():
+            for start in range(0, len(ids), PAGE):
+                either.append({"tenant_id": tenant, "collection": target.collection,
+                               "ops.doc_id": {"$in": ids[start : start + PAGE]}})  # fmt: skip
+    mention = {"$regex": re.escape(found.subject)}
+    either.append({"$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]})
+    at = datetime.now(UTC)
+    changed = 0
+    for part in either:
+        filt = {"images": {"$exists": True}, **part}
+        for docs in pages(uow, AUDIT.name, db, records, filt,
+                          projection={"images.erased": 1, "tenant_id": 1},
+                          operation=ERASE_OPERATION):  # fmt: skip
+            by_tenant: dict[str, list[Op]] = {}
+            for d in docs:
+                images = d.get("images") or []  # one {} (or {erased}) per image entry
+                if all(isinstance(i, dict) and "erased" in i for i in images):
+                    continue  # erased already
+                by_tenant.setdefault(str(d.get("tenant_id")), []).append(
+                    image_erasure_op(d["_id"], len(images), at)
+                )
+            for tenant, ops in sorted(by_tenant.items()):
+                uow.execute(Plan(_context(uow, tenant), [
+                    Group("erase:audit-images", db, records, AUDIT.name, ops),
+                ]))  # fmt: skip
+                changed += len(ops)
+                if progress is not None:
+                    progress("audit images", len(ops))
+    return changed
+
+
+def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
+                  tenant_id: str | None = None, records: str = RECORDS,
+                  progress: Progress | None = None) -> ErasureReport:  # fmt: skip
+    """Erase everything ``db`` holds about ``subject`` (module docstring), through
+    ``uow`` (a sync kernel acting as an admin). Raises :class:`~accord.errors.SubjectHeld`
+    (nothing erased) when a legal hold covers any of it."""
+    started = time.monotonic()
+    found = find_subject(uow, db, policy, subject, tenant_id)
+    held = covering_holds(list_holds(uow, db, policy), found)
+    if held:
+        raise _refuse(held, db)
+    report = ErasureReport(subject_hash(found.subject), db, threads=len(found.threads))
+    for tenant, thread in sorted(found.threads):
+        _delete_thread(uow, db, found, tenant, thread, report, progress)
+    _delete_targets(uow, db, found, report, progress)
+    report.audit_images_erased = redact_audit_images(
+        uow, db, found, records=records, progress=progress
+    )
+    report.seconds = time.monotonic() - started
+    return report
