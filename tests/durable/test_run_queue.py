@@ -1,0 +1,273 @@
+"""The queue of runs and its worker, in one process (the fleet test kills real worker
+processes: test_fleet.py): submit / get / list / wait / result, deduplication by
+idempotency key, priorities, cancel, waiting in ``interrupt()`` and approve / reject /
+resume, wait deadlines, fencing of a lost claim, forks, bad input."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from accord import runtime
+from accord.checkpointers.worker import Worker
+from accord.errors import InvalidInputError, RunFailed, RunStateError, RunTimeout
+from accord.platform import queued_runs
+from accord.platform.synchronous.run_queue import RunQueue
+from accord.runtime import Accord
+
+STEPS = "tests.durable.queue_graphs:steps"
+APPROVAL = "tests.durable.queue_graphs:approval"
+BOOM = "tests.durable.queue_graphs:boom"
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = "queue_" + uuid.uuid4().hex[:12]
+    try:
+        yield name
+    finally:
+        client.drop_database(name)
+
+
+@pytest.fixture()
+def app(client: MongoClient, db_name: str) -> Iterator[Accord]:
+    with Accord(client=client, db_name=db_name) as root:
+        yield root
+
+
+@pytest.fixture()
+def queue(app: Accord) -> RunQueue:
+    return app.runs()
+
+
+def work(app: Accord, graph: str, **kwargs: Any) -> int:
+    """Run a worker of ``graph`` in this process until nothing is left for it."""
+    kwargs.setdefault("poll", 0.05)
+    kwargs.setdefault("lease", 3.0)
+    worker = Worker(graph, client=app.client, uow=app.uow, db=app.db_name, **kwargs)
+    return worker.run(until_idle=True)
+
+
+def test_submitted_runs_are_executed_and_their_results_waited_for(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    runs = [queue.submit(STEPS, {"run": f"r{i}"}) for i in range(3)]
+    assert {r.status for r in runs} == {queued_runs.QUEUED}
+    assert runs[0].thread_id == runs[0].run_id  # a new thread named after the run
+    with pytest.raises(RunTimeout) as slow:
+        queue.wait(runs[0].run_id, timeout=0.1)
+    assert slow.value.status == queued_runs.QUEUED
+    assert work(app, STEPS) == 3
+    for i, run in enumerate(runs):
+        result = queue.wait(run.run_id, timeout=5)
+        assert result["done"] == ["a", "b", "c"] and result["run"] == f"r{i}"
+        got = queue.get(run.run_id)
+        assert got.status == queued_runs.DONE and got.attempts == 1 and got.fence == 1
+        assert [e["event"] for e in got.events] == ["submitted", "claimed", "done"]
+    assert client[db_name]["fleet_writes"].count_documents({}) == 9
+    assert {r.run_id for r in queue.list(status="done")} == {r.run_id for r in runs}
+    assert queue.list(status="queued") == []
+    # the thread's checkpoints were written by the run (its id is LangGraph's run id)
+    saver = app.checkpointer()
+    latest = saver.get_tuple({"configurable": {"thread_id": runs[0].thread_id}})
+    assert latest is not None and latest.metadata.get("run_id") == runs[0].run_id
+
+
+def test_the_same_idempotency_key_starts_one_run(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    first = queue.submit(STEPS, {"run": "k"}, idempotency_key="order-42")
+    again = queue.submit(STEPS, {"run": "other input"}, idempotency_key="order-42")
+    assert again.run_id == first.run_id
+    other_tenant = queue.submit(STEPS, {"run": "k2"}, idempotency_key="order-42",
+                                tenant_id="acme")  # fmt: skip
+    assert other_tenant.run_id != first.run_id  # keys are per tenant
+    assert work(app, STEPS) == 2
+    assert queue.submit(STEPS, {"run": "x"}, idempotency_key="order-42").status == "done"
+    assert queue.wait(first.run_id)["run"] == "k"
+    assert client[db_name]["fleet_writes"].count_documents({"_id": {"$regex": "^k:"}}) == 3
+    with pytest.raises(RunStateError, match="exists already"):
+        queue.submit(STEPS, {"run": "y"}, run_id=first.run_id)
+
+
+def test_higher_priority_is_claimed_first_and_tenants_are_isolated(queue: RunQueue) -> None:
+    low = queue.submit(STEPS, {"run": "low"}, priority=-5)
+    high = queue.submit(STEPS, {"run": "high"}, priority=7)
+    mid = queue.submit(STEPS, {"run": "mid"})
+    order = [queue.claim([STEPS], "w", lease_seconds=5)["_id"] for _ in range(3)]
+    assert order == [high.run_id, mid.run_id, low.run_id]
+    assert queue.claim([STEPS], "w") is None
+    with pytest.raises(RunStateError, match="no run"):
+        queue.get(high.run_id, tenant_id="acme")  # another tenant's run is not there
+    assert queue.list(tenant_id="acme") == []
+
+
+def test_a_lost_claim_changes_nothing_after_a_takeover(queue: RunQueue) -> None:
+    queue.submit(STEPS, {"run": "z"})
+    first = queue.claim([STEPS], "w1", lease_seconds=0.05)
+    assert first is not None
+    time.sleep(0.1)  # w1 paused past its lease
+    second = queue.claim([STEPS], "w2", lease_seconds=5)
+    assert second is not None and second["_id"] == first["_id"]
+    assert second["fence"] == first["fence"] + 1 and second["attempts"] == 2
+    assert queue.renew(first) is None  # the zombie's heartbeat finds it lost
+    assert queue.finished(first, {"stale": True}) is False
+    assert queue.failed(first, "stale") is False
+    assert queue.get(first["_id"]).status == queued_runs.RUNNING
+    assert queue.finished(second, {"n": 3}) is True
+    assert queue.result(first["_id"]) == {"n": 3}
+
+
+def test_cancel(app: Accord, queue: RunQueue) -> None:
+    run = queue.submit(STEPS, {"run": "c"})
+    cancelled = queue.cancel(run.run_id, by="user:ops")
+    assert cancelled.status == queued_runs.CANCELLED
+    with pytest.raises(RunFailed) as failed:
+        queue.wait(run.run_id)
+    assert failed.value.status == "cancelled" and "user:ops" in str(failed.value)
+    with pytest.raises(RunStateError, match="already ended"):
+        queue.cancel(run.run_id)
+    assert work(app, STEPS) == 0  # nothing left to run
+    # a running run is asked to stop; its worker stops it at the next step
+    running = queue.submit(STEPS, {"run": "c2"})
+    claim = queue.claim([STEPS], "w", lease_seconds=5)
+    assert claim is not None and claim["_id"] == running.run_id
+    assert queue.cancel(running.run_id).cancel_requested
+    assert queue.renew(claim)["cancel_requested"] is True
+
+
+def test_a_run_waits_in_interrupt_without_a_worker_and_is_approved_or_rejected(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    yes = queue.submit(APPROVAL, {"run": "yes"})
+    no = queue.submit(APPROVAL, {"run": "no"})
+    assert work(app, APPROVAL) == 2  # the worker is idle again: nothing holds it
+    for run in (yes, no):
+        waiting = queue.get(run.run_id)
+        assert waiting.status == queued_runs.WAITING and waiting.lease_expires is None
+        assert waiting.wait["interrupts"][0]["value"]["question"] == "wire the money?"
+    with pytest.raises(RunTimeout):
+        queue.wait(yes.run_id, timeout=0.2)  # a waiting run has not ended
+    queue.approve(yes.run_id, by="user:ana")
+    queue.reject(no.run_id, by="user:bo")
+    with pytest.raises(RunStateError, match="not waiting"):
+        queue.approve(no.run_id)  # queued again already
+    assert work(app, APPROVAL) == 2
+    assert queue.wait(yes.run_id)["acted"] == "wired"
+    assert queue.wait(no.run_id)["acted"] == "stopped"
+    decisions = {d["_id"]: d["decision"] for d in client[db_name]["approvals"].find()}
+    assert decisions == {"yes:True": True, "no:False": False}
+    events = [e["event"] for e in queue.get(yes.run_id).events]
+    assert events == ["submitted", "claimed", "waiting", "approved", "claimed", "done"]
+    assert [e.get("by") for e in queue.get(no.run_id).events if e["event"] == "rejected"] == [
+        "user:bo"
+    ]
+
+
+def test_a_resume_value_and_a_second_wait(app: Accord, queue: RunQueue) -> None:
+    run = queue.submit(APPROVAL, {"run": "v"})
+    work(app, APPROVAL)
+    queue.resume(run.run_id, {"amount": 120})
+    work(app, APPROVAL)
+    assert queue.wait(run.run_id)["decision"] == {"amount": 120}
+
+
+@pytest.mark.parametrize("action", ["fail", "cancel", "resume"])
+def test_a_wait_past_its_deadline_takes_its_timeout_action(
+    app: Accord, queue: RunQueue, action: str
+) -> None:
+    run = queue.submit(APPROVAL, {"run": action}, wait_timeout=0.3, on_timeout=action,
+                       timeout_value=True)  # fmt: skip
+    work(app, APPROVAL)
+    assert queue.get(run.run_id).wait["deadline"] is not None
+    assert queue.expire_waits() == 0  # not yet
+    time.sleep(0.4)
+    work(app, APPROVAL)  # the worker applies due deadlines as it polls
+    if action == "resume":
+        assert queue.wait(run.run_id)["acted"] == "wired"
+        assert queue.get(run.run_id).events[-3]["by"] == "deadline"
+        return
+    with pytest.raises(RunFailed) as ended:
+        queue.wait(run.run_id)
+    assert ended.value.status == ("failed" if action == "fail" else "cancelled")
+    assert "deadline" in str(ended.value)
+
+
+def test_a_failing_graph_fails_its_run(app: Accord, queue: RunQueue) -> None:
+    run = queue.submit(BOOM, {"run": "b"})
+    work(app, BOOM)
+    with pytest.raises(RunFailed, match="RuntimeError: the tool is down") as failed:
+        queue.wait(run.run_id)
+    assert failed.value.error is not None and queue.get(run.run_id).status == "failed"
+    with pytest.raises(RunFailed):
+        queue.result(run.run_id)
+    pending = queue.submit(BOOM, {"run": "p"})
+    with pytest.raises(RunStateError, match="has not ended"):
+        queue.result(pending.run_id)
+
+
+def test_a_fork_continues_from_a_checkpoint_on_a_new_thread(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    run = queue.submit(APPROVAL, {"run": "f"})
+    work(app, APPROVAL)
+    saver = app.checkpointer()
+    paused = saver.get_tuple({"configurable": {"thread_id": run.thread_id}})
+    assert paused is not None
+    queue.approve(run.run_id)
+    work(app, APPROVAL)
+    assert queue.wait(run.run_id)["acted"] == "wired"
+    history = list(saver.list({"configurable": {"thread_id": run.thread_id}}))
+    # fork from the checkpoint where the run waited: the fork waits there too
+    fork = queue.fork(run.run_id, checkpoint_id=paused.config["configurable"]["checkpoint_id"])
+    assert fork.thread_id != run.thread_id and fork.document["fork"]["run_id"] == run.run_id
+    work(app, APPROVAL)
+    assert queue.get(fork.run_id).status == queued_runs.WAITING
+    queue.reject(fork.run_id)
+    work(app, APPROVAL)
+    assert queue.wait(fork.run_id)["acted"] == "stopped"
+    # the original thread and its history are untouched
+    assert list(saver.list({"configurable": {"thread_id": run.thread_id}})) == history
+    with pytest.raises(InvalidInputError, match="new thread"):
+        queue.fork(run.run_id, thread_id=run.thread_id)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda q: q.submit("no-colon", {}), "module.path:attribute"),
+        (lambda q: q.submit(STEPS, {}, priority=True), "priority"),
+        (lambda q: q.submit(STEPS, {}, priority=10**9), "priority"),
+        (lambda q: q.submit(STEPS, {}, wait_timeout=-1), "wait_timeout"),
+        (lambda q: q.submit(STEPS, {}, wait_timeout=float("nan")), "wait_timeout"),
+        (lambda q: q.submit(STEPS, {}, on_timeout="explode"), "on_timeout"),
+        (lambda q: q.submit(STEPS, {}, tenant_id={"$ne": ""}), "tenant_id"),
+        (lambda q: q.submit(STEPS, {}, thread_id=""), "thread_id"),
+        (lambda q: q.submit(STEPS, {}, idempotency_key=""), "idempotency_key"),
+        (lambda q: q.submit(STEPS, {}, idempotency_key="k", run_id="r"), "not both"),
+        (lambda q: q.get({"$gt": ""}), "run_id"),
+        (lambda q: q.list(status={"$ne": "done"}), "status"),
+        (lambda q: q.list(limit=0), "limit"),
+        (lambda q: q.wait("x", timeout=0), "timeout"),
+        (lambda q: q.resume("x", decision="maybe"), "run"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(
+    queue: RunQueue, client: MongoClient, db_name: str, call: Any, message: str
+) -> None:
+    with pytest.raises((InvalidInputError, RunStateError), match=message):
+        call(queue)
+    assert client[db_name]["accord_run_queue"].count_documents({}) == 0
+
+
+def test_without_a_codec_values_must_be_plain(app: Accord, client: MongoClient) -> None:
+    plain = RunQueue(runtime.kernel(client), app.db_name)
+    with pytest.raises(InvalidInputError, match="cannot be stored without a codec"):
+        plain.submit(STEPS, {"run": object()})
+    run = plain.submit(STEPS, {"run": "plain"})
+    assert run.document["input"] == {"plain": {"run": "plain"}}
