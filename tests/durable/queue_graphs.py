@@ -42,6 +42,7 @@ def _log(entry: dict[str, Any]) -> None:
 def _step(name: str) -> Any:
     def node(state: State) -> dict[str, Any]:
         start = time.time()
+        _log({"run": state["run"], "step": name, "pid": os.getpid(), "start": start})
         time.sleep(float(os.environ.get("ACCORD_TEST_STEP_S", "0")))
         business.insert_one("fleet_writes", {"_id": f"{state['run']}:{name}", "step": name})
         _log({"run": state["run"], "step": name, "pid": os.getpid(), "start": start,
