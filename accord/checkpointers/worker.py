@@ -340,11 +340,16 @@ class Worker:
             if planned is None:
                 return
             inp, config = planned
-            for _ in self.graph.stream(inp, config, stream_mode="updates"):
-                if active.lost or active.cancel or active.stop:
-                    break
+            # closed here, not by the garbage collector: LangGraph's loop exits (and its
+            # last saves commit or fail) before the outcome is recorded
+            with contextlib.closing(self.graph.stream(inp, config, stream_mode="updates")) as steps:
+                for _ in steps:
+                    if active.lost or active.cancel or active.stop:
+                        break
         except ConcurrentRunError as exc:
-            if active.lost:
+            if active.lost or "lost thread" in str(exc):
+                # fenced out: another worker took the run over; nothing of it was written
+                logger.warning("accord worker: run %s: %s", doc["_id"], exc)
                 return
             self._give_back(active, f"its thread is busy: {exc}")
             return

@@ -1,8 +1,10 @@
 """Graphs the queue tests submit by name (``tests.durable.queue_graphs:NAME``) and that
 ``accord worker --graph`` imports in the fleet test's worker processes.
 
-* ``steps``: three steps, each one business write (``fleet_writes``, ``_id`` = run and
-  step, so a duplicate would be refused) and, when ``ACCORD_TEST_LOG`` names a file, one
+* ``steps``: three steps, each with two business writes: ``fleet_writes`` (``_id`` = run
+  and step, so a duplicate would be refused) and ``fleet_commits`` (``_id`` = run, step,
+  process and start time: a duplicate would be kept, so it counts committed executions)
+  and, when ``ACCORD_TEST_LOG`` names a file, one
   line ``{run, step, pid, start, end}`` per execution of a step (the outside world's view:
   which process executed what, when), sleeping ``ACCORD_TEST_STEP_S`` seconds inside.
 * ``approval``: ``ask`` calls ``interrupt()`` for a decision, ``act`` records it.
@@ -45,6 +47,9 @@ def _step(name: str) -> Any:
         _log({"run": state["run"], "step": name, "pid": os.getpid(), "start": start})
         time.sleep(float(os.environ.get("ACCORD_TEST_STEP_S", "0")))
         business.insert_one("fleet_writes", {"_id": f"{state['run']}:{name}", "step": name})
+        # and one that a duplicate would not collide with: who committed this execution
+        business.insert_one("fleet_commits", {"_id": f"{state['run']}:{name}:{os.getpid()}:{start}",
+                                              "run": state["run"], "step": name, "pid": os.getpid()})  # fmt: skip
         _log({"run": state["run"], "step": name, "pid": os.getpid(), "start": start,
               "end": time.time()})  # fmt: skip
         return {"n": state.get("n", 0) + 1, "done": [*state.get("done", []), name]}

@@ -3,10 +3,11 @@
 * the fleet: 200 runs of a three-step graph (one business write per step) across two
   worker processes; one is SIGKILLed midway. Every run finishes, the business writes are
   exact (600, one per run and step), and no run is executed by two processes at once
-  (from the steps' own log: who executed what, when). The workers are told they are on
-  two machines (``ACCORD_MACHINE_ID``), so the dead one's runs are taken over only when
-  their lease expires, the case of a worker dying on another machine; the time from
-  the kill to the first step of a taken-over run is measured against the lease;
+  (from the steps' own log: who executed what, when). Twice: the workers told they are
+  on two machines (``ACCORD_MACHINE_ID``), so the dead one's runs are taken over only
+  when their lease expires (a worker dying on another machine), and on one machine,
+  where the survivor sees the dead process is gone; the time from the kill to the first
+  step of a taken-over run is measured against the lease (printed as ``FLEET {...}``);
 * SIGTERM: a worker gives back what it cannot finish within its grace period, and
   another worker finishes it;
 * an approval: a run waits in ``interrupt()``, its worker exits, nothing holds the run,
@@ -84,16 +85,21 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out or ""
 
 
-def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("machines", ["two", "one"])
+def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path, machines: str) -> None:
+    """``two``: the workers are on two machines (as far as they can tell): the dead one's
+    runs are taken over when their lease expires. ``one``: on one machine, the survivor
+    sees the dead worker's process is gone and takes its runs over at once."""
     client: MongoClient = MongoClient(engine)
-    db = "fleet"
+    db = f"fleet_{machines}"
     log = tmp_path / "steps.jsonl"
     with Accord(client=client, db_name=db) as app:
         queue = app.runs()
         started = time.monotonic()
         ids = [queue.submit(STEPS, {"run": f"r{i:03d}"}).run_id for i in range(RUNS)]
         workers = [
-            start_worker(engine, db, STEPS, log, machine=f"machine-{i}", step_s=0.05,
+            start_worker(engine, db, STEPS, log,
+                         machine=f"machine-{i}" if machines == "two" else "machine", step_s=0.05,
                          extra=("--concurrency", "8"))
             for i in range(2)
         ]  # fmt: skip
@@ -133,6 +139,8 @@ def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path) -> 
         assert writes.count_documents({}) == RUNS * 3  # exact: one per run and step
         names = {d["_id"] for d in writes.find({}, {"_id": 1})}
         assert names == {f"r{i:03d}:{s}" for i in range(RUNS) for s in "abc"}
+        commits = [(c["run"], c["step"]) for c in client[db]["fleet_commits"].find()]
+        assert len(commits) == len(set(commits)) == RUNS * 3  # each execution committed once
 
         # no run executed by two processes at once (a killed step ends at the kill)
         steps = lines(log)
@@ -161,14 +169,17 @@ def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path) -> 
         )  # fmt: skip
         takeover = first_after - killed_at
         report = {
-            "runs": RUNS, "workers": 2, "concurrency": 8, "lease_s": LEASE,
+            "machines": machines, "runs": RUNS, "workers": 2, "concurrency": 8, "lease_s": LEASE,
             "fleet_s": round(elapsed, 2), "runs_per_s": round(RUNS / elapsed, 1),
             "steps_per_s": round(3 * RUNS / elapsed, 1),
             "orphans": len(orphans), "takeover_s": round(takeover, 2),
             "step_executions": sum("end" in e for e in steps),
         }  # fmt: skip
         print("FLEET", json.dumps(report))
-        assert takeover <= 2 * LEASE + 2.0, report  # lease, then the next poll
+        if machines == "two":
+            assert takeover <= 2 * LEASE, report  # the lease, then the next poll
+        else:
+            assert takeover < LEASE, report  # at once: the next poll sees the pid gone
     client.close()
 
 
@@ -235,4 +246,52 @@ def test_an_approval_holds_no_process(engine: str, tmp_path: Path) -> None:
         assert second.wait(timeout=120) == 0, stop(second)
         assert queue.wait(run.run_id, timeout=5)["acted"] == "wired"
         assert client[db]["approvals"].count_documents({}) == 1
+    client.close()
+
+
+def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
+    engine: str, tmp_path: Path
+) -> None:
+    """A zombie: the worker is paused (SIGSTOP) inside a step past its lease; another
+    worker takes the run over and finishes it; the paused one wakes up (SIGCONT) and
+    finishes its step: its commit is refused by the thread's fence, its queue writes by
+    the run's, and every business write exists once."""
+    client: MongoClient = MongoClient(engine)
+    db = "fleet_zombie"
+    log = tmp_path / "steps.jsonl"
+    with Accord(client=client, db_name=db) as app:
+        queue = app.runs()
+        run = queue.submit(STEPS, {"run": "z"})
+        zombie = start_worker(engine, db, STEPS, log, machine="m1", step_s=1.0)
+        try:
+            deadline = time.monotonic() + 60
+            while not lines(log):
+                assert time.monotonic() < deadline and zombie.poll() is None, stop(zombie)
+                time.sleep(0.01)
+            zombie.send_signal(signal.SIGSTOP)  # inside step a, before its commit
+            time.sleep(LEASE + 0.3)  # its lease runs out (a worker --until-idle exits
+            # at once when nothing is claimable)
+            taken_by = start_worker(engine, db, STEPS, log, machine="m2", step_s=0.0,
+                                    extra=("--until-idle",))  # fmt: skip
+            assert taken_by.wait(timeout=120) == 0, stop(taken_by)
+            assert queue.get(run.run_id).status == "done"
+            fence = queue.get(run.run_id).fence
+            zombie.send_signal(signal.SIGCONT)
+            # the zombie's step ends (1 s), its commit is refused, its heartbeat finds the
+            # run lost; it writes nothing more
+            deadline = time.monotonic() + 30
+            while not any(e.get("pid") == zombie.pid and "end" in e for e in lines(log)):
+                assert time.monotonic() < deadline, lines(log)
+                time.sleep(0.05)
+            time.sleep(1.0)
+        finally:
+            zombie.send_signal(signal.SIGCONT)
+            out = stop(zombie)
+        commits = list(client[db]["fleet_commits"].find())
+        assert len(commits) == 3 and {c["pid"] for c in commits} == {taken_by.pid}, commits
+        after = queue.get(run.run_id)
+        assert after.status == "done" and after.fence == fence == 2
+        assert queue.result(run.run_id)["done"] == ["a", "b", "c"]
+        writes = sorted(d["_id"] for d in client[db]["fleet_writes"].find())
+        assert writes == ["z:a", "z:b", "z:c"]
     client.close()
