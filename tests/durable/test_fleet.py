@@ -286,7 +286,7 @@ def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
             time.sleep(1.0)
         finally:
             zombie.send_signal(signal.SIGCONT)
-            out = stop(zombie)
+            stop(zombie)
         commits = list(client[db]["fleet_commits"].find())
         assert len(commits) == 3 and {c["pid"] for c in commits} == {taken_by.pid}, commits
         after = queue.get(run.run_id)
