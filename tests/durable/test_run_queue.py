@@ -271,3 +271,74 @@ def test_without_a_codec_values_must_be_plain(app: Accord, client: MongoClient) 
         plain.submit(STEPS, {"run": object()})
     run = plain.submit(STEPS, {"run": "plain"})
     assert run.document["input"] == {"plain": {"run": "plain"}}
+
+
+def _spans(log: Any) -> dict[str, tuple[float, float]]:
+    """Each run's first start and last end, from the steps' log."""
+    import json
+
+    spans: dict[str, tuple[float, float]] = {}
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        start, end = spans.get(e["run"], (e["start"], e.get("end", e["start"])))
+        spans[e["run"]] = (min(start, e["start"]), max(end, e.get("end", e["start"])))
+    return spans
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = now = 0
+    for _, step in points:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_per_tenant_and_per_worker_limits(
+    app: Accord, queue: RunQueue, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("ACCORD_TEST_LOG", str(log))
+    monkeypatch.setenv("ACCORD_TEST_STEP_S", "0.1")
+    for i in range(3):
+        queue.submit(STEPS, {"run": f"a-{i}"}, tenant_id="a")
+    for i in range(3):
+        queue.submit(STEPS, {"run": f"b-{i}"}, tenant_id="b")
+    for i in range(3):
+        queue.submit(STEPS, {"run": f"c-{i}"}, tenant_id="c")
+    assert work(app, STEPS, concurrency=2, tenant_limit=1) == 9
+    spans = _spans(log)
+    for tenant in "abc":
+        assert _most_at_once([v for k, v in spans.items() if k.startswith(tenant)]) == 1
+    assert _most_at_once(list(spans.values())) == 2  # the worker's own limit, reached
+    for tenant in "abc":
+        assert {r.status for r in queue.list(tenant_id=tenant)} == {"done"}
+
+
+def test_a_running_run_is_cancelled_at_its_next_step(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import threading
+
+    monkeypatch.setenv("ACCORD_TEST_STEP_S", "0.3")
+    run = queue.submit(STEPS, {"run": "long"})
+    worker = Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=0.6)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while queue.get(run.run_id).status != queued_runs.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queue.cancel(run.run_id, by="user:ops")
+        with pytest.raises(RunFailed) as stopped:
+            queue.wait(run.run_id, timeout=10)
+        assert stopped.value.status == "cancelled"
+    finally:
+        worker.stop()
+        runner.join(timeout=30)
+    # it stopped at a step boundary: not every step ran
+    assert client[db_name]["fleet_writes"].count_documents({}) < 3
+    events = [e["event"] for e in queue.get(run.run_id).events]
+    assert events == ["submitted", "claimed", "cancel_requested", "cancelled"]
