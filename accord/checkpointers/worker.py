@@ -164,6 +164,7 @@ class Worker:
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._ended = threading.Event()  # run() returned: the heartbeat stops
         self.completed = 0
 
     # --- the loop ----------------------------------------------------------------------
@@ -187,6 +188,7 @@ class Worker:
     def run(self, *, until_idle: bool = False, max_runs: int | None = None) -> int:
         """Work until stopped (``until_idle``: until the queue has nothing for it and
         nothing runs; ``max_runs``: after that many claims). How many runs it executed."""
+        self._ended.clear()
         heart = threading.Thread(target=self._heartbeat, name="accord-worker-heartbeat",
                                  daemon=True)  # fmt: skip
         heart.start()
@@ -210,6 +212,8 @@ class Worker:
                 self._wake.wait(self.poll)
         finally:
             self._shutdown()
+            self._ended.set()
+            heart.join(timeout=5)
         return self.completed
 
     def _running(self) -> int:
@@ -258,8 +262,7 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Renew the leases of the runs held here; see cancel requests and lost leases."""
-        while True:
-            time.sleep(min(self.lease / 10, 1.0))
+        while not self._ended.wait(min(self.lease / 10, 1.0)):
             due = time.monotonic() - self.lease / 3
             with self._mutex:
                 stale = [a for a in self._active.values() if a.renewed <= due and not a.lost]

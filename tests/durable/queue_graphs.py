@@ -9,6 +9,7 @@
   which process executed what, when), sleeping ``ACCORD_TEST_STEP_S`` seconds inside.
 * ``approval``: ``ask`` calls ``interrupt()`` for a decision, ``act`` records it.
 * ``boom``: a step that raises.
+* ``compiled_steps``: ``steps``, compiled (without a checkpointer).
 """
 
 from __future__ import annotations
@@ -102,5 +103,6 @@ def _boom() -> StateGraph:
 
 
 steps = _steps()
+compiled_steps = _steps().compile()  # the worker copies it onto its saver
 approval = _approval()
 boom = _boom()

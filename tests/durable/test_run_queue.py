@@ -342,3 +342,29 @@ def test_a_running_run_is_cancelled_at_its_next_step(
     assert client[db_name]["fleet_writes"].count_documents({}) < 3
     events = [e["event"] for e in queue.get(run.run_id).events]
     assert events == ["submitted", "claimed", "cancel_requested", "cancelled"]
+
+
+def test_a_compiled_graph_is_run_on_the_workers_saver(app: Accord, queue: RunQueue) -> None:
+    name = "tests.durable.queue_graphs:compiled_steps"
+    run = queue.submit(name, {"run": "compiled"})
+    assert work(app, name) == 1
+    assert queue.wait(run.run_id)["done"] == ["a", "b", "c"]
+    saver = app.checkpointer()
+    assert saver.get_tuple({"configurable": {"thread_id": run.thread_id}}) is not None
+
+
+@pytest.mark.asyncio
+async def test_the_async_queue(mongo_uri: str, db_name: str) -> None:
+    from accord.runtime import AsyncAccord
+
+    async with AsyncAccord(mongo_uri, db_name=db_name) as root:
+        queue = await root.runs()
+        first = await queue.submit(STEPS, {"run": "async"}, idempotency_key="a-1")
+        again = await queue.submit(STEPS, {"run": "ignored"}, idempotency_key="a-1")
+        assert again.run_id == first.run_id
+        assert [r.run_id for r in await queue.list(status="queued")] == [first.run_id]
+        with pytest.raises(RunTimeout):
+            await queue.wait(first.run_id, timeout=0.1)
+        await queue.cancel(first.run_id, by="user:async")
+        with pytest.raises(RunFailed, match="cancelled by user:async"):
+            await queue.wait(first.run_id)
