@@ -279,6 +279,20 @@ class RunStateError(AccordError):
         self.status = status
 
 
+class CredentialsExpired(RunStateError):
+    """A run waiting for a human holds credentials (tokens) whose expiry passed during the
+    pause: it is not resumed until they are refreshed (``RunQueue.refresh_credentials``,
+    ``accord runs refresh``). Nothing was changed.
+
+    Attributes: ``run_id``, ``status``, ``expired`` (credential name -> its expiry)."""
+
+    def __init__(
+        self, message: str, *, run_id: str, status: str | None, expired: dict[str, object]
+    ) -> None:
+        super().__init__(message, run_id=run_id, status=status)
+        self.expired = expired
+
+
 class RunFailed(AccordError):
     """A queued run ended without a result: it failed (its graph raised, or its wait's
     deadline failed it) or it was cancelled.

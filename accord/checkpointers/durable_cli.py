@@ -151,6 +151,31 @@ def _on_queue(db: str, action: Any) -> Any:
         raise typer.Exit(1) from None
 
 
+CREDENTIAL = typer.Option(
+    None, "--credential",
+    help="NAME=EXPIRY (ISO 8601 with a timezone): a token the run holds and when it expires.",
+)  # fmt: skip
+
+
+def _credentials(values: list[str] | None) -> dict[str, Any] | None:
+    from datetime import datetime
+
+    if not values:
+        return None
+    parsed: dict[str, Any] = {}
+    for value in values:
+        name, sep, when = value.partition("=")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            parsed[name] = datetime.fromisoformat(when)
+        except ValueError as exc:
+            err_console.print(f"[red]--credential {value!r}: expected NAME=ISO-8601 ({exc}); "
+                              f"nothing was written[/red]")  # fmt: skip
+            raise typer.Exit(2) from None
+    return parsed
+
+
 def _line(run: Any) -> str:
     owner = f"  owner={run.owner}" if run.status == "running" and run.owner else ""
     return (
@@ -173,16 +198,18 @@ def submit(
     timeout_value: str | None = typer.Option(
         None, "--timeout-value", help="JSON value a resume on timeout gives."
     ),
+    credential: list[str] | None = CREDENTIAL,
     db: str = DB,
     tenant: str = TENANT,
 ) -> None:
     """Queue a run of GRAPH; prints its run id."""
     value = _json(input, "--input")
     fallback = _json(timeout_value, "--timeout-value")
+    held = _credentials(credential)
     run = _on_queue(db, lambda q: q.submit(
         graph, value, tenant_id=tenant, thread_id=thread, priority=priority,
         idempotency_key=key, wait_timeout=wait_timeout, on_timeout=on_timeout,
-        timeout_value=fallback,
+        timeout_value=fallback, credentials=held,
     ))  # fmt: skip
     out.print(f"{run.run_id}  {run.status}  thread={run.thread_id}", markup=False,
               highlight=False)  # fmt: skip
@@ -223,6 +250,8 @@ def show(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
     if run.status == "waiting" and run.wait:
         shown = {k: v for k, v in run.wait.items() if k != "checkpoint_id"}
         out.print("waiting: " + json_util.dumps(shown), markup=False, highlight=False)
+    for name, expires in sorted((run.document.get("credentials") or {}).items()):
+        out.print(f"credential {name} expires {expires}", markup=False, highlight=False)
     if run.error:
         out.print(f"error: {run.error}", markup=False, highlight=False)
     if result is not None:
@@ -269,6 +298,25 @@ def reject(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = T
 def resume(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
     """Resume a waiting run with Command(resume=--value)."""
     _decide(run_id, value, db, tenant, "resumed")
+
+
+@runs_app.command("refresh")
+def refresh(
+    run_id: str,
+    credential: list[str] | None = CREDENTIAL,
+    db: str = DB,
+    tenant: str = TENANT,
+) -> None:
+    """Record new expiries of a run's credentials (refreshed tokens)."""
+    from accord.platform.context import Principal
+
+    fresh = _credentials(credential)
+    if not fresh:
+        err_console.print("[red]give at least one --credential NAME=EXPIRY[/red]")
+        raise typer.Exit(2)
+    by = Principal.os_user().name
+    _on_queue(db, lambda q: q.refresh_credentials(run_id, fresh, tenant_id=tenant, by=by))
+    out.print(f"run {run_id}: credentials {', '.join(sorted(fresh))} refreshed", markup=False)
 
 
 @runs_app.command("cancel")

@@ -325,6 +325,11 @@ class Worker:
             return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
         resume = doc.get("resume")
         wait = doc.get("wait") or {}
+        if resume is not None and latest == wait.get("checkpoint_id"):
+            expired = self.queue.expired_credentials(doc)
+            if expired is not None:  # back to waiting: a human refreshes them
+                logger.warning("accord worker: %s", expired)
+                return None
         if resume is not None and wait.get("kind") != "reconcile":
             if latest == wait.get("checkpoint_id"):
                 value = queued_runs.decode(resume.get("value"), self.saver.serde)

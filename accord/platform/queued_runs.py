@@ -156,6 +156,65 @@ def check_status(status: Any) -> str:
     return str(status)
 
 
+_CREDENTIAL = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,99}$")
+
+
+def check_credentials(credentials: Any) -> dict[str, datetime] | None:
+    """Credentials a run holds, as name -> expiry (timezone-aware datetimes; the tokens
+    themselves stay with the application: only when they expire is stored)."""
+    if credentials is None:
+        return None
+    if not isinstance(credentials, Mapping) or len(credentials) > 50:
+        raise InvalidInputError(
+            f"credentials must be a mapping of at most 50 names to expiry datetimes, got "
+            f"{credentials!r:.80}"
+        )
+    checked: dict[str, datetime] = {}
+    for name, expires in credentials.items():
+        if not isinstance(name, str) or not _CREDENTIAL.match(name):
+            raise InvalidInputError(
+                f"credential name {name!r} must be letters, digits, '_' or '-' (at most 100, "
+                f"starting with a letter or '_')"
+            )
+        if not isinstance(expires, datetime) or expires.tzinfo is None:
+            raise InvalidInputError(
+                f"credential {name!r}: its expiry must be a timezone-aware datetime, got "
+                f"{expires!r}"
+            )
+        checked[name] = expires.astimezone(UTC)
+    return checked
+
+
+def expired_credentials(doc: Mapping[str, Any], at: datetime) -> dict[str, datetime]:
+    """The credentials of the run ``doc`` whose expiry is at or before ``at``."""
+    found: dict[str, datetime] = {}
+    for name, expires in (doc.get("credentials") or {}).items():
+        when = _aware(expires)
+        if when is not None and when <= at:
+            found[name] = when
+    return found
+
+
+def credentials_update(credentials: dict[str, datetime], at: datetime, by: str | None) -> Any:
+    return {
+        "$set": {**{f"credentials.{n}": e for n, e in credentials.items()}, "updated_at": at},
+        "$push": _push(event("credentials_refreshed", at, by=by, names=sorted(credentials))),
+    }
+
+
+def rewait_update(expired: dict[str, datetime], at: datetime) -> dict[str, Any]:
+    """A resumed run whose credentials expired during its pause waits again (nothing of
+    it ran) for a human: the resume and the wait's deadline are dropped."""
+    names = sorted(expired)
+    return {
+        # no deadline any more: a deadline's resume would only find them expired again
+        "$set": {"status": WAITING, "lease_expires": None, "resume": None, "updated_at": at,
+                 "wait.expired": names, "wait.deadline": None},
+        "$inc": {"attempts": -1},
+        "$push": _push(event("credentials_expired", at, names=names)),
+    }  # fmt: skip
+
+
 # --- values ------------------------------------------------------------------------------
 
 
@@ -226,6 +285,7 @@ def submit_doc(
     timeout_value: dict[str, Any] | None,
     fork: Mapping[str, Any] | None,
     at: datetime,
+    credentials: Mapping[str, datetime] | None = None,
 ) -> dict[str, Any]:
     return {
         "_id": run_id,
@@ -244,6 +304,7 @@ def submit_doc(
         "on_timeout": on_timeout,
         "timeout_value": timeout_value,
         "fork": dict(fork) if fork else None,
+        "credentials": dict(credentials) if credentials else None,
         "resume": None,
         "result": None,
         "error": None,

@@ -368,3 +368,58 @@ async def test_the_async_queue(mongo_uri: str, db_name: str) -> None:
         await queue.cancel(first.run_id, by="user:async")
         with pytest.raises(RunFailed, match="cancelled by user:async"):
             await queue.wait(first.run_id)
+
+
+def test_credentials_that_expired_during_a_wait_block_the_resume_until_refreshed(
+    app: Accord, queue: RunQueue
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from accord.errors import CredentialsExpired
+
+    soon = datetime.now(UTC) + timedelta(seconds=0.3)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    run = queue.submit(APPROVAL, {"run": "cred"}, credentials={"bank_token": soon,
+                                                                 "crm": later})  # fmt: skip
+    work(app, APPROVAL)
+    assert queue.get(run.run_id).status == queued_runs.WAITING
+    time.sleep(0.4)  # the token expires during the pause
+    with pytest.raises(CredentialsExpired, match="bank_token") as refused:
+        queue.approve(run.run_id, by="user:ana")
+    assert set(refused.value.expired) == {"bank_token"}  # crm is still valid
+    assert queue.get(run.run_id).status == queued_runs.WAITING  # nothing changed
+    queue.refresh_credentials(run.run_id, {"bank_token": later}, by="user:ana")
+    queue.approve(run.run_id, by="user:ana")
+    work(app, APPROVAL)
+    assert queue.wait(run.run_id)["acted"] == "wired"
+    with pytest.raises(RunStateError, match="already ended"):
+        queue.refresh_credentials(run.run_id, {"bank_token": later})
+
+
+def test_a_deadline_resume_with_expired_credentials_waits_for_a_human(
+    app: Accord, queue: RunQueue
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    soon = datetime.now(UTC) + timedelta(seconds=0.2)
+    run = queue.submit(APPROVAL, {"run": "dl"}, wait_timeout=0.3, on_timeout="resume",
+                       timeout_value=True, credentials={"bank_token": soon})  # fmt: skip
+    work(app, APPROVAL)
+    time.sleep(0.4)
+    work(app, APPROVAL)  # the deadline resumes it; the worker finds the token expired
+    waiting = queue.get(run.run_id)
+    assert waiting.status == queued_runs.WAITING, waiting.events
+    assert waiting.wait["expired"] == ["bank_token"] and waiting.wait["deadline"] is None
+    assert waiting.events[-1]["event"] == "credentials_expired"
+    work(app, APPROVAL)  # no churn: nothing resumes it again by itself
+    assert queue.get(run.run_id).status == queued_runs.WAITING
+
+
+@pytest.mark.parametrize(
+    "credentials",
+    [{"a.b": None}, {"tok": "2026-01-01"}, {"tok": __import__("datetime").datetime(2030, 1, 1)},
+     ["tok"], {"$where": None}],
+)  # fmt: skip
+def test_bad_credentials_are_refused(queue: RunQueue, credentials: Any) -> None:
+    with pytest.raises(InvalidInputError, match="credential"):
+        queue.submit(STEPS, {"run": "x"}, credentials=credentials)

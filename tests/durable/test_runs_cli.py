@@ -81,7 +81,8 @@ def test_a_parked_call_is_listed_and_settled_from_the_cli(
 def test_the_queue_from_the_cli(
     mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """accord runs submit / ls / show / approve / reject / resume / cancel / fork."""
+    """accord runs submit / ls / show / approve / reject / resume / cancel / fork /
+    refresh."""
     from accord.checkpointers.worker import Worker
     from accord.runtime import Accord
 
@@ -103,7 +104,14 @@ def test_the_queue_from_the_cli(
     assert submitted.exit_code == 0, submitted.output
     run_id = submitted.output.split()[0]
     assert run("runs", "submit", graph, "--key", "cli-1").output.split()[0] == run_id
-    other = run("runs", "submit", graph, "--input", '{"run": "cli2"}').output.split()[0]
+    other = run("runs", "submit", graph, "--input", '{"run": "cli2"}', "--credential",
+                "bank=2030-01-01T00:00:00+00:00").output.split()[0]  # fmt: skip
+    assert "credential bank expires 2030-01-01" in run("runs", "show", other).output
+    assert run("runs", "submit", graph, "--credential", "bank").exit_code == 2
+    assert run("runs", "refresh", other).exit_code == 2
+    refreshed = run("runs", "refresh", other, "--credential", "bank=2031-01-01T00:00:00Z")
+    assert refreshed.exit_code == 0, refreshed.output
+    assert "credential bank expires 2031-01-01" in run("runs", "show", other).output
     listed = run("runs", "ls", "--status", "queued")
     assert run_id in listed.output and other in listed.output
     assert "no runs" in run("runs", "ls", "--tenant", "nobody").output

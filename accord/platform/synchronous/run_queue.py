@@ -20,11 +20,19 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 
-from accord.errors import InvalidInputError, RunFailed, RunStateError, RunTimeout, WriteRefused
+from accord.errors import (
+    CredentialsExpired,
+    InvalidInputError,
+    RunFailed,
+    RunStateError,
+    RunTimeout,
+    WriteRefused,
+)
 from accord.platform import codes, hosts, queued_runs
 from accord.platform.artifacts import QUEUED_RUN
 from accord.platform.context import ReadContext, WriteContext
@@ -112,6 +120,7 @@ class RunQueue:
         on_timeout: str = "fail",
         timeout_value: Any = None,
         run_id: str | None = None,
+        credentials: Mapping[str, datetime] | None = None,
     ) -> Run:
         """Queue a run of ``graph`` (``module:attribute``, what ``accord worker --graph``
         runs) with ``input`` on ``thread_id`` (default: a new thread named after the run).
@@ -121,14 +130,17 @@ class RunQueue:
         and starts nothing. ``wait_timeout``: how long a wait in ``interrupt()`` may last
         before ``on_timeout`` acts: ``fail`` (the run fails), ``cancel``, or ``resume``
         (resumed with ``timeout_value``). ``bundle``: recorded with the run (what it was
-        submitted for). Returns the run (already queued, running or ended when the key
-        was seen before)."""
+        submitted for). ``credentials``: name -> expiry (aware datetimes) of tokens the run
+        holds: a run waiting for a human is not resumed once one expired, until it is
+        refreshed (:meth:`refresh_credentials`). Returns the run (already queued,
+        running or ended when the key was seen before)."""
         tenant_id = queued_runs.check_id(tenant_id, "tenant_id")
         graph = queued_runs.check_graph(graph)
         priority = queued_runs.check_priority(priority)
         key = queued_runs.check_key(idempotency_key)
         timeout = queued_runs.check_seconds(wait_timeout, "wait_timeout")
         action = queued_runs.check_on_timeout(on_timeout)
+        held = queued_runs.check_credentials(credentials)
         if bundle is not None and not isinstance(bundle, Mapping):
             raise InvalidInputError(
                 f"bundle must be a mapping (a Bundle's document), got {bundle!r}"
@@ -148,7 +160,7 @@ class RunQueue:
         )
         return self._insert(
             tenant_id, run_id, thread_id, graph, input, priority, key, bundle, timeout, action,
-            timeout_value, None,
+            timeout_value, None, held,
         )  # fmt: skip
 
     def _insert(
@@ -165,6 +177,7 @@ class RunQueue:
         action: str,
         timeout_value: Any,
         fork: Mapping[str, Any] | None,
+        credentials: Mapping[str, datetime] | None = None,
     ) -> Run:
         self.setup()
         doc = queued_runs.submit_doc(
@@ -173,7 +186,7 @@ class RunQueue:
             idempotency_key=key, bundle=bundle, wait_timeout=timeout, on_timeout=action,
             timeout_value=queued_runs.encode(timeout_value, self.codec, "timeout_value")
             if action == "resume" else None,
-            fork=fork, at=queued_runs.now(),
+            fork=fork, at=queued_runs.now(), credentials=credentials,
         )  # fmt: skip
         op = insert_once(doc) if key is not None else Op("insert", None, doc)
         try:
@@ -353,13 +366,16 @@ class RunQueue:
     ) -> Run:
         """Queue a run waiting in ``interrupt()`` again: a worker resumes it with
         ``Command(resume=value)``. RunStateError when the run is not waiting."""
-        run = self.get(run_id, tenant_id=tenant_id)
         if decision not in ("resumed", "approved", "rejected"):
             raise InvalidInputError(
                 f"decision must be resumed, approved or rejected, got {decision!r}"
             )
         if by is not None and not isinstance(by, str):
             raise InvalidInputError(f"by must be a string naming who decided, got {by!r}")
+        run = self.get(run_id, tenant_id=tenant_id)
+        expired = queued_runs.expired_credentials(run.document, queued_runs.now())
+        if expired and run.status == queued_runs.WAITING:
+            raise self._expired(run, expired)
         stored = queued_runs.encode(value, self.codec, "the resume value")
         update = queued_runs.resume_update(stored, queued_runs.now(), decision=decision, by=by)
         filt = {**queued_runs.waiting_filter(run.run_id), "tenant_id": run.tenant_id}
@@ -393,6 +409,41 @@ class RunQueue:
         """Reject a waiting run: resumed with ``value`` (default False); the graph decides
         what a rejection does."""
         return self.resume(run_id, value, tenant_id=tenant_id, by=by, decision="rejected")
+
+    def refresh_credentials(
+        self,
+        run_id: str,
+        credentials: Mapping[str, datetime],
+        *,
+        tenant_id: str = DEFAULT_TENANT,
+        by: str | None = None,
+    ) -> Run:
+        """Record new expiries of the run's credentials (the application refreshed the
+        tokens); a run that waits can then be resumed."""
+        fresh = queued_runs.check_credentials(credentials) or {}
+        if not fresh:
+            raise InvalidInputError("give at least one credential to refresh")
+        run = self.get(run_id, tenant_id=tenant_id)
+        if run.ended:
+            raise RunStateError(f"run {run_id!r} already ended ({run.status})", run_id=run_id,
+                                status=run.status)  # fmt: skip
+        filt = {"_id": run.run_id, "tenant_id": run.tenant_id,
+                "status": {"$nin": sorted(queued_runs.FINAL)}}  # fmt: skip
+        update = queued_runs.credentials_update(fresh, queued_runs.now(), by)
+        if not self._change(run, filt, update, "queue.credentials"):
+            return self.refresh_credentials(run_id, credentials, tenant_id=tenant_id, by=by)
+        return self.get(run_id, tenant_id=tenant_id)
+
+    @staticmethod
+    def _expired(run: Run, expired: Mapping[str, datetime]) -> CredentialsExpired:
+        named = ", ".join(f"{n} (expired {e.isoformat(timespec='seconds')})"
+                          for n, e in sorted(expired.items()))  # fmt: skip
+        return CredentialsExpired(
+            f"run {run.run_id!r} holds credentials that expired while it waited: {named}; "
+            f"nothing was resumed. Refresh them (RunQueue.refresh_credentials, `accord runs "
+            f"refresh {run.run_id} --credential NAME=EXPIRY`), then resume it.",
+            run_id=run.run_id, status=run.status, expired=dict(expired),
+        )  # fmt: skip
 
     def expire_waits(self, *, limit: int = 100) -> int:
         """Apply the timeout action of the waits whose deadline passed (workers call this
@@ -542,6 +593,15 @@ class RunQueue:
             interrupts, checkpoint_id, queued_runs.now(), doc.get("wait_timeout"), kind=kind
         )
         return self._mine(doc, update)
+
+    def expired_credentials(self, doc: Mapping[str, Any]) -> CredentialsExpired | None:
+        """A claimed run being resumed whose credentials expired during its pause goes
+        back to waiting (nothing of it ran): the error saying so, else None."""
+        expired = queued_runs.expired_credentials(doc, queued_runs.now())
+        if not expired or doc.get("resume") is None:
+            return None
+        self._mine(doc, queued_runs.rewait_update(expired, queued_runs.now()))
+        return self._expired(Run.of(doc), expired)
 
     def release(self, doc: Mapping[str, Any], reason: str) -> bool:
         """Give the claimed run back to the queue (not counted as an attempt)."""
