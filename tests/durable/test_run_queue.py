@@ -254,7 +254,7 @@ def test_a_fork_continues_from_a_checkpoint_on_a_new_thread(
         (lambda q: q.list(status={"$ne": "done"}), "status"),
         (lambda q: q.list(limit=0), "limit"),
         (lambda q: q.wait("x", timeout=0), "timeout"),
-        (lambda q: q.resume("x", decision="maybe"), "run"),
+        (lambda q: q.resume("x", decision="maybe"), "decision"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(
