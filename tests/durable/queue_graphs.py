@@ -10,6 +10,8 @@
 * ``approval``: ``ask`` calls ``interrupt()`` for a decision, ``act`` records it.
 * ``boom``: a step that raises.
 * ``compiled_steps``: ``steps``, compiled (without a checkpointer).
+* ``wire``: ``pay`` makes a recorded call that is not idempotent (a fake bank that logs
+  each request to ``ACCORD_TEST_BANK``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from accord.checkpointers import business
+from accord.checkpointers.recorded import recorded
 
 
 class State(TypedDict, total=False):
@@ -102,7 +105,30 @@ def _boom() -> StateGraph:
     return g
 
 
+@recorded(name="fake.wire")  # not idempotent: never made twice blindly
+def _wire(cents: int) -> str:
+    """A fake bank: each request is a line of ``ACCORD_TEST_BANK``; it takes
+    ``ACCORD_TEST_STEP_S`` seconds (a window to be killed in, mid-call)."""
+    with open(os.environ["ACCORD_TEST_BANK"], "a") as f:
+        f.write(json.dumps({"cents": cents, "pid": os.getpid()}) + "\n")
+    time.sleep(float(os.environ.get("ACCORD_TEST_STEP_S", "0")))
+    return f"wired {cents}"
+
+
+def _pay(state: State) -> dict[str, Any]:
+    return {"acted": _wire(500)}
+
+
+def _wire_graph() -> StateGraph:
+    g = StateGraph(State)
+    g.add_node("pay", _pay)
+    g.add_edge(START, "pay")
+    g.add_edge("pay", END)
+    return g
+
+
 steps = _steps()
+wire = _wire_graph()
 compiled_steps = _steps().compile()  # the worker copies it onto its saver
 approval = _approval()
 boom = _boom()

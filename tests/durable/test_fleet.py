@@ -295,3 +295,57 @@ def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
         writes = sorted(d["_id"] for d in client[db]["fleet_writes"].find())
         assert writes == ["z:a", "z:b", "z:c"]
     client.close()
+
+
+def test_a_worker_killed_mid_call_parks_its_run_for_reconciliation(
+    engine: str, tmp_path: Path
+) -> None:
+    """The worker dies inside a recorded call that is not idempotent (the bank got the
+    request; no result recorded). The run is taken over, its task executed again: the
+    call is parked, the run waits (kind ``reconcile``) and the bank is not asked again.
+    A human settles the call (`accord runs resolve`) and resumes the run (`accord runs
+    resume`); a worker finishes it with the settled result."""
+    client: MongoClient = MongoClient(engine)
+    db = "fleet_reconcile"
+    bank = tmp_path / "bank.jsonl"
+    env = {**os.environ, "MONGODB_URI": engine, "ACCORD_TEST_BANK": str(bank)}
+    os.environ["ACCORD_TEST_BANK"] = str(bank)  # the workers inherit it
+    try:
+        with Accord(client=client, db_name=db) as app:
+            queue = app.runs()
+            run = queue.submit("tests.durable.queue_graphs:wire", {"run": "w"})
+            first = start_worker(engine, db, "tests.durable.queue_graphs:wire",
+                                 tmp_path / "log", machine="m1", step_s=30.0)  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not lines(bank):
+                assert time.monotonic() < deadline and first.poll() is None, stop(first)
+                time.sleep(0.02)
+            first.kill()  # mid-call: the bank has the request, no result is recorded
+            first.wait()
+            second = start_worker(engine, db, "tests.durable.queue_graphs:wire",
+                                  tmp_path / "log", machine="m1",
+                                  extra=("--until-idle",))  # fmt: skip
+            assert second.wait(timeout=120) == 0, stop(second)
+            parked = queue.get(run.run_id)
+            assert parked.status == queued_runs.WAITING, parked.events
+            assert parked.wait["kind"] == "reconcile"
+            key = parked.wait["interrupts"][0]["reconcile"]["key"]
+            assert len(lines(bank)) == 1  # never asked twice
+            settled = subprocess.run(
+                [str(ACCORD), "runs", "resolve", run.thread_id, key, "--db", db,
+                 "--result", '"wired by hand"'],
+                env=env, capture_output=True, text=True, cwd=ROOT,
+            )  # fmt: skip
+            assert settled.returncode == 0, settled.stdout + settled.stderr
+            resumed = subprocess.run([str(ACCORD), "runs", "resume", run.run_id, "--db", db],
+                                     env=env, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            third = start_worker(engine, db, "tests.durable.queue_graphs:wire",
+                                 tmp_path / "log", machine="m1",
+                                 extra=("--until-idle",))  # fmt: skip
+            assert third.wait(timeout=120) == 0, stop(third)
+            assert queue.wait(run.run_id, timeout=5)["acted"] == "wired by hand"
+            assert len(lines(bank)) == 1
+    finally:
+        os.environ.pop("ACCORD_TEST_BANK", None)
+        client.close()
