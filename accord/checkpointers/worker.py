@@ -2,7 +2,11 @@
 
 A worker process serves one graph (``--graph module:attribute``: a compiled graph, a
 ``StateGraph`` builder, or a function that takes the saver and returns a compiled graph).
-It loops:
+A function returning a :class:`~accord.checkpointers.bundles.PinnedGraph` pins the runs
+to the worker's bundle: a run whose thread is pinned to another bundle (and that no
+registered migration leads from) is given back to the queue, the reason recorded, and
+not claimed again by this worker for ``BUNDLE_BACKOFF_S``: a worker on its bundle takes
+it. It loops:
 
 * every ``poll`` seconds (and whenever one of its runs ends) it applies the timeout
   action of waits whose deadline passed, then claims runs while it has room: at most
@@ -45,6 +49,7 @@ from langgraph.types import Command
 
 from accord.checkpointers.synchronous.saver import AccordSaver
 from accord.errors import (
+    BundleMismatch,
     ConcurrentRunError,
     ConfigurationError,
     InvalidInputError,
@@ -58,6 +63,9 @@ logger = logging.getLogger("accord.worker")
 
 #: How long a run given back because its thread was busy is not claimed again here.
 BUSY_BACKOFF_S = 2.0
+#: How long a run pinned to another bundle than this worker's is not claimed again here
+#: (a worker on its bundle, e.g. the previous release during a rolling deploy, takes it).
+BUNDLE_BACKOFF_S = 30.0
 
 
 def load_graph(name: str) -> Any:
@@ -187,7 +195,9 @@ class Worker:
 
     def run(self, *, until_idle: bool = False, max_runs: int | None = None) -> int:
         """Work until stopped (``until_idle``: until the queue has nothing for it and
-        nothing runs; ``max_runs``: after that many claims). How many runs it executed."""
+        nothing runs; ``max_runs``: after that many claims). How many claimed runs it
+        handled in this call (finished, waiting, failed or given back)."""
+        before = self.completed
         self._ended.clear()
         heart = threading.Thread(target=self._heartbeat, name="accord-worker-heartbeat",
                                  daemon=True)  # fmt: skip
@@ -214,7 +224,7 @@ class Worker:
             self._shutdown()
             self._ended.set()
             heart.join(timeout=5)
-        return self.completed
+        return self.completed - before
 
     def _running(self) -> int:
         with self._mutex:
@@ -363,6 +373,10 @@ class Worker:
             return
         except LeaseLost:
             return
+        except BundleMismatch as exc:
+            if not active.lost:
+                self._give_back(active, f"BundleMismatch: {exc}", backoff=BUNDLE_BACKOFF_S)
+            return
         except NeedsReconciliation as exc:
             if not active.lost:
                 reconcile = {"key": exc.key, "name": exc.name, "reason": str(exc)}
@@ -374,9 +388,9 @@ class Worker:
             return
         self._settle(active)
 
-    def _give_back(self, active: _Active, reason: str) -> None:
+    def _give_back(self, active: _Active, reason: str, *, backoff: float = BUSY_BACKOFF_S) -> None:
         with self._mutex:
-            self._busy[active.doc["_id"]] = time.monotonic() + BUSY_BACKOFF_S
+            self._busy[active.doc["_id"]] = time.monotonic() + backoff
         self.queue.release(active.doc, reason)
 
     def _settle(self, active: _Active) -> None:

@@ -423,3 +423,30 @@ def test_a_deadline_resume_with_expired_credentials_waits_for_a_human(
 def test_bad_credentials_are_refused(queue: RunQueue, credentials: Any) -> None:
     with pytest.raises(InvalidInputError, match="credential"):
         queue.submit(STEPS, {"run": "x"}, credentials=credentials)
+
+
+def test_a_run_pinned_to_another_bundle_is_left_to_a_worker_on_its_bundle(
+    app: Accord, queue: RunQueue
+) -> None:
+    from accord.checkpointers.bundles import PinnedGraph
+    from accord.platform.bundles import Bundle
+    from tests.durable import queue_graphs
+
+    def on(version: str) -> Any:
+        return lambda saver: PinnedGraph(queue_graphs.approval.compile(checkpointer=saver),
+                                         Bundle(version, code=version))  # fmt: skip
+
+    run = queue.submit(APPROVAL, {"run": "pinned"})
+    assert work(app, APPROVAL, graph_object=on("v1")) == 1  # pinned to v1, waits
+    queue.approve(run.run_id)
+    v2 = Worker(APPROVAL, client=app.client, uow=app.uow, db=app.db_name, poll=0.05,
+                graph_object=on("v2"))  # fmt: skip
+    assert v2.run(until_idle=True) == 1  # claimed, refused by the pin, given back
+    given_back = queue.get(run.run_id)
+    assert given_back.status == queued_runs.QUEUED
+    reason = given_back.events[-1]
+    assert reason["event"] == "released" and "BundleMismatch" in reason["reason"]
+    assert "'v1'" in reason["reason"] and "'v2'" in reason["reason"]
+    assert v2.run(until_idle=True) == 0  # it does not take it again at once
+    assert work(app, APPROVAL, graph_object=on("v1")) == 1
+    assert queue.wait(run.run_id)["acted"] == "wired"
