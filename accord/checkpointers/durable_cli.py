@@ -355,6 +355,9 @@ def worker_command(
         30.0, "--grace", help="Seconds SIGTERM lets runs finish before giving them back."
     ),
     lease: float = typer.Option(10.0, "--lease", help="Lease of a claimed run, in seconds."),
+    max_attempts: int = typer.Option(
+        5, "--max-attempts", help="Claims of one run without an end before it is failed."
+    ),
     db: str = DB,
     until_idle: bool = typer.Option(
         False, "--until-idle", help="Exit when nothing is left to run (for batch jobs)."
@@ -371,7 +374,8 @@ def worker_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         executed = serve(graph, db=db, concurrency=concurrency, tenant_limit=tenant_limit,
-                         poll=poll, grace=grace, lease=lease, until_idle=until_idle)  # fmt: skip
+                         poll=poll, grace=grace, lease=lease, until_idle=until_idle,
+                         max_attempts=max_attempts)  # fmt: skip
     except AccordError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None

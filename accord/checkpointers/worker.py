@@ -132,6 +132,10 @@ class Worker:
         lease: the lease of a claimed run (renewed every ``lease / 3``); a run whose
             worker died is claimed again after it expires.
         graph_object: the graph itself (else imported from ``graph``).
+        max_attempts: claims of one run without an end before it is failed (a run whose
+            execution kills its worker, e.g. by exhausting memory, must not take the
+            fleet down one worker after another). Give-backs (shutdown, busy thread,
+            other bundle) do not count.
     """
 
     def __init__(
@@ -148,15 +152,21 @@ class Worker:
         lease: float = DEFAULT_LEASE_SECONDS,
         graph_object: Any = None,
         saver_kwargs: dict[str, Any] | None = None,
+        max_attempts: int = 5,
     ) -> None:
         self.graph_name = queued_runs.check_graph(graph)
-        for name, value in (("concurrency", concurrency), ("tenant_limit", tenant_limit)):
+        for name, value in (
+            ("concurrency", concurrency),
+            ("tenant_limit", tenant_limit),
+            ("max_attempts", max_attempts),
+        ):
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
                 raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
         self.concurrency = concurrency
         self.tenant_limit = tenant_limit
+        self.max_attempts = max_attempts
         self.poll = queued_runs.check_seconds(poll, "poll") or 0.5
         self.grace = float(grace) if grace is not None and grace >= 0 else 30.0
         self.lease = queued_runs.check_seconds(lease, "lease") or DEFAULT_LEASE_SECONDS
@@ -353,6 +363,14 @@ class Worker:
 
     def _run(self, active: _Active) -> None:
         doc = active.doc
+        if int(doc.get("attempts") or 0) > self.max_attempts:
+            self.queue.failed(
+                doc,
+                f"claimed {doc['attempts']} times without ending (max_attempts "
+                f"{self.max_attempts}): its workers died or lost it each time; look at "
+                f"their logs, then submit it again",
+            )
+            return
         try:
             planned = self._what_to_run(active)
             if planned is None:
@@ -428,6 +446,7 @@ def serve(
     grace: float = 30.0,
     lease: float = DEFAULT_LEASE_SECONDS,
     until_idle: bool = False,
+    max_attempts: int = 5,
     on_ready: Callable[[Worker], None] | None = None,
 ) -> int:
     """``accord worker``: a worker on ``MONGODB_URI`` (or the embedded engine) until
@@ -439,7 +458,8 @@ def serve(
     try:
         uow = runtime.kernel(client)
         worker = Worker(graph, client=client, uow=uow, db=db, concurrency=concurrency,
-                        tenant_limit=tenant_limit, poll=poll, grace=grace, lease=lease)  # fmt: skip
+                        tenant_limit=tenant_limit, poll=poll, grace=grace, lease=lease,
+                        max_attempts=max_attempts)  # fmt: skip
         worker.install_signals()
         if on_ready is not None:
             on_ready(worker)

@@ -450,3 +450,18 @@ def test_a_run_pinned_to_another_bundle_is_left_to_a_worker_on_its_bundle(
     assert v2.run(until_idle=True) == 0  # it does not take it again at once
     assert work(app, APPROVAL, graph_object=on("v1")) == 1
     assert queue.wait(run.run_id)["acted"] == "wired"
+
+
+def test_a_run_whose_workers_keep_dying_is_failed_after_max_attempts(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    run = queue.submit(STEPS, {"run": "poison"})
+    for _ in range(2):  # two workers died holding it (their leases ran out)
+        assert queue.claim([STEPS], "doomed", lease_seconds=0.01) is not None
+        time.sleep(0.02)
+    assert work(app, STEPS, max_attempts=2) == 1
+    with pytest.raises(RunFailed, match="claimed 3 times without ending"):
+        queue.wait(run.run_id)
+    assert client[db_name]["fleet_writes"].count_documents({}) == 0  # not executed again
+    with pytest.raises(InvalidInputError, match="max_attempts"):
+        Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, max_attempts=0)
