@@ -17,8 +17,8 @@ it. It loops:
   of the run, the run id as LangGraph's run id (so the checkpointer claims the thread for
   this run: a worker that took the run over moves the thread's fence, and the commits of
   the one it replaced are refused), and
-  - its input on its first execution; ``None`` on a later one that finds checkpoints
-    newer than the one the run started from (it continues from the last checkpoint);
+  - its input on its first execution; ``None`` on a later one that finds the thread's
+    latest checkpoint written by this run (it continues from there);
   - ``Command(resume=value)`` after a human (or a deadline) resumed it;
   - a fork copies its source thread first and runs from the chosen checkpoint;
 * a heartbeat renews the leases of its runs every ``lease / 3`` and sees cancel
@@ -325,8 +325,16 @@ class Worker:
                 "metadata": {"run_id": doc["_id"], "accord_worker": self.name}}  # fmt: skip
 
     def _latest(self, doc: dict[str, Any]) -> str | None:
+        return self._head(doc)[0]
+
+    def _head(self, doc: dict[str, Any]) -> tuple[str | None, str | None]:
+        """The thread's latest checkpoint and the run that wrote it (its metadata's
+        ``run_id``: the worker passes the run id to LangGraph, which records it)."""
         found = self.saver.get_tuple(self._config(doc))  # type: ignore[arg-type]
-        return None if found is None else found.config["configurable"]["checkpoint_id"]
+        if found is None:
+            return None, None
+        writer = (found.metadata or {}).get("run_id")
+        return found.config["configurable"]["checkpoint_id"], writer
 
     def _what_to_run(self, active: _Active) -> tuple[Any, dict[str, Any]] | None:
         """(input, config) of this execution, or None when the claim was lost."""
@@ -336,7 +344,7 @@ class Worker:
         if fork and not started and self._latest(doc) is None:
             self.saver.copy_thread(fork["thread_id"], doc["thread_id"],
                                    tenant_id=doc["tenant_id"])  # fmt: skip
-        latest = self._latest(doc)
+        latest, writer = self._head(doc)
         if not started:
             if not self.queue.started(doc, latest):
                 return None
@@ -355,8 +363,10 @@ class Worker:
                 value = queued_runs.decode(resume.get("value"), self.saver.serde)
                 return Command(resume=value), self._config(doc)
             return None, self._config(doc)
-        if latest != started.get("from"):
-            return None, self._config(doc)  # it made progress: continue
+        if writer == doc["_id"]:
+            # it made progress (the latest checkpoint is its own, not another run's on
+            # the same thread): continue from it
+            return None, self._config(doc)
         if fork:
             return None, self._config(doc, fork.get("checkpoint_id"))
         return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)

@@ -465,3 +465,18 @@ def test_a_run_whose_workers_keep_dying_is_failed_after_max_attempts(
     assert client[db_name]["fleet_writes"].count_documents({}) == 0  # not executed again
     with pytest.raises(InvalidInputError, match="max_attempts"):
         Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, max_attempts=0)
+
+
+def test_a_retried_run_does_not_take_another_runs_checkpoints_for_its_progress(
+    app: Accord, queue: RunQueue
+) -> None:
+    first = queue.submit(STEPS, {"run": "first"}, thread_id="shared")
+    claim = queue.claim([STEPS], "doomed", lease_seconds=0.05)
+    assert claim is not None and claim["_id"] == first.run_id
+    assert queue.started(claim, None)  # it began on a new thread, then its worker died
+    second = queue.submit(STEPS, {"run": "second"}, thread_id="shared", priority=9)
+    time.sleep(0.1)
+    assert work(app, STEPS, concurrency=1) == 2  # the second first (priority), then the first
+    assert queue.wait(second.run_id)["done"] == ["a", "b", "c"]
+    again = queue.wait(first.run_id)  # its input ran, after the second run's turn
+    assert again["run"] == "first" and again["done"] == ["a", "b", "c"] * 2
