@@ -279,6 +279,56 @@ class LeaseLost(AccordError):
     before this one committed; nothing of this worker's commit was written."""
 
 
+class RunStateError(AccordError):
+    """A queued run is not in a state that allows what was asked (approving a run that is
+    not waiting, cancelling one that ended, ...). Nothing was changed.
+
+    Attributes: ``run_id``, ``status`` (the run's status when it was refused)."""
+
+    def __init__(self, message: str, *, run_id: str, status: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+
+class CredentialsExpired(RunStateError):
+    """A run waiting for a human holds credentials (tokens) whose expiry passed during the
+    pause: it is not resumed until they are refreshed (``RunQueue.refresh_credentials``,
+    ``accord runs refresh``). Nothing was changed.
+
+    Attributes: ``run_id``, ``status``, ``expired`` (credential name -> its expiry)."""
+
+    def __init__(
+        self, message: str, *, run_id: str, status: str | None, expired: dict[str, object]
+    ) -> None:
+        super().__init__(message, run_id=run_id, status=status)
+        self.expired = expired
+
+
+class RunFailed(AccordError):
+    """A queued run ended without a result: it failed (its graph raised, or its wait's
+    deadline failed it) or it was cancelled.
+
+    Attributes: ``run_id``, ``status`` (``failed`` or ``cancelled``), ``error`` (what the
+    run recorded, or None)."""
+
+    def __init__(self, message: str, *, run_id: str, status: str, error: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+
+
+class RunTimeout(AccordError, TimeoutError):
+    """Waiting for a queued run gave up before the run ended; the run goes on (wait again,
+    or cancel it). Attributes: ``run_id``, ``status`` (its status when the wait ended)."""
+
+    def __init__(self, message: str, *, run_id: str, status: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+
 class MemoryConflictError(AccordError):
     """Other writers kept changing the same memories while they were being written; nothing
     of this write was committed. Retry it."""

@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.store.base import TTLConfig
 from pymongo import AsyncMongoClient
 
@@ -69,8 +70,10 @@ from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
 from accord.platform import connect, connect_async
 from accord.platform.artifacts import AUDIT, POLICY
+from accord.platform.asynchronous.run_queue import AsyncRunQueue
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.context import Principal, ReadContext
+from accord.platform.synchronous.run_queue import RunQueue
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
@@ -473,6 +476,14 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         starts and stops it); ``accord memory worker`` runs it as its own process."""
         return BackgroundAggregator(self.aggregator(**kwargs))
 
+    def runs(self, serde: Any = None) -> RunQueue:
+        """The queue of runs (submit, wait, cancel, approve, ...; docs/durable-execution.md),
+        set up; values stored with ``serde`` (default LangGraph's serializer, as the
+        checkpointer and ``accord worker`` use)."""
+        queue = RunQueue(self.uow, self.db_name, codec=serde or JsonPlusSerializer())
+        queue.setup()
+        return queue
+
     def close(self) -> None:
         """Close the client if this root opened it."""
         if self._owns_client:
@@ -547,6 +558,12 @@ class AsyncAccord(_Root[AsyncMemoryService, AsyncUnitOfWork]):
         ``async with await app.background_aggregator() as worker: ...`` starts it and
         stops it (after its current event) on exit."""
         return AsyncBackgroundAggregator(await self.aggregator(**kwargs))
+
+    async def runs(self, serde: Any = None) -> AsyncRunQueue:
+        """:meth:`Accord.runs` on this root's async kernel."""
+        queue = AsyncRunQueue(self.uow, self.db_name, codec=serde or JsonPlusSerializer())
+        await queue.setup()
+        return queue
 
     async def close(self) -> None:
         """Close the client if this root opened it."""

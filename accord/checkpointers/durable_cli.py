@@ -1,4 +1,9 @@
-"""``accord runs calls`` and ``accord runs resolve``: the recorded calls waiting for a human.
+"""``accord runs`` (the queue of runs and the recorded calls waiting for a human) and
+``accord worker`` (executes queued runs).
+
+``accord runs submit|ls|show|approve|reject|resume|cancel|fork`` act on the queue of runs
+(:mod:`accord.platform.asynchronous.run_queue`); values (input, resume values) are JSON on
+the command line, stored with LangGraph's default serializer as the worker reads them.
 
 A recorded call with an intent and no result that is not declared idempotent parks its
 run (docs/durable-execution.md). These commands list such calls and settle one with the
@@ -18,7 +23,11 @@ from rich.console import Console
 from accord.checkpointers import schema
 from accord.errors import AccordError
 
-runs_app = typer.Typer(help="Runs: recorded calls waiting for a human.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Runs: the queue of runs (submit, ls, show, approve, reject, resume, cancel, fork) "
+    "and recorded calls waiting for a human.",
+    no_args_is_help=True,
+)
 out = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -102,6 +111,279 @@ def resolve(
     out.print(f"settled call {key} of thread {thread!r}; its task replays the result")
 
 
+# --- the queue of runs -------------------------------------------------------------------
+
+
+def _queue(db: str) -> tuple[Any, Any]:
+    """A client and the queue of runs, acting as the OS user."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from accord import runtime
+    from accord.platform import connect
+    from accord.platform.context import Principal
+    from accord.platform.synchronous.run_queue import RunQueue
+
+    client = connect()
+    uow = runtime.kernel(client, principal=Principal.os_user())
+    return client, RunQueue(uow, db, codec=JsonPlusSerializer())
+
+
+def _json(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        err_console.print(f"[red]{option} is not JSON ({exc}); nothing was written[/red]")
+        raise typer.Exit(2) from None
+
+
+def _on_queue(db: str, action: Any) -> Any:
+    """Run ``action(queue)``; an accord error is printed and exits 1."""
+    try:
+        client, queue = _queue(db)
+        try:
+            return action(queue)
+        finally:
+            client.close()
+    except AccordError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+
+
+CREDENTIAL = typer.Option(
+    None, "--credential",
+    help="NAME=EXPIRY (ISO 8601 with a timezone): a token the run holds and when it expires.",
+)  # fmt: skip
+
+
+def _credentials(values: list[str] | None) -> dict[str, Any] | None:
+    from datetime import datetime
+
+    if not values:
+        return None
+    parsed: dict[str, Any] = {}
+    for value in values:
+        name, sep, when = value.partition("=")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            parsed[name] = datetime.fromisoformat(when)
+        except ValueError as exc:
+            err_console.print(f"[red]--credential {value!r}: expected NAME=ISO-8601 ({exc}); "
+                              f"nothing was written[/red]")  # fmt: skip
+            raise typer.Exit(2) from None
+    return parsed
+
+
+def _line(run: Any) -> str:
+    owner = f"  owner={run.owner}" if run.status == "running" and run.owner else ""
+    return (
+        f"{run.run_id}  {run.status}  thread={run.thread_id}  graph={run.graph}  "
+        f"priority={run.priority}  attempts={run.attempts}{owner}  submitted={run.submitted_at}"
+    )
+
+
+@runs_app.command("submit")
+def submit(
+    graph: str = typer.Argument(..., help="The graph, as module:attribute (what the worker runs)."),
+    input: str | None = typer.Option(None, "--input", help="The run's input, as JSON."),
+    thread: str | None = typer.Option(None, "--thread", help="Thread (default: a new one)."),
+    priority: int = typer.Option(0, "--priority", help="Higher runs first."),
+    key: str | None = typer.Option(None, "--key", help="Idempotency key: submitted once."),
+    wait_timeout: float | None = typer.Option(
+        None, "--wait-timeout", help="Seconds a wait in interrupt() may last."
+    ),
+    on_timeout: str = typer.Option("fail", "--on-timeout", help="fail, cancel or resume."),
+    timeout_value: str | None = typer.Option(
+        None, "--timeout-value", help="JSON value a resume on timeout gives."
+    ),
+    credential: list[str] | None = CREDENTIAL,
+    db: str = DB,
+    tenant: str = TENANT,
+) -> None:
+    """Queue a run of GRAPH; prints its run id."""
+    value = _json(input, "--input")
+    fallback = _json(timeout_value, "--timeout-value")
+    held = _credentials(credential)
+    run = _on_queue(db, lambda q: q.submit(
+        graph, value, tenant_id=tenant, thread_id=thread, priority=priority,
+        idempotency_key=key, wait_timeout=wait_timeout, on_timeout=on_timeout,
+        timeout_value=fallback, credentials=held,
+    ))  # fmt: skip
+    out.print(f"{run.run_id}  {run.status}  thread={run.thread_id}", markup=False,
+              highlight=False)  # fmt: skip
+
+
+@runs_app.command("ls")
+def list_runs(
+    status: str | None = typer.Option(None, "--status", help="Only runs with this status."),
+    thread: str | None = typer.Option(None, "--thread", help="Only this thread's runs."),
+    limit: int = typer.Option(100, "--limit", help="At most this many, newest first."),
+    db: str = DB,
+    tenant: str = TENANT,
+) -> None:
+    """The runs of the tenant, newest first."""
+    found = _on_queue(db, lambda q: q.list(tenant_id=tenant, status=status, thread_id=thread,
+                                           limit=limit))  # fmt: skip
+    if not found:
+        out.print(f"no runs (tenant {tenant!r})")
+        return
+    for run in found:
+        out.print(_line(run), markup=False, highlight=False)
+
+
+@runs_app.command("show")
+def show(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
+    """One run: status, owner, lease, what it waits for, its events, its result or error."""
+    from bson import json_util
+
+    def read(q: Any) -> tuple[Any, Any]:
+        run = q.get(run_id, tenant_id=tenant)
+        result = q.result(run_id, tenant_id=tenant) if run.status == "done" else None
+        return run, result
+
+    run, result = _on_queue(db, read)
+    out.print(_line(run), markup=False, highlight=False)
+    if run.lease_expires is not None:
+        out.print(f"lease until {run.lease_expires}  fence={run.fence}", markup=False)
+    if run.status == "waiting" and run.wait:
+        shown = {k: v for k, v in run.wait.items() if k != "checkpoint_id"}
+        out.print("waiting: " + json_util.dumps(shown), markup=False, highlight=False)
+    for name, expires in sorted((run.document.get("credentials") or {}).items()):
+        out.print(f"credential {name} expires {expires}", markup=False, highlight=False)
+    if run.error:
+        out.print(f"error: {run.error}", markup=False, highlight=False)
+    if result is not None:
+        out.print("result: " + json.dumps(result, default=repr), markup=False, highlight=False)
+    for event in run.events:
+        details = {k: v for k, v in event.items() if k not in ("event", "at")}
+        extra = f"  {json.dumps(details, default=str)}" if details else ""
+        out.print(f"  {event.get('at')}  {event.get('event')}{extra}", markup=False,
+                  highlight=False)  # fmt: skip
+
+
+def _decide(run_id: str, value: str | None, db: str, tenant: str, decision: str) -> None:
+    from accord.platform.context import Principal
+
+    by = Principal.os_user().name
+    parsed = _json(value, "--value")
+    if decision == "approved":
+        v = True if value is None else parsed
+        _on_queue(db, lambda q: q.approve(run_id, v, tenant_id=tenant, by=by))
+    elif decision == "rejected":
+        v = False if value is None else parsed
+        _on_queue(db, lambda q: q.reject(run_id, v, tenant_id=tenant, by=by))
+    else:
+        _on_queue(db, lambda q: q.resume(run_id, parsed, tenant_id=tenant, by=by))
+    out.print(f"run {run_id} {decision} by {by}; queued for a worker", markup=False)
+
+
+VALUE = typer.Option(None, "--value", help="The value interrupt() returns, as JSON.")
+
+
+@runs_app.command("approve")
+def approve(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+    """Approve a waiting run: resumed with --value (default true)."""
+    _decide(run_id, value, db, tenant, "approved")
+
+
+@runs_app.command("reject")
+def reject(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+    """Reject a waiting run: resumed with --value (default false)."""
+    _decide(run_id, value, db, tenant, "rejected")
+
+
+@runs_app.command("resume")
+def resume(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+    """Resume a waiting run with Command(resume=--value)."""
+    _decide(run_id, value, db, tenant, "resumed")
+
+
+@runs_app.command("refresh")
+def refresh(
+    run_id: str,
+    credential: list[str] | None = CREDENTIAL,
+    db: str = DB,
+    tenant: str = TENANT,
+) -> None:
+    """Record new expiries of a run's credentials (refreshed tokens)."""
+    from accord.platform.context import Principal
+
+    fresh = _credentials(credential)
+    if not fresh:
+        err_console.print("[red]give at least one --credential NAME=EXPIRY[/red]")
+        raise typer.Exit(2)
+    by = Principal.os_user().name
+    _on_queue(db, lambda q: q.refresh_credentials(run_id, fresh, tenant_id=tenant, by=by))
+    out.print(f"run {run_id}: credentials {', '.join(sorted(fresh))} refreshed", markup=False)
+
+
+@runs_app.command("cancel")
+def cancel(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
+    """Cancel a run (a running one stops at its next step)."""
+    from accord.platform.context import Principal
+
+    by = Principal.os_user().name
+    run = _on_queue(db, lambda q: q.cancel(run_id, tenant_id=tenant, by=by))
+    what = "cancel requested (it stops at its next step)" if run.status == "running" else run.status
+    out.print(f"run {run_id}: {what}", markup=False)
+
+
+@runs_app.command("fork")
+def fork(
+    run_id: str,
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="Default: the latest."),
+    thread: str | None = typer.Option(None, "--thread", help="The new thread's id."),
+    db: str = DB,
+    tenant: str = TENANT,
+) -> None:
+    """A new run on a new thread continuing RUN_ID's thread from a checkpoint."""
+    run = _on_queue(db, lambda q: q.fork(run_id, tenant_id=tenant, checkpoint_id=checkpoint,
+                                         thread_id=thread))  # fmt: skip
+    out.print(f"{run.run_id}  {run.status}  thread={run.thread_id}", markup=False)
+
+
+def worker_command(
+    graph: str = typer.Option(..., "--graph", help="The graph to serve, as module:attribute."),
+    concurrency: int = typer.Option(4, "--concurrency", help="Runs executed at once."),
+    tenant_limit: int | None = typer.Option(
+        None, "--tenant-limit", help="Runs of one tenant executed at once by this worker."
+    ),
+    poll: float = typer.Option(0.5, "--poll", help="Seconds between looks at the queue."),
+    grace: float = typer.Option(
+        30.0, "--grace", help="Seconds SIGTERM lets runs finish before giving them back."
+    ),
+    lease: float = typer.Option(10.0, "--lease", help="Lease of a claimed run, in seconds."),
+    max_attempts: int = typer.Option(
+        5, "--max-attempts", help="Claims of one run without an end before it is failed."
+    ),
+    db: str = DB,
+    until_idle: bool = typer.Option(
+        False, "--until-idle", help="Exit when nothing is left to run (for batch jobs)."
+    ),
+) -> None:
+    """Claim queued runs of GRAPH and execute them through the accord checkpointer, until
+    SIGTERM (docs/durable-execution.md, "Workers")."""
+    import logging
+    import sys
+
+    from accord.checkpointers.worker import serve
+
+    sys.path.insert(0, "")  # --graph names modules of the current directory too
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        executed = serve(graph, db=db, concurrency=concurrency, tenant_limit=tenant_limit,
+                         poll=poll, grace=grace, lease=lease, until_idle=until_idle,
+                         max_attempts=max_attempts)  # fmt: skip
+    except AccordError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    err_console.print(f"accord worker: executed {executed} run(s); exiting")
+
+
 def register(app: typer.Typer) -> None:
-    """Entry point (``accord.cli``): add ``accord runs`` to the ``accord`` app."""
+    """Entry point (``accord.cli``): add ``accord runs`` and ``accord worker`` to the
+    ``accord`` app."""
     app.add_typer(runs_app, name="runs")
+    app.command("worker")(worker_command)

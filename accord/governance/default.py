@@ -127,6 +127,11 @@ collection = "accord_recorded_calls"
 audit = "metadata"
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
+[classes.queued_run]           # the queue of runs: submitted, claimed by workers, waiting
+collection = "accord_run_queue"
+audit = "off"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
 [classes.policy]               # the policies applied to the database, every version kept
 collection = "accord_policies"
 audit = "metadata"

@@ -98,6 +98,11 @@ WORKFLOW_EVENT = ArtifactClass(
     "accord_workflow_events",
 )  # fmt: skip
 
+QUEUED_RUN = ArtifactClass(
+    "queued_run", "the queue of runs: graph, input, status, owner, lease, fence, result",
+    "accord_run_queue", thread_scoped=True,
+)  # fmt: skip
+
 CLASSES: dict[str, ArtifactClass] = {
     c.name: c
     for c in (
@@ -120,6 +125,7 @@ CLASSES: dict[str, ArtifactClass] = {
         HOLD,
         BUSINESS,
         WORKFLOW_EVENT,
+        QUEUED_RUN,
     )
 }
 

@@ -35,6 +35,7 @@ from accord.memory.synchronous.service import MemoryService
 from accord.platform import artifacts, runs, workflow_log
 from accord.platform.synchronous.call_log import CallLog
 from accord.platform.synchronous.catalog import Catalog
+from accord.platform.synchronous.run_queue import RunQueue
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.checkpointers.conftest import config, make_saver
 from tests.checkpointers.lossy_proxy import LossyProxy, uri_through
@@ -213,6 +214,8 @@ def test_business_writes_cannot_target_another_components_collections(
         )
         # the recorded calls of durable execution (set up at a run's first recorded call)
         CallLog(UnitOfWork(client), db_name).setup()
+        # the queue of runs (set up by Accord.runs(), accord runs, accord worker)
+        RunQueue(UnitOfWork(client), db_name).setup()
         cataloged = {d["_id"]: d["artifact"] for d in client[db_name].accord_catalog.find()}
         owned_classes = {c.name for c in artifacts.CLASSES.values() if c.default_collection}
         targets = [
@@ -223,6 +226,7 @@ def test_business_writes_cannot_target_another_components_collections(
             "m_vectors",
             "accord_migrations",
             "accord_recorded_calls",
+            "accord_run_queue",
             artifacts.CATALOG_COLLECTION,
             workflow_log.COLLECTION,
         ]

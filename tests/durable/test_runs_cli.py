@@ -76,3 +76,60 @@ def test_a_parked_call_is_listed_and_settled_from_the_cli(
         assert made == [700]
         empty = cli.invoke(app, ["runs", "calls", "--db", db_name])
         assert "no unsettled recorded calls" in empty.output
+
+
+def test_the_queue_from_the_cli(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accord runs submit / ls / show / approve / reject / resume / cancel / fork /
+    refresh."""
+    from accord.checkpointers.worker import Worker
+    from accord.runtime import Accord
+
+    monkeypatch.setenv("MONGODB_URI", mongo_uri)
+    app = typer.Typer()
+    app.command("noop")(lambda: None)
+    register(app)
+    cli = CliRunner()
+    graph = "tests.durable.queue_graphs:approval"
+
+    def run(*args: str) -> Any:
+        return cli.invoke(app, [*args, "--db", db_name])
+
+    bad = run("runs", "submit", graph, "--input", "{nope")
+    assert bad.exit_code == 2 and "not JSON" in bad.output
+    refused = run("runs", "submit", "not a graph")
+    assert refused.exit_code == 1 and "module.path:attribute" in refused.output
+    submitted = run("runs", "submit", graph, "--input", '{"run": "cli"}', "--key", "cli-1")
+    assert submitted.exit_code == 0, submitted.output
+    run_id = submitted.output.split()[0]
+    assert run("runs", "submit", graph, "--key", "cli-1").output.split()[0] == run_id
+    other = run("runs", "submit", graph, "--input", '{"run": "cli2"}', "--credential",
+                "bank=2030-01-01T00:00:00+00:00").output.split()[0]  # fmt: skip
+    assert "credential bank expires 2030-01-01" in run("runs", "show", other).output
+    assert run("runs", "submit", graph, "--credential", "bank").exit_code == 2
+    assert run("runs", "refresh", other).exit_code == 2
+    refreshed = run("runs", "refresh", other, "--credential", "bank=2031-01-01T00:00:00Z")
+    assert refreshed.exit_code == 0, refreshed.output
+    assert "credential bank expires 2031-01-01" in run("runs", "show", other).output
+    listed = run("runs", "ls", "--status", "queued")
+    assert run_id in listed.output and other in listed.output
+    assert "no runs" in run("runs", "ls", "--tenant", "nobody").output
+    cancelled = run("runs", "cancel", other)
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
+    assert run("runs", "cancel", other).exit_code == 1  # ended already
+
+    with Accord(db_name=db_name) as root:
+        Worker(graph, client=root.client, uow=root.uow, db=db_name, poll=0.05).run(until_idle=True)
+        shown = run("runs", "show", run_id)
+        assert "waiting" in shown.output and "wire the money?" in shown.output
+        assert run("runs", "approve", run_id, "--value", "{bad").exit_code == 2
+        assert run("runs", "resume", run_id, "--value", '"later"').exit_code == 0
+        assert run("runs", "reject", run_id).exit_code == 1  # not waiting any more
+        Worker(graph, client=root.client, uow=root.uow, db=db_name, poll=0.05).run(until_idle=True)
+        done = run("runs", "show", run_id)
+        assert "done" in done.output and '"decision": "later"' in done.output, done.output
+        forked = run("runs", "fork", run_id)
+        assert forked.exit_code == 0, forked.output
+        assert "queued" in forked.output
+    assert run("runs", "show", "run-missing").exit_code == 1

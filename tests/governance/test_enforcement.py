@@ -61,6 +61,7 @@ TABLE: dict[str, dict[str, str]] = {
     "migration": {R: ALL, D: ALL},
     "policy": {R: "f", A: "f", M: "f", U: "f", D: "fiu"},
     "recorded_call": {R: ALL, D: ALL},
+    "queued_run": {R: ALL, D: ALL},
     "hold": {R: "f", A: "f", M: "f", U: "f", D: ALL},
 }
 TENANT = "acme"
