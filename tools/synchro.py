@@ -75,6 +75,10 @@ REPLACEMENTS: dict[str, str] = {
     "new_async_lock": "new_thread_lock",
     "asweep": "sweep",
     "aread_workflow_events": "read_workflow_events",
+    "aput_artifact": "put_artifact",
+    "aget_artifact": "get_artifact",
+    "agc_artifacts": "gc_artifacts",
+    "arollback": "rollback",
     "await_for": "wait_for",
     # accord's embedders (accord.memory.embedders)
     "aembed_documents": "embed_documents",

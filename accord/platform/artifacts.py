@@ -97,6 +97,18 @@ WORKFLOW_EVENT = ArtifactClass(
     "workflow_event", "ordered events the agents of one workflow share, append-only",
     "accord_workflow_events",
 )  # fmt: skip
+ARTIFACT = ArtifactClass(
+    "artifact", "large outputs and files of a thread's steps, by pointer (GridFS files)",
+    "accord_artifacts.files", thread_scoped=True,
+)  # fmt: skip
+ARTIFACT_CHUNK = ArtifactClass(
+    "artifact_chunk", "the bytes of artifacts, in chunks (GridFS chunks)",
+    "accord_artifacts.chunks", thread_scoped=True,
+)  # fmt: skip
+BUSINESS_UNDO = ArtifactClass(
+    "business_undo", "before-images of business writes, for rolling a thread back",
+    "accord_business_undo", thread_scoped=True,
+)  # fmt: skip
 
 CLASSES: dict[str, ArtifactClass] = {
     c.name: c
@@ -120,6 +132,9 @@ CLASSES: dict[str, ArtifactClass] = {
         HOLD,
         BUSINESS,
         WORKFLOW_EVENT,
+        ARTIFACT,
+        ARTIFACT_CHUNK,
+        BUSINESS_UNDO,
     )
 }
 

@@ -10,15 +10,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from accord.checkpointers import maintenance, plans, schema, validation
-from accord.checkpointers.asynchronous.saver_writes import AsyncSaverWrites
+from accord.checkpointers.asynchronous.saver_artifacts import AsyncSaverArtifacts
 from accord.checkpointers.storage import Scope
 from accord.errors import InvalidInputError, WriteRefused
-from accord.platform import runs
+from accord.platform import runs, undo_log
+from accord.platform.artifacts import BUSINESS_UNDO
+from accord.platform.plan import Group, Op
 
 _IS_SYNC = False
 
 
-class AsyncSaverMaintenance(AsyncSaverWrites):
+class AsyncSaverMaintenance(AsyncSaverArtifacts):
     """Deleting, sweeping, copying and pruning threads (see the module docstring)."""
 
     async def adelete_thread(
@@ -85,9 +87,11 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
             "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
             version, refused=plans.gone if expired_only else None,
         )  # fmt: skip
+        # the thread's artifacts and undo log go with it, in the same transaction
         plan = plans.maintenance_plan(
-            self.target, scope, guard, deletes, "checkpoint.delete_thread"
-        )
+            self.target, scope, guard, deletes, "checkpoint.delete_thread",
+            extra=[*self._thread_artifacts(f), self._thread_undo(f)],
+        )  # fmt: skip
         # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
         if (not expired_only if forget is None else forget) and await self.outbox_gate.refresh():
             plan.events.append(self.target.thread_deleted(scope, version))
@@ -98,6 +102,14 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
                 await self._delete_in_batches(
                     scope, key, f, "checkpoint.delete_thread", takeover=True
                 )
+
+    def _thread_undo(self, thread_filter: dict[str, Any]) -> Group:
+        """The group deleting a thread's undo log (before-images of its business writes;
+        the records themselves are the application's and stay)."""
+        return Group(
+            "delete:undo", self.business_db, undo_log.COLLECTION, BUSINESS_UNDO.name,
+            [Op("delete_many", dict(thread_filter))],
+        )  # fmt: skip
 
     async def _delete_in_batches(
         self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool
