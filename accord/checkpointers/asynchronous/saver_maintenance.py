@@ -252,6 +252,12 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
             None,
             operation,
         )
+        await self._collect_values(scope, started, operation)
+
+    async def _collect_values(self, scope: Scope, started: Any, operation: str) -> None:
+        """Delete the values (blobs) of ``scope``'s namespace and the thread's messages
+        that no remaining checkpoint references and that were created before
+        ``started`` (:func:`maintenance.gc_cutoff`, taken before the checkpoints went)."""
         names = self.collections
         remaining = await self._find_all(
             names.checkpoints, scope.ns_filter, projection={"blobs": 1}

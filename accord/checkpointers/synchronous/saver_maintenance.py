@@ -247,6 +247,12 @@ class SaverMaintenance(SaverArtifacts):
             None,
             operation,
         )
+        self._collect_values(scope, started, operation)
+
+    def _collect_values(self, scope: Scope, started: Any, operation: str) -> None:
+        """Delete the values (blobs) of ``scope``'s namespace and the thread's messages
+        that no remaining checkpoint references and that were created before
+        ``started`` (:func:`maintenance.gc_cutoff`, taken before the checkpoints went)."""
         names = self.collections
         remaining = self._find_all(names.checkpoints, scope.ns_filter, projection={"blobs": 1})
         links = {
