@@ -228,3 +228,23 @@ def test_the_artifact_of_a_killed_step_is_collected(
     assert client[db_name][gl.FILES].find_one({"_id": out["refs"][0]["id"]})["status"] == (
         gl.COMMITTED
     )
+
+
+def test_the_cli_collects_orphans(
+    client: MongoClient, mongo_uri: str, saver: Any, db_name: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from accord.platform.cli import app as cli
+
+    with pytest.raises(RuntimeError):
+        _graph(saver, b"orphan", fail=True).invoke({"refs": []}, config("t10"))
+    env = {"MONGODB_URI": mongo_uri}
+    args = ["threads", "gc-artifacts", "--db", db_name]
+    kept = CliRunner().invoke(cli, [*args, "--grace", "3600"], env=env)
+    assert kept.exit_code == 0 and "0 orphaned" in kept.output, kept.output
+    done = CliRunner().invoke(cli, [*args, "--grace", "0"], env=env)
+    assert done.exit_code == 0 and "1 orphaned" in done.output, done.output
+    assert _files(client, db_name) == []
+    bad = CliRunner().invoke(cli, [*args, "--grace", "-1"], env=env)
+    assert bad.exit_code == 1 and "grace" in bad.output

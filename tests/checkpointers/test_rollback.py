@@ -217,3 +217,28 @@ def test_bad_input(saver: Any) -> None:
         saver.rollback({"configurable": {"thread_id": "a", "checkpoint_ns": "x:1"}}, to=cp)
     with pytest.raises(TypeError):
         saver.rollback(config("a"), cp)  # `to` is keyword-only
+
+
+def test_the_cli(client: MongoClient, mongo_uri: str, saver: Any, db_name: str) -> None:
+    """``accord threads rollback THREAD --to CP`` rewinds and restores; a refusal exits 1
+    naming the record."""
+    from typer.testing import CliRunner
+
+    from accord.platform.cli import app as cli
+
+    graph = _graph(saver)
+    graph.invoke({"n": 0}, config("a"))
+    cp = _latest(graph, "a")
+    graph.invoke({"n": 0}, config("a"))
+    graph.invoke({"n": 0}, config("b"))
+    env = {"MONGODB_URI": mongo_uri}
+    refused = CliRunner().invoke(cli, ["threads", "rollback", "a", "--to", cp, "--db", db_name],
+                                 env=env)  # fmt: skip
+    assert refused.exit_code == 1 and "'acct'" in refused.output, refused.output
+    b_first = [h.config["configurable"]["checkpoint_id"] for h in graph.get_state_history(
+        config("b"))][-1]  # fmt: skip
+    done = CliRunner().invoke(cli, ["threads", "rollback", "b", "--to", b_first, "--db", db_name],
+                              env=env)  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "records restored" in " ".join(done.output.split())
+    assert client[db_name].ledger.count_documents({"_id": "b-1"}) == 0
