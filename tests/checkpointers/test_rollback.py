@@ -242,3 +242,26 @@ def test_the_cli(client: MongoClient, mongo_uri: str, saver: Any, db_name: str) 
     assert done.exit_code == 0, done.output
     assert "records restored" in " ".join(done.output.split())
     assert client[db_name].ledger.count_documents({"_id": "b-1"}) == 0
+
+
+def test_refused_while_a_run_holds_the_thread(client: MongoClient, saver: Any) -> None:
+    """A thread being run is not rolled back under its run: ``ConcurrentRunError``."""
+    from accord.errors import ConcurrentRunError
+
+    graph = _graph(saver)
+    graph.invoke({"n": 0}, config("a"))
+    cp = _latest(graph, "a")
+    seen: list[BaseException] = []
+
+    def meddler(state: State) -> dict[str, Any]:
+        try:
+            saver.rollback(config("a"), to=cp)
+        except ConcurrentRunError as exc:
+            seen.append(exc)
+        return {"n": 1}
+
+    g = StateGraph(State)
+    g.add_node("meddler", meddler)
+    g.add_edge(START, "meddler")
+    g.compile(checkpointer=saver).invoke({"n": 0}, config("a"))
+    assert len(seen) == 1 and "rollback" in str(seen[0])
