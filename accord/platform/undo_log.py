@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import bson
-from bson import Binary
+from bson import Binary, ObjectId
 from pymongo import ASCENDING, IndexModel
 
 from accord.platform.artifacts import BUSINESS, BUSINESS_UNDO
@@ -157,9 +157,17 @@ class UndoLogHook:
                 else:
                     hits = found.get(f"undo:{i}:{j}") or []
                     tenant = (op.filter or {}).get("tenant_id")
+                    named = (op.filter or {}).get("_id")
+                    earlier = (
+                        (group.db, group.collection, named)
+                        if isinstance(named, str | int | ObjectId)
+                        else None
+                    )
                     if hits:
                         before = hits[0]
                         record_id = before.get("_id")
+                    elif earlier is not None and seen.get(earlier) is not None:
+                        record_id = named  # created earlier in this batch (not in the read)
                     elif op.upsert:
                         record_id = _upserted_id(op)
                         if record_id is None:

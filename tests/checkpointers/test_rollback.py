@@ -265,3 +265,27 @@ def test_refused_while_a_run_holds_the_thread(client: MongoClient, saver: Any) -
     g.add_edge(START, "meddler")
     g.compile(checkpointer=saver).invoke({"n": 0}, config("a"))
     assert len(seen) == 1 and "rollback" in str(seen[0])
+
+
+def test_a_record_written_twice_in_one_step(client: MongoClient, saver: Any, db_name: str) -> None:
+    """A task that creates a record and updates it: both writes are logged (the second
+    on the record the first created), and the rollback removes it."""
+
+    def twice(state: State) -> dict[str, Any]:
+        business.insert_one("carts", {"_id": "c1", "items": 0})
+        business.update_one("carts", {"_id": "c1"}, {"$inc": {"items": 2}})
+        return {"n": 1}
+
+    g = StateGraph(State)
+    g.add_node("twice", twice)
+    g.add_edge(START, "twice")
+    graph = g.compile(checkpointer=saver)
+    graph.invoke({"n": 0}, config("a"))
+    assert client[db_name].carts.find_one() == {
+        "_id": "c1", "tenant_id": "default", "items": 2, "_version": 2,
+    }  # fmt: skip
+    first = [h.config["configurable"]["checkpoint_id"] for h in graph.get_state_history(
+        config("a"))][-1]  # fmt: skip
+    done = saver.rollback(config("a"), to=first)
+    assert done.writes_undone == 2 and done.records_restored == 1
+    assert client[db_name].carts.count_documents({}) == 0
