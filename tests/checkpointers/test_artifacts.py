@@ -248,3 +248,35 @@ def test_the_cli_collects_orphans(
     assert _files(client, db_name) == []
     bad = CliRunner().invoke(cli, [*args, "--grace", "-1"], env=env)
     assert bad.exit_code == 1 and "grace" in bad.output
+
+
+def test_async_node_and_saver(mongo_uri: str, client: MongoClient, db_name: str) -> None:
+    """``aput_artifact`` in an async node of a graph run with ``ainvoke`` on
+    ``AsyncAccordSaver``; ``aget_artifact`` reads it back."""
+    import asyncio
+
+    from pymongo import AsyncMongoClient
+
+    from accord.checkpointers import AsyncAccordSaver
+
+    async def main() -> bytes:
+        aclient: AsyncMongoClient[Any] = AsyncMongoClient(mongo_uri)
+        try:
+            saver = AsyncAccordSaver(aclient, db_name=db_name)
+            await saver.setup()
+
+            async def store(state: State, config: RunnableConfig) -> dict[str, Any]:
+                ref = await saver.aput_artifact(config, BIG, content_type="x/y")
+                return {"refs": [ref.as_dict()]}
+
+            g = StateGraph(State)
+            g.add_node("store", store)
+            g.add_edge(START, "store")
+            out = await g.compile(checkpointer=saver).ainvoke({"refs": []}, config("a1"))
+            assert await saver.agc_artifacts(grace=0) == 0
+            return await saver.aget_artifact(out["refs"][0])
+        finally:
+            await aclient.close()
+
+    assert asyncio.run(main()) == BIG
+    assert _files(client, db_name)[0]["status"] == gl.COMMITTED
