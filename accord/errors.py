@@ -329,6 +329,34 @@ class RunTimeout(AccordError, TimeoutError):
         self.status = status
 
 
+class ArtifactNotFound(AccordError):
+    """No artifact with this id exists for the tenant: it was never stored, its thread was
+    deleted, or it was collected as an orphan (its step never committed). Nothing was
+    read; store the data again."""
+
+
+class ArtifactCorrupted(AccordError):
+    """An artifact's stored bytes do not match its reference (length or SHA-256 digest),
+    or chunks are missing. Nothing is returned; the stored copy is kept for inspection
+    (``accord_artifacts.files`` / ``.chunks``)."""
+
+
+class RollbackRefused(AccordError):
+    """A thread cannot be rolled back: a business record the rollback would restore was
+    changed since by another writer (another thread), or the rollback's target is not
+    one of the thread's checkpoints. Nothing was changed.
+
+    Attributes: ``collection`` and ``record_id`` of the record (None when the refusal is
+    not about one record)."""
+
+    def __init__(
+        self, message: str, *, collection: str | None = None, record_id: object = None
+    ) -> None:
+        super().__init__(message)
+        self.collection = collection
+        self.record_id = record_id
+
+
 class MemoryConflictError(AccordError):
     """Other writers kept changing the same memories while they were being written; nothing
     of this write was committed. Retry it."""

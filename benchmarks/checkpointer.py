@@ -621,7 +621,9 @@ def kernel_cost(rounds: int = 2000) -> list[str]:
         f"**The kernel's own cost per step** (in process, {rounds:,} steps, no I/O): "
         f"{per_step * 1e6:.0f} us to build a step's two plans with their contexts and run "
         f"its check ({checks}) and derive ({derives}) phases and build its run guard. The "
-        f"seal phase ({seals}) adds nothing to a step that appends no workflow event; "
+        f"seal phase ({seals}) adds nothing to a step that appends no workflow event and "
+        "stages no business write; the undo log adds one document per business write (and "
+        "a read per update, replace or delete: `python -m benchmarks.undo_cost`); "
         "governance's audit, when on, adds its records there."
     ]
 

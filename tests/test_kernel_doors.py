@@ -34,6 +34,7 @@ from accord.memory.http_api import create_app
 from accord.memory.mcp_server import create_server
 from accord.memory.principals import ApiKeys
 from accord.memory.principals import Principal as KeyPrincipal
+from accord.platform import undo_log
 from accord.platform.cli import app as cli
 from accord.platform.hooks import ReadRequest, SealBatch, SealRead
 from accord.platform.plan import Group, Op
@@ -132,7 +133,9 @@ def _missing_records(client: MongoClient, db_name: str) -> dict[str, list[Any]]:
             anonymous[r["collection"]] += 1
     missing: dict[str, list[Any]] = {}
     for name in db.list_collection_names():
-        if name in (LEDGER, "accord_catalog") or name.startswith("system."):
+        # the undo log is written by its seal hook, in the transaction of the business
+        # writes whose before-images it records (the ledger sees those writes)
+        if name in (LEDGER, "accord_catalog", undo_log.COLLECTION) or name.startswith("system."):
             continue
         ids = [d["_id"] for d in db[name].find({}, {"_id": 1})]
         lost = [i for i in ids if i not in recorded[name]]

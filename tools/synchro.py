@@ -76,6 +76,10 @@ REPLACEMENTS: dict[str, str] = {
     "asweep": "sweep",
     "adelete_expired": "delete_expired",
     "aread_workflow_events": "read_workflow_events",
+    "aput_artifact": "put_artifact",
+    "aget_artifact": "get_artifact",
+    "agc_artifacts": "gc_artifacts",
+    "arollback": "rollback",
     "await_for": "wait_for",
     # accord's embedders (accord.memory.embedders)
     "aembed_documents": "embed_documents",

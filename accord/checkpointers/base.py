@@ -27,7 +27,7 @@ from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import ConfigurationError, InvalidInputError
-from accord.platform import runs
+from accord.platform import gridfs_layout, runs
 from accord.platform.context import ReadContext
 
 logger = logging.getLogger("accord.checkpointers")
@@ -315,7 +315,11 @@ class AccordBase(BaseCheckpointSaver[str]):
         """Collection names business writes may never target (accord's own collections in
         this database, whichever component or application configured them; refreshed from
         the catalog by the saver)."""
-        own = set(self.collections.all().values()) if self.business_db == self.db_name else set()
+        own = (
+            {*self.collections.all().values(), gridfs_layout.FILES, gridfs_layout.CHUNKS}
+            if self.business_db == self.db_name
+            else set()
+        )
         return self._reserved | own
 
     def _reserved_stale(self, names: Sequence[str]) -> bool:
@@ -333,8 +337,8 @@ class AccordBase(BaseCheckpointSaver[str]):
         reserved = self.reserved_collections()
         for spec in staged:
             name = spec.get("collection")
-            if spec.get("op") == plans.APPEND_EVENT:
-                continue  # accord's workflow log, numbered by its seal hook
+            if spec.get("op") in (plans.APPEND_EVENT, plans.COMMIT_ARTIFACT):
+                continue  # accord's workflow log / artifacts, addressed by accord
             if name in reserved:
                 raise InvalidInputError(
                     f"business writes may not target {name!r}: it is one of accord's own "

@@ -169,6 +169,18 @@ class AnswersSyncCalls:
     def sweep(self) -> int:
         return self._on_loop(self.asweep())  # type: ignore[attr-defined,no-any-return]
 
+    def put_artifact(self, config: RunnableConfig, data: Any, **kwargs: Any) -> Any:
+        return self._on_loop(self.aput_artifact(config, data, **kwargs))  # type: ignore[attr-defined]
+
+    def get_artifact(self, ref: Any, **kwargs: Any) -> bytes:
+        return self._on_loop(self.aget_artifact(ref, **kwargs))  # type: ignore[attr-defined,no-any-return]
+
+    def gc_artifacts(self, **kwargs: Any) -> int:
+        return self._on_loop(self.agc_artifacts(**kwargs))  # type: ignore[attr-defined,no-any-return]
+
+    def rollback(self, config: RunnableConfig, **kwargs: Any) -> Any:
+        return self._on_loop(self.arollback(config, **kwargs))  # type: ignore[attr-defined]
+
 
 async def _collect(aiter: AsyncIterator[Any]) -> builtins.list[Any]:
     return [item async for item in aiter]
@@ -271,6 +283,18 @@ class AnswersAsyncCalls:
 
     async def asweep(self) -> int:
         return await in_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]
+
+    async def aput_artifact(self, config: RunnableConfig, data: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.put_artifact, config, data, **kwargs)  # type: ignore[attr-defined]
+
+    async def aget_artifact(self, ref: Any, **kwargs: Any) -> bytes:
+        return await in_thread(self.get_artifact, ref, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def agc_artifacts(self, **kwargs: Any) -> int:
+        return await in_thread(self.gc_artifacts, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def arollback(self, config: RunnableConfig, **kwargs: Any) -> Any:
+        return await in_thread(self.rollback, config, **kwargs)  # type: ignore[attr-defined]
 
 
 #: background tasks (kept so they are not collected before they finish)

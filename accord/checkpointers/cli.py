@@ -8,6 +8,8 @@ They register on the platform's typer app through the ``accord.cli`` entry point
   (:mod:`accord.checkpointers.asynchronous.migration`, run by its sync twin): resumable,
   idempotent, with a progress bar.
 * ``accord threads delete THREAD``: delete a thread whole (refused under a legal hold).
+* ``accord threads rollback THREAD --to CHECKPOINT`` and ``accord threads gc-artifacts``:
+  :mod:`accord.checkpointers.threads_cli`.
 * ``accord threads show|release THREAD``: who holds a thread, and taking it over. A run
   holds its thread with a lease (docs/checkpointer.md, "Ownership"). A process that died
   on this machine is noticed by the next claimer at once; one that died on another
@@ -250,5 +252,7 @@ def delete(
 
 def register(app: typer.Typer) -> None:
     """Entry point (``accord.cli``): add the checkpointer's commands to the ``accord`` app."""
+    from accord.checkpointers import threads_cli  # noqa: F401  (registers its commands)
+
     app.add_typer(checkpoints_app, name="checkpoints")
     app.add_typer(threads_app, name="threads")

@@ -26,11 +26,13 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bson import ObjectId
+
 from accord.checkpointers import events, schema
 from accord.checkpointers.storage import PutDocs, Scope, WriteDocs
-from accord.errors import ConfigurationError, WriteRefused
-from accord.platform import runs
-from accord.platform.artifacts import BUSINESS, WORKFLOW_EVENT
+from accord.errors import ArtifactNotFound, ConfigurationError, WriteRefused
+from accord.platform import gridfs_layout, runs
+from accord.platform.artifacts import ARTIFACT, BUSINESS, WORKFLOW_EVENT
 from accord.platform.context import WriteContext
 from accord.platform.plan import Counts, Expect, Group, Op, OutboxEvent, Plan
 
@@ -167,7 +169,15 @@ def writes_plan(
         groups.append(saved)
     if business:
         groups.append(target.group(MARKS, "writes", list(docs.marks)))
-        groups.extend(business_groups(target.business_db, business))
+        origin = {
+            "thread_id": scope.thread_id, "checkpoint_ns": scope.checkpoint_ns,
+            "checkpoint_id": checkpoint_id, "task_id": task_id,
+        }  # fmt: skip
+        writes = [s for s in business if s.get("op") != COMMIT_ARTIFACT]
+        groups.extend(business_groups(target.business_db, writes, origin=origin))
+        commits = [s for s in business if s.get("op") == COMMIT_ARTIFACT]
+        if commits:
+            groups.append(artifact_commits(target, scope, commits, checkpoint_id, task_id))
     if docs.ops:
         groups.append(target.group("writes", "writes", docs.ops))
     event = target.event(scope, events.WRITES, checkpoint_id, task_id=task_id)
@@ -176,12 +186,66 @@ def writes_plan(
 
 #: The staged op that appends an event to a shared workflow log (``business.append_event``).
 APPEND_EVENT = "append_event"
+#: The staged op that commits the reference of an artifact the task stored
+#: (``saver.put_artifact`` inside a node).
+COMMIT_ARTIFACT = "commit_artifact"
+#: Group of a task's artifact commits.
+ARTIFACT_COMMITS = "artifacts:commit"
 
 
-def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]:
+def artifact_commits(
+    target: Target,
+    scope: Scope,
+    staged: Sequence[Mapping[str, Any]],
+    checkpoint_id: str,
+    task_id: str,
+) -> Group:
+    """The pending artifacts a task stored, committed with its writes: each must still
+    be pending on the task's thread (else :class:`~accord.errors.ArtifactNotFound`: it
+    was collected as an orphan, the task's writes are not committed)."""
+    ids = [str(s.get("artifact_id")) for s in staged]
+    ops = [
+        Op(
+            "update",
+            {
+                "_id": i,
+                "tenant_id": scope.tenant_id,
+                "thread_id": scope.thread_id,
+                "status": gridfs_layout.PENDING,
+            },
+            {
+                "$set": {
+                    "status": gridfs_layout.COMMITTED,
+                    "checkpoint_ns": scope.checkpoint_ns,
+                    "checkpoint_id": checkpoint_id,
+                    "task_id": task_id,
+                }
+            },
+        )  # fmt: skip
+        for i in ids
+    ]
+
+    def collected(counts: Counts) -> BaseException:
+        return ArtifactNotFound(
+            f"task {task_id!r} of thread {scope.thread_id!r} stored artifacts {ids}, but not "
+            f"all of them are pending any more (collected as orphans: gc_artifacts ran with "
+            f"a grace shorter than the task). Nothing of the task was committed; resuming "
+            f"the thread runs it again."
+        )
+
+    return Group(
+        ARTIFACT_COMMITS, target.db, gridfs_layout.FILES, ARTIFACT.name, ops,
+        expect=Expect(matched=len(ops), error=collected),
+    )  # fmt: skip
+
+
+def business_groups(
+    db: str, staged: Sequence[Mapping[str, Any]], *, origin: Mapping[str, Any] | None = None
+) -> list[Group]:
     """One group per run of consecutive staged ops on the same collection, in order; an
     op staged with ``expect_version`` is a group of its own, expected to match its record
-    (else :class:`StaleVersion`, which the saver turns into ``VersionConflict``)."""
+    (else :class:`StaleVersion`, which the saver turns into ``VersionConflict``).
+    ``origin``: the task the writes come from (the undo log records it)."""
     groups: list[Group] = []
     for spec in staged:
         op = business_op(spec)
@@ -221,7 +285,16 @@ def business_groups(db: str, staged: Sequence[Mapping[str, Any]]) -> list[Group]
                 else Expect(matched=1, error=stale)
             )
         groups.append(
-            Group(group_name, db, name, BUSINESS.name, [op], sources=[spec], expect=expect)
+            Group(
+                group_name,
+                db,
+                name,
+                BUSINESS.name,
+                [op],
+                sources=[spec],
+                expect=expect,
+                origin=origin,
+            )  # fmt: skip
         )
     return groups
 
@@ -292,6 +365,16 @@ def _versioned_filter(spec: Mapping[str, Any]) -> Any:
     return {**filt, VERSION_FIELD: expected if expected else {"$in": [None, 0]}}
 
 
+def _names_no_id(filt: Any, update: Mapping[str, Any]) -> bool:
+    """Whether neither the filter nor any operator of ``update`` names ``_id``."""
+    if not isinstance(filt, Mapping) or "_id" in filt:
+        return False
+    return not any(
+        isinstance(arg, Mapping) and any(str(p).split(".", 1)[0] == "_id" for p in arg)
+        for arg in update.values()
+    )
+
+
 def business_op(spec: Mapping[str, Any]) -> Op:
     """The op a staged business write runs: the application's op, keeping the record's
     ``_version`` (and matching only the expected one, with ``expect_version``)."""
@@ -299,7 +382,8 @@ def business_op(spec: Mapping[str, Any]) -> Op:
     if kind == APPEND_EVENT:
         return Op("insert", doc=spec["document"])
     if kind == "insert_one":
-        return Op("insert", doc={**spec["document"], VERSION_FIELD: 1})
+        # the record's _id given here rather than by the driver: the undo log names it
+        return Op("insert", doc={"_id": ObjectId(), **spec["document"], VERSION_FIELD: 1})
     if kind == "update_one":
         update = spec["update"]
         if isinstance(update, Mapping):
@@ -308,6 +392,13 @@ def business_op(spec: Mapping[str, Any]) -> Op:
                 **update,
                 "$inc": {**(inc if isinstance(inc, Mapping) else {}), VERSION_FIELD: 1},
             }
+            if spec.get("upsert") and _names_no_id(spec["filter"], update):
+                # a record the upsert creates gets an _id the undo log knows
+                on_insert = update.get("$setOnInsert")
+                versioned["$setOnInsert"] = {
+                    **(on_insert if isinstance(on_insert, Mapping) else {}),
+                    "_id": ObjectId(),
+                }
         else:
             versioned = [*update, _NEXT_VERSION]
         return Op("update", _versioned_filter(spec), versioned, upsert=spec.get("upsert", False))
@@ -333,13 +424,16 @@ def maintenance_plan(
     deletes: Sequence[tuple[str, dict[str, Any]]],
     operation: str,
     inserts: Sequence[tuple[str, list[Op]]] = (),
+    extra: Sequence[Group] = (),
 ) -> Plan:
     """``deletes``: (collection key, filter) pairs run as ``delete_many`` in order;
-    ``inserts``: (collection key, ops)."""
+    ``inserts``: (collection key, ops); ``extra``: groups on collections outside the
+    saver's names (a thread's artifacts and undo log), last."""
     groups: list[Group] = []
     for i, (key, filt) in enumerate(deletes):
         groups.append(target.group(f"delete:{i}:{key}", key, [Op("delete_many", filt)]))
     for i, (key, ops) in enumerate(inserts):
         if ops:
             groups.append(target.group(f"insert:{i}:{key}", key, ops))
+    groups.extend(extra)
     return Plan(context(scope, operation, guard), groups)

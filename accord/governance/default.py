@@ -101,6 +101,21 @@ audit = "metadata"
 subject_fields = ["event.user_id"]
 roles = { runtime = ["find", "insert", "update"], admin = ["find", "insert", "update", "remove"] }
 
+[classes.artifact]             # large outputs by pointer (GridFS files): go with their thread
+collection = "accord_artifacts.files"
+audit = "metadata"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.artifact_chunk]       # the bytes of artifacts: go with their artifact
+collection = "accord_artifacts.chunks"
+audit = "off"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
+[classes.business_undo]        # before-images of business writes: go with their thread
+collection = "accord_business_undo"
+audit = "off"
+roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
+
 [classes.audit]                # append-only: nobody may update or remove a record
 collection = "audit"
 audit = "off"

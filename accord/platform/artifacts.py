@@ -97,6 +97,18 @@ WORKFLOW_EVENT = ArtifactClass(
     "workflow_event", "ordered events the agents of one workflow share, append-only",
     "accord_workflow_events",
 )  # fmt: skip
+ARTIFACT = ArtifactClass(
+    "artifact", "large outputs and files of a thread's steps, by pointer (GridFS files)",
+    "accord_artifacts.files", thread_scoped=True,
+)  # fmt: skip
+ARTIFACT_CHUNK = ArtifactClass(
+    "artifact_chunk", "the bytes of artifacts, in chunks (GridFS chunks)",
+    "accord_artifacts.chunks", thread_scoped=True,
+)  # fmt: skip
+BUSINESS_UNDO = ArtifactClass(
+    "business_undo", "before-images of business writes, for rolling a thread back",
+    "accord_business_undo", thread_scoped=True,
+)  # fmt: skip
 
 QUEUED_RUN = ArtifactClass(
     "queued_run", "the queue of runs: graph, input, status, owner, lease, fence, result",
@@ -126,6 +138,9 @@ CLASSES: dict[str, ArtifactClass] = {
         BUSINESS,
         WORKFLOW_EVENT,
         QUEUED_RUN,
+        ARTIFACT,
+        ARTIFACT_CHUNK,
+        BUSINESS_UNDO,
     )
 }
 

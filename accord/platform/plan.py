@@ -144,7 +144,9 @@ class Group:
     ``artifact`` names the artifact class of the collection
     (:mod:`accord.platform.artifacts`): hooks such as governance's policy check and audit
     key on it. ``sources`` records, per op, what the op came from (e.g. the staged
-    business operation), so an error can name it.
+    business operation), so an error can name it. ``origin`` says where the group's
+    writes come from, for seal hooks (a task's business writes: its thread, namespace,
+    checkpoint and task id; the undo log records them).
     """
 
     name: str
@@ -154,6 +156,7 @@ class Group:
     ops: list[Op] = field(default_factory=list)
     sources: list[Any] | None = None
     expect: Expect | None = None
+    origin: Mapping[str, Any] | None = None
 
     @property
     def namespace(self) -> str:

@@ -10,6 +10,7 @@ from pymongo.write_concern import WriteConcern
 
 from accord.platform.outbox import OutboxHook
 from accord.platform.tenancy import TenantGuard
+from accord.platform.undo_log import UndoLogHook
 from accord.platform.workflow_log import WorkflowLogHook
 
 #: maxWireVersion of MongoDB 8.0, the first with the client-level ``bulkWrite`` command.
@@ -27,5 +28,6 @@ DEFAULT_TIMEOUT = 30.0
 
 def default_hooks() -> list[Any]:
     """Hooks every unit of work starts with: the tenancy guard (check), the outbox
-    (derive), the workflow logs' numbering (seal)."""
-    return [TenantGuard(), OutboxHook(), WorkflowLogHook()]
+    (derive), the workflow logs' numbering (seal), the business writes' undo log
+    (seal)."""
+    return [TenantGuard(), OutboxHook(), WorkflowLogHook(), UndoLogHook()]

@@ -32,7 +32,7 @@ from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import AccordError, DatabaseError, InvalidInputError, TransactionTimeout
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.synchronous.service import MemoryService
-from accord.platform import artifacts, runs, workflow_log
+from accord.platform import artifacts, gridfs_layout, runs, undo_log, workflow_log
 from accord.platform.synchronous.call_log import CallLog
 from accord.platform.synchronous.catalog import Catalog
 from accord.platform.synchronous.run_queue import RunQueue
@@ -216,6 +216,8 @@ def test_business_writes_cannot_target_another_components_collections(
         CallLog(UnitOfWork(client), db_name).setup()
         # the queue of runs (set up by Accord.runs(), accord runs, accord worker)
         RunQueue(UnitOfWork(client), db_name).setup()
+        # artifacts (set up at the first one stored); the undo log is a default hook's
+        first.put_artifact({"configurable": {"thread_id": "setup"}}, b"x")
         cataloged = {d["_id"]: d["artifact"] for d in client[db_name].accord_catalog.find()}
         owned_classes = {c.name for c in artifacts.CLASSES.values() if c.default_collection}
         targets = [
@@ -229,6 +231,9 @@ def test_business_writes_cannot_target_another_components_collections(
             "accord_run_queue",
             artifacts.CATALOG_COLLECTION,
             workflow_log.COLLECTION,
+            gridfs_layout.FILES,
+            gridfs_layout.CHUNKS,
+            undo_log.COLLECTION,
         ]
         # every artifact class that has collections so far is covered (audit records
         # and checkpoint heads have no component writing them yet; applied policies and

@@ -63,6 +63,9 @@ TABLE: dict[str, dict[str, str]] = {
     "recorded_call": {R: ALL, D: ALL},
     "queued_run": {R: ALL, D: ALL},
     "hold": {R: "f", A: "f", M: "f", U: "f", D: ALL},
+    "artifact": {R: ALL, D: ALL},
+    "artifact_chunk": {R: ALL, D: ALL},
+    "business_undo": {R: ALL, D: ALL},
 }
 TENANT = "acme"
 

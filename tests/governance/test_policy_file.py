@@ -142,11 +142,12 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
         "checkpoint", "checkpoint_blob", "checkpoint_write", "checkpoint_head",
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
         "memory_vector", "business", "audit", "audit_digest", "catalog", "migration", "policy",
-        "workflow_event", "recorded_call", "hold", "queued_run",
+        "workflow_event", "recorded_call", "hold", "queued_run", "artifact", "artifact_chunk",
+        "business_undo",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
-                "run", "outbox", "business", "workflow_event", "recorded_call",
-                "queued_run"):  # fmt: skip
+                "run", "outbox", "business", "workflow_event", "recorded_call", "queued_run",
+                "artifact", "artifact_chunk", "business_undo"):  # fmt: skip
         assert table[cls]["memory-api"] == "-", cls  # the memory API never sees state
         assert table[cls]["auditor"] == "-", cls
     assert {c for c, row in table.items() if row["auditor"] != "-"} == {

@@ -84,6 +84,8 @@ def _graph(saver: Any) -> Any:
                                        "user_id": user, "item": f"{state['messages'][-1].content}"})  # fmt: skip
         business.append_event("checkout", {"user_id": user, "step": n})
         recorded_call(_lookup, user, str(state["messages"][-1].content))  # a tool's result
+        # a file the step produced, by pointer (GridFS's layout): it names the subject too
+        saver.put_artifact(config, f"receipt of {user}: {state['messages'][-1].content}".encode())
         return {"messages": [AIMessage("Noted.", id=f"ai-{thread}-{n}")], "log": ["answer"]}
 
     builder = StateGraph(Chat)
@@ -160,7 +162,8 @@ def test_export_holds_each_class_with_a_manifest(
                  "outbox"):  # fmt: skip
         assert name in by_class, sorted(by_class)
     for name in ("checkpoint", "checkpoint_blob", "short_term_memory", "long_term_memory",
-                 "business:orders", "workflow_event", "recorded_call"):  # fmt: skip
+                 "business:orders", "workflow_event", "recorded_call", "artifact",
+                 "artifact_chunk"):  # fmt: skip
         assert by_class[name]["documents"] > 0, name
     assert manifest["threads"] == [{"tenant_id": "default", "thread_id": "chat-a"}]
     import hashlib
@@ -205,8 +208,10 @@ def test_erasure_leaves_no_trace_and_the_chain_verifies(
     assert db.accord_checkpoints.count_documents({"thread_id": "chat-b"}) > 0
     assert db.accord_checkpoints.count_documents({"thread_id": "chat-a"}) == 0
     for name in ("accord_checkpoint_blobs", "accord_checkpoint_writes", "short_term_memory",
-                 "runs", "checkpoint_heads", "accord_recorded_calls"):  # fmt: skip
+                 "runs", "checkpoint_heads", "accord_recorded_calls", "accord_artifacts.files",
+                 "accord_artifacts.chunks", "accord_business_undo"):  # fmt: skip
         assert db[name].count_documents({"thread_id": "chat-a"}) == 0, name
+    assert db["accord_artifacts.files"].count_documents({"thread_id": "chat-b"}) == 2
     # the audit chains verify, live and from the CLI
     report = verify_chain(runtime.kernel(client, principal=Principal.service("auditor")), db_name)
     assert report.ok, report.breaks

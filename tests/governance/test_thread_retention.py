@@ -31,7 +31,8 @@ from tests.test_kernel_doors import _graph
 CALLS = "accord_recorded_calls"
 THREAD_COLLECTIONS = (
     "accord_checkpoints", "accord_checkpoint_blobs", "accord_checkpoint_writes",
-    "short_term_memory", CALLS,
+    "short_term_memory", CALLS, "accord_business_undo", "accord_artifacts.files",
+    "accord_artifacts.chunks",
 )  # fmt: skip
 EXPIRING = '[classes.checkpoint]\nretention = { expire_after = "1s", after = "last_activity" }\n'
 

@@ -28,13 +28,16 @@ def test_setup_creates_indexes_and_records_ownership(
     assert "tk" in client[db_name].my_cps.index_information()
     entries = {d["_id"]: d["artifact"] for d in client[db_name][CATALOG_COLLECTION].find()}
     # the component's collections, and the ones the kernel's default hooks write
-    # (the workflow log's seal hook owns accord_workflow_events)
+    # (the workflow log's seal hook owns accord_workflow_events, the undo log's
+    # accord_business_undo)
     assert entries == {
         "my_cps": "checkpoint", "my_out": "outbox", "accord_workflow_events": "workflow_event",
+        "accord_business_undo": "business_undo",
     }  # fmt: skip
     reserved = runner.call(cat.reserved, ["mine"])
     assert reserved == {
-        "my_cps", "my_out", "accord_workflow_events", "mine", CATALOG_COLLECTION,
+        "my_cps", "my_out", "accord_workflow_events", "accord_business_undo", "mine",
+        CATALOG_COLLECTION,
     }  # fmt: skip
 
 

@@ -387,7 +387,7 @@ def test_find_one_and_update_runs_in_the_transaction(
 
 
 def test_hook_registration_keeps_defaults(runner: Runner) -> None:
-    assert runner.uow.hooks.names() == ["tenancy", "outbox", "workflow_log"]
+    assert runner.uow.hooks.names() == ["tenancy", "outbox", "workflow_log", "undo_log"]
 
 
 def test_timeout_must_be_positive(mongo_uri: str) -> None:

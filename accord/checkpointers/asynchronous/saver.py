@@ -10,7 +10,7 @@ it is current. See docs/checkpointer.md.
 
 The class is made of layers, one module each (:mod:`.saver_core`, :mod:`.saver_runs`,
 :mod:`.saver_reads`, :mod:`.saver_queue`, :mod:`.saver_writes`,
-:mod:`.saver_maintenance`); this module adds what serves the other calling convention
+:mod:`.saver_artifacts`, :mod:`.saver_maintenance`, :mod:`.saver_rollback`); this module adds what serves the other calling convention
 (:mod:`accord.checkpointers.bridges`) and ``from_conn_string``.
 
 This module is the async source; its sync twin ``accord/checkpointers/synchronous/saver.py``
@@ -26,7 +26,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from accord.checkpointers import bridges
-from accord.checkpointers.asynchronous.saver_maintenance import AsyncSaverMaintenance
+from accord.checkpointers.asynchronous.saver_rollback import AsyncSaverRollback
 
 _IS_SYNC = False
 
@@ -35,7 +35,7 @@ _IS_SYNC = False
 _Bridge = bridges.AnswersAsyncCalls if _IS_SYNC else bridges.AnswersSyncCalls
 
 
-class AsyncAccordSaver(_Bridge, AsyncSaverMaintenance):  # type: ignore[misc,valid-type]
+class AsyncAccordSaver(_Bridge, AsyncSaverRollback):  # type: ignore[misc,valid-type]
     """The transactional LangGraph checkpointer on pymongo's ``AsyncMongoClient``.
 
     It answers LangGraph's sync and async methods alike: the ones of the other calling

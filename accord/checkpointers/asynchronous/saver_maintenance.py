@@ -12,15 +12,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from accord.checkpointers import maintenance, plans, schema, validation
-from accord.checkpointers.asynchronous.saver_writes import AsyncSaverWrites
+from accord.checkpointers.asynchronous.saver_artifacts import AsyncSaverArtifacts
 from accord.checkpointers.storage import Scope
 from accord.errors import InvalidInputError, LegalHoldError, WriteRefused
-from accord.platform import runs
+from accord.platform import runs, undo_log
+from accord.platform.artifacts import BUSINESS_UNDO
+from accord.platform.plan import Group, Op
 
 _IS_SYNC = False
 
 
-class AsyncSaverMaintenance(AsyncSaverWrites):
+class AsyncSaverMaintenance(AsyncSaverArtifacts):
     """Deleting, sweeping, copying and pruning threads (see the module docstring)."""
 
     async def adelete_thread(
@@ -137,8 +139,9 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
                 "expired", scope.tenant_id, scope.thread_id, runs.new_version(),
                 refused=plans.gone,
             )  # fmt: skip
-            plans_.append(plans.maintenance_plan(
-                self.target, scope, guard, deletes, "checkpoint.delete_thread"
+            plans_.append(plans.maintenance_plan(  # its artifacts and undo log go with it
+                self.target, scope, guard, deletes, "checkpoint.delete_thread",
+                extra=[*self._thread_artifacts(f), self._thread_undo(f)],
             ))  # fmt: skip
         try:
             result = await self.uow.execute_all(plans_)
@@ -182,9 +185,11 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
             "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
             version, refused=plans.gone if expired_only else None,
         )  # fmt: skip
+        # the thread's artifacts and undo log go with it, in the same transaction
         plan = plans.maintenance_plan(
-            self.target, scope, guard, deletes, "checkpoint.delete_thread"
-        )
+            self.target, scope, guard, deletes, "checkpoint.delete_thread",
+            extra=[*self._thread_artifacts(f), self._thread_undo(f)],
+        )  # fmt: skip
         # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
         if (not expired_only if forget is None else forget) and await self.outbox_gate.refresh():
             plan.events.append(self.target.thread_deleted(scope, version))
@@ -197,6 +202,14 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
                     scope, key, f, "checkpoint.delete_thread", takeover=True
                 )
         return docs
+
+    def _thread_undo(self, thread_filter: dict[str, Any]) -> Group:
+        """The group deleting a thread's undo log (before-images of its business writes;
+        the records themselves are the application's and stay)."""
+        return Group(
+            "delete:undo", self.business_db, undo_log.COLLECTION, BUSINESS_UNDO.name,
+            [Op("delete_many", dict(thread_filter))],
+        )  # fmt: skip
 
     async def _delete_in_batches(
         self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool
@@ -350,6 +363,12 @@ class AsyncSaverMaintenance(AsyncSaverWrites):
                 None,
                 operation,
             )
+        await self._collect_values(scope, started, operation)
+
+    async def _collect_values(self, scope: Scope, started: Any, operation: str) -> None:
+        """Delete the values (blobs) of ``scope``'s namespace and the thread's messages
+        that no remaining checkpoint references and that were created before
+        ``started`` (:func:`maintenance.gc_cutoff`, taken before the checkpoints went)."""
         names = self.collections
         remaining = await self._find_all(
             names.checkpoints, scope.ns_filter, projection={"blobs": 1}

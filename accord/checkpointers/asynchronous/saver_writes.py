@@ -314,7 +314,9 @@ class AsyncSaverWrites(AsyncSaverQueue):
         self._staged_of(run).done(key, task_id)  # queued: the next put takes it first
 
     async def _check_business(self, staged: Sequence[Mapping[str, Any]]) -> None:
-        if self._reserved_stale([str(s.get("collection")) for s in staged]):
+        own = (plans.APPEND_EVENT, plans.COMMIT_ARTIFACT)  # accord's, not the application's
+        names = [str(s.get("collection")) for s in staged if s.get("op") not in own]
+        if self._reserved_stale(names):
             await self._refresh_reserved()
         self._check_business_targets(staged)
 

@@ -11,7 +11,7 @@ it is current. See docs/checkpointer.md.
 
 The class is made of layers, one module each (:mod:`.saver_core`, :mod:`.saver_runs`,
 :mod:`.saver_reads`, :mod:`.saver_queue`, :mod:`.saver_writes`,
-:mod:`.saver_maintenance`); this module adds what serves the other calling convention
+:mod:`.saver_artifacts`, :mod:`.saver_maintenance`, :mod:`.saver_rollback`); this module adds what serves the other calling convention
 (:mod:`accord.checkpointers.bridges`) and ``from_conn_string``.
 
 Generated from ``accord/checkpointers/asynchronous/saver.py`` by ``tools/synchro.py``: edit that file, not this one.
@@ -26,7 +26,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from accord.checkpointers import bridges
-from accord.checkpointers.synchronous.saver_maintenance import SaverMaintenance
+from accord.checkpointers.synchronous.saver_rollback import SaverRollback
 
 _IS_SYNC = True
 
@@ -35,7 +35,7 @@ _IS_SYNC = True
 _Bridge = bridges.AnswersAsyncCalls if _IS_SYNC else bridges.AnswersSyncCalls
 
 
-class AccordSaver(_Bridge, SaverMaintenance):  # type: ignore[misc,valid-type]
+class AccordSaver(_Bridge, SaverRollback):  # type: ignore[misc,valid-type]
     """The transactional LangGraph checkpointer on pymongo's ``MongoClient``.
 
     It answers LangGraph's sync and async methods alike: the ones of the other calling

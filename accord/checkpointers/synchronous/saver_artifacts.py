@@ -1,0 +1,257 @@
+# Generated from accord/checkpointers/asynchronous/saver_artifacts.py by tools/synchro.py. Do not edit: run `python -m tools.synchro`.
+"""Artifacts by pointer: ``put_artifact`` stores large outputs and files in GridFS's layout
+(:mod:`accord.platform.gridfs_layout`) before the step, ``get_artifact`` reads them back
+checked against their digest, ``gc_artifacts`` collects the orphans of steps that never
+committed.
+
+Inside a node, an artifact is stored *pending* (its own transactions, before the step)
+and its reference is committed by the transaction that records the task as finished
+(``put_writes``): a task that fails, is interrupted or whose process dies leaves a
+pending artifact, which ``gc_artifacts`` deletes once it is older than its grace. Outside
+a node (a config naming a thread but no running task), the artifact is committed to the
+thread at once. Artifacts go with their thread (``delete_thread``, the ``ttl`` sweep).
+
+Generated from ``accord/checkpointers/asynchronous/saver_artifacts.py`` by ``tools/synchro.py``: edit that file, not this one.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import bson
+from langchain_core.runnables import RunnableConfig
+
+from accord.checkpointers import langgraph_internals, plans, validation
+from accord.checkpointers.storage import BUSINESS_CHANNEL
+from accord.checkpointers.synchronous.saver_writes import SaverWrites
+from accord.errors import ArtifactNotFound, ConfigurationError, InvalidInputError
+from accord.platform import gridfs_layout as gl
+from accord.platform.artifacts import ARTIFACT, ARTIFACT_CHUNK
+from accord.platform.context import ReadContext, WriteContext
+from accord.platform.plan import Counts, Expect, Group, Op, Plan
+from accord.platform.synchronous.catalog import Catalog
+
+_IS_SYNC = True
+
+#: Chunks written per transaction (255 KiB each: about 16 MiB).
+_CHUNKS_PER_TXN = 64
+#: Orphans examined per ``gc_artifacts`` round.
+_GC_BATCH = 500
+_MAX_METADATA = 64 * 1024
+
+
+class _NotPending(Exception):
+    """Internal: an orphan candidate was committed (or deleted) before the sweep got it."""
+
+
+def _not_pending(counts: Counts) -> BaseException:
+    return _NotPending()
+
+
+class SaverArtifacts(SaverWrites):
+    """``put_artifact``, ``get_artifact`` and ``gc_artifacts`` (module docstring)."""
+
+    _artifacts_ready = False
+
+    def _artifact_setup(self) -> None:
+        """Create the two GridFS collections with their indexes, in the catalog (once)."""
+        if self._artifacts_ready:
+            return
+        self._ensure_setup()
+        Catalog(self.uow, self.db_name).setup(
+            "artifacts", {gl.FILES: ARTIFACT.name, gl.CHUNKS: ARTIFACT_CHUNK.name}, gl.INDEXES
+        )
+        self._artifacts_ready = True
+
+    def put_artifact(
+        self,
+        config: RunnableConfig,
+        data: bytes,
+        *,
+        content_type: str = "application/octet-stream",
+        filename: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> gl.ArtifactRef:
+        """Store ``data`` (bytes) as an artifact of the thread of ``config`` and return its
+        reference (id, SHA-256 digest, length, content type) to keep in state.
+
+        Called from a node with the node's ``config``, the artifact is pending until the
+        task's writes commit (then it is the step's); a task that never commits leaves
+        an orphan that :meth:`gc_artifacts` collects. Called with a plain thread config,
+        it is committed to the thread at once. ``metadata``: a small document (at most
+        64 KiB of BSON) kept with it.
+
+        Raises:
+            InvalidInputError: ``data`` is not bytes, a label or the metadata is invalid.
+            ConfigurationError: called in a node of a graph run with ``durability="exit"``
+                (its tasks are never recorded one by one, so the reference could not be).
+        """
+        blob = gl.data_of(data)
+        ctype = gl.text(content_type, "content_type") or ""
+        fname = gl.text(filename, "filename", optional=True)
+        meta = _metadata(metadata)
+        scope = self._scope(config)
+        conf = validation.configurable(config)
+        send = conf.get(langgraph_internals.CONFIG_SEND)
+        info = getattr(conf.get(langgraph_internals.CONFIG_RUNTIME), "execution_info", None)
+        if send is not None and conf.get(langgraph_internals.CONFIG_DURABILITY) == "exit":
+            raise ConfigurationError(
+                "put_artifact in a node needs durability='sync' or 'async': with "
+                "durability='exit' LangGraph does not record tasks one by one, so the "
+                "artifact's reference could never be committed."
+            )
+        checkpoint_id = getattr(info, "checkpoint_id", None) or conf.get("checkpoint_id")
+        task_id = getattr(info, "task_id", None)
+        ref = gl.ArtifactRef(gl.new_id(), gl.digest(blob), len(blob), ctype)
+        self._artifact_setup()
+        files = gl.files_doc(
+            ref, tenant_id=scope.tenant_id, thread_id=scope.thread_id,
+            checkpoint_ns=scope.checkpoint_ns,
+            checkpoint_id=checkpoint_id if isinstance(checkpoint_id, str) else None,
+            task_id=task_id if isinstance(task_id, str) else None, status=gl.PENDING,
+            filename=fname, metadata=meta, at=datetime.now(UTC),
+        )  # fmt: skip
+        chunks = gl.chunk_docs(ref.id, blob, tenant_id=scope.tenant_id, thread_id=scope.thread_id)
+        batches = [
+            chunks[i : i + _CHUNKS_PER_TXN] for i in range(0, len(chunks), _CHUNKS_PER_TXN)
+        ] or [[]]
+        # the files document first, pending: a crash half-way leaves an orphan to collect
+        for n, batch in enumerate(batches):
+            groups: list[Group] = []
+            if n == 0:
+                groups.append(Group("artifact", self.db_name, gl.FILES, ARTIFACT.name,
+                                    [Op("insert", doc=files)]))  # fmt: skip
+            if batch:
+                groups.append(
+                    Group(
+                        "artifact:chunks",
+                        self.db_name,
+                        gl.CHUNKS,
+                        ARTIFACT_CHUNK.name,
+                        [Op("insert", doc=c) for c in batch],
+                    )  # fmt: skip
+                )
+            if send is None and n == len(batches) - 1:
+                groups.append(_commit_now(self.db_name, ref.id))
+            self.uow.execute(Plan(_context(scope.tenant_id, scope.thread_id, "put"), groups))
+        if send is not None:
+            if isinstance(checkpoint_id, str) and isinstance(task_id, str):
+                self.note_staged(config, checkpoint_id, task_id)
+            send([(BUSINESS_CHANNEL, {"op": plans.COMMIT_ARTIFACT, "collection": gl.FILES,
+                                      "artifact_id": ref.id})])  # fmt: skip
+        return ref
+
+    def get_artifact(self, ref: Any, *, tenant_id: str | None = None) -> bytes:
+        """The bytes of the artifact ``ref`` (an :class:`ArtifactRef` or its dict form) of
+        ``tenant_id`` (default: the saver's tenant), checked against the reference.
+
+        Raises:
+            ArtifactNotFound: no such artifact for the tenant.
+            ArtifactCorrupted: its stored bytes differ from the reference (length,
+                digest, missing chunks).
+        """
+        art = gl.ref_of(ref)
+        tenant = (
+            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
+        )
+        self._artifact_setup()
+        context = ReadContext(tenant_id=tenant, operation="artifact.read")
+        files = self.uow.find_one(
+            context, ARTIFACT.name, self.db_name, gl.FILES, {"_id": art.id, "tenant_id": tenant}
+        )
+        if files is None:
+            raise ArtifactNotFound(
+                f"no artifact {art.id!r} for tenant {tenant!r}: never stored, deleted with "
+                f"its thread, or collected as an orphan (its step never committed)."
+            )
+        chunks = self.uow.find(
+            context, ARTIFACT_CHUNK.name, self.db_name, gl.CHUNKS,
+            {"files_id": art.id, "tenant_id": tenant}, sort=[("n", 1)],
+        )  # fmt: skip
+        return gl.assemble(art, files, chunks)
+
+    def gc_artifacts(self, *, grace: float = 3600.0) -> int:
+        """Delete the orphaned artifacts (every tenant): pending ones, stored more than
+        ``grace`` seconds ago, whose step never committed; returns how many. The grace
+        must exceed the longest task (a task still running past it loses its artifacts,
+        and its commit then fails with ``ArtifactNotFound``)."""
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
+            raise InvalidInputError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        self._artifact_setup()
+        cutoff = datetime.now(UTC) - timedelta(seconds=float(grace))
+        collected = 0
+        while True:
+            orphans = self.uow.find(
+                ReadContext(tenant_id="*", operation="artifact.gc"), ARTIFACT.name,
+                self.db_name, gl.FILES, {"status": gl.PENDING, "uploadDate": {"$lt": cutoff}},
+                projection={"tenant_id": 1, "thread_id": 1}, limit=_GC_BATCH,
+            )  # fmt: skip
+            done = 0
+            for doc in orphans:
+                if self._collect_orphan(doc):
+                    done += 1
+            collected += done
+            if len(orphans) < _GC_BATCH or not done:
+                return collected
+
+    def _collect_orphan(self, doc: Mapping[str, Any]) -> bool:
+        """Delete one pending artifact and its chunks in one transaction, unless its step
+        committed it meanwhile (the deletion matches only while it is pending)."""
+        art_id, tenant = doc["_id"], str(doc.get("tenant_id"))
+        groups = [
+            Group("artifact", self.db_name, gl.FILES, ARTIFACT.name,
+                  [Op("delete", {"_id": art_id, "tenant_id": tenant, "status": gl.PENDING})],
+                  expect=Expect(deleted=1, error=_not_pending)),
+            Group("artifact:chunks", self.db_name, gl.CHUNKS, ARTIFACT_CHUNK.name,
+                  [Op("delete_many", {"files_id": art_id, "tenant_id": tenant})]),
+        ]  # fmt: skip
+        thread = doc.get("thread_id")
+        plan = Plan(_context(tenant, thread if isinstance(thread, str) else None, "gc"), groups)
+        try:
+            self.uow.execute(plan)
+        except _NotPending:
+            return False
+        return True
+
+    def _thread_artifacts(self, thread_filter: Mapping[str, Any]) -> builtins.list[Group]:
+        """Groups deleting a thread's artifacts (``delete_thread``, the ``ttl`` sweep)."""
+        f = dict(thread_filter)
+        return [
+            Group("delete:artifacts", self.db_name, gl.FILES, ARTIFACT.name,
+                  [Op("delete_many", f)]),
+            Group("delete:artifact_chunks", self.db_name, gl.CHUNKS, ARTIFACT_CHUNK.name,
+                  [Op("delete_many", f)]),
+        ]  # fmt: skip
+
+
+def _context(tenant_id: str, thread_id: str | None, what: str) -> WriteContext:
+    return WriteContext(tenant_id=tenant_id, thread_id=thread_id, operation=f"artifact.{what}")
+
+
+def _commit_now(db: str, artifact_id: str) -> Group:
+    """An artifact stored outside a node: committed to its thread with its last chunks."""
+    op = Op("update", {"_id": artifact_id, "status": gl.PENDING},
+            {"$set": {"status": gl.COMMITTED}})  # fmt: skip
+    return Group("artifact:commit", db, gl.FILES, ARTIFACT.name, [op])
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"metadata must be a dict, got {type(value).__name__}")
+    doc = dict(value)
+    try:
+        size = len(bson.encode(doc))
+    except (TypeError, bson.errors.InvalidDocument) as exc:
+        raise InvalidInputError(f"metadata must be a BSON document: {exc}") from None
+    if size > _MAX_METADATA:
+        raise InvalidInputError(
+            f"artifact metadata is at most {_MAX_METADATA} bytes of BSON, this one is {size}"
+        )
+    if any(not isinstance(k, str) or k.startswith("$") or "." in k for k in doc):
+        raise InvalidInputError("metadata keys must be strings without a leading '$' or '.'")
+    return doc
