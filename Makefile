@@ -11,7 +11,7 @@ CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: demo test test-fast test-local lint bench bench-full bench-install generate langgraph-suite spec clean
+.PHONY: demo test test-fast test-local lint bench bench-fleet bench-full bench-install generate langgraph-suite spec clean
 
 $(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ generate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The fleet workload: accord's workers side by side with DBOS (the bench extra installs it).
+bench-fleet: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.fleet $(ARGS)
 
 # The engine-scale benchmark at 500,000 documents too (about half an hour).
 bench-full: $(STAMP)
