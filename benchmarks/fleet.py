@@ -36,12 +36,15 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from accord.platform.embedded import EmbeddedServer
 from accord.runtime import Accord
 from benchmarks.checkpointer import start_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCORD = Path(sys.executable).parent / "accord"
 GRAPH = "benchmarks.fleet_graph:graph"
+#: the takeover measurement's lease, seconds
+LEASE = 2.0
 
 
 def _latencies(steps: list[dict[str, Any]]) -> list[float]:
@@ -131,6 +134,65 @@ def run_dbos(runs: int, concurrency: int, directory: Path) -> dict[str, Any]:
     return _row(f"DBOS (SQLite), 1 process x {concurrency}", runs, out["wall"], out["steps"])
 
 
+def _worker(uri: str, db: str, concurrency: int, lease: float, machine: str) -> Any:
+    env = {**os.environ, "MONGODB_URI": uri, "ACCORD_MACHINE_ID": machine,
+           "ACCORD_FLEET_UNRECORDED": "0"}  # fmt: skip
+    return subprocess.Popen([str(ACCORD), "worker", "--graph", GRAPH, "--db", db,
+                             "--concurrency", str(concurrency), "--poll", "0.05", "--lease",
+                             str(lease)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def takeover(runs: int, concurrency: int, lease: float) -> dict[str, Any]:
+    """Two workers playing two machines (``ACCORD_MACHINE_ID``), so the dead one's runs
+    wait for their lease; one is SIGKILLed while it holds runs: seconds from the kill to
+    the first step of one of its runs on the other worker. The engine aborts a dead
+    worker's open transaction after ``lease`` seconds (mongod's
+    ``transactionLifetimeLimitSeconds``, 60 s by default, set to the lease here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedServer(dbpath=tmp, port=0, transaction_lifetime=lease)
+        server.start()
+        client: MongoClient[Any] = MongoClient(server.uri)
+        procs: list[Any] = []
+        try:
+            with Accord(client=client, db_name="takeover") as root:
+                queue = root.runs()
+                named = {queue.submit(GRAPH, {"run": f"run-{i}"}).run_id: f"run-{i}"
+                         for i in range(runs)}  # fmt: skip
+                procs = [_worker(server.uri, "takeover", concurrency, lease, f"m{i}")
+                         for i in range(2)]  # fmt: skip
+                victim = procs[0]
+                table = client["takeover"]["accord_run_queue"]
+                deadline = time.monotonic() + 300
+                while (
+                    not table.count_documents({"status": "running", "owner.holder_pid": victim.pid})
+                    or table.count_documents({"status": "done"}) < runs // 4
+                ):
+                    if time.monotonic() > deadline:
+                        raise SystemExit("takeover: the victim never held runs midway")
+                    time.sleep(0.01)
+                victim.kill()
+                killed_at = time.time()
+                victim.wait()
+                orphans = [d["_id"] for d in table.find(
+                    {"status": "running", "owner.holder_pid": victim.pid}, {"_id": 1})]  # fmt: skip
+                names = {named[r] for r in orphans}
+                while table.count_documents({"status": "done"}) < runs:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("takeover: the runs did not all finish")
+                    time.sleep(0.05)
+            starts = [s["start"] for s in client["takeover"]["fleet_steps"].find(
+                {"run": {"$in": sorted(names)}, "start": {"$gt": killed_at}})]  # fmt: skip
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+            client.close()
+            server.stop()
+    return {"lease": lease, "orphans": len(names), "seconds": min(starts) - killed_at}
+
+
 def measure(runs: int, workers: int, concurrency: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:  # the engine's files and DBOS's: one disk
         proc, port = start_engine(tmp, fsync=True)
@@ -169,8 +231,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     rows = measure(args.runs, args.workers, args.concurrency)
+    moved = takeover(args.runs, args.concurrency, LEASE)
     print(f"load average {os.getloadavg()[0]:.1f}")
     print("\n".join(table(rows)))
+    print(
+        f"\nTakeover: a worker SIGKILLed holding {moved['orphans']} runs (the workers on two "
+        f"machines, lease {moved['lease']:g} s): its runs resumed on the other worker "
+        f"{moved['seconds']:.2f} s after the kill ({moved['seconds'] / moved['lease']:.2f}x "
+        f"the lease; target <= 2x)."
+    )
 
 
 if __name__ == "__main__":
