@@ -145,6 +145,7 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 [classes.queued_run]           # the queue of runs: submitted, claimed by workers, waiting
 collection = "accord_run_queue"
 audit = "off"
+retention = { expire_after = "30d", after = "done" }   # ended runs (done, failed, cancelled)
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
 [classes.policy]               # the policies applied to the database, every version kept

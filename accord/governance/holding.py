@@ -25,6 +25,7 @@ from accord.governance.retention import (
     HELD_EXPIRE_AT,
     THREAD_CLASSES,
     TtlRule,
+    finished_filter,
     thread_ttl,
     ttl_targets,
 )
@@ -206,7 +207,7 @@ def release(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | 
         unstamped: dict[str, Any] = {EXPIRE_AT: {"$exists": False},
                                      HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
         if rule is not None and rule.event == "done":
-            unstamped["status"] = "done"
+            unstamped["status"] = finished_filter(rule)
         back += _move(uow, db, collection, artifact, {"$and": [which, unstamped]} if which
                       else unstamped, set_to=now + ttl, operation="governance.release",
                       progress=progress)  # fmt: skip

@@ -40,6 +40,7 @@ from accord.governance.policy import (
     RetentionFile,
     class_of,
 )
+from accord.governance.retention import FINISHED
 from accord.governance.toml_lines import KeyPath, key_lines, line_of
 from accord.platform.artifacts import CLASSES
 from accord.platform.context import SERVICE_ROLES
@@ -326,9 +327,24 @@ def _retention_problems(
                 f"{retention.after!r}; use 'created' or 'updated'",
             )
         )
-    if retention.after == "done" and registry != "outbox":
+    if retention.after == "done" and registry not in FINISHED:
         problems.append(
-            ((*here, "after"), f"only outbox events are 'done'; {name} documents are not")
+            (
+                (*here, "after"),
+                f"only outbox events and queued runs are 'done'; {name} documents are not",
+            )
+        )
+    if (
+        registry == "queued_run"
+        and retention.expire_after is not None
+        and (retention.after != "done")
+    ):
+        problems.append(
+            (
+                (*here, "after"),
+                "queued runs expire only once they ended (done, failed or cancelled): a "
+                'queued, running or waiting run must never go; write after = "done"',
+            )
         )
     return problems
 

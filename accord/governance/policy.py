@@ -13,7 +13,8 @@ business collection the application names, ``business:NAME``). Per class:
     ``remove`` its documents. A principal gets the union of its role's and its name's grants.
 ``retention``
     ``expire_after`` (a duration) after an event (``created``, ``updated``,
-    ``last_activity`` or ``thread_end`` of the thread, ``done`` for outbox events), and/or
+    ``last_activity`` or ``thread_end`` of the thread, ``done`` for outbox events and
+    ended queued runs), and/or
     ``keep_latest`` N checkpoints per thread; nothing means kept until erased. Dependent
     classes (a checkpoint's blobs, writes and head; a memory's vectors) go with what they
     belong to and may not expire on their own.

@@ -27,6 +27,7 @@ from accord.governance.retention import (
     HELD_EXPIRE_AT,
     TTL_INDEX,
     TtlRule,
+    finished_filter,
     thread_ttl,
     ttl_targets,
 )
@@ -110,7 +111,7 @@ def recompute(
             unstamped: dict[str, Any] = {EXPIRE_AT: {"$exists": False},
                                          HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
             if rule.event == "done":
-                unstamped["status"] = "done"
+                unstamped["status"] = finished_filter(rule)
             held = hold_filters(uow, db, new, holds, artifact, collection, fields)
             which = {"$and": [unstamped, {"$nor": held}]} if held else unstamped
             changed += run(which, {"$set": {EXPIRE_AT: now + rule.expire_after}})

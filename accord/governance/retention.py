@@ -6,7 +6,8 @@ threads:
 * **documents that expire on their own** (the classes that belong to no thread: outbox
   events, long-term memories and their history, business records, ...): each gets
   ``expire_at`` = the event + the class's ``expire_after`` (``created``: on insert only;
-  ``updated``: on every write; ``done``: when an outbox event is marked done), and a TTL
+  ``updated``: on every write; ``done``: when an outbox event is marked done, or a queued
+  run finishes: ``done``, ``failed`` or ``cancelled``, see :data:`FINISHED`), and a TTL
   index ``{expire_at: 1}, expireAfterSeconds: 0`` (``accord governance apply`` creates it)
   deletes it then. A memory's vectors get their memory's ``expire_at``: they go together
   (and leave ``$vectorSearch`` together).
@@ -39,7 +40,8 @@ from accord.platform.artifacts import CHECKPOINT, CLASSES
 from accord.platform.plan import Group, Op, Plan
 
 __all__ = [
-    "EXPIRE_AT", "HELD_EXPIRE_AT", "THREAD_CLASSES", "TTL_INDEX", "RetentionHook", "TtlRule",
+    "EXPIRE_AT", "FINISHED", "HELD_EXPIRE_AT", "THREAD_CLASSES", "TTL_INDEX", "RetentionHook",
+    "TtlRule", "finished_filter",
     "stamp", "thread_ttl", "ttl_rule", "ttl_targets",
 ]  # fmt: skip
 
@@ -50,16 +52,31 @@ HELD_EXPIRE_AT = "held_expire_at"
 TTL_INDEX = "retention"
 #: The classes whose documents go with their thread.
 THREAD_CLASSES = ("checkpoint", "short_term_memory", "run")
+#: The classes with a ``done`` event, and the statuses that are it: an outbox event is
+#: done once handled; a queued run once it ended, however (never while it is queued,
+#: running or waiting). A queued run belongs to a thread but expires on its own.
+FINISHED: Mapping[str, tuple[str, ...]] = {
+    "outbox": ("done",),
+    "queued_run": ("done", "failed", "cancelled"),
+}
+
+
+def finished_filter(rule: TtlRule) -> Any:
+    """The ``status`` condition of the documents that reached ``rule``'s ``done``."""
+    return rule.finished[0] if len(rule.finished) == 1 else {"$in": list(rule.finished)}
 
 
 class TtlRule:
     """How one class's documents are stamped: ``expire_after`` after ``event``."""
 
-    __slots__ = ("event", "expire_after")
+    __slots__ = ("event", "expire_after", "finished")
 
-    def __init__(self, expire_after: timedelta, event: str) -> None:
+    def __init__(
+        self, expire_after: timedelta, event: str, finished: tuple[str, ...] = ("done",)
+    ) -> None:
         self.expire_after = expire_after
         self.event = event
+        self.finished = finished  # the statuses that are ``done`` (:data:`FINISHED`)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TtlRule) and (other.expire_after, other.event) == (
@@ -75,13 +92,14 @@ def ttl_rule(policy: Policy, artifact: str, collection: str | None = None) -> Tt
     """The per-document rule of ``artifact`` (None: its documents are not stamped: kept,
     or they go with their thread). A dependent class takes its owner's rule."""
     registry = CLASSES.get(artifact)
-    if registry is None or registry.thread_scoped:
+    if registry is None or (registry.thread_scoped and artifact not in FINISHED):
         return None
     owner = DEPENDENT.get(artifact)
     cls = policy.of(owner or artifact, None if owner else collection)
     if cls is None or cls.retention.expire_after is None:
         return None
-    return TtlRule(cls.retention.expire_after, cls.retention.after or "created")
+    return TtlRule(cls.retention.expire_after, cls.retention.after or "created",
+                   FINISHED.get(artifact, ("done",)))  # fmt: skip
 
 
 def thread_ttl(policy: Policy) -> timedelta | None:
@@ -118,7 +136,7 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
     if kind in ("insert", "replace"):
         if not isinstance(doc, Mapping) or EXPIRE_AT in doc:
             return op
-        if rule.event == "done" and doc.get("status") != "done":
+        if rule.event == "done" and doc.get("status") not in rule.finished:
             return op
         return replace(op, doc={**doc, EXPIRE_AT: at})
     if kind not in ("update", "update_many", "find_one_and_update") or doc is None:
@@ -128,7 +146,7 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
             return op
         return replace(op, doc=[*doc, {"$set": {EXPIRE_AT: at}}])
     sets = doc.get("$set") or {}
-    if rule.event == "done" and sets.get("status") == "done":
+    if rule.event == "done" and sets.get("status") in rule.finished:
         own = sets.get(EXPIRE_AT)  # the consumer's own retention: the shorter one wins
         if isinstance(own, datetime) and _aware(own) <= at:
             return op

@@ -70,7 +70,7 @@ BAD: list[tuple[str, str, int, str]] = [
     ("after without expire_after", "[classes.long_term_memory.retention]\n\nafter = 'created'\n",
      6, "there is no expire_after"),
     ("done on a class without events", "[classes.checkpoint.retention]\nexpire_after = '1d'\n"
-     "after = 'done'\n", 6, "only outbox events are 'done'"),
+     "after = 'done'\n", 6, "only outbox events and queued runs are 'done'"),
     ("last_activity on a class without threads", "[classes.long_term_memory]\n"
      "retention = { expire_after = '1d', after = 'last_activity' }\n", 5, "belong to no thread"),
     ("two classes in one collection", "[classes.long_term_memory]\naudit = 'full'\n"

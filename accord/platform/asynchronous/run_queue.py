@@ -99,6 +99,9 @@ class AsyncRunQueue:
             ),  # fmt: skip
             IndexModel([("tenant_id", ASCENDING), ("thread_id", ASCENDING)], name="thread"),
             IndexModel([("status", ASCENDING), ("wait.deadline", ASCENDING)], name="deadline"),
+            # ended runs get ``expire_at`` from the policy's retention (kernel's retention
+            # hook); the same index ``accord governance apply`` makes (name and shape)
+            IndexModel([("expire_at", ASCENDING)], name="retention", expireAfterSeconds=0),
         ]
         await AsyncCatalog(self.uow, self.db).setup(
             "durable", {self.collection: QUEUED_RUN.name}, {self.collection: indexes}
