@@ -348,7 +348,9 @@ def worker_command(
     graph: str = typer.Option(..., "--graph", help="The graph to serve, as module:attribute."),
     concurrency: int = typer.Option(4, "--concurrency", help="Runs executed at once."),
     tenant_limit: int | None = typer.Option(
-        None, "--tenant-limit", help="Runs of one tenant executed at once by this worker."
+        None,
+        "--tenant-limit",
+        help="Runs of one tenant executed at once by all workers together (give each the same).",
     ),
     poll: float = typer.Option(0.5, "--poll", help="Seconds between looks at the queue."),
     grace: float = typer.Option(

@@ -10,7 +10,8 @@ it. It loops:
 
 * every ``poll`` seconds (and whenever one of its runs ends) it applies the timeout
   action of waits whose deadline passed, then claims runs while it has room: at most
-  ``concurrency`` at once, at most ``tenant_limit`` of one tenant; the queue hands out
+  ``concurrency`` at once, at most ``tenant_limit`` of one tenant running in the whole
+  fleet (counted in the claim's transaction); the queue hands out
   the highest priority first, the oldest first within a priority; a run whose worker died
   (its lease expired, or its process is gone on this machine) is claimed like a queued one;
 * each claimed run executes in a thread of the worker: ``graph.stream`` with the thread
@@ -126,7 +127,9 @@ class Worker:
         uow: the kernel (:func:`accord.runtime.kernel`).
         db: the database of the checkpointer and the queue.
         concurrency: runs executed at once by this worker.
-        tenant_limit: runs of one tenant executed at once by this worker (None: no limit).
+        tenant_limit: runs of one tenant executed at once by the fleet, every worker
+            together (None: no limit; give every worker the same limit): each claim
+            counts the tenant's running runs in its transaction.
         poll: seconds between looks at the queue when idle.
         grace: seconds SIGTERM lets running runs finish before giving them back.
         lease: the lease of a claimed run (renewed every ``lease / 3``); a run whose
@@ -254,7 +257,8 @@ class Worker:
         full = [t for t, n in per_tenant.items() if self.tenant_limit and n >= self.tenant_limit]
         try:
             return self.queue.claim([self.graph_name], self.name, lease_seconds=self.lease,
-                                    skip_tenants=full, skip_runs=skip_runs)  # fmt: skip
+                                    skip_tenants=full, skip_runs=skip_runs,
+                                    tenant_limit=self.tenant_limit)  # fmt: skip
         except Exception as exc:  # the database is away: try again at the next poll
             logger.warning("accord worker: claiming failed (%s); retrying", exc)
             return None

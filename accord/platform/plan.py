@@ -113,7 +113,8 @@ class Counts:
 class Expect:
     """A guard on the counts of one group, checked inside the transaction.
 
-    Each field that is not None must equal the group's count. When one does not, the
+    Each field that is not None must equal the group's count (``matched_at_most``: bound
+    it). When one does not, the
     transaction is aborted and ``error(counts)`` is raised to the caller (not retried):
     e.g. a compare-and-set on a head or a lease document that matched nothing means
     another writer got there first.
@@ -126,6 +127,9 @@ class Expect:
     deleted: int | None = None
     #: ``matched + upserted`` (an upsert that either found or created its document)
     touched: int | None = None
+    #: an upper bound on ``matched`` (a count made by a write in the transaction: e.g. a
+    #: tenant's running runs when a worker claims one more)
+    matched_at_most: int | None = None
 
     def violated(self, counts: Counts) -> bool:
         return (
@@ -134,6 +138,7 @@ class Expect:
             or (self.upserted is not None and counts.upserted != self.upserted)
             or (self.deleted is not None and counts.deleted != self.deleted)
             or (self.touched is not None and counts.matched + counts.upserted != self.touched)
+            or (self.matched_at_most is not None and counts.matched > self.matched_at_most)
         )
 
 

@@ -339,6 +339,33 @@ def claim_filter(
 #: Which claimable run first: higher priority, then the oldest.
 CLAIM_ORDER = [("priority", -1), ("submitted_at", 1)]
 
+#: The ``thread_id`` of a tenant's claims document (it belongs to no thread).
+CLAIMS_THREAD = "(tenant claims)"
+
+
+def claims_id(tenant_id: str) -> dict[str, str]:
+    """The ``_id`` of ``tenant_id``'s claims document: every claim of a worker with a
+    tenant limit writes it in its transaction, so two claims for one tenant conflict (one
+    is retried and sees the other's run). A subdocument: no run id (a string) is it."""
+    return {"tenant_claims": tenant_id}
+
+
+def claims_update(tenant_id: str, at: datetime) -> dict[str, Any]:
+    return {
+        "$inc": {"claims": 1},
+        "$set": {"claimed_at": at},
+        "$setOnInsert": {"tenant_id": tenant_id, "thread_id": CLAIMS_THREAD},
+    }
+
+
+def live_runs(tenant_id: str, at: datetime, other_than: str) -> dict[str, Any]:
+    """The runs of ``tenant_id`` that a worker executes now (running, lease not expired),
+    but ``other_than`` (the run being claimed: a takeover replaces its dead holder)."""
+    return {
+        "tenant_id": tenant_id, "status": RUNNING, "lease_expires": {"$gt": at},
+        "_id": {"$ne": other_than},
+    }  # fmt: skip
+
 
 def claim_update(holder: ProcessId, worker: str, at: datetime, lease_seconds: float) -> Any:
     return {

@@ -39,7 +39,7 @@ from accord.platform.artifacts import QUEUED_RUN
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.context import ReadContext, WriteContext
-from accord.platform.plan import Group, Op, Plan, insert_once
+from accord.platform.plan import Counts, Expect, Group, Op, Plan, insert_once
 from accord.platform.queued_runs import Run
 
 _IS_SYNC = False
@@ -50,6 +50,20 @@ DEFAULT_LEASE_SECONDS = 10.0
 DEFAULT_TENANT = "default"
 
 _GROUP = "queue"
+#: Candidates one claim with a tenant limit looks at (each of another tenant, or taken
+#: by another worker meanwhile) before it gives up until the next poll.
+_CANDIDATES = 16
+#: A claim's answer when the candidate's tenant is at its limit.
+_FULL = object()
+
+
+class _TenantFull(Exception):
+    """Raised inside a claim's transaction (aborting it) when the tenant is at its limit;
+    never leaves this module."""
+
+    @classmethod
+    def of(cls, counts: Counts) -> _TenantFull:
+        return cls(f"{counts.matched} runs of the tenant running")
 
 
 class AsyncRunQueue:
@@ -78,6 +92,7 @@ class AsyncRunQueue:
         self.collection = collection or str(QUEUED_RUN.default_collection)
         self.codec = codec
         self._ready = False
+        self._claims_docs: set[str] = set()  # tenants whose claims document exists
 
     async def setup(self) -> None:
         """Create the collection and its indexes, recorded in the catalog (idempotent)."""
@@ -267,6 +282,8 @@ class AsyncRunQueue:
         """The runs of ``tenant_id`` (of ``status``, of ``thread_id``), newest first."""
         tenant_id = queued_runs.check_id(tenant_id, "tenant_id")
         filt: dict[str, Any] = {"tenant_id": tenant_id}
+        # the statuses of runs (not the tenant's claims document)
+        filt["status"] = {"$in": builtins.list(queued_runs.STATUSES)}
         if status is not None:
             filt["status"] = queued_runs.check_status(status)
         if thread_id is not None:
@@ -488,29 +505,95 @@ class AsyncRunQueue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         skip_tenants: builtins.list[str] | None = None,
         skip_runs: builtins.list[str] | None = None,
+        tenant_limit: int | None = None,
     ) -> dict[str, Any] | None:
         """Claim the next run of ``graphs`` for ``worker``: a running run whose worker
         process is certainly dead (same machine) first, then the best queued run or
         running run whose lease expired. The claimed document (its ``fence`` fences
-        every later write of this claim), or None."""
+        every later write of this claim), or None.
+
+        ``tenant_limit``: at most that many runs of one tenant running at once across
+        every worker (the fleet): the claim is a transaction that counts the tenant's
+        running runs (live leases) and writes the tenant's claims document, so two
+        claims for one tenant conflict and the second sees the first's run; a tenant at
+        its limit is skipped."""
         await self.setup()
+        if tenant_limit is not None and (
+            not isinstance(tenant_limit, int) or isinstance(tenant_limit, bool) or tenant_limit < 1
+        ):
+            raise InvalidInputError(
+                f"tenant_limit must be a positive integer, got {tenant_limit!r}"
+            )
         at = queued_runs.now()
         process = hosts.current()
-        dead = await self._dead_holder(graphs, at, skip_tenants or [], skip_runs or [])
+        update = queued_runs.claim_update(process, worker, at, lease_seconds)
+        full = builtins.list(skip_tenants or [])
+        skip = builtins.list(skip_runs or [])
+        dead = await self._dead_holder(graphs, at, full, skip)
         if dead is not None:
-            doc = await self._claim(
-                queued_runs.dead_claim_filter(dead["_id"], int(dead.get("fence") or 0)),
-                queued_runs.claim_update(process, worker, at, lease_seconds), None,
+            filt = queued_runs.dead_claim_filter(dead["_id"], int(dead.get("fence") or 0))
+            doc = await self._claim_one(filt, update, str(dead["tenant_id"]), tenant_limit, at)
+            if doc is not None and doc is not _FULL:
+                return doc  # type: ignore[return-value]
+        if tenant_limit is None:
+            filt = queued_runs.claim_filter(at, graphs, skip_tenants=full, skip_runs=skip)
+            return await self._claim(filt, update, queued_runs.CLAIM_ORDER)
+        context = ReadContext(tenant_id="*", operation="queue.claim")
+        for _ in range(_CANDIDATES):
+            filt = queued_runs.claim_filter(at, graphs, skip_tenants=full, skip_runs=skip)
+            found = await self.uow.find(
+                context, QUEUED_RUN.name, self.db, self.collection, filt,
+                projection={"tenant_id": 1}, sort=queued_runs.CLAIM_ORDER, limit=1,
             )  # fmt: skip
-            if doc is not None:
-                return doc
-        filt = queued_runs.claim_filter(
-            at, graphs, skip_tenants=skip_tenants or [], skip_runs=skip_runs or []
-        )
-        return await self._claim(
-            filt, queued_runs.claim_update(process, worker, at, lease_seconds),
-            queued_runs.CLAIM_ORDER,
-        )  # fmt: skip
+            if not found:
+                return None
+            tenant = str(found[0]["tenant_id"])
+            doc = await self._claim_one(
+                {**filt, "_id": found[0]["_id"]}, update, tenant, tenant_limit, at
+            )
+            if doc is _FULL:
+                full.append(tenant)
+            elif doc is not None:
+                return doc  # type: ignore[return-value]
+            # else another worker took it first: the next candidate
+        return None
+
+    async def _claim_one(
+        self,
+        filt: dict[str, Any],
+        update: dict[str, Any],
+        tenant_id: str,
+        limit: int | None,
+        at: datetime,
+    ) -> dict[str, Any] | object | None:
+        """Claim the one run ``filt`` names; with a tenant ``limit``, in a transaction
+        that counts the tenant's other live runs (``_FULL`` when it is at its limit)."""
+        if limit is None:
+            return await self._claim(filt, update, None)
+        if tenant_id not in self._claims_docs:  # created outside the claims' transactions
+            op = insert_once({"_id": queued_runs.claims_id(tenant_id),
+                              **queued_runs.claims_update(tenant_id, at)["$setOnInsert"]})  # fmt: skip
+            await self._write(tenant_id, queued_runs.CLAIMS_THREAD, "queue.claim", op)
+            self._claims_docs.add(tenant_id)
+        run_id = filt["_id"]
+        claim = Op("find_one_and_update", filt, update)
+        bump = Op("update", {"_id": queued_runs.claims_id(tenant_id)},
+                  queued_runs.claims_update(tenant_id, at), upsert=True)  # fmt: skip
+        # a count by a write that changes nothing (no conflict with the heartbeats)
+        count = Op("update_many", queued_runs.live_runs(tenant_id, at, run_id),
+                   {"$set": {"tenant_id": tenant_id}})  # fmt: skip
+        plan = Plan(WriteContext(tenant_id="*", operation="queue.claim"), [
+            Group(_GROUP, self.db, self.collection, QUEUED_RUN.name, [claim]),
+            Group("tenant_claims", self.db, self.collection, QUEUED_RUN.name, [bump]),
+            Group("tenant_running", self.db, self.collection, QUEUED_RUN.name, [count],
+                  expect=Expect(_TenantFull.of, matched_at_most=limit - 1)),
+        ])  # fmt: skip
+        try:
+            result = await self.uow.execute(plan)
+        except _TenantFull:
+            return _FULL
+        found = result.found.get(_GROUP) or [None]
+        return dict(found[0]) if found[0] is not None else None
 
     async def _dead_holder(
         self,
