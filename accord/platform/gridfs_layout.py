@@ -37,7 +37,8 @@ from accord.platform.artifacts import ARTIFACT, ARTIFACT_CHUNK
 
 __all__ = [
     "BUCKET", "CHUNKS", "CHUNK_SIZE", "COMMITTED", "FILES", "PENDING", "ArtifactRef",
-    "assemble", "chunk_docs", "files_doc", "new_id", "ref_of",
+    "assemble", "chunk_docs", "copy_chunk_doc", "copy_files_doc", "copy_id", "files_doc",
+    "new_id", "ref_of",
 ]  # fmt: skip
 
 #: The GridFS bucket name: its collections are ``BUCKET.files`` and ``BUCKET.chunks``.
@@ -57,6 +58,8 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("filename", ASCENDING), ("uploadDate", ASCENDING)]),  # GridFS's own
         IndexModel([("tenant_id", ASCENDING), ("thread_id", ASCENDING)], name="tenant_thread"),
         IndexModel([("status", ASCENDING), ("uploadDate", ASCENDING)], name="status_date"),
+        # a fork's copies, found by the id their state refers to
+        IndexModel([("tenant_id", ASCENDING), ("alias_of", ASCENDING)], name="alias"),
     ],
     CHUNKS: [
         IndexModel([("files_id", ASCENDING), ("n", ASCENDING)], unique=True),  # GridFS's
@@ -181,6 +184,28 @@ def chunk_docs(
         }
         for n, start in enumerate(range(0, len(data), CHUNK_SIZE))
     ]
+
+
+def copy_id(artifact_id: str, tenant_id: str, thread_id: str) -> str:
+    """The id of ``artifact_id``'s copy on thread ``thread_id`` (a fork): derived, so a
+    copy retried after a crash is the same copy; shaped like any artifact id."""
+    seed = f"{artifact_id}\x00{tenant_id}\x00{thread_id}".encode()
+    return "art_" + hashlib.sha256(seed).hexdigest()[:32]
+
+
+def copy_files_doc(doc: Mapping[str, Any], thread_id: str) -> dict[str, Any]:
+    """The ``files`` document of ``doc``'s copy on thread ``thread_id``: pending (its
+    chunks follow), ``alias_of`` the id the copied state refers to (a copy of a copy
+    keeps the first id)."""
+    original = str(doc.get("alias_of") or doc["_id"])
+    return {**doc, "_id": copy_id(str(doc["_id"]), str(doc["tenant_id"]), thread_id),
+            "thread_id": thread_id, "alias_of": original, "status": PENDING}  # fmt: skip
+
+
+def copy_chunk_doc(chunk: Mapping[str, Any], files_id: str, thread_id: str) -> dict[str, Any]:
+    """A chunk of an artifact's copy (:func:`copy_files_doc`)."""
+    return {**chunk, "_id": f"{files_id}:{chunk['n']}", "files_id": files_id,
+            "thread_id": thread_id}  # fmt: skip
 
 
 def assemble(ref: ArtifactRef, files: Mapping[str, Any], chunks: list[Mapping[str, Any]]) -> bytes:

@@ -240,8 +240,9 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
     async def acopy_thread(
         self, source_thread_id: str, target_thread_id: str, *, tenant_id: str | None = None
     ) -> None:
-        """Copy a thread's checkpoints, writes, values and messages to a new thread id
-        (values first, checkpoints last, in batches: a checkpoint of the target is
+        """Copy a thread's checkpoints, writes, values, messages and committed artifacts
+        (each to a copy of its own) to a new thread id
+        (artifacts and values first, checkpoints last, in batches: a checkpoint of the target is
         readable as soon as it exists). Refused if the target has checkpoints, or a run
         holds it."""
         src = self._scope_for(source_thread_id, tenant_id)
@@ -255,6 +256,8 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 f"delete it first."
             )
         what = f"copy of thread {src.thread_id!r}"
+        # the artifacts first: a checkpoint of the target finds them as soon as it exists
+        await self._copy_artifacts(src, dst)
         for key in maintenance.COPY_ORDER:
             coll = getattr(self.collections, key)
             last: Any = None

@@ -25,13 +25,13 @@ import bson
 from langchain_core.runnables import RunnableConfig
 
 from accord.checkpointers import langgraph_internals, plans, validation
-from accord.checkpointers.storage import BUSINESS_CHANNEL
+from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.checkpointers.synchronous.saver_writes import SaverWrites
 from accord.errors import ArtifactNotFound, ConfigurationError, InvalidInputError
 from accord.platform import gridfs_layout as gl
 from accord.platform.artifacts import ARTIFACT, ARTIFACT_CHUNK
 from accord.platform.context import ReadContext, WriteContext
-from accord.platform.plan import Counts, Expect, Group, Op, Plan
+from accord.platform.plan import Counts, Expect, Group, Op, Plan, insert_once
 from accord.platform.synchronous.catalog import Catalog
 
 _IS_SYNC = True
@@ -162,6 +162,11 @@ class SaverArtifacts(SaverWrites):
         files = self.uow.find_one(
             context, ARTIFACT.name, self.db_name, gl.FILES, {"_id": art.id, "tenant_id": tenant}
         )
+        if files is None:  # a copy's state refers to the original: a copy of it (forks)
+            files = self.uow.find_one(
+                context, ARTIFACT.name, self.db_name, gl.FILES,
+                {"alias_of": art.id, "tenant_id": tenant, "status": gl.COMMITTED},
+            )  # fmt: skip
         if files is None:
             raise ArtifactNotFound(
                 f"no artifact {art.id!r} for tenant {tenant!r}: never stored, deleted with "
@@ -169,7 +174,7 @@ class SaverArtifacts(SaverWrites):
             )
         chunks = self.uow.find(
             context, ARTIFACT_CHUNK.name, self.db_name, gl.CHUNKS,
-            {"files_id": art.id, "tenant_id": tenant}, sort=[("n", 1)],
+            {"files_id": files["_id"], "tenant_id": tenant}, sort=[("n", 1)],
         )  # fmt: skip
         return gl.assemble(art, files, chunks)
 
@@ -215,6 +220,59 @@ class SaverArtifacts(SaverWrites):
         except _NotPending:
             return False
         return True
+
+    def _copy_artifacts(self, source: Scope, target: Scope) -> int:
+        """Copy the committed artifacts of thread ``source`` to thread ``target``
+        (``copy_thread``, a fork), each to a copy of its own: ``_id`` derived from the
+        original and the target thread, ``alias_of`` the id the copied state refers to.
+        So either thread can be deleted without taking the other's bytes, and
+        :meth:`get_artifact` finds a copy by the original's id. Pending first, committed
+        with its last chunks (a crash half-way leaves an orphan for ``gc_artifacts``);
+        idempotent (a copy retried after a crash writes the same documents). Returns
+        how many artifacts it copied."""
+        self._artifact_setup()
+        context = ReadContext(tenant_id=source.tenant_id, thread_id=source.thread_id,
+                              operation="artifact.copy")  # fmt: skip
+        copied = 0
+        last: Any = None
+        while True:
+            filt: dict[str, Any] = {"tenant_id": source.tenant_id,
+                                    "thread_id": source.thread_id, "status": gl.COMMITTED}  # fmt: skip
+            if last is not None:
+                filt["_id"] = {"$gt": last}
+            docs = self.uow.find(context, ARTIFACT.name, self.db_name, gl.FILES, filt,
+                                       sort=[("_id", 1)], limit=_GC_BATCH)  # fmt: skip
+            for doc in docs:
+                self._copy_artifact(context, doc, target)
+                copied += 1
+            if len(docs) < _GC_BATCH:
+                return copied
+            last = docs[-1]["_id"]
+
+    def _copy_artifact(self, context: ReadContext, doc: Mapping[str, Any], target: Scope) -> None:
+        files = gl.copy_files_doc(doc, target.thread_id)
+        copy_id, n = files["_id"], 0
+        while True:
+            chunks = self.uow.find(
+                context, ARTIFACT_CHUNK.name, self.db_name, gl.CHUNKS,
+                {"files_id": doc["_id"], "tenant_id": target.tenant_id,
+                 "n": {"$gte": n, "$lt": n + _CHUNKS_PER_TXN}}, sort=[("n", 1)],
+            )  # fmt: skip
+            groups: list[Group] = []
+            if n == 0:
+                groups.append(Group("artifact", self.db_name, gl.FILES, ARTIFACT.name,
+                                    [insert_once(files)]))  # fmt: skip
+            if chunks:
+                copies = [gl.copy_chunk_doc(c, copy_id, target.thread_id) for c in chunks]
+                groups.append(Group("artifact:chunks", self.db_name, gl.CHUNKS,
+                                    ARTIFACT_CHUNK.name, [insert_once(c) for c in copies]))  # fmt: skip
+            n += _CHUNKS_PER_TXN
+            done = len(chunks) < _CHUNKS_PER_TXN
+            if done:
+                groups.append(_commit_now(self.db_name, copy_id))
+            self.uow.execute(Plan(_context(target.tenant_id, target.thread_id, "copy"), groups))
+            if done:
+                return
 
     def _thread_artifacts(self, thread_filter: Mapping[str, Any]) -> builtins.list[Group]:
         """Groups deleting a thread's artifacts (``delete_thread``, the ``ttl`` sweep)."""
