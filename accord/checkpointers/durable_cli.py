@@ -364,6 +364,9 @@ def worker_command(
     until_idle: bool = typer.Option(
         False, "--until-idle", help="Exit when nothing is left to run (for batch jobs)."
     ),
+    use_async: bool = typer.Option(
+        False, "--async", help="Run on asyncio (AsyncWorker): for graphs with async nodes."
+    ),
 ) -> None:
     """Claim queued runs of GRAPH and execute them through the accord checkpointer, until
     SIGTERM (docs/durable-execution.md, "Workers")."""
@@ -375,9 +378,19 @@ def worker_command(
     sys.path.insert(0, "")  # --graph names modules of the current directory too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        executed = serve(graph, db=db, concurrency=concurrency, tenant_limit=tenant_limit,
-                         poll=poll, grace=grace, lease=lease, until_idle=until_idle,
-                         max_attempts=max_attempts)  # fmt: skip
+        if use_async:
+            import asyncio
+
+            from accord.checkpointers.async_worker import serve_async
+
+            executed = asyncio.run(serve_async(
+                graph, db=db, concurrency=concurrency, tenant_limit=tenant_limit, poll=poll,
+                grace=grace, lease=lease, until_idle=until_idle, max_attempts=max_attempts,
+            ))  # fmt: skip
+        else:
+            executed = serve(graph, db=db, concurrency=concurrency, tenant_limit=tenant_limit,
+                             poll=poll, grace=grace, lease=lease, until_idle=until_idle,
+                             max_attempts=max_attempts)  # fmt: skip
     except AccordError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None

@@ -100,7 +100,9 @@ def bind(graph: Any, saver: AccordSaver) -> Any:
 
 
 @dataclass
-class _Active:
+class ActiveRun:
+    """A run a worker executes now: its claim and the flags its loop sets."""
+
     doc: dict[str, Any]
     thread: threading.Thread | None = None
     cancel: bool = False
@@ -109,7 +111,7 @@ class _Active:
     renewed: float = field(default_factory=time.monotonic)
 
 
-def _plain(value: Any) -> Any:
+def interrupt_value(value: Any) -> Any:
     """An interrupt's value as stored for humans to read (``repr`` when not plain)."""
     try:
         queued_runs.encode(value, None, "interrupt")
@@ -180,7 +182,7 @@ class Worker:
         self.queue.setup()
         source = graph_object if graph_object is not None else load_graph(self.graph_name)
         self.graph = bind(source, self.saver)
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, ActiveRun] = {}
         self._busy: dict[str, float] = {}  # run id -> monotonic time it may be claimed again
         self._mutex = threading.Lock()
         self._wake = threading.Event()
@@ -264,7 +266,7 @@ class Worker:
             return None
 
     def _start(self, doc: dict[str, Any]) -> None:
-        active = _Active(doc)
+        active = ActiveRun(doc)
         active.thread = threading.Thread(target=self._execute, args=(active,),
                                          name=f"accord-run-{doc['_id']}", daemon=True)  # fmt: skip
         with self._mutex:
@@ -308,7 +310,7 @@ class Worker:
 
     # --- one run -----------------------------------------------------------------------
 
-    def _execute(self, active: _Active) -> None:
+    def _execute(self, active: ActiveRun) -> None:
         doc = active.doc
         try:
             self._run(active)
@@ -340,7 +342,7 @@ class Worker:
         writer = (found.metadata or {}).get("run_id")
         return found.config["configurable"]["checkpoint_id"], writer
 
-    def _what_to_run(self, active: _Active) -> tuple[Any, dict[str, Any]] | None:
+    def _what_to_run(self, active: ActiveRun) -> tuple[Any, dict[str, Any]] | None:
         """(input, config) of this execution, or None when the claim was lost."""
         doc = active.doc
         fork = doc.get("fork")
@@ -375,7 +377,7 @@ class Worker:
             return None, self._config(doc, fork.get("checkpoint_id"))
         return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
 
-    def _run(self, active: _Active) -> None:
+    def _run(self, active: ActiveRun) -> None:
         doc = active.doc
         if int(doc.get("attempts") or 0) > self.max_attempts:
             self.queue.failed(
@@ -420,12 +422,14 @@ class Worker:
             return
         self._settle(active)
 
-    def _give_back(self, active: _Active, reason: str, *, backoff: float = BUSY_BACKOFF_S) -> None:
+    def _give_back(
+        self, active: ActiveRun, reason: str, *, backoff: float = BUSY_BACKOFF_S
+    ) -> None:
         with self._mutex:
             self._busy[active.doc["_id"]] = time.monotonic() + backoff
         self.queue.release(active.doc, reason)
 
-    def _settle(self, active: _Active) -> None:
+    def _settle(self, active: ActiveRun) -> None:
         doc = active.doc
         if active.lost:
             return
@@ -438,7 +442,7 @@ class Worker:
             return
         state = self.graph.get_state(self._config(doc))
         if state.next:
-            interrupts = [{"id": getattr(i, "id", None), "value": _plain(getattr(i, "value", i))}
+            interrupts = [{"id": getattr(i, "id", None), "value": interrupt_value(getattr(i, "value", i))}
                           for i in (state.interrupts or ())]  # fmt: skip
             if interrupts:
                 checkpoint = state.config["configurable"].get("checkpoint_id")

@@ -10,12 +10,15 @@
 * ``approval``: ``ask`` calls ``interrupt()`` for a decision, ``act`` records it.
 * ``boom``: a step that raises.
 * ``compiled_steps``: ``steps``, compiled (without a checkpointer).
+* ``async_steps`` / ``async_approval``: ``steps`` and ``approval`` with async nodes only
+  (LangGraph's sync ``stream`` cannot run them: ``AsyncWorker`` does).
 * ``wire``: ``pay`` makes a recorded call that is not idempotent (a fake bank that logs
   each request to ``ACCORD_TEST_BANK``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -127,7 +130,47 @@ def _wire_graph() -> StateGraph:
     return g
 
 
+def _async_steps() -> StateGraph:
+    def step(name: str) -> Any:
+        sync = _step(name)
+
+        async def node(state: State) -> dict[str, Any]:
+            await asyncio.sleep(0)
+            return sync(state)  # the same writes, from an async node
+
+        return node
+
+    g = StateGraph(State)
+    for name in ("a", "b", "c"):
+        g.add_node(name, step(name))
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", "c")
+    g.add_edge("c", END)
+    return g
+
+
+async def _async_ask(state: State) -> dict[str, Any]:
+    return _ask(state)
+
+
+async def _async_act(state: State) -> dict[str, Any]:
+    return _act(state)
+
+
+def _async_approval() -> StateGraph:
+    g = StateGraph(State)
+    g.add_node("ask", _async_ask)
+    g.add_node("act", _async_act)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "act")
+    g.add_edge("act", END)
+    return g
+
+
 steps = _steps()
+async_steps = _async_steps()
+async_approval = _async_approval()
 wire = _wire_graph()
 compiled_steps = _steps().compile()  # the worker copies it onto its saver
 approval = _approval()

@@ -349,3 +349,37 @@ def test_a_worker_killed_mid_call_parks_its_run_for_reconciliation(
     finally:
         os.environ.pop("ACCORD_TEST_BANK", None)
         client.close()
+
+
+def test_an_async_worker_killed_midway_is_taken_over(engine: str, tmp_path: Path) -> None:
+    """``accord worker --async`` (AsyncWorker, a graph with async nodes) SIGKILLed with
+    runs in flight: a new async worker takes them over; every run done, every business
+    write once."""
+    client: MongoClient = MongoClient(engine)
+    db = "fleet_async"
+    log = tmp_path / "steps.jsonl"
+    graph = "tests.durable.queue_graphs:async_steps"
+    with Accord(client=client, db_name=db) as app:
+        queue = app.runs()
+        ids = [queue.submit(graph, {"run": f"r{i}"}).run_id for i in range(20)]
+        first = start_worker(engine, db, graph, log, machine="m1", step_s=0.05,
+                             extra=("--async", "--concurrency", "4"))  # fmt: skip
+        runs = client[db]["accord_run_queue"]
+        deadline = time.monotonic() + 60
+        while runs.count_documents({"status": "done"}) < 5:
+            assert time.monotonic() < deadline and first.poll() is None, stop(first)
+            time.sleep(0.02)
+        first.kill()
+        first.wait()
+        held = runs.count_documents({"status": "running"})
+        second = start_worker(engine, db, graph, log, machine="m1",
+                              extra=("--async", "--until-idle"))  # fmt: skip
+        assert second.wait(timeout=120) == 0, stop(second)
+        out = stop(second)
+        assert "claiming failed" not in out, out
+        assert all(queue.result(i)["done"] == ["a", "b", "c"] for i in ids)
+        assert client[db]["fleet_writes"].count_documents({}) == 60
+        assert held >= 1  # the kill left runs in flight, taken over
+        taken = [d for d in runs.find() if d["attempts"] > 1]
+        assert len(taken) == held, (held, [d["_id"] for d in taken])
+    client.close()

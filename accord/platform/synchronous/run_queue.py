@@ -614,7 +614,7 @@ class RunQueue:
         context = ReadContext(tenant_id="*", operation="queue.claim")
         held = self.uow.find(
             context, QUEUED_RUN.name, self.db, self.collection, filt,
-            projection={"owner": 1, "fence": 1}, limit=200,
+            projection={"owner": 1, "fence": 1, "tenant_id": 1}, limit=200,
         )  # fmt: skip
         for doc in held:
             owner = hosts.ProcessId.of_document(doc.get("owner"))

@@ -1,0 +1,100 @@
+"""``AsyncWorker``: graphs with async nodes only, executed from the queue on asyncio:
+runs done with their business writes, a wait in ``interrupt()`` approved and resumed, a
+cancel, a failure, and the sync ``Worker`` failing such a graph (what it is for)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from pymongo import MongoClient
+
+from accord.checkpointers.async_worker import AsyncWorker
+from accord.errors import InvalidInputError, RunFailed
+from accord.platform import queued_runs
+from accord.runtime import AsyncAccord
+
+STEPS = "tests.durable.queue_graphs:async_steps"
+APPROVAL = "tests.durable.queue_graphs:async_approval"
+BOOM = "tests.durable.queue_graphs:boom"
+
+
+@pytest.fixture()
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = "aw_" + uuid.uuid4().hex[:10]
+    try:
+        yield name
+    finally:
+        client.drop_database(name)
+
+
+def _worker(app: AsyncAccord, graph: str, **kwargs: object) -> AsyncWorker:
+    kwargs.setdefault("poll", 0.05)
+    kwargs.setdefault("lease", 3.0)
+    return AsyncWorker(graph, client=app.client, uow=app.uow, db=app.db_name, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_async_graphs_run_from_the_queue(
+    mongo_uri: str, db_name: str, client: MongoClient
+) -> None:
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        queue = await app.runs()
+        runs = [
+            await queue.submit(STEPS, {"run": f"r{i}"}, tenant_id=f"t{i % 2}") for i in range(6)
+        ]
+        assert await _worker(app, STEPS, concurrency=3, tenant_limit=2).run(until_idle=True) == 6
+        for i, run in enumerate(runs):
+            result = await queue.wait(run.run_id, tenant_id=run.tenant_id, timeout=5)
+            assert result["done"] == ["a", "b", "c"] and result["run"] == f"r{i}"
+            got = await queue.get(run.run_id, tenant_id=run.tenant_id)
+            assert got.status == queued_runs.DONE and got.attempts == 1
+        assert client[db_name]["fleet_writes"].count_documents({}) == 18
+        # the sync worker cannot run async nodes: the run fails, saying why
+        from accord.checkpointers.worker import Worker
+        from accord.runtime import Accord
+
+        failed = await queue.submit(STEPS, {"run": "sync"})
+        with Accord(client=client, db_name=db_name) as sync_app:
+            Worker(STEPS, client=client, uow=sync_app.uow, db=db_name, poll=0.05).run(
+                until_idle=True
+            )
+        with pytest.raises(RunFailed, match="No synchronous function provided"):
+            await queue.wait(failed.run_id, timeout=5)
+
+
+@pytest.mark.asyncio
+async def test_a_wait_approved_then_resumed_by_an_async_worker(
+    mongo_uri: str, db_name: str, client: MongoClient
+) -> None:
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        queue = await app.runs()
+        run = await queue.submit(APPROVAL, {"run": "w"})
+        assert await _worker(app, APPROVAL).run(until_idle=True) == 1
+        waiting = await queue.get(run.run_id)
+        assert waiting.status == queued_runs.WAITING
+        assert waiting.wait["interrupts"][0]["value"]["question"] == "wire the money?"
+        await queue.approve(run.run_id, by="user:ops")
+        assert await _worker(app, APPROVAL).run(until_idle=True) == 1  # another worker
+        result = await queue.wait(run.run_id, timeout=5)
+        assert result["acted"] == "wired"
+        assert client[db_name]["approvals"].count_documents({}) == 1
+        # cancelled while queued; a failing graph fails its run
+        cancelled = await queue.submit(APPROVAL, {"run": "c"})
+        await queue.cancel(cancelled.run_id)
+        boom = await queue.submit(BOOM, {"run": "b"})
+        assert await _worker(app, BOOM).run(until_idle=True) == 1
+        with pytest.raises(RunFailed, match="the tool is down"):
+            await queue.wait(boom.run_id, timeout=5)
+        with pytest.raises(RunFailed, match="cancelled"):
+            await queue.wait(cancelled.run_id, timeout=5)
+
+
+@pytest.mark.asyncio
+async def test_bad_arguments_are_refused(mongo_uri: str, db_name: str) -> None:
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        with pytest.raises(InvalidInputError, match="concurrency"):
+            _worker(app, STEPS, concurrency=0)
+        with pytest.raises(InvalidInputError, match="tenant_limit"):
+            _worker(app, STEPS, tenant_limit=-1)
