@@ -137,3 +137,46 @@ def test_queued_run_retention_must_start_when_a_run_ended() -> None:
     text = '[classes.artifact]\nretention = { expire_after = "1d", after = "done" }\n'
     with pytest.raises(PolicyError, match="only outbox events and queued runs are 'done'"):
         parse_policy(text, "bad.toml")
+
+
+def test_holds_and_policy_changes_reach_ended_runs(client: MongoClient, db_name: str) -> None:
+    """A held tenant's runs get no expiry, and get it back on release; a policy that
+    starts expiring runs stamps those that ended already (every ended status), not the
+    others."""
+    from accord.governance.holding import place, release
+    from accord.governance.holds import Hold
+
+    admin = runtime.kernel(client, principal=Principal.os_user(), policy=default_policy())
+    kept = parse_policy(_policy("1h"), "k.toml")
+    none = parse_policy(
+        f'[classes.queued_run]\nretention = "none"\nroles = {{ runtime = {ALL}, admin = {ALL} }}\n',
+        "none.toml",
+    )
+    apply(admin, plan(admin, db_name, none))
+    with Accord(client=client, db_name=db_name, policy=none) as app:
+        queue = app.runs()
+        ended = [queue.submit(STEPS, {"run": f"e{i}"}, tenant_id="acme") for i in range(2)]
+        queue.cancel(ended[1].run_id, tenant_id="acme")
+        waiting = queue.submit("tests.durable.queue_graphs:unserved", {"run": "w"},
+                               tenant_id="acme")  # fmt: skip
+        _work(app, STEPS)
+    docs = _docs(client, db_name)
+    assert all("expire_at" not in d for d in docs.values())  # kept: no expiry
+    apply(admin, plan(admin, db_name, kept))  # from now on runs expire 1h after they end
+    docs = _docs(client, db_name)
+    assert {r.run_id for r in ended} == {i for i, d in docs.items() if "expire_at" in d}
+    hold = Hold("tenant", "acme", reason="audit 2026-3")
+    assert place(admin, db_name, hold, kept) >= 2  # and the threads' registry documents
+    assert all("expire_at" not in d for d in _docs(client, db_name).values())
+    with Accord(client=client, db_name=db_name, policy=kept) as app:
+        late = app.runs().submit(STEPS, {"run": "late"}, tenant_id="acme")
+        time.sleep(0.5)  # the kernel sees the hold
+        _work(app, STEPS)
+    assert "expire_at" not in _docs(client, db_name)[late.run_id]  # ended while held
+    assert release(admin, db_name, hold, kept) >= 3
+    docs = _docs(client, db_name)
+    assert {i for i, d in docs.items() if "expire_at" in d} == {
+        *(r.run_id for r in ended),
+        late.run_id,
+    }
+    assert "expire_at" not in docs[waiting.run_id]
