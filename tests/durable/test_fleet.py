@@ -383,3 +383,41 @@ def test_an_async_worker_killed_midway_is_taken_over(engine: str, tmp_path: Path
         taken = [d for d in runs.find() if d["attempts"] > 1]
         assert len(taken) == held, (held, [d["_id"] for d in taken])
     client.close()
+
+
+def test_the_tenant_limit_holds_across_worker_processes(engine: str, tmp_path: Path) -> None:
+    """Two ``accord worker --tenant-limit 1`` processes: sampling the queue, never two
+    runs of one tenant running at once; the steps' log agrees."""
+    client: MongoClient = MongoClient(engine)
+    db = "fleet_tenant_limit"
+    log = tmp_path / "steps.jsonl"
+    with Accord(client=client, db_name=db) as app:
+        queue = app.runs()
+        for i in range(6):
+            queue.submit(STEPS, {"run": f"a-{i}"}, tenant_id="a")
+        for i in range(3):
+            queue.submit(STEPS, {"run": f"b-{i}"}, tenant_id="b")
+        extra = ("--concurrency", "1", "--tenant-limit", "1")
+        workers = [start_worker(engine, db, STEPS, log, machine=f"m{n}", step_s=0.05,
+                                extra=extra) for n in (1, 2)]  # fmt: skip
+        runs = client[db]["accord_run_queue"]
+        most = {"a": 0, "b": 0}
+        deadline = time.monotonic() + 120
+        while runs.count_documents({"status": "done"}) < 9:
+            assert time.monotonic() < deadline, [stop(w) for w in workers]
+            for tenant in most:
+                n = runs.count_documents({"tenant_id": tenant, "status": "running"})
+                most[tenant] = max(most[tenant], n)
+            time.sleep(0.003)
+        outs = [stop(w) for w in workers]
+        assert most == {"a": 1, "b": 1}, (most, outs)
+        spans: dict[str, list[float]] = {}
+        for e in lines(log):
+            span = spans.setdefault(e["run"], [e["start"], e.get("end", e["start"])])
+            span[0], span[1] = min(span[0], e["start"]), max(span[1], e.get("end", e["start"]))
+        pids = {e["pid"] for e in lines(log)}
+        assert len(pids) == 2, pids  # both processes executed runs
+        for tenant in "ab":
+            mine = sorted(v for k, v in spans.items() if k.startswith(tenant))
+            assert all(a[1] <= b[0] for a, b in zip(mine, mine[1:], strict=False)), tenant
+    client.close()
