@@ -11,7 +11,9 @@
 * SIGTERM: a worker gives back what it cannot finish within its grace period, and
   another worker finishes it;
 * an approval: a run waits in ``interrupt()``, its worker exits, nothing holds the run,
-  ``accord runs approve`` queues it, and a new worker finishes it.
+  ``accord runs approve`` queues it, and a new worker finishes it;
+* ``accord worker --async`` (a graph with async nodes) SIGKILLed and taken over;
+* ``--tenant-limit 1`` on two worker processes: never two runs of a tenant at once.
 
 Engine-only: a dedicated embedded engine with a short transaction lifetime (2 s), so
 the killed worker's open transaction (if the kill lands in one) is aborted quickly, as
