@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from accord.errors import InvalidInputError, LegalHoldError
+from accord.governance.audit_cuts import CUT_ACTION
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.platform.artifacts import CHECKPOINT, HOLD, RUN
@@ -84,7 +85,9 @@ def covering_hold(
 
 def _deletions(batch: SealBatch) -> list[Plan]:
     return [
-        p for p in batch.plans if p.context.operation in DELETIONS and p.context.thread_id
+        p for p in batch.plans
+        if (p.context.operation in DELETIONS and p.context.thread_id)
+        or p.context.operation == CUT_ACTION  # an audit stream's cut (audit_cuts.py)
     ]  # fmt: skip
 
 
@@ -134,7 +137,10 @@ class HoldGuard:
             values = sorted({value for _tenant, value in subjects})
             threads: dict[str, set[str]] = {}
             for plan in plans:
-                threads.setdefault(plan.context.tenant_id, set()).add(str(plan.context.thread_id))
+                if plan.context.thread_id:
+                    threads.setdefault(plan.context.tenant_id, set()).add(plan.context.thread_id)
+            if not threads:
+                continue
             which = [
                 {"tenant_id": tenant, "thread_id": {"$in": sorted(ids)}}
                 for tenant, ids in sorted(threads.items())
@@ -187,7 +193,7 @@ class HoldGuard:
         for plan in _deletions(batch):
             if _db(plan) != db:
                 continue
-            tenant, thread = plan.context.tenant_id, str(plan.context.thread_id)
+            tenant, thread = plan.context.tenant_id, plan.context.thread_id or ""
             classes = [(g.artifact, g.collection) for g in plan.groups if g.ops]
             guard = plan.context.guard
             if guard is not None:  # the thread's run-registry document goes too
@@ -195,8 +201,9 @@ class HoldGuard:
             hold = covering_hold(holds, tenant, thread, classes,
                                  sorted(by_thread.get((tenant, thread), ())))  # fmt: skip
             if hold is not None:
+                what = f"thread {thread!r}" if thread else "the audit stream"
                 raise LegalHoldError(
-                    f"thread {thread!r} of tenant {tenant!r} is under the legal hold "
+                    f"{what} of tenant {tenant!r} is under the legal hold "
                     f"{hold.describe()} ({hold.id}, placed by {hold.by or '?'}"
                     f"{': ' + hold.reason if hold.reason else ''}); nothing was deleted "
                     f"({plan.context.operation}). Release the hold first (accord governance "
