@@ -16,7 +16,16 @@ document, its plain metadata).
 
 Reading the holds inside the transaction (not the process's view of them, refreshed every
 few seconds) is what makes the refusal exact: a hold committed before the deletion's
-snapshot is always seen. The subject values to look for are those of the holds read: a
+snapshot is always seen. A hold committed while the deletion's transaction runs is not in
+its snapshot, so the two are made to **write-conflict** through fence documents
+(:data:`FENCES`, one per tenant, ``_id`` the tenant, and one for the database, ``_id``
+``"*"``): the deletion upserts its tenants' fences, and the database's when a tenant's
+fence is not in its snapshot yet (the first deletion of that tenant); placing a hold
+(:func:`hold_fence_ops`) upserts the database's fence and its tenant's (a hold by
+tenant, thread, or a subject within a tenant), or every tenant's fence (a hold by class,
+or a subject in every tenant). Whichever commits second meets a write conflict and is
+retried; a retried deletion reads the hold and is refused. Deletions of one tenant
+write one document, so concurrent ones are retried one after another. The subject values to look for are those of the holds read: a
 hold the previous attempt did not know yet makes the attempt run again with it
 (:class:`~accord.platform.hooks.SealConflict`).
 """
@@ -33,9 +42,12 @@ from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.platform.artifacts import CHECKPOINT, HOLD, RUN
 from accord.platform.hooks import SealBatch, SealConflict, SealRead
-from accord.platform.plan import Group, Plan
+from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["DELETIONS", "HoldGuard", "checkpoint_subject_fields", "covering_hold"]
+__all__ = [
+    "DELETIONS", "EVERY_TENANT", "FENCES", "HoldGuard", "checkpoint_subject_fields",
+    "covering_hold", "hold_fence_ops",
+]  # fmt: skip
 
 #: The operations (a plan context's ``operation``) that delete a thread's data.
 DELETIONS = frozenset(
@@ -43,6 +55,26 @@ DELETIONS = frozenset(
 )
 _HOLDS = "hold-guard:holds:"
 _SUBJECTS = "hold-guard:subjects:"
+_FENCES = "hold-guard:fences:"
+#: The fence documents (module docstring), of the ``hold`` class.
+FENCES = "accord_hold_fences"
+#: The ``_id`` of the database's fence.
+EVERY_TENANT = "*"
+
+
+def _touch(which: Any, *, many: bool = False) -> Op:
+    change = {"$inc": {"n": 1}}
+    return Op("update_many", which, change) if many else Op("update", which, change, upsert=True)
+
+
+def hold_fence_ops(hold: Hold) -> list[Op]:
+    """What placing ``hold`` writes to :data:`FENCES` in the same transaction (module
+    docstring): a deletion running meanwhile that the hold covers then conflicts with it."""
+    tenant = hold.value if hold.kind == "tenant" else hold.tenant_id
+    ops = [_touch({"_id": EVERY_TENANT})]
+    if hold.kind != "class" and tenant is not None:
+        return [*ops, _touch({"_id": tenant})]
+    return [*ops, _touch({"_id": {"$ne": EVERY_TENANT}}, many=True)]
 
 
 def checkpoint_subject_fields(policy: Policy) -> tuple[str, ...]:
@@ -130,6 +162,8 @@ class HoldGuard:
             cls = policy.of(HOLD.name)
             holds = (cls.collection if cls is not None else None) or str(HOLD.default_collection)
             reads.append(SealRead(_HOLDS + db, db, holds, {}))
+            tenants = sorted({p.context.tenant_id for p in plans})
+            reads.append(SealRead(_FENCES + db, db, FENCES, {"_id": {"$in": tenants}}))
             fields = checkpoint_subject_fields(policy)
             subjects = self._subjects.get(db, frozenset())
             if not fields or not subjects:
@@ -153,6 +187,23 @@ class HoldGuard:
         return reads
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
+        self._check(batch, found)
+        fences: list[Group] = []
+        by_db: dict[str, set[str]] = {}
+        for plan in _deletions(batch):
+            db = _db(plan)
+            if db is not None:
+                by_db.setdefault(db, set()).add(plan.context.tenant_id)
+        for db, of_db in sorted(by_db.items()):
+            tenants = sorted(of_db)
+            present = {d.get("_id") for d in found.get(_FENCES + db, [])}
+            ops = [_touch({"_id": t}) for t in tenants]
+            if not set(tenants) <= present:  # a tenant's first fence: the database's too
+                ops.append(_touch({"_id": EVERY_TENANT}))
+            fences.append(Group(f"hold-guard:fences:{db}", db, FENCES, HOLD.name, ops))
+        return fences
+
+    def _check(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> None:
         for key, docs in found.items():
             if not key.startswith(_HOLDS):
                 continue
@@ -172,7 +223,6 @@ class HoldGuard:
             if fields and not subjects <= known:
                 raise SealConflict("a subject hold this attempt did not look for")
             self._refuse(db, batch, holds, fields, found.get(_SUBJECTS + db, []))
-        return []
 
     def _refuse(
         self, db: str, batch: SealBatch, holds: list[Hold], fields: Sequence[str],
