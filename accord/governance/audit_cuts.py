@@ -37,16 +37,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from bson import ObjectId
 from pymongo import IndexModel
 
-from accord.errors import AccordError, InvalidInputError
+from accord.errors import AccordError, InvalidInputError, LegalHoldError
 from accord.governance.audit_records import GENESIS, RECORDS, Mode, chain_hash, group_body
 from accord.governance.canonical import canonical, ms
+from accord.governance.digests import heads_at, list_digests
 from accord.governance.holds import Holds
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
 from accord.platform.context import AUDITOR, Principal, ReadContext, WriteContext
@@ -253,7 +254,8 @@ class CutReport:
     streams: int = 0
     records: int = 0
     held: int = 0
-    skipped: list[str] | None = None
+    #: streams whose expired prefix does not link (not cut: ``verify`` names the break)
+    broken: list[str] = field(default_factory=list)
 
 
 def _period(policy: Any) -> Any:
@@ -278,15 +280,13 @@ def cut_expired(
     """Cut, in at most ``limit`` streams of ``db``, the records older than the ``audit``
     class's period (module docstring) through ``uow``, a kernel with the audit hook on,
     acting as ``principal`` (an admin)."""
-    report = CutReport(skipped=[])
+    report = CutReport()
     period = _period(policy)
     if period is None:
         return report
     if holds.holds_class(AUDIT.name, records):
         report.held = 1
         return report
-    from accord.governance.digests import heads_at, list_digests
-
     context = ReadContext("*", principal=principal, operation="governance.sweep.audit")
     digests = list_digests(uow, db)
     if not digests:
@@ -320,16 +320,13 @@ def cut_expired(
             continue
         cut = _build(uow, context, db, records, stream, tenant, last, k, principal)
         if cut is None:
-            assert report.skipped is not None
-            report.skipped.append(stream)
+            report.broken.append(stream)
             continue
         if pause is not None and report.streams:
             pause()
         try:
             uow.execute(cut_plan(db, cut, records=records, principal=principal))
         except AccordError as exc:  # a hold placed meanwhile, a concurrent cut: next pass
-            from accord.errors import LegalHoldError
-
             if isinstance(exc, LegalHoldError):
                 report.held += 1
             continue

@@ -399,7 +399,8 @@ def export(
     if progress is not None:
         progress(done, total)
     manifest = _finish(out, params, state["parts"], streams, digests, key,
-                       cuts={s: to_json(c) for s, c in cuts.items() if s in streams})  # fmt: skip
+                       cuts={s: to_json(c) for s, c in cuts.items()
+                             if s in streams and streams[s].first_seq == int(c["seq"]) + 1})  # fmt: skip
     (out / PROGRESS).unlink(missing_ok=True)
     return manifest
 

@@ -253,3 +253,13 @@ def test_the_sweep_cuts_by_the_audit_class_period(
     assert (report.audit_streams, report.audit_records) == (3, 11), report.describe()
     assert "cut 11 expired audit records from 3 streams" in report.describe()
     assert verify_chain(_auditor(client), db_name).ok
+
+
+def test_a_prefix_that_does_not_link_is_not_cut(client: MongoClient, db_name: str) -> None:
+    _setup(client, db_name)
+    client[db_name][RECORDS].update_one({"stream": ORDERS, "seq": 3}, {"$set": {"action": "x"}})
+    report = _cut(client, db_name)
+    assert report.broken == [ORDERS] and report.streams == 2  # the other streams are cut
+    assert _seqs(client, db_name, ORDERS) == list(range(1, 9))  # the break stays visible
+    breaks = verify_chain(_auditor(client), db_name).breaks
+    assert [(b.stream, b.seq) for b in breaks] == [(ORDERS, 3)]
