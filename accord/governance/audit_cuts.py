@@ -274,12 +274,14 @@ def cut_expired(
     records: str = RECORDS,
     now: datetime | None = None,
     limit: int = 1000,
+    batch: int = 1000,
     pause: Callable[[], None] | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> CutReport:
     """Cut, in at most ``limit`` streams of ``db``, the records older than the ``audit``
     class's period (module docstring) through ``uow``, a kernel with the audit hook on,
-    acting as ``principal`` (an admin)."""
+    acting as ``principal`` (an admin); at most ``batch`` records per cut (a longer
+    prefix takes several cuts, one transaction each, ``pause`` between them)."""
     report = CutReport()
     period = _period(policy)
     if period is None:
@@ -293,10 +295,15 @@ def cut_expired(
         return report  # nothing is committed outside yet: nothing may go
     covered = heads_at(uow, db, int(digests[-1]["seq"]))
     cutoff = (now or datetime.now(UTC)) - period
+    # one pass over the trail: per stream, its last old record and its first young one
+    # (a prefix goes only while every record in it is old: clocks of writers may differ)
     rows = uow.aggregate(context, AUDIT.name, db, records, [
-        {"$match": {"at": {"$lt": cutoff}}},
-        {"$group": {"_id": "$stream", "tenant": {"$first": "$tenant_id"},
-                    "max": {"$max": "$seq"}}},
+        {"$group": {
+            "_id": "$stream", "tenant": {"$first": "$tenant_id"},
+            "old": {"$max": {"$cond": [{"$lt": ["$at", cutoff]}, "$seq", 0]}},
+            "young": {"$min": {"$cond": [{"$gte": ["$at", cutoff]}, "$seq", None]}},
+        }},
+        {"$match": {"old": {"$gt": 0}}},
         {"$sort": {"_id": 1}},
     ])  # fmt: skip
     cuts = latest_cuts(uow, db, context=context)
@@ -310,30 +317,30 @@ def cut_expired(
         if holds.holds_thread(tenant, thread_of(stream)):
             report.held += 1
             continue
-        young = uow.find(context, AUDIT.name, db, records,
-                         {"stream": stream, "at": {"$gte": cutoff}},
-                         projection={"seq": 1}, sort=[("seq", 1)], limit=1)  # fmt: skip
-        k = min(head.seq, int(row["max"]), int(young[0]["seq"]) - 1 if young else head.seq)
+        young = row.get("young")
+        k = min(head.seq, int(row["old"]), int(young) - 1 if young else head.seq)
         last = cuts.get(stream)
-        base_seq = int(last["seq"]) if last else 0
-        if k <= base_seq:
-            continue
-        cut = _build(uow, context, db, records, stream, tenant, last, k, principal)
-        if cut is None:
-            report.broken.append(stream)
-            continue
-        if pause is not None and report.streams:
-            pause()
-        try:
-            uow.execute(cut_plan(db, cut, records=records, principal=principal))
-        except AccordError as exc:  # a hold placed meanwhile, a concurrent cut: next pass
-            if isinstance(exc, LegalHoldError):
-                report.held += 1
-            continue
-        report.streams += 1
-        report.records += int(cut["count"])
-        if progress is not None:
-            progress("audit cut", 1)
+        cut_any = False
+        while k > (int(last["seq"]) if last else 0):
+            upto = min(k, (int(last["seq"]) if last else 0) + batch)
+            cut = _build(uow, context, db, records, stream, tenant, last, upto, principal)
+            if cut is None:
+                report.broken.append(stream)
+                break
+            if pause is not None and (report.streams or cut_any):
+                pause()
+            try:
+                uow.execute(cut_plan(db, cut, records=records, principal=principal))
+            except AccordError as exc:  # a hold placed meanwhile, a concurrent cut: next pass
+                if isinstance(exc, LegalHoldError):
+                    report.held += 1
+                break
+            report.records += int(cut["count"])
+            last, cut_any = cut, True
+        if cut_any:
+            report.streams += 1
+            if progress is not None:
+                progress("audit cut", 1)
     return report
 
 
@@ -347,15 +354,17 @@ def _build(
     first = seq + 1
     hashes: list[bytes] = []
     first_at = last_at = None
-    for r in uow.iterate(context, AUDIT.name, db, records,
-                         {"stream": stream, "seq": {"$gte": first, "$lte": k}},
-                         sort=[("seq", 1)], batch_size=1000):  # fmt: skip
+    # the stream's records from its start (those before ``first`` are cut), to ``k``
+    for r in uow.iterate(context, AUDIT.name, db, records, {"stream": stream},
+                         sort=[("seq", 1)], batch_size=min(k - seq, 1000) + 1):  # fmt: skip
         if r.get("seq") != seq + 1 or r.get("prev") != prev or chain_hash(r) != r.get("hash"):
             return None
         seq, prev = seq + 1, str(r["hash"])
         hashes.append(bytes.fromhex(prev))
         first_at = first_at or r["at"]
         last_at = r["at"]
+        if seq == k:
+            break
     if seq != k or first_at is None or last_at is None:
         return None
     cut: dict[str, Any] = {

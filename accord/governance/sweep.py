@@ -109,7 +109,8 @@ def sweep_once(
         _expired(uow, db, policy, saver, held, report, limit, batch, pause, progress)
     if audit is not None and principal is not None:
         cut = cut_expired(
-            audit, db, policy, held, principal=principal, limit=limit, progress=progress,
+            audit, db, policy, held, principal=principal, limit=limit, batch=batch,
+            progress=progress,
             pause=(lambda: time.sleep(pause)) if pause else None,
         )  # fmt: skip
         report.audit_streams, report.audit_records = cut.streams, cut.records

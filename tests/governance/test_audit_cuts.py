@@ -263,3 +263,16 @@ def test_a_prefix_that_does_not_link_is_not_cut(client: MongoClient, db_name: st
     assert _seqs(client, db_name, ORDERS) == list(range(1, 9))  # the break stays visible
     breaks = verify_chain(_auditor(client), db_name).breaks
     assert [(b.stream, b.seq) for b in breaks] == [(ORDERS, 3)]
+
+
+def test_a_long_prefix_is_cut_in_batches_each_a_cut_of_its_own(
+    client: MongoClient, db_name: str
+) -> None:
+    _setup(client, db_name)
+    report = cut_expired(_admin(client), db_name, default_policy(), Holds.of([]),
+                         principal=Principal.os_user(), now=LATER, batch=4)  # fmt: skip
+    assert (report.streams, report.records) == (3, 11)
+    cuts = list(client[db_name][CUTS].find({"stream": ORDERS}).sort("n", 1))
+    assert [(c["first_seq"], c["seq"]) for c in cuts] == [(1, 4), (5, 6)]
+    assert _seqs(client, db_name, ORDERS) == [7, 8, 9, 10, 11, 12]  # two cuts, two records each
+    assert verify_chain(_auditor(client), db_name).ok
