@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accord.errors import AccordError, InvalidInputError
@@ -62,6 +62,8 @@ class SweepReport:
     held_skipped: int = 0
     audit_streams: int = 0
     audit_records: int = 0
+    #: audit streams whose expired prefix does not link: not cut (``accord audit verify``)
+    audit_broken: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def describe(self) -> str:
@@ -71,6 +73,12 @@ class SweepReport:
             f"expired threads ({self.documents} documents), cut {self.audit_records} expired "
             f"audit records from {self.audit_streams} streams, skipped {self.held_skipped} "
             f"held, in {self.seconds:.2f} s"
+            + (
+                f"; {len(self.audit_broken)} audit streams were not cut because their chain "
+                f"breaks (run `accord audit verify --live`)"
+                if self.audit_broken
+                else ""
+            )
         )
 
 
@@ -114,6 +122,7 @@ def sweep_once(
             pause=(lambda: time.sleep(pause)) if pause else None,
         )  # fmt: skip
         report.audit_streams, report.audit_records = cut.streams, cut.records
+        report.audit_broken = cut.broken
         report.held_skipped += cut.held
     report.seconds = time.monotonic() - started
     return report
