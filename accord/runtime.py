@@ -184,14 +184,19 @@ def sweep(
     ``batch`` documents per transaction, ``pause`` seconds between transactions; through
     a kernel acting as ``principal`` (default the operating-system user, role admin) with
     the checkpointer doing the deleting (so a kept checkpoint keeps what it needs)."""
-    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    who = principal or Principal.os_user()
+    uow = kernel(client, principal=who, policy=policy)
     effective = effective_policy(uow, db_name)
     ttl = thread_ttl(effective)
     saver = AccordSaver(client, db_name=db_name, uow=uow)
     saver.setup()  # without a ttl: a saver set up with one starts its own background sweeper
     saver.ttl = ttl.total_seconds() if ttl is not None else None  # prune's commits stamp it
+    # the audit cut is recorded in the chain it cuts: its kernel has the audit hook on
+    mode = os.environ.get(AUDIT_ENV, "").strip().lower()
+    auditing = kernel(client, principal=who, policy=policy,
+                      audit=mode if mode in ("metadata", "full") else "metadata")  # fmt: skip
     return sweep_once(uow, db_name, effective, saver, limit=limit, batch=batch, pause=pause,
-                      progress=progress)  # fmt: skip
+                      progress=progress, audit=auditing, principal=who)  # fmt: skip
 
 
 def export_subject_data(

@@ -15,6 +15,7 @@ from typing import Any
 
 from accord.checkpointers import chains, schema
 from accord.checkpointers.storage import Scope, now
+from accord.platform import calls
 from accord.platform.plan import Op
 
 #: Documents per collection deleted or copied in one transaction.
@@ -50,6 +51,20 @@ def rekey(kind: str, doc: Mapping[str, Any], thread_id: str) -> dict[str, Any]:
 
 def replace_ops(docs: Iterable[Mapping[str, Any]]) -> list[Op]:
     return [Op("replace", {"_id": d["_id"]}, dict(d), upsert=True) for d in docs]
+
+
+def dropped_calls(scope: Scope, checkpoint_ids: list[str]) -> dict[str, Any]:
+    """The filter of the recorded calls that go with the checkpoints ``checkpoint_ids`` of
+    ``scope``'s thread (a prune, ``delete_for_runs``): a call's ``checkpoint_id`` is the
+    checkpoint its task ran from, so only a task of that checkpoint replays it, and a kept
+    checkpoint's pending tasks have theirs under its own id. Checkpoint ids are unique in
+    a thread (uuid6), whatever the namespace (a subgraph task's calls name its
+    namespace's checkpoint). Calls not settled (an intent without a result, a failure to
+    retry, a call parked for a human) stay: the run may still be waiting on them."""
+    return {
+        **scope.thread_filter, "checkpoint_id": {"$in": checkpoint_ids},
+        "status": {"$nin": list(calls.UNSETTLED)},
+    }  # fmt: skip
 
 
 def by_scope(docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:

@@ -46,6 +46,14 @@ from typing import Any
 from bson import ObjectId
 
 from accord.errors import ConfigurationError, PermissionDenied
+from accord.governance.audit_cuts import (
+    CUT_ACTION,
+    CUT_INDEXES,
+    CUT_VALIDATOR,
+    CUTS,
+    cut_entries,
+    is_audit_cut,
+)
 from accord.governance.audit_heads import HeadCache
 from accord.governance.audit_records import (
     GENESIS,
@@ -149,15 +157,18 @@ class AuditHook:
             DIGEST_HEADS: HookCollection(
                 AUDIT_DIGEST.name, DIGEST_HEAD_VALIDATOR, DIGEST_HEAD_INDEXES
             ),
+            CUTS: HookCollection(AUDIT_DIGEST.name, CUT_VALIDATOR, CUT_INDEXES),
         }
 
     def own(self, collection: str) -> bool:
         """Whether ``collection`` is one of the audit collections (never audited)."""
-        return collection in (self.records, self.heads, DIGESTS, DIGEST_HEADS)
+        return collection in (self.records, self.heads, DIGESTS, DIGEST_HEADS, CUTS)
 
     # --- check / derive -------------------------------------------------------------
 
     def check(self, plan: Plan) -> None:
+        if is_audit_cut(plan.context.operation, plan) and plan.groups[1].collection == self.records:
+            return  # the audit class's retention: a stream's prefix cut (audit_cuts.py)
         for group in plan.groups:
             if group.collection in (DIGESTS, DIGEST_HEADS) and all(
                 op.kind == "insert" for op in group.ops
@@ -247,6 +258,9 @@ class AuditHook:
         for plan in batch.plans:
             if plan.context.operation == REFUSED_ACTION:
                 yield from self._refused_entries(plan, batch.transaction_id, at, build)
+                continue
+            if plan.context.operation == CUT_ACTION:  # recorded in the cut stream itself
+                yield from cut_entries(plan, batch.transaction_id, at, self.mode, build)
                 continue
             for group in plan.groups:
                 if not group.ops or self.own(group.collection) or not self._audits(group):

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from accord.errors import PermissionDenied
+from accord.governance.audit_cuts import is_audit_cut
 from accord.governance.policy import ACTIONS, UNTENANTED, Action, Policy
 from accord.governance.redaction import is_image_erasure
 from accord.platform.context import ADMIN, Principal
@@ -181,7 +182,13 @@ class _Rules:
             if group.artifact == "business":
                 self._not_accords(principal, group.collection, context.operation)
             if principal.role == ADMIN and is_image_erasure(context.operation, group):
-                continue  # an admin's erasure of audit images (redaction.py): the one exception
+                continue  # an admin's erasure of audit images (redaction.py)
+            if (
+                principal.role == ADMIN
+                and group.artifact == "audit"
+                and is_audit_cut(context.operation, plan)
+            ):
+                continue  # an admin's cut of expired audit records (audit_cuts.py)
             needed: frozenset[Action] = frozenset()
             for op in group.ops:
                 needed = needed | actions_of(op)

@@ -56,8 +56,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from accord import __version__
 from accord.errors import InvalidInputError, MissingExtraError
+from accord.governance.audit_cuts import latest_cuts
 from accord.governance.audit_records import RECORDS
-from accord.governance.canonical import canonical
+from accord.governance.canonical import canonical, to_json
 from accord.governance.digests import (
     DIGEST_HEADS,
     DIGESTS,
@@ -341,6 +342,11 @@ def export(
     digests = digest_entries(uow, db, tenant, upto)
     heads = {s: Head(tenant, seq, h) for s, seq, h in digests[-1]["heads"]} if digests else {}
     firsts = _selected_streams(uow, db, tenant, heads, since, artifact)
+    # a cut stream starts after its cut (audit_cuts.py); the manifest carries the cut
+    cuts = {s: c for s, c in latest_cuts(uow, db, tenant=tenant, context=_reader(tenant)).items()
+            if s in firsts}  # fmt: skip
+    firsts = {s: max(f, int(cuts[s]["seq"]) + 1) if s in cuts else f for s, f in firsts.items()}
+    firsts = {s: f for s, f in firsts.items() if f <= heads[s].seq}
     if not firsts:
         raise InvalidInputError(
             f"tenant {tenant!r} has no audit records to export up to digest {upto}"
@@ -392,7 +398,9 @@ def export(
             part.abandon()
     if progress is not None:
         progress(done, total)
-    manifest = _finish(out, params, state["parts"], streams, digests, key)
+    manifest = _finish(out, params, state["parts"], streams, digests, key,
+                       cuts={s: to_json(c) for s, c in cuts.items()
+                             if s in streams and streams[s].first_seq == int(c["seq"]) + 1})  # fmt: skip
     (out / PROGRESS).unlink(missing_ok=True)
     return manifest
 
@@ -499,6 +507,7 @@ def _finish(
     out: Path, params: Mapping[str, Any], parts: list[dict[str, Any]],
     streams: Mapping[str, _Stream], digests: list[dict[str, Any]],
     key: Ed25519PrivateKey | None,
+    cuts: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     digest_bytes = json.dumps(digests, indent=1, sort_keys=True).encode() + b"\n"
     (out / "digests.json").write_bytes(digest_bytes)
@@ -510,6 +519,8 @@ def _finish(
                          "sha256": hashlib.sha256(digest_bytes).hexdigest()},
         "streams": {s: v.as_dict() for s, v in sorted(streams.items())},
     }  # fmt: skip
+    if cuts:  # where the cut streams start (audit_cuts.py); absent without cuts
+        manifest["cuts"] = dict(sorted(cuts.items()))
     if key is not None:
         from accord.governance.signing import sign
 

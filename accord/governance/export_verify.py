@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accord.governance.audit_cuts import cut_hash
 from accord.governance.audit_records import GENESIS
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
 from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
@@ -153,7 +154,12 @@ def _verify(
     starts: dict[str, tuple[int, str]] = {}
     for s, info in streams.items():
         first = int(info.get("first_seq", 1))
-        if first > 1 and not manifest.get("since"):
+        cut = (manifest.get("cuts") or {}).get(s)
+        if cut is not None:  # the stream starts at its audit cut (audit_cuts.py)
+            cut_wrong = _cut_problem(cut, first, info)
+            if cut_wrong:
+                add(ExportProblem(cut_wrong, s, first))
+        elif first > 1 and not manifest.get("since"):
             add(ExportProblem("the stream starts after seq 1 in an export without --since",
                               s, 1, expected=1, found=first))  # fmt: skip
         starts[s] = (first - 1, GENESIS if first == 1 else str(info.get("first_prev")))
@@ -235,6 +241,16 @@ def _verify(
     if manifest.get("records") != report.records:
         add(ExportProblem("the manifest's record count disagrees with the files",
                           expected=manifest.get("records"), found=report.records))  # fmt: skip
+
+
+def _cut_problem(cut: Any, first: int, info: Mapping[str, Any]) -> str | None:
+    """Why the manifest's audit cut of a stream is not where its records start."""
+    if not isinstance(cut, Mapping) or cut.get("cut_hash") != cut_hash(cut):
+        return "the stream's audit cut does not hash to its cut_hash (altered)"
+    if cut.get("seq") != first - 1 or cut.get("hash") != info.get("first_prev"):
+        return (f"the stream's first record (seq {first}) does not follow its audit cut "
+                f"(seq {cut.get('seq')})")  # fmt: skip
+    return None
 
 
 def _check_manifest_signature(

@@ -16,7 +16,16 @@ document, its plain metadata).
 
 Reading the holds inside the transaction (not the process's view of them, refreshed every
 few seconds) is what makes the refusal exact: a hold committed before the deletion's
-snapshot is always seen. The subject values to look for are those of the holds read: a
+snapshot is always seen. A hold committed while the deletion's transaction runs is not in
+its snapshot, so the two are made to **write-conflict** through fence documents
+(:data:`FENCES`, one per tenant, ``_id`` the tenant, and one for the database, ``_id``
+``"*"``): the deletion upserts its tenants' fences, and the database's when a tenant's
+fence is not in its snapshot yet (the first deletion of that tenant); placing a hold
+(:func:`hold_fence_ops`) upserts the database's fence and its tenant's (a hold by
+tenant, thread, or a subject within a tenant), or every tenant's fence (a hold by class,
+or a subject in every tenant). Whichever commits second meets a write conflict and is
+retried; a retried deletion reads the hold and is refused. Deletions of one tenant
+write one document, so concurrent ones are retried one after another. The subject values to look for are those of the holds read: a
 hold the previous attempt did not know yet makes the attempt run again with it
 (:class:`~accord.platform.hooks.SealConflict`).
 """
@@ -28,13 +37,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from accord.errors import InvalidInputError, LegalHoldError
+from accord.governance.audit_cuts import CUT_ACTION
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.platform.artifacts import CHECKPOINT, HOLD, RUN
 from accord.platform.hooks import SealBatch, SealConflict, SealRead
-from accord.platform.plan import Group, Plan
+from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["DELETIONS", "HoldGuard", "checkpoint_subject_fields", "covering_hold"]
+__all__ = [
+    "DELETIONS", "EVERY_TENANT", "FENCES", "HoldGuard", "checkpoint_subject_fields",
+    "covering_hold", "hold_fence_ops",
+]  # fmt: skip
 
 #: The operations (a plan context's ``operation``) that delete a thread's data.
 DELETIONS = frozenset(
@@ -42,6 +55,26 @@ DELETIONS = frozenset(
 )
 _HOLDS = "hold-guard:holds:"
 _SUBJECTS = "hold-guard:subjects:"
+_FENCES = "hold-guard:fences:"
+#: The fence documents (module docstring), of the ``hold`` class.
+FENCES = "accord_hold_fences"
+#: The ``_id`` of the database's fence.
+EVERY_TENANT = "*"
+
+
+def _touch(which: Any, *, many: bool = False) -> Op:
+    change = {"$inc": {"n": 1}}
+    return Op("update_many", which, change) if many else Op("update", which, change, upsert=True)
+
+
+def hold_fence_ops(hold: Hold) -> list[Op]:
+    """What placing ``hold`` writes to :data:`FENCES` in the same transaction (module
+    docstring): a deletion running meanwhile that the hold covers then conflicts with it."""
+    tenant = hold.value if hold.kind == "tenant" else hold.tenant_id
+    ops = [_touch({"_id": EVERY_TENANT})]
+    if hold.kind != "class" and tenant is not None:
+        return [*ops, _touch({"_id": tenant})]
+    return [*ops, _touch({"_id": {"$ne": EVERY_TENANT}}, many=True)]
 
 
 def checkpoint_subject_fields(policy: Policy) -> tuple[str, ...]:
@@ -84,7 +117,9 @@ def covering_hold(
 
 def _deletions(batch: SealBatch) -> list[Plan]:
     return [
-        p for p in batch.plans if p.context.operation in DELETIONS and p.context.thread_id
+        p for p in batch.plans
+        if (p.context.operation in DELETIONS and p.context.thread_id)
+        or p.context.operation == CUT_ACTION  # an audit stream's cut (audit_cuts.py)
     ]  # fmt: skip
 
 
@@ -127,6 +162,8 @@ class HoldGuard:
             cls = policy.of(HOLD.name)
             holds = (cls.collection if cls is not None else None) or str(HOLD.default_collection)
             reads.append(SealRead(_HOLDS + db, db, holds, {}))
+            tenants = sorted({p.context.tenant_id for p in plans})
+            reads.append(SealRead(_FENCES + db, db, FENCES, {"_id": {"$in": tenants}}))
             fields = checkpoint_subject_fields(policy)
             subjects = self._subjects.get(db, frozenset())
             if not fields or not subjects:
@@ -134,7 +171,10 @@ class HoldGuard:
             values = sorted({value for _tenant, value in subjects})
             threads: dict[str, set[str]] = {}
             for plan in plans:
-                threads.setdefault(plan.context.tenant_id, set()).add(str(plan.context.thread_id))
+                if plan.context.thread_id:
+                    threads.setdefault(plan.context.tenant_id, set()).add(plan.context.thread_id)
+            if not threads:
+                continue
             which = [
                 {"tenant_id": tenant, "thread_id": {"$in": sorted(ids)}}
                 for tenant, ids in sorted(threads.items())
@@ -147,6 +187,23 @@ class HoldGuard:
         return reads
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
+        self._check(batch, found)
+        fences: list[Group] = []
+        by_db: dict[str, set[str]] = {}
+        for plan in _deletions(batch):
+            db = _db(plan)
+            if db is not None:
+                by_db.setdefault(db, set()).add(plan.context.tenant_id)
+        for db, of_db in sorted(by_db.items()):
+            tenants = sorted(of_db)
+            present = {d.get("_id") for d in found.get(_FENCES + db, [])}
+            ops = [_touch({"_id": t}) for t in tenants]
+            if not set(tenants) <= present:  # a tenant's first fence: the database's too
+                ops.append(_touch({"_id": EVERY_TENANT}))
+            fences.append(Group(f"hold-guard:fences:{db}", db, FENCES, HOLD.name, ops))
+        return fences
+
+    def _check(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> None:
         for key, docs in found.items():
             if not key.startswith(_HOLDS):
                 continue
@@ -166,7 +223,6 @@ class HoldGuard:
             if fields and not subjects <= known:
                 raise SealConflict("a subject hold this attempt did not look for")
             self._refuse(db, batch, holds, fields, found.get(_SUBJECTS + db, []))
-        return []
 
     def _refuse(
         self, db: str, batch: SealBatch, holds: list[Hold], fields: Sequence[str],
@@ -187,7 +243,7 @@ class HoldGuard:
         for plan in _deletions(batch):
             if _db(plan) != db:
                 continue
-            tenant, thread = plan.context.tenant_id, str(plan.context.thread_id)
+            tenant, thread = plan.context.tenant_id, plan.context.thread_id or ""
             classes = [(g.artifact, g.collection) for g in plan.groups if g.ops]
             guard = plan.context.guard
             if guard is not None:  # the thread's run-registry document goes too
@@ -195,8 +251,9 @@ class HoldGuard:
             hold = covering_hold(holds, tenant, thread, classes,
                                  sorted(by_thread.get((tenant, thread), ())))  # fmt: skip
             if hold is not None:
+                what = f"thread {thread!r}" if thread else "the audit stream"
                 raise LegalHoldError(
-                    f"thread {thread!r} of tenant {tenant!r} is under the legal hold "
+                    f"{what} of tenant {tenant!r} is under the legal hold "
                     f"{hold.describe()} ({hold.id}, placed by {hold.by or '?'}"
                     f"{': ' + hold.reason if hold.reason else ''}); nothing was deleted "
                     f"({plan.context.operation}). Release the hold first (accord governance "

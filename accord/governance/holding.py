@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from accord.errors import InvalidInputError
-from accord.governance.hold_guard import checkpoint_subject_fields
+from accord.governance.hold_guard import FENCES, checkpoint_subject_fields, hold_fence_ops
 from accord.governance.holds import Hold, Holds
 from accord.governance.policy import DEPENDENT, Policy
 from accord.governance.retention import (
@@ -163,6 +163,8 @@ def place(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | No
     doc["by"] = doc["by"] or uow.principal.name
     uow.execute(Plan(WriteContext("*", operation="governance.hold"), [
         Group("hold", db, holds_collection(policy), HOLD.name, [insert_once(doc)]),
+        # a deletion running meanwhile conflicts with this (hold_guard.py, fences)
+        Group("hold:fences", db, FENCES, HOLD.name, hold_fence_ops(hold)),
     ]))  # fmt: skip
     moved = 0
     for collection, artifact, _rule, fields in _targets(policy):

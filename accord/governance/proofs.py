@@ -34,6 +34,7 @@ from bson import ObjectId
 from bson.errors import InvalidId
 
 from accord.errors import InvalidInputError
+from accord.governance.audit_cuts import latest_cuts
 from accord.governance.audit_records import RECORDS, chain_hash
 from accord.governance.canonical import to_json
 from accord.governance.digests import (
@@ -243,6 +244,7 @@ def check_extends(
                         f"commits to (rewritten)", expected=d["root"],
                         found=HeadTree(found).root)  # fmt: skip
     before_heads, after_heads = heads[report.start], heads[report.to]
+    cuts = latest_cuts(uow, db, context=_reader())
     for stream, a in sorted(before_heads.items()):
         report.streams += 1
         b = after_heads.get(stream)
@@ -250,17 +252,31 @@ def check_extends(
             fail("the stream's head moved back between the digests", stream, a.seq,
                  a.seq, b and b.seq)  # fmt: skip
             continue
+        cut = cuts.get(stream)
+        if cut is not None and a.seq <= int(cut["seq"]):
+            if a.seq == int(cut["seq"]) and a.hash != cut.get("hash"):
+                fail("the audit cut of the stream does not hold the hash the earlier digest "
+                     "holds at its seq", stream, a.seq, a.hash, cut.get("hash"))  # fmt: skip
+                continue
+            # the records up to the cut are gone: the segment links from the cut on
+            _check_segment(uow, db, stream, a, b, report,
+                           after=(int(cut["seq"]), str(cut.get("hash"))))  # fmt: skip
+            continue
         _check_segment(uow, db, stream, a, b, report)
     return report
 
 
 def _check_segment(
-    uow: Any, db: str, stream: str, a: Head, b: Head, report: ExtensionReport
-) -> None:
-    """The records of ``stream`` from ``a.seq`` to ``b.seq`` link from ``a`` to ``b``."""
+    uow: Any, db: str, stream: str, a: Head, b: Head, report: ExtensionReport,
+    *, after: tuple[int, str] | None = None,
+) -> None:  # fmt: skip
+    """The records of ``stream`` from ``a.seq`` to ``b.seq`` link from ``a`` to ``b``
+    (from the stream's cut ``after`` (seq, hash) when ``a``'s record was cut)."""
     expected_seq, last_hash = a.seq, None
+    if after is not None:
+        expected_seq, last_hash = after[0] + 1, after[1]
     for r in uow.iterate(
-        _reader(), AUDIT.name, db, RECORDS, {"stream": stream, "seq": {"$gte": a.seq,
+        _reader(), AUDIT.name, db, RECORDS, {"stream": stream, "seq": {"$gte": expected_seq,
                                                                        "$lte": b.seq}},
         sort=[("seq", 1)], batch_size=1000,
     ):  # fmt: skip
@@ -270,7 +286,7 @@ def _check_segment(
                                               "inserted or reordered", expected_seq, seq))  # fmt: skip
             return
         computed = chain_hash(r)
-        if seq == a.seq:
+        if seq == a.seq and after is None:
             if r.get("hash") != a.hash or computed != a.hash:
                 report.problems.append(ChainBreak(
                     stream, seq, "the record the earlier digest holds as this stream's head "
@@ -311,7 +327,16 @@ def check_live_against(
         return [ChainBreak("", None, f"the heads stored for digest {seq} are not the ones its "
                            "root commits to (rewritten)", digest["root"], HeadTree(heads).root)]  # fmt: skip
     found: list[ChainBreak] = []
+    cuts = latest_cuts(uow, db, context=_reader())
     for stream, head in sorted(heads.items()):
+        cut = cuts.get(stream)
+        if cut is not None and head.seq <= int(cut["seq"]):
+            # the records it held are cut: the cut names the last one's hash
+            if head.seq == int(cut["seq"]) and head.hash != cut.get("hash"):
+                found.append(ChainBreak(stream, head.seq, f"the audit cut of the stream does "
+                                        f"not hold the hash digest {seq} holds at its seq",
+                                        head.hash, cut.get("hash")))  # fmt: skip
+            continue  # older than the cut: verify_chain checks the chain from the cut
         records = list(uow.find(_reader(), AUDIT.name, db, RECORDS,
                                 {"stream": stream, "seq": head.seq}, limit=2))  # fmt: skip
         hashes = [chain_hash(r) for r in records]

@@ -8,7 +8,10 @@
 * **expired threads** (the thread period of :mod:`accord.governance.retention`): threads
   whose run-registry ``expire_at`` passed (no commit since) and that no live run holds are
   deleted whole, with their recorded calls (the checkpointer's ``delete_expired``: each
-  thread's deletion guarded so a commit that lands meanwhile wins).
+  thread's deletion guarded so a commit that lands meanwhile wins);
+* **expired audit records** (``[classes.audit] retention.expire_after``): each stream's
+  prefix older than the period, up to what the newest digest committed to, is cut
+  (:mod:`accord.governance.audit_cuts`).
 
 Held threads (:mod:`accord.governance.holds`: the thread, its tenant, a thread class, or a
 data subject their checkpoints' metadata names) are skipped; the kernel's hold guard
@@ -29,17 +32,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accord.errors import AccordError, InvalidInputError
+from accord.governance.audit_cuts import cut_expired
 from accord.governance.holding import list_holds, runs_collection, subject_held_threads
 from accord.governance.holds import Holds
 from accord.governance.policy import Policy
 from accord.governance.retention import THREAD_CLASSES
 from accord.platform import runs
 from accord.platform.artifacts import CHECKPOINT, RUN
-from accord.platform.context import ReadContext
+from accord.platform.context import Principal, ReadContext
 
 __all__ = ["SweepReport", "sweep_once"]
 
@@ -56,14 +60,25 @@ class SweepReport:
     expired_threads: int = 0
     documents: int = 0
     held_skipped: int = 0
+    audit_streams: int = 0
+    audit_records: int = 0
+    #: audit streams whose expired prefix does not link: not cut (``accord audit verify``)
+    audit_broken: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def describe(self) -> str:
         return (
             f"kept the latest checkpoints of {self.pruned_threads} threads "
             f"({self.pruned_checkpoints} checkpoints removed), deleted {self.expired_threads} "
-            f"expired threads ({self.documents} documents), skipped {self.held_skipped} held, "
-            f"in {self.seconds:.2f} s"
+            f"expired threads ({self.documents} documents), cut {self.audit_records} expired "
+            f"audit records from {self.audit_streams} streams, skipped {self.held_skipped} "
+            f"held, in {self.seconds:.2f} s"
+            + (
+                f"; {len(self.audit_broken)} audit streams were not cut because their chain "
+                f"breaks (run `accord audit verify --live`)"
+                if self.audit_broken
+                else ""
+            )
         )
 
 
@@ -85,19 +100,30 @@ def sweep_once(
     batch: int = 1000,
     pause: float = 0.0,
     progress: Progress | None = None,
+    audit: Any = None,
+    principal: Principal | None = None,
 ) -> SweepReport:
     """One pass over ``db`` (module docstring). ``saver``: a checkpointer on ``uow``'s
     database (``prune(threads, keep=N, tenant_id=T)`` and ``delete_expired(pairs,
-    batch=, pause=)``)."""
+    batch=, pause=)``). ``audit``: a kernel with the audit hook on, acting as
+    ``principal`` (an admin), that cuts the expired audit records (``audit_cuts.py``);
+    None: the audit trail is not swept."""
     _check(limit, batch, pause)
     started = time.monotonic()
     report = SweepReport()
     held = Holds.of(list_holds(uow, db, policy))
-    if any(held.holds_class(c, None) for c in THREAD_CLASSES):
-        report.seconds = time.monotonic() - started
-        return report  # every thread is held
-    _keep_latest(uow, db, policy, saver, held, report, limit, pause, progress)
-    _expired(uow, db, policy, saver, held, report, limit, batch, pause, progress)
+    if not any(held.holds_class(c, None) for c in THREAD_CLASSES):  # else every thread is held
+        _keep_latest(uow, db, policy, saver, held, report, limit, pause, progress)
+        _expired(uow, db, policy, saver, held, report, limit, batch, pause, progress)
+    if audit is not None and principal is not None:
+        cut = cut_expired(
+            audit, db, policy, held, principal=principal, limit=limit, batch=batch,
+            progress=progress,
+            pause=(lambda: time.sleep(pause)) if pause else None,
+        )  # fmt: skip
+        report.audit_streams, report.audit_records = cut.streams, cut.records
+        report.audit_broken = cut.broken
+        report.held_skipped += cut.held
     report.seconds = time.monotonic() - started
     return report
 

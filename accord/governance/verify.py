@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from accord.governance.audit_cuts import all_cuts, cut_problems, image_hash, is_cut_record
 from accord.governance.audit_records import (
     GENESIS,
     HEADS,
@@ -197,12 +198,39 @@ def verify_chain(
         operation="audit.verify",
     )  # fmt: skip
     where: dict[str, Any] = {} if tenant is None else {"tenant_id": tenant}
-    checker = ChainChecker()
+    cuts = all_cuts(uow, db_name, tenant=tenant, context=context)
+    starts: dict[str, tuple[int, str]] = {}
+    broken_cuts: list[ChainBreak] = []
+    for stream, chain in cuts.items():
+        problem = cut_problems(stream, chain)
+        if problem is not None:
+            broken_cuts.append(ChainBreak(stream, *problem))
+        starts[stream] = (int(chain[-1].get("seq") or 0), str(chain[-1].get("hash")))
+    checker = ChainChecker(starts)
+    recorded: dict[tuple[str, str], set[Any]] = {}  # (stream, cut id) -> image hashes recorded
     for record in uow.iterate(
         context, AUDIT.name, db_name, records, where, sort=[("stream", 1), ("seq", 1)],
         batch_size=1000,
     ):  # fmt: skip
         checker.feed(record)
+        if is_cut_record(record):
+            for op in record.get("ops") or ():
+                if isinstance(op, Mapping) and op.get("op") == "insert":
+                    key = (str(record.get("stream")), str(op.get("doc_id")))
+                    recorded.setdefault(key, set()).add(op.get("image_hash"))
     head_docs = uow.find(context, AUDIT.name, db_name, heads, where)
     checker.heads(head_docs)
+    for b in broken_cuts:
+        if not checker.broken(b.stream):
+            checker.report.breaks.append(b)
+    for stream, chain in cuts.items():
+        latest = chain[-1]
+        if checker.broken(stream) or any(b.stream == stream for b in broken_cuts):
+            continue
+        if image_hash(latest) not in recorded.get((stream, str(latest.get("_id"))), set()):
+            checker.report.breaks.append(ChainBreak(
+                stream, int(latest.get("seq") or 0), "the stream's latest audit cut is not "
+                "the one its chain recorded (forged or altered)", image_hash(latest),
+                sorted(h for h in recorded.get((stream, str(latest.get("_id"))), ()) if h),
+            ))  # fmt: skip
     return checker.report

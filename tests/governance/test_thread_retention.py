@@ -343,3 +343,57 @@ def test_the_sweep_cli_takes_batch_and_pause(client: MongoClient, db_name: str) 
                                "--pause", "0.01", "--limit", "10"], env=env)  # fmt: skip
     assert done.exit_code == 0, done.output
     assert "deleted 1 expired threads" in done.output
+
+
+def test_keep_latest_deletes_the_recorded_calls_of_pruned_checkpoints_only(
+    client: MongoClient, db_name: str
+) -> None:
+    made: list[str] = []
+    crash = [False]
+
+    def call(x: str) -> str:
+        made.append(x)
+        return f"done {x}"
+
+    tool = recorded(name="counted.tool", idempotent=True)(call)
+
+    def work(state: State) -> State:
+        out = [tool("a"), tool("b")]
+        if crash[0]:  # the task dies after its calls, before its writes are saved
+            raise RuntimeError("crashed after the calls")
+        return {"out": out}
+
+    g = StateGraph(State)
+    g.add_node("work", work)
+    g.add_edge(START, "work")
+    g.add_edge("work", END)
+    saver = AccordSaver(client, db_name=db_name)
+    graph = g.compile(checkpointer=saver)
+    for _ in range(2):
+        graph.invoke({"out": []}, _config("t-calls"))
+    crash[0] = True
+    with pytest.raises(RuntimeError):
+        graph.invoke({"out": []}, _config("t-calls"))
+    calls = client[db_name][CALLS]
+    assert calls.count_documents({"thread_id": "t-calls"}) == 6 and len(made) == 6
+    history = list(graph.get_state_history(_config("t-calls")))
+    kept = {s.config["configurable"]["checkpoint_id"] for s in history[:2]}
+    # the newest checkpoint has "work" pending: the calls its re-run replays stay
+    assert history[0].next == ("work",)
+    pending_id = history[0].config["configurable"]["checkpoint_id"]
+    assert calls.count_documents({"thread_id": "t-calls", "checkpoint_id": pending_id}) == 2
+    # an unsettled call of a checkpoint about to go (an intent without a result) stays
+    old = history[-2].config["configurable"]["checkpoint_id"]
+    calls.insert_one({"_id": "unsettled", "tenant_id": "default", "thread_id": "t-calls",
+                      "checkpoint_ns": "work:x", "checkpoint_id": old, "task_id": "x",
+                      "position": 0, "status": "intent"})  # fmt: skip
+    saver.prune(["t-calls"], keep=2)
+    left = {d["_id"]: d["checkpoint_id"] for d in calls.find({"thread_id": "t-calls"})}
+    assert left.pop("unsettled") == old
+    assert set(left.values()) == {pending_id} and len(left) == 2, left
+    assert {*kept} == {s.config["configurable"]["checkpoint_id"]
+                       for s in graph.get_state_history(_config("t-calls"))}  # fmt: skip
+    # the kept checkpoint's pending task runs again: its calls are replayed, not made
+    crash[0] = False
+    again = graph.invoke(None, _config("t-calls"))
+    assert again["out"][-2:] == ["done a", "done b"] and len(made) == 6

@@ -1,8 +1,9 @@
 """The saver's layout check: which collections it uses, and whose documents are there.
 
-The decisions are :mod:`accord.checkpointers.layout`'s; this module reads what they need:
-the database's catalog, its collection names, one bounded index lookup per collection the
-saver writes, MongoDBSaver's ``checkpoints`` (one document) and the migration records.
+The decisions are :mod:`accord.checkpointers.layout`'s; this module reads what they need,
+through the kernel (so the policy's read hook checks every read): the database's catalog,
+its collection names, one bounded index lookup per collection the saver writes,
+MongoDBSaver's ``checkpoints`` (one document) and its migration record.
 
 This module is the async source; its sync twin ``accord/checkpointers/synchronous/layout_check.py``
 is generated from it by ``tools/synchro.py``.
@@ -14,20 +15,36 @@ import logging
 from typing import Any
 
 from accord.checkpointers import layout, schema
-from accord.platform.artifacts import CATALOG_COLLECTION
+from accord.platform.artifacts import CATALOG, CATALOG_COLLECTION, CHECKPOINT, MIGRATION
+from accord.platform.context import ReadContext
 
 _IS_SYNC = False
 
 logger = logging.getLogger("accord.checkpointers")
 
+#: The operation of the layout check's reads (what a refusal names).
+OPERATION = "checkpoint.setup.layout"
+
 
 async def check(
-    db: Any, names: schema.CollectionNames, *, unmigrated: str
+    uow: Any, db: Any, names: schema.CollectionNames, *, unmigrated: str
 ) -> schema.CollectionNames:
     """The collection names the saver uses in ``db``; raises
     :class:`~accord.errors.ForeignDataError` when another saver's data is where accord
-    would write, or beside it unmigrated (``unmigrated="refuse"``)."""
-    catalog = await db[CATALOG_COLLECTION].find({}, {"artifact": 1, "component": 1}).to_list(None)
+    would write, or beside it unmigrated (``unmigrated="refuse"``).
+
+    The documents are read through the kernel ``uow`` (its read hooks: the policy checks
+    each read, so a principal that may not read a class is refused by accord, naming the
+    rule, before the database is asked), as the kernel's principal, in its tenant when it
+    acts for one (then the policy narrows each read to that tenant, whose documents carry
+    ``tenant_id``: another tenant's collections are none of its business)."""
+    principal = getattr(uow, "principal", None)
+    tenant = getattr(principal, "tenant_id", None) or "*"
+    context = ReadContext(tenant, operation=OPERATION)
+    catalog = await uow.find(
+        context, CATALOG.name, db.name, CATALOG_COLLECTION, {},
+        projection={"artifact": 1, "component": 1},
+    )  # fmt: skip
     names, legacy = layout.resolve_names(names, catalog)
     if legacy:
         logger.info(
@@ -37,14 +54,14 @@ async def check(
             ", ".join(legacy),
         )
     existing = set(await db.list_collection_names())
-    migrations = {
-        d["_id"]: d async for d in db[layout.MIGRATIONS_COLLECTION].find({}, {"status": 1})
-    } if layout.MIGRATIONS_COLLECTION in existing else {}  # fmt: skip
+    artifacts = names.artifacts()
     for key in layout.CHECKED:
         collection = getattr(names, key)
         if collection not in existing:
             continue
-        doc = await db[collection].find_one({"tenant_id": None})
+        doc = await uow.find_one(
+            context, artifacts[collection], db.name, collection, {"tenant_id": None}
+        )
         if doc is None:
             continue
         raise layout.foreign_in_own(db.name, collection, doc, legacy=collection in legacy)
@@ -52,10 +69,18 @@ async def check(
         collection = layout.MONGODBSAVER_CHECKPOINTS
         if collection in existing and collection not in names.all().values():
             # MongoDBSaver's shape, without reading its (whole-state) checkpoint payload
-            doc = await db[collection].find_one(
-                {"tenant_id": None, **layout.MONGODBSAVER_SHAPE}, {"thread_id": 1}
-            )
-            record = migrations.get(layout.migration_id(db.name, collection)) or {}
-            if doc is not None and record.get("status") != layout.DONE:
+            doc = await uow.find_one(
+                context, CHECKPOINT.name, db.name, collection,
+                {"tenant_id": None, **layout.MONGODBSAVER_SHAPE}, projection={"thread_id": 1},
+            )  # fmt: skip
+            if doc is None:
+                return names
+            record = None
+            if layout.MIGRATIONS_COLLECTION in existing:
+                record = await uow.find_one(
+                    context, MIGRATION.name, db.name, layout.MIGRATIONS_COLLECTION,
+                    {"_id": layout.migration_id(db.name, collection)}, projection={"status": 1},
+                )  # fmt: skip
+            if (record or {}).get("status") != layout.DONE:
                 raise layout.unmigrated_threads(db.name, collection, doc)
     return names

@@ -133,7 +133,7 @@ class AsyncSaverCore(AccordBase):
         try:
             with pymongo.timeout(self.timeout):
                 names = await layout_check.check(
-                    self.db, self.collections, unmigrated=self.unmigrated
+                    self.uow, self.db, self.collections, unmigrated=self.unmigrated
                 )
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc

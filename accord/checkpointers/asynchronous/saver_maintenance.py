@@ -343,8 +343,8 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
 
     async def _drop_checkpoints(self, scope: Scope, which: dict[str, Any], operation: str) -> None:
         """Delete a namespace's checkpoints matching ``which`` (a ``checkpoint_id``
-        condition) and their writes in one transaction, then collect what no remaining
-        checkpoint references."""
+        condition), their writes and their tasks' settled recorded calls in one
+        transaction, then collect what no remaining checkpoint references."""
         started = maintenance.gc_cutoff()
         while True:  # oldest first, BATCH checkpoints (with their writes) per transaction
             doomed = await self._find_all(
@@ -358,6 +358,8 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
             deletes: list[tuple[str, dict[str, Any]]] = [
                 ("writes", {**scope.ns_filter, "checkpoint_id": ids}),
                 ("checkpoints", {**scope.ns_filter, "checkpoint_id": ids}),
+                # the calls their tasks recorded (none a kept checkpoint's tasks replay)
+                ("calls", maintenance.dropped_calls(scope, ids["$in"])),
             ]
             guard = self._guard(scope, None, runs.new_version(), operation)
             await self._commit(

@@ -131,7 +131,9 @@ class SaverCore(AccordBase):
         ensure_reachable(self.client, self.timeout)
         try:
             with pymongo.timeout(self.timeout):
-                names = layout_check.check(self.db, self.collections, unmigrated=self.unmigrated)
+                names = layout_check.check(
+                    self.uow, self.db, self.collections, unmigrated=self.unmigrated
+                )
         except PyMongoError as exc:
             raise failures.read_failed(exc, self.db_name, self.timeout) from exc
         self._use_collections(names)
