@@ -3,9 +3,9 @@ peak RSS of ``accord audit export`` and ``accord audit verify DIR``, each run as
 in a process of its own.
 
 **Fixture.** One embedded engine process (``--no-sync``: the records are written to be
-read, not to measure writes). The audit collections are created by a kernel write with
-the audit on (one plan, in another tenant: its validator and indexes are the real ones);
-then ``RECORDS`` records of tenant ``acme`` in ``STREAMS`` thread streams are built by
+read, not to measure writes). The audit collections are created as ``accord audit
+digest`` creates them (the catalog's setup of the audit hook's collections: validator and
+indexes); then ``RECORDS`` records of tenant ``acme`` in ``STREAMS`` thread streams are built by
 the audit hook's own record builder (:func:`~accord.governance.audit_records.group_body`
 of a one-insert group, chained with
 :func:`~accord.governance.audit_records.chain_hash`, as the hook's seal does) and written
@@ -47,7 +47,7 @@ from accord.governance.audit_records import (
     GENESIS, HEADS, RECORDS, chain_hash, group_body, stream_of,
 )
 from accord.platform.context import AUDITOR, Principal, WriteContext
-from accord.platform.plan import Group, Op, Plan
+from accord.platform.plan import Group, Op
 from benchmarks.checkpointer import start_engine
 
 DB = "audit_export_bench"
@@ -57,21 +57,20 @@ TARGET_SECONDS = 60
 TARGET_RSS_MIB = 300
 
 
-def _seed(client: MongoClient[Any]) -> None:
-    """One kernel write with the audit on: creates the audit collections as accord does
-    (validator, indexes), in a tenant the export does not read."""
+def _setup(client: MongoClient[Any]) -> None:
+    """Create the audit collections as ``accord audit digest`` does before its first digest
+    (validator, indexes: the export reads the ``tenant_stream_seq`` index in order)."""
+    from accord.platform.synchronous.catalog import Catalog
+
     uow = runtime.kernel(client, audit="metadata")
-    ctx = WriteContext("seed", thread_id="seed", operation="messages.write")
-    group = Group("g", DB, "short_term_memory", "short_term_memory",
-                  [Op("insert", doc={"_id": "seed", "tenant_id": "seed", "text": "seed"})])  # fmt: skip
-    uow.execute(Plan(ctx, [group]))
+    Catalog(uow.acting_as(Principal.os_user()), DB).setup("audit", {})
 
 
 def generate(uri: str, records: int, streams: int) -> float:
     """Write the fixture (module docstring); returns the seconds it took."""
     started = time.perf_counter()
     client: MongoClient[Any] = MongoClient(uri)
-    _seed(client)
+    _setup(client)
     audit = client[DB][RECORDS]
     heads: dict[str, tuple[int, str]] = {}
     txn_base = ObjectId()
@@ -126,6 +125,14 @@ def run(argv: list[str]) -> dict[str, Any]:
             "cpu": usage.ru_utime + usage.ru_stime, "stdout": stdout.strip()}  # fmt: skip
 
 
+def _peak_rss_mib(pid: int) -> float:
+    """A live process's peak RSS (``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.audit_export")
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -166,6 +173,7 @@ def main() -> None:
                 assert report["ok"] and report["records"] == args.records, report
                 rows.append(("verify", fmt, verified, size))
                 shutil.rmtree(out)
+            engine_peak = _peak_rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait()
@@ -180,6 +188,8 @@ def main() -> None:
         print(f"| accord audit {what} | {fmt} | {args.records:,} | {size:.0f} | "
               f"{r['seconds']:.1f} | {args.records / r['seconds']:,.0f} | {r['cpu']:.1f} | "
               f"{r['rss_mib']:.0f} | {'met' if met else 'NOT met'} |")  # fmt: skip
+    print(f"\nThe engine's own peak RSS (its process, start-up and fixture included): "
+          f"{engine_peak:.0f} MiB.")
 
 
 if __name__ == "__main__":
