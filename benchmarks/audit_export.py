@@ -44,7 +44,12 @@ from pymongo import MongoClient, UpdateOne
 
 from accord import runtime
 from accord.governance.audit_records import (
-    GENESIS, HEADS, RECORDS, chain_hash, group_body, stream_of,
+    GENESIS,
+    HEADS,
+    RECORDS,
+    chain_hash,
+    group_body,
+    stream_of,
 )
 from accord.platform.context import AUDITOR, Principal, WriteContext
 from accord.platform.plan import Group, Op
@@ -188,8 +193,10 @@ def main() -> None:
         print(f"| accord audit {what} | {fmt} | {args.records:,} | {size:.0f} | "
               f"{r['seconds']:.1f} | {args.records / r['seconds']:,.0f} | {r['cpu']:.1f} | "
               f"{r['rss_mib']:.0f} | {'met' if met else 'NOT met'} |")  # fmt: skip
-    print(f"\nThe engine's own peak RSS (its process, start-up and fixture included): "
-          f"{engine_peak:.0f} MiB.")
+    print(
+        f"\nThe engine's own peak RSS (its process, start-up and fixture included): "
+        f"{engine_peak:.0f} MiB."
+    )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from accord import __version__
 from accord.errors import InvalidInputError, MissingExtraError
 from accord.governance.audit_records import RECORDS
-from accord.governance.canonical import canonical
+from accord.governance.canonical import READ_CODEC, canonical_read
 from accord.governance.digests import (
     DIGEST_HEADS,
     DIGESTS,
@@ -119,6 +119,7 @@ class _Part:
         self._sha = hashlib.sha256()
         self._size = 0
         self._rows: list[dict[str, Any]] = []
+        self._lines: list[bytes] = []  # JSONL lines not written yet (written 1,000 at a time)
         self._writer: Any = None
         if fmt == "parquet":
             self._file: Any = None
@@ -133,12 +134,15 @@ class _Part:
         self._size += len(data)
 
     def add(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` (as read: BSON types; its RFC 8785 JSON is the same either
-        way, and computing it once from the BSON is the export's main CPU cost)."""
-        data = canonical(record)
+        """Write ``record`` (as read, with :data:`~.canonical.READ_CODEC`: BSON types; its
+        RFC 8785 JSON, computed once from the BSON by
+        :func:`~accord.governance.canonical.canonical_read`)."""
+        data = canonical_read(record)
         self.records += 1
         if self.fmt == "jsonl":
-            self._emit(data + b"\n")
+            self._lines.append(data)
+            if len(self._lines) >= 1000:
+                self._flush_lines()
             return
         text = data.decode()
         row = columns_of(json.loads(text), text)
@@ -148,6 +152,12 @@ class _Part:
             self._rows.append(row)
             if len(self._rows) >= 10_000:
                 self._flush_rows()
+
+    def _flush_lines(self) -> None:
+        if self._lines:
+            self._lines.append(b"")  # the last line's newline
+            self._emit(b"\n".join(self._lines))
+            self._lines = []
 
     def _flush_rows(self) -> None:
         pa, pq = pyarrow_modules()
@@ -166,6 +176,7 @@ class _Part:
                 self._writer.close()
             self._sha, self._size = _file_sha(self.path)
         else:
+            self._flush_lines()
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -411,6 +422,7 @@ def _records(
     cursor = uow.iterate(
         _reader(tenant), AUDIT.name, db, RECORDS, where,
         sort=[("tenant_id", 1), ("stream", 1), ("seq", 1)], batch_size=batch,
+        codec_options=READ_CODEC,
     )  # fmt: skip
     ahead: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()

@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accord.governance.audit_records import GENESIS
+from accord.governance.audit_records import GENESIS, UNHASHED
+from accord.governance.canonical import Double, canonical_read
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
 from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
 from accord.governance.verify import ChainChecker
@@ -157,7 +158,7 @@ def _verify(
             add(ExportProblem("the stream starts after seq 1 in an export without --since",
                               s, 1, expected=1, found=first))  # fmt: skip
         starts[s] = (first - 1, GENESIS if first == 1 else str(info.get("first_prev")))
-    checker = ChainChecker(starts)
+    checker = ChainChecker(starts, hash_of=_chain_hash)
     located: dict[str, tuple[int, str | None, str]] = {}  # stream -> (seq, id, location)
     seen: set[str] = set()
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
@@ -336,9 +337,21 @@ def _records(
         yield from _read(path, add)
 
 
+def _chain_hash(record: Mapping[str, Any]) -> str:
+    """:func:`~accord.governance.audit_records.chain_hash` of a record parsed by
+    :func:`_parse` (doubles marked): the same bytes hashed, through
+    :func:`~accord.governance.canonical.canonical_read`."""
+    body = {k: v for k, v in record.items() if k not in UNHASHED}
+    return hashlib.sha256(canonical_read(body)).hexdigest()
+
+
+def _double_constant(name: str) -> Double:
+    return Double(float(name))  # NaN, Infinity, -Infinity: doubles too
+
+
 def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
     try:
-        record = json.loads(text)
+        record = json.loads(text, parse_float=Double, parse_constant=_double_constant)
     except ValueError as exc:
         add(ExportProblem(f"the record is not JSON ({exc}): altered", location=location))
         return None

@@ -58,6 +58,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 import pymongo
+from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
@@ -467,16 +468,22 @@ class AsyncUnitOfWork:
         projection: Mapping[str, Any] | None = None,
         sort: Sequence[tuple[str, int]] | None = None,
         batch_size: int = 0,
+        codec_options: CodecOptions[Any] | None = None,
     ) -> AsyncIterator[Any]:
         """:meth:`find`, one document at a time, for a caller that may stop early (a scan
         that keeps what it needs): batches are fetched as it goes, and the cursor is
-        closed when it stops. Each batch is bounded by the kernel's timeout."""
+        closed when it stops. Each batch is bounded by the kernel's timeout.
+        ``codec_options``: how to decode the documents (default: the client's)."""
         request = await self._request(context, artifact, db, collection, "find", filter=filter)
-        cursor = self.client[db][collection].find(
-            dict(request.filter or {}),
-            dict(projection) if projection is not None else None,
-            sort=list(sort) if sort else None,
-            batch_size=batch_size,
+        cursor = (
+            self.client[db]
+            .get_collection(collection, codec_options=codec_options)
+            .find(
+                dict(request.filter or {}),
+                dict(projection) if projection is not None else None,
+                sort=list(sort) if sort else None,
+                batch_size=batch_size,
+            )
         )
         try:
             while True:
