@@ -244,7 +244,7 @@ def canonical_read(value: Any) -> bytes:
         data = orjson.dumps(value, default=_spelled, option=_READ_OPTIONS)
     except orjson.JSONEncodeError:  # a Double, a wide integer, another type: the exact path
         return canonical(value)
-    if _BEYOND_ORDER_SAFE.search(data) is not None:  # UTF-8 of U+E000 and above
+    if not data.isascii() and _BEYOND_ORDER_SAFE.search(data) is not None:  # U+E000 and up
         return canonical(value)
     return data
 

@@ -413,13 +413,14 @@ def _records(
 ) -> Generator[Any, None, None]:
     """The tenant's records in (stream, seq) order, after ``after`` (a resume), read one
     batch ahead by a thread of their own: the database prepares the next batch while
-    this one is encoded (the cursor waits without the GIL). At most two batches are
-    held."""
+    this one is encoded (the cursor waits without the GIL), and each batch is decoded at
+    once (``iterate_batches``), doubles marked (:data:`~.canonical.READ_CODEC`). At most
+    three batches are held."""
     where: dict[str, Any] = {"tenant_id": tenant}
     if after is not None:
         stream, seq = after
         where["$or"] = [{"stream": stream, "seq": {"$gt": seq}}, {"stream": {"$gt": stream}}]
-    cursor = uow.iterate(
+    cursor = uow.iterate_batches(
         _reader(tenant), AUDIT.name, db, RECORDS, where,
         sort=[("tenant_id", 1), ("stream", 1), ("seq", 1)], batch_size=batch,
         codec_options=READ_CODEC,
@@ -429,15 +430,10 @@ def _records(
     end = object()
 
     def read() -> None:
-        chunk: list[Any] = []
         try:
-            for doc in cursor:
-                chunk.append(doc)
-                if len(chunk) >= batch:
-                    if not _put(ahead, chunk, stop):
-                        return
-                    chunk = []
-            _put(ahead, chunk, stop)
+            for chunk in cursor:
+                if not _put(ahead, chunk, stop):
+                    return
             _put(ahead, end, stop)
         except BaseException as exc:  # handed to the consumer, which raises it
             _put(ahead, exc, stop)

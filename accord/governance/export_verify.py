@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,7 +163,7 @@ def _verify(
     seen: set[str] = set()
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
     dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
-    for location, record, columns in _records(directory, manifest, add):
+    for location, record, columns in _records(directory, manifest, report.problems):
         report.records += 1
         stream = str(record.get("stream"))
         rid = (record.get("_id") or {}).get("$oid") if isinstance(record.get("_id"), dict) else None
@@ -320,28 +320,68 @@ def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
 
 
 def _records(
-    directory: Path, manifest: Mapping[str, Any], add: Any
+    directory: Path, manifest: Mapping[str, Any], problems: list[ExportProblem]
 ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
     """(file:line, record, its CSV/Parquet columns or None) of every records file the
-    manifest lists, in order; files that do not hash to the manifest are named, and
-    still read (the records say which one changed)."""
+    manifest lists, in order; files that do not hash to the manifest are named (before
+    what their records say), and still read (the records say which one changed). A JSONL
+    file is hashed as it is read: one pass."""
+    add = problems.append
     for info in manifest.get("files", []):
         path = directory / str(info.get("name"))
         if not path.exists():
             add(ExportProblem(f"file {path.name} is missing (removed)"))
             continue
-        sha, size = _sha(path)
-        if sha != info.get("sha256") or size != info.get("bytes"):
-            add(ExportProblem(f"file {path.name} does not hash to the manifest's SHA-256 "
-                              "(altered)", expected=info.get("sha256"), found=sha))  # fmt: skip
-        yield from _read(path, add)
+        at = len(problems)
+        hashed = hashlib.sha256()
+        if path.suffix == ".jsonl":
+            size = yield from _jsonl(path, hashed, add)
+        else:
+            sha, size = _sha(path)
+            hashed = None
+        found = hashed.hexdigest() if hashed is not None else sha
+        if found != info.get("sha256") or size != info.get("bytes"):
+            problems.insert(at, ExportProblem(
+                f"file {path.name} does not hash to the manifest's SHA-256 (altered)",
+                expected=info.get("sha256"), found=found,
+            ))  # fmt: skip
+        if path.suffix != ".jsonl":
+            yield from _read(path, add)
+
+
+def _jsonl(
+    path: Path, hashed: Any, add: Any
+) -> Generator[tuple[str, dict[str, Any], None], None, int]:
+    """The records of a JSONL file, read in large blocks that are hashed (``hashed``) as
+    they are split into lines; returns the file's size."""
+    name, n, size, rest = path.name, 0, 0, b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(1 << 22)
+            if block:
+                hashed.update(block)
+                size += len(block)
+                lines = (rest + block).split(b"\n")
+                rest = lines.pop()
+            else:
+                lines, rest = ([rest] if rest else []), b""
+            for line in lines:
+                n += 1
+                where = f"{name}:line {n}"
+                record = _parse(line.decode("utf-8", "replace"), where, add)
+                if record is not None:
+                    yield where, record, None
+            if not block:
+                return size
 
 
 def _chain_hash(record: Mapping[str, Any]) -> str:
     """:func:`~accord.governance.audit_records.chain_hash` of a record parsed by
     :func:`_parse` (doubles marked): the same bytes hashed, through
     :func:`~accord.governance.canonical.canonical_read`."""
-    body = {k: v for k, v in record.items() if k not in UNHASHED}
+    body = dict(record)
+    for name in UNHASHED:
+        body.pop(name, None)
     return hashlib.sha256(canonical_read(body)).hexdigest()
 
 
@@ -349,9 +389,21 @@ def _double_constant(name: str) -> Double:
     return Double(float(name))  # NaN, Infinity, -Infinity: doubles too
 
 
+#: ``json.loads`` with doubles marked (:class:`~accord.governance.canonical.Double`),
+#: made once (``json.loads`` with arguments makes a decoder per call).
+_DECODER = json.JSONDecoder(parse_float=Double, parse_constant=_double_constant)
+_SCAN = _DECODER.scan_once
+
+
 def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
     try:
-        record = json.loads(text, parse_float=Double, parse_constant=_double_constant)
+        try:  # the common case (an object, then the newline) without decode()'s regexes
+            record, end = _SCAN(text, 0)
+        except StopIteration:
+            record = _DECODER.decode(text)  # raises what json.loads raises
+        else:
+            if text[end:].strip(" \t\n\r"):
+                record = _DECODER.decode(text)
     except ValueError as exc:
         add(ExportProblem(f"the record is not JSON ({exc}): altered", location=location))
         return None
