@@ -48,9 +48,11 @@ import json
 import os
 import queue
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -119,45 +121,39 @@ class _Part:
         self._sha = hashlib.sha256()
         self._size = 0
         self._rows: list[dict[str, Any]] = []
-        self._lines: list[bytes] = []  # JSONL lines not written yet (written 1,000 at a time)
         self._writer: Any = None
         if fmt == "parquet":
             self._file: Any = None
         else:
             self._file = open(path, "wb")  # noqa: SIM115 (closed in close())
             if fmt == "csv":
-                self._emit(_csv_line(list(COLUMNS)))
+                self._emit(_csv_lines([list(COLUMNS)]))
 
     def _emit(self, data: bytes) -> None:
         self._file.write(data)
         self._sha.update(data)
         self._size += len(data)
 
-    def add(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` (as read, with :data:`~.canonical.READ_CODEC`: BSON types; its
-        RFC 8785 JSON, computed once from the BSON by
-        :func:`~accord.governance.canonical.canonical_read`)."""
-        data = canonical_read(record)
-        self.records += 1
+    def add(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``records`` (as read, with :data:`~.canonical.READ_CODEC`: BSON types;
+        each one's RFC 8785 JSON computed once from the BSON by
+        :func:`~accord.governance.canonical.canonical_read`), a batch at a time."""
+        self.records += len(records)
+        lines = list(map(canonical_read, records))
         if self.fmt == "jsonl":
-            self._lines.append(data)
-            if len(self._lines) >= 1000:
-                self._flush_lines()
+            lines.append(b"")  # the last line's newline
+            self._emit(b"\n".join(lines))
             return
-        text = data.decode()
-        row = columns_of(json.loads(text), text)
+        rows = []
+        for data in lines:
+            text = data.decode()
+            rows.append(columns_of(json.loads(text), text))
         if self.fmt == "csv":
-            self._emit(_csv_line([row[c] for c in COLUMNS]))
+            self._emit(_csv_lines([[row[c] for c in COLUMNS] for row in rows]))
         else:
-            self._rows.append(row)
+            self._rows.extend(rows)
             if len(self._rows) >= 10_000:
                 self._flush_rows()
-
-    def _flush_lines(self) -> None:
-        if self._lines:
-            self._lines.append(b"")  # the last line's newline
-            self._emit(b"\n".join(self._lines))
-            self._lines = []
 
     def _flush_rows(self) -> None:
         pa, pq = pyarrow_modules()
@@ -176,7 +172,6 @@ class _Part:
                 self._writer.close()
             self._sha, self._size = _file_sha(self.path)
         else:
-            self._flush_lines()
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -190,9 +185,9 @@ class _Part:
             self._writer.close()
 
 
-def _csv_line(values: list[Any]) -> bytes:
+def _csv_lines(rows: list[list[Any]]) -> bytes:
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(values)
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
     return buffer.getvalue().encode()
 
 
@@ -369,30 +364,25 @@ def export(
     done = sum(p["records"] for p in state["parts"])
     after: tuple[str, int] | None = tuple(state["after"]) if state["after"] else None  # type: ignore[assignment]
     part: _Part | None = None
+    bounds = {s: (f, heads[s].seq) for s, f in firsts.items()}  # stream -> seqs to export
     records = _records(uow, db, tenant, after, batch=1000)
     try:
-        for record in records:
-            stream, seq = record["stream"], int(record["seq"])
-            first = firsts.get(stream)
-            if first is None or not first <= seq <= heads[stream].seq:
-                continue
-            if part is None:
-                part = _Part(out / f"records-{len(state['parts']):05d}.{fmt}", fmt)
-            part.add(record)
-            known = streams.get(stream)
-            if known is None:
-                streams[stream] = _Stream(seq, record["prev"], seq, record["hash"], 1)
-            else:
-                known.last_seq, known.last_hash = seq, record["hash"]
-                known.count += 1
-            done += 1
-            if part.records >= part_size:
-                state["parts"].append(part.close())
-                part = None
-                state["after"] = [stream, seq]
-                state["streams"] = {s: v.as_dict() for s, v in streams.items()}
-                _save(out, state)
-            if progress is not None and done % 1000 == 0:
+        for batch in records:
+            kept = [r for r in batch if _within(r, bounds)]
+            while kept:
+                if part is None:
+                    part = _Part(out / f"records-{len(state['parts']):05d}.{fmt}", fmt)
+                chunk, kept = kept[: part_size - part.records], kept[part_size - part.records :]
+                part.add(chunk)
+                _track(streams, chunk)
+                done += len(chunk)
+                if part.records >= part_size:
+                    state["parts"].append(part.close())
+                    part = None
+                    state["after"] = [chunk[-1]["stream"], int(chunk[-1]["seq"])]
+                    state["streams"] = {s: v.as_dict() for s, v in streams.items()}
+                    _save(out, state)
+            if progress is not None:
                 progress(done, total)
         if part is not None:
             state["parts"].append(part.close())
@@ -408,9 +398,32 @@ def export(
     return manifest
 
 
+def _within(record: Mapping[str, Any], bounds: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether ``record`` is in its stream's exported range."""
+    bound = bounds.get(record["stream"])
+    return bound is not None and bound[0] <= int(record["seq"]) <= bound[1]
+
+
+def _track(streams: dict[str, _Stream], records: Sequence[Mapping[str, Any]]) -> None:
+    """Count ``records`` (in (stream, seq) order) in their streams' ranges."""
+    for stream, group in groupby(records, key=_STREAM):
+        run = list(group)
+        first, last = run[0], run[-1]
+        known = streams.get(stream)
+        if known is None:
+            streams[stream] = _Stream(int(first["seq"]), first["prev"], int(last["seq"]),
+                                      last["hash"], len(run))  # fmt: skip
+        else:
+            known.last_seq, known.last_hash = int(last["seq"]), last["hash"]
+            known.count += len(run)
+
+
+_STREAM = itemgetter("stream")
+
+
 def _records(
     uow: Any, db: str, tenant: str, after: tuple[str, int] | None, *, batch: int
-) -> Generator[Any, None, None]:
+) -> Generator[list[Any], None, None]:
     """The tenant's records in (stream, seq) order, after ``after`` (a resume), read one
     batch ahead by a thread of their own: the database prepares the next batch while
     this one is encoded (the cursor waits without the GIL), and each batch is decoded at
@@ -449,7 +462,7 @@ def _records(
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield from item
+            yield item
     finally:
         stop.set()
         reader.join(timeout=30)
