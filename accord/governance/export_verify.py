@@ -31,6 +31,7 @@ import hashlib
 import json
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,13 +334,12 @@ def _records(
             add(ExportProblem(f"file {path.name} is missing (removed)"))
             continue
         at = len(problems)
-        hashed = hashlib.sha256()
         if path.suffix == ".jsonl":
+            hashed = hashlib.sha256()
             size = yield from _jsonl(path, hashed, add)
+            found = hashed.hexdigest()
         else:
-            sha, size = _sha(path)
-            hashed = None
-        found = hashed.hexdigest() if hashed is not None else sha
+            found, size = _sha(path)
         if found != info.get("sha256") or size != info.get("bytes"):
             problems.insert(at, ExportProblem(
                 f"file {path.name} does not hash to the manifest's SHA-256 (altered)",
@@ -392,7 +392,7 @@ def _double_constant(name: str) -> Double:
 #: ``json.loads`` with doubles marked (:class:`~accord.governance.canonical.Double`),
 #: made once (``json.loads`` with arguments makes a decoder per call).
 _DECODER = json.JSONDecoder(parse_float=Double, parse_constant=_double_constant)
-_SCAN = _DECODER.scan_once
+_SCAN: Any = make_scanner(_DECODER)  # type: ignore[arg-type]  # its context: a decoder
 
 
 def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
