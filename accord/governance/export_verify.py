@@ -35,11 +35,11 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accord.governance.audit_records import GENESIS, UNHASHED
-from accord.governance.canonical import Double, canonical_read
+from accord.governance.audit_records import GENESIS
+from accord.governance.canonical import Double
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
 from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
-from accord.governance.verify import ChainChecker
+from accord.governance.verify import ChainChecker, read_chain_hash
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -159,7 +159,7 @@ def _verify(
             add(ExportProblem("the stream starts after seq 1 in an export without --since",
                               s, 1, expected=1, found=first))  # fmt: skip
         starts[s] = (first - 1, GENESIS if first == 1 else str(info.get("first_prev")))
-    checker = ChainChecker(starts, hash_of=_chain_hash)
+    checker = ChainChecker(starts, hash_of=read_chain_hash)
     located: dict[str, tuple[int, str | None, str]] = {}  # stream -> (seq, id, location)
     seen: set[str] = set()
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
@@ -373,16 +373,6 @@ def _jsonl(
                     yield where, record, None
             if not block:
                 return size
-
-
-def _chain_hash(record: Mapping[str, Any]) -> str:
-    """:func:`~accord.governance.audit_records.chain_hash` of a record parsed by
-    :func:`_parse` (doubles marked): the same bytes hashed, through
-    :func:`~accord.governance.canonical.canonical_read`."""
-    body = dict(record)
-    for name in UNHASHED:
-        body.pop(name, None)
-    return hashlib.sha256(canonical_read(body)).hexdigest()
 
 
 def _double_constant(name: str) -> Double:

@@ -35,12 +35,14 @@ from accord.governance.audit_records import (
     HEADS,
     IMAGE_FIELDS,
     RECORDS,
+    UNHASHED,
     chain_hash,
 )
+from accord.governance.canonical import READ_CODEC, canonical_read
 from accord.platform.artifacts import AUDIT
 from accord.platform.context import AUDITOR, Principal, ReadContext
 
-__all__ = ["AuditReport", "ChainBreak", "ChainChecker", "verify_chain"]
+__all__ = ["AuditReport", "ChainBreak", "ChainChecker", "read_chain_hash", "verify_chain"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,16 @@ class ChainChecker:
             ))  # fmt: skip
 
 
+def read_chain_hash(record: Mapping[str, Any]) -> str:
+    """:func:`~.audit_records.chain_hash` of a record read with its doubles marked
+    (:data:`~.canonical.READ_CODEC`, or ``json`` with ``parse_float=Double``): the same
+    hash, through :func:`~.canonical.canonical_read`."""
+    body = dict(record)
+    for name in UNHASHED:
+        body.pop(name, None)
+    return hashlib.sha256(canonical_read(body)).hexdigest()
+
+
 def verify_chain(
     uow: Any,
     db_name: str,
@@ -205,12 +217,13 @@ def verify_chain(
         operation="audit.verify",
     )  # fmt: skip
     where: dict[str, Any] = {} if tenant is None else {"tenant_id": tenant}
-    checker = ChainChecker()
-    for record in uow.iterate(
+    checker = ChainChecker(hash_of=read_chain_hash)
+    for batch in uow.iterate_batches(
         context, AUDIT.name, db_name, records, where, sort=[("stream", 1), ("seq", 1)],
-        batch_size=1000,
+        batch_size=1000, codec_options=READ_CODEC,
     ):  # fmt: skip
-        checker.feed(record)
+        for record in batch:
+            checker.feed(record)
     head_docs = uow.find(context, AUDIT.name, db_name, heads, where)
     checker.heads(head_docs)
     return checker.report
