@@ -190,8 +190,9 @@ def _verify(
         if checker.broken(stream) or stream in dead:
             continue
         if columns is not None:
-            wrong = [c for c in COLUMNS if str(columns.get(c, "")) != str(
-                columns_of(record, columns["record"]).get(c, ""))]  # fmt: skip
+            shown = columns_of(record, columns["record"])
+            wrong = [c for c in COLUMNS
+                     if str(columns.get(c, "")) != str(shown.get(c, ""))]  # fmt: skip
             if wrong:
                 add(ExportProblem(f"its {', '.join(wrong)} column(s) disagree with the record "
                                   "(altered)", stream, seq, rid, location))  # fmt: skip
