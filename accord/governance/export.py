@@ -56,6 +56,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
+
 from accord import __version__
 from accord.errors import InvalidInputError, MissingExtraError
 from accord.governance.audit_records import RECORDS
@@ -144,10 +146,8 @@ class _Part:
             lines.append(b"")  # the last line's newline
             self._emit(b"\n".join(lines))
             return
-        rows = []
-        for data in lines:
-            text = data.decode()
-            rows.append(columns_of(json.loads(text), text))
+        # orjson reads canonical JSON as json does: its integers are within ±(2^53-1)
+        rows = [columns_of(orjson.loads(data), data.decode()) for data in lines]
         if self.fmt == "csv":
             self._emit(_csv_lines([[row[c] for c in COLUMNS] for row in rows]))
         else:
@@ -159,7 +159,8 @@ class _Part:
         pa, pq = pyarrow_modules()
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=_parquet_schema(pa))
+        columns = {c: [row[c] for row in self._rows] for c in COLUMNS}
+        table = pa.Table.from_pydict(columns, schema=_parquet_schema(pa))
         if self._writer is None:
             self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
         self._writer.write_table(table)

@@ -408,8 +408,11 @@ def _read(path: Path, add: Any) -> Iterator[tuple[str, dict[str, Any], dict[str,
     if path.suffix == ".parquet":
         _, pq = pyarrow_modules()
         line = 0
-        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=10_000):
-            for row in batch.to_pylist():
+        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=2_000):
+            columns = batch.to_pydict()
+            names = list(columns)
+            for values in zip(*columns.values(), strict=True):
+                row = dict(zip(names, values, strict=True))
                 line += 1
                 where = f"{path.name}:row {line}"
                 record = _parse(str(row.get("record")), where, add)
