@@ -149,7 +149,7 @@ class _Part:
         # orjson reads canonical JSON as json does: its integers are within ±(2^53-1)
         rows = [columns_of(orjson.loads(data), data.decode()) for data in lines]
         if self.fmt == "csv":
-            self._emit(_csv_lines([[row[c] for c in COLUMNS] for row in rows]))
+            self._emit(_csv_rows(rows))
         else:
             self._rows.extend(rows)
             if len(self._rows) >= 10_000:
@@ -190,6 +190,26 @@ def _csv_lines(rows: list[list[Any]]) -> bytes:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(rows)
     return buffer.getvalue().encode()
+
+
+def _csv_rows(rows: list[dict[str, Any]]) -> bytes:
+    """``rows`` as CSV lines, the bytes ``csv.writer`` writes, faster: the short columns of
+    the batch by one ``writerows``, the last one, ``record`` (canonical JSON: it has quotes
+    and never a raw newline), quoted here as ``csv`` quotes such a field (doubled quotes
+    inside quotes). A batch where that does not hold is written by ``csv`` alone."""
+    records = [row["record"] for row in rows]
+    if all('"' in t and "\n" not in t and "\r" not in t for t in records):
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows(
+            [[row[c] for c in COLUMNS[:-1]] for row in rows]
+        )
+        heads = buffer.getvalue().split("\n")
+        if len(heads) == len(rows) + 1:  # one line per row: no newline inside a field
+            return "".join(
+                f'{head},"{text.replace(chr(34), chr(34) * 2)}"\n'
+                for head, text in zip(heads, records, strict=False)
+            ).encode()
+    return _csv_lines([[row[c] for c in COLUMNS] for row in rows])
 
 
 def _file_sha(path: Path) -> tuple[Any, int]:
