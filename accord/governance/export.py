@@ -152,7 +152,7 @@ class _Part:
             self._emit(_csv_rows(rows))
         else:
             self._rows.extend(rows)
-            if len(self._rows) >= 10_000:
+            if len(self._rows) >= 5_000:
                 self._flush_rows()
 
     def _flush_rows(self) -> None:
