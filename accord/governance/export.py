@@ -48,17 +48,21 @@ import json
 import os
 import queue
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
 
 from accord import __version__
 from accord.errors import InvalidInputError, MissingExtraError
 from accord.governance.audit_cuts import latest_cuts
 from accord.governance.audit_records import RECORDS
-from accord.governance.canonical import canonical, to_json
+from accord.governance.canonical import READ_CODEC, canonical_read, to_json
 from accord.governance.digests import (
     DIGEST_HEADS,
     DIGESTS,
@@ -126,35 +130,38 @@ class _Part:
         else:
             self._file = open(path, "wb")  # noqa: SIM115 (closed in close())
             if fmt == "csv":
-                self._emit(_csv_line(list(COLUMNS)))
+                self._emit(_csv_lines([list(COLUMNS)]))
 
     def _emit(self, data: bytes) -> None:
         self._file.write(data)
         self._sha.update(data)
         self._size += len(data)
 
-    def add(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` (as read: BSON types; its RFC 8785 JSON is the same either
-        way, and computing it once from the BSON is the export's main CPU cost)."""
-        data = canonical(record)
-        self.records += 1
+    def add(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``records`` (as read, with :data:`~.canonical.READ_CODEC`: BSON types;
+        each one's RFC 8785 JSON computed once from the BSON by
+        :func:`~accord.governance.canonical.canonical_read`), a batch at a time."""
+        self.records += len(records)
+        lines = list(map(canonical_read, records))
         if self.fmt == "jsonl":
-            self._emit(data + b"\n")
+            lines.append(b"")  # the last line's newline
+            self._emit(b"\n".join(lines))
             return
-        text = data.decode()
-        row = columns_of(json.loads(text), text)
+        # orjson reads canonical JSON as json does: its integers are within ±(2^53-1)
+        rows = [columns_of(orjson.loads(data), data.decode()) for data in lines]
         if self.fmt == "csv":
-            self._emit(_csv_line([row[c] for c in COLUMNS]))
+            self._emit(_csv_rows(rows))
         else:
-            self._rows.append(row)
-            if len(self._rows) >= 10_000:
+            self._rows.extend(rows)
+            if len(self._rows) >= 5_000:
                 self._flush_rows()
 
     def _flush_rows(self) -> None:
         pa, pq = pyarrow_modules()
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=_parquet_schema(pa))
+        columns = {c: [row[c] for row in self._rows] for c in COLUMNS}
+        table = pa.Table.from_pydict(columns, schema=_parquet_schema(pa))
         if self._writer is None:
             self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
         self._writer.write_table(table)
@@ -180,10 +187,30 @@ class _Part:
             self._writer.close()
 
 
-def _csv_line(values: list[Any]) -> bytes:
+def _csv_lines(rows: list[list[Any]]) -> bytes:
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(values)
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
     return buffer.getvalue().encode()
+
+
+def _csv_rows(rows: list[dict[str, Any]]) -> bytes:
+    """``rows`` as CSV lines, the bytes ``csv.writer`` writes, faster: the short columns of
+    the batch by one ``writerows``, the last one, ``record`` (canonical JSON: it has quotes
+    and never a raw newline), quoted here as ``csv`` quotes such a field (doubled quotes
+    inside quotes). A batch where that does not hold is written by ``csv`` alone."""
+    records = [row["record"] for row in rows]
+    if all('"' in t and "\n" not in t and "\r" not in t for t in records):
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows(
+            [[row[c] for c in COLUMNS[:-1]] for row in rows]
+        )
+        heads = buffer.getvalue().split("\n")
+        if len(heads) == len(rows) + 1:  # one line per row: no newline inside a field
+            return "".join(
+                f'{head},"{text.replace(chr(34), chr(34) * 2)}"\n'
+                for head, text in zip(heads, records, strict=False)
+            ).encode()
+    return _csv_lines([[row[c] for c in COLUMNS] for row in rows])
 
 
 def _file_sha(path: Path) -> tuple[Any, int]:
@@ -364,30 +391,25 @@ def export(
     done = sum(p["records"] for p in state["parts"])
     after: tuple[str, int] | None = tuple(state["after"]) if state["after"] else None  # type: ignore[assignment]
     part: _Part | None = None
+    bounds = {s: (f, heads[s].seq) for s, f in firsts.items()}  # stream -> seqs to export
     records = _records(uow, db, tenant, after, batch=1000)
     try:
-        for record in records:
-            stream, seq = record["stream"], int(record["seq"])
-            first = firsts.get(stream)
-            if first is None or not first <= seq <= heads[stream].seq:
-                continue
-            if part is None:
-                part = _Part(out / f"records-{len(state['parts']):05d}.{fmt}", fmt)
-            part.add(record)
-            known = streams.get(stream)
-            if known is None:
-                streams[stream] = _Stream(seq, record["prev"], seq, record["hash"], 1)
-            else:
-                known.last_seq, known.last_hash = seq, record["hash"]
-                known.count += 1
-            done += 1
-            if part.records >= part_size:
-                state["parts"].append(part.close())
-                part = None
-                state["after"] = [stream, seq]
-                state["streams"] = {s: v.as_dict() for s, v in streams.items()}
-                _save(out, state)
-            if progress is not None and done % 1000 == 0:
+        for batch in records:
+            kept = [r for r in batch if _within(r, bounds)]
+            while kept:
+                if part is None:
+                    part = _Part(out / f"records-{len(state['parts']):05d}.{fmt}", fmt)
+                chunk, kept = kept[: part_size - part.records], kept[part_size - part.records :]
+                part.add(chunk)
+                _track(streams, chunk)
+                done += len(chunk)
+                if part.records >= part_size:
+                    state["parts"].append(part.close())
+                    part = None
+                    state["after"] = [chunk[-1]["stream"], int(chunk[-1]["seq"])]
+                    state["streams"] = {s: v.as_dict() for s, v in streams.items()}
+                    _save(out, state)
+            if progress is not None:
                 progress(done, total)
         if part is not None:
             state["parts"].append(part.close())
@@ -405,35 +427,55 @@ def export(
     return manifest
 
 
+def _within(record: Mapping[str, Any], bounds: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether ``record`` is in its stream's exported range."""
+    bound = bounds.get(record["stream"])
+    return bound is not None and bound[0] <= int(record["seq"]) <= bound[1]
+
+
+def _track(streams: dict[str, _Stream], records: Sequence[Mapping[str, Any]]) -> None:
+    """Count ``records`` (in (stream, seq) order) in their streams' ranges."""
+    for stream, group in groupby(records, key=_STREAM):
+        run = list(group)
+        first, last = run[0], run[-1]
+        known = streams.get(stream)
+        if known is None:
+            streams[stream] = _Stream(int(first["seq"]), first["prev"], int(last["seq"]),
+                                      last["hash"], len(run))  # fmt: skip
+        else:
+            known.last_seq, known.last_hash = int(last["seq"]), last["hash"]
+            known.count += len(run)
+
+
+_STREAM = itemgetter("stream")
+
+
 def _records(
     uow: Any, db: str, tenant: str, after: tuple[str, int] | None, *, batch: int
-) -> Generator[Any, None, None]:
+) -> Generator[list[Any], None, None]:
     """The tenant's records in (stream, seq) order, after ``after`` (a resume), read one
     batch ahead by a thread of their own: the database prepares the next batch while
-    this one is encoded (the cursor waits without the GIL). At most two batches are
-    held."""
+    this one is encoded (the cursor waits without the GIL), and each batch is decoded at
+    once (``iterate_batches``), doubles marked (:data:`~.canonical.READ_CODEC`). At most
+    three batches are held."""
     where: dict[str, Any] = {"tenant_id": tenant}
     if after is not None:
         stream, seq = after
         where["$or"] = [{"stream": stream, "seq": {"$gt": seq}}, {"stream": {"$gt": stream}}]
-    cursor = uow.iterate(
+    cursor = uow.iterate_batches(
         _reader(tenant), AUDIT.name, db, RECORDS, where,
         sort=[("tenant_id", 1), ("stream", 1), ("seq", 1)], batch_size=batch,
+        codec_options=READ_CODEC,
     )  # fmt: skip
     ahead: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
     end = object()
 
     def read() -> None:
-        chunk: list[Any] = []
         try:
-            for doc in cursor:
-                chunk.append(doc)
-                if len(chunk) >= batch:
-                    if not _put(ahead, chunk, stop):
-                        return
-                    chunk = []
-            _put(ahead, chunk, stop)
+            for chunk in cursor:
+                if not _put(ahead, chunk, stop):
+                    return
             _put(ahead, end, stop)
         except BaseException as exc:  # handed to the consumer, which raises it
             _put(ahead, exc, stop)
@@ -449,7 +491,7 @@ def _records(
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield from item
+            yield item
     finally:
         stop.set()
         reader.join(timeout=30)

@@ -29,16 +29,18 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accord.governance.audit_cuts import cut_hash
 from accord.governance.audit_records import GENESIS
+from accord.governance.canonical import Double
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
 from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
-from accord.governance.verify import ChainChecker
+from accord.governance.verify import ChainChecker, read_chain_hash
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -163,12 +165,12 @@ def _verify(
             add(ExportProblem("the stream starts after seq 1 in an export without --since",
                               s, 1, expected=1, found=first))  # fmt: skip
         starts[s] = (first - 1, GENESIS if first == 1 else str(info.get("first_prev")))
-    checker = ChainChecker(starts)
+    checker = ChainChecker(starts, hash_of=read_chain_hash)
     located: dict[str, tuple[int, str | None, str]] = {}  # stream -> (seq, id, location)
     seen: set[str] = set()
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
     dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
-    for location, record, columns in _records(directory, manifest, add):
+    for location, record, columns in _records(directory, manifest, report.problems):
         report.records += 1
         stream = str(record.get("stream"))
         rid = (record.get("_id") or {}).get("$oid") if isinstance(record.get("_id"), dict) else None
@@ -194,8 +196,9 @@ def _verify(
         if checker.broken(stream) or stream in dead:
             continue
         if columns is not None:
-            wrong = [c for c in COLUMNS if str(columns.get(c, "")) != str(
-                columns_of(record, columns["record"]).get(c, ""))]  # fmt: skip
+            shown = columns_of(record, columns["record"])
+            wrong = [c for c in COLUMNS
+                     if str(columns.get(c, "")) != str(shown.get(c, ""))]  # fmt: skip
             if wrong:
                 add(ExportProblem(f"its {', '.join(wrong)} column(s) disagree with the record "
                                   "(altered)", stream, seq, rid, location))  # fmt: skip
@@ -335,26 +338,79 @@ def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
 
 
 def _records(
-    directory: Path, manifest: Mapping[str, Any], add: Any
+    directory: Path, manifest: Mapping[str, Any], problems: list[ExportProblem]
 ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
     """(file:line, record, its CSV/Parquet columns or None) of every records file the
-    manifest lists, in order; files that do not hash to the manifest are named, and
-    still read (the records say which one changed)."""
+    manifest lists, in order; files that do not hash to the manifest are named (before
+    what their records say), and still read (the records say which one changed). A JSONL
+    file is hashed as it is read: one pass."""
+    add = problems.append
     for info in manifest.get("files", []):
         path = directory / str(info.get("name"))
         if not path.exists():
             add(ExportProblem(f"file {path.name} is missing (removed)"))
             continue
-        sha, size = _sha(path)
-        if sha != info.get("sha256") or size != info.get("bytes"):
-            add(ExportProblem(f"file {path.name} does not hash to the manifest's SHA-256 "
-                              "(altered)", expected=info.get("sha256"), found=sha))  # fmt: skip
-        yield from _read(path, add)
+        at = len(problems)
+        if path.suffix == ".jsonl":
+            hashed = hashlib.sha256()
+            size = yield from _jsonl(path, hashed, add)
+            found = hashed.hexdigest()
+        else:
+            found, size = _sha(path)
+        if found != info.get("sha256") or size != info.get("bytes"):
+            problems.insert(at, ExportProblem(
+                f"file {path.name} does not hash to the manifest's SHA-256 (altered)",
+                expected=info.get("sha256"), found=found,
+            ))  # fmt: skip
+        if path.suffix != ".jsonl":
+            yield from _read(path, add)
+
+
+def _jsonl(
+    path: Path, hashed: Any, add: Any
+) -> Generator[tuple[str, dict[str, Any], None], None, int]:
+    """The records of a JSONL file, read in large blocks that are hashed (``hashed``) as
+    they are split into lines; returns the file's size."""
+    name, n, size, rest = path.name, 0, 0, b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(1 << 22)
+            if block:
+                hashed.update(block)
+                size += len(block)
+                lines = (rest + block).split(b"\n")
+                rest = lines.pop()
+            else:
+                lines, rest = ([rest] if rest else []), b""
+            for line in lines:
+                n += 1
+                where = f"{name}:line {n}"
+                record = _parse(line.decode("utf-8", "replace"), where, add)
+                if record is not None:
+                    yield where, record, None
+            if not block:
+                return size
+
+
+def _double_constant(name: str) -> Double:
+    return Double(float(name))  # NaN, Infinity, -Infinity: doubles too
+
+
+#: ``json.loads`` with doubles marked (:class:`~accord.governance.canonical.Double`),
+#: made once (``json.loads`` with arguments makes a decoder per call).
+_DECODER = json.JSONDecoder(parse_float=Double, parse_constant=_double_constant)
+_SCAN: Any = make_scanner(_DECODER)  # type: ignore[arg-type]  # its context: a decoder
 
 
 def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
     try:
-        record = json.loads(text)
+        try:  # the common case (an object, then the newline) without decode()'s regexes
+            record, end = _SCAN(text, 0)
+        except StopIteration:
+            record = _DECODER.decode(text)  # raises what json.loads raises
+        else:
+            if text[end:].strip(" \t\n\r"):
+                record = _DECODER.decode(text)
     except ValueError as exc:
         add(ExportProblem(f"the record is not JSON ({exc}): altered", location=location))
         return None
@@ -368,8 +424,11 @@ def _read(path: Path, add: Any) -> Iterator[tuple[str, dict[str, Any], dict[str,
     if path.suffix == ".parquet":
         _, pq = pyarrow_modules()
         line = 0
-        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=10_000):
-            for row in batch.to_pylist():
+        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=2_000):
+            columns = batch.to_pydict()
+            names = list(columns)
+            for values in zip(*columns.values(), strict=True):
+                row = dict(zip(names, values, strict=True))
                 line += 1
                 where = f"{path.name}:row {line}"
                 record = _parse(str(row.get("record")), where, add)

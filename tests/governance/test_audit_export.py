@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pymongo import MongoClient
 from typer.testing import CliRunner
 
@@ -314,11 +316,12 @@ def test_an_interrupted_export_resumes_to_the_same_bytes(
     real_add = export_module._Part.add
     calls = {"n": 0}
 
-    def crash_on_the_11th(self: Any, record: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 11:  # mid-part: parts 0 and 1 are done, part 2 half written
+    def crash_on_the_11th(self: Any, records: Any) -> None:  # records come in batches
+        calls["n"] += len(records)
+        if calls["n"] > 10:  # mid-part: parts 0 and 1 are done, part 2 half written
+            real_add(self, records[: len(records) - (calls["n"] - 10)])
             raise KeyboardInterrupt
-        real_add(self, record)
+        real_add(self, records)
 
     monkeypatch.setattr(export_module._Part, "add", crash_on_the_11th)
     with pytest.raises(KeyboardInterrupt):
@@ -501,3 +504,21 @@ def test_tampering_the_live_collection_is_found_with_the_digest_kept(
     assert len(named) == 1 and named[0][0] == ACME and named[0][1] in seqs, found
     problem = found["breaks"][0]["problem"]
     assert words in problem, problem
+
+
+@given(st.lists(st.fixed_dictionaries({
+    "action": st.text(max_size=8), "seq": st.integers(), "thread_id": st.text(max_size=3),
+    "record": st.dictionaries(st.text(max_size=4), st.text(max_size=6), max_size=3).map(
+        lambda d: canonical(d).decode()) | st.text(max_size=8),
+}), max_size=4))  # fmt: skip
+def test_csv_rows_are_the_bytes_csv_writes(values: list[dict[str, Any]]) -> None:
+    """The export's CSV lines (the record column quoted by hand) are csv.writer's."""
+    import csv
+    import io
+
+    rows = [{c: v.get(c, f'{c},"x"') for c in export_module.COLUMNS} for v in values]
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(
+        [[r[c] for c in export_module.COLUMNS] for r in rows]
+    )
+    assert export_module._csv_rows(rows) == buffer.getvalue().encode()

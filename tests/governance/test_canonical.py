@@ -4,10 +4,12 @@ written and after pymongo reads it back from the server."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
+import bson
 import pytest
 import rfc8785
 from bson import Binary, Decimal128, Int64, ObjectId, Regex, Timestamp
@@ -16,7 +18,15 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from accord.errors import InvalidInputError
-from accord.governance.canonical import canonical, digest, ms, to_json
+from accord.governance.canonical import (
+    READ_CODEC,
+    Double,
+    canonical,
+    canonical_read,
+    digest,
+    ms,
+    to_json,
+)
 
 OID = ObjectId("64b7f0c2a1b2c3d4e5f60718")
 WHEN = datetime(2026, 12, 5, 5, 6, 7, 891234, tzinfo=UTC)
@@ -125,3 +135,46 @@ def test_any_value_encodes_and_one_change_changes_the_digest(value: object) -> N
 def test_a_value_json_cannot_carry_is_refused_loudly() -> None:
     with pytest.raises(InvalidInputError, match="keys must be strings"):
         canonical({1: "non-string key"})  # BSON keys are strings; this is not BSON
+
+
+def _marked(value: object) -> object:
+    """``value`` with its floats as :class:`Double`, as a bulk read has them."""
+    if type(value) is float:
+        return Double(value)
+    if isinstance(value, dict):
+        return {k: _marked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_marked(v) for v in value]
+    return value
+
+
+read_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text() | st.binary(max_size=8)
+    | st.floats() | st.datetimes() | st.datetimes(timezones=st.just(UTC))
+    | st.integers(-(2**63), 2**63 - 1).map(Int64) | st.builds(ObjectId)
+    | st.sampled_from([Decimal128("1.10"), Binary.from_uuid(uuid.UUID(int=7)), Timestamp(5, 1)]),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=5) | st.sampled_from(["\ue000", "\U0001f600"]),
+                      inner, max_size=4),
+    max_leaves=16,
+)  # fmt: skip
+
+
+@given(read_values)
+def test_the_bulk_read_path_is_canonical_byte_for_byte(value: object) -> None:
+    """canonical_read (orjson, its BSON spellings, and canonical for what it leaves) writes
+    canonical's bytes: doubles (NaN included), wide integers, Int64, datetimes of any
+    year and zone, keys beyond U+E000, the rarer BSON types (what a read yields: no
+    uuid.UUID, which orjson spells its own way)."""
+    assert canonical_read(_marked(value)) == canonical(value)
+
+
+def test_the_bulk_read_path_on_what_pymongo_and_json_read() -> None:
+    doc = {**DOC, "id": Binary.from_uuid(DOC["id"]), "mid": 2**40, "one": 1.0, "neg": -0.0,
+           "inf": float("inf"), "old": datetime(999, 1, 2, 3, 4, 5, 6000), "\ue000k": "v"}  # fmt: skip
+    raw = bson.encode(doc)
+    assert canonical_read(bson.decode(raw, codec_options=READ_CODEC)) == canonical(bson.decode(raw))
+    text = canonical(bson.decode(raw)).decode()
+    marked = json.loads(text, parse_float=Double, parse_constant=lambda c: Double(float(c)))
+    assert canonical_read(marked) == canonical(json.loads(text)) == text.encode()
+    assert type(bson.decode(raw, codec_options=READ_CODEC)["pi"]) is Double

@@ -470,3 +470,40 @@ def test_several_plans_in_one_transaction(
         runner.call(runner.uow.execute_all, [part("three", 3, "e3"), part("four", 1, "e4")])
     assert db.alpha.count_documents({}) == 2 and db.outbox.count_documents({}) == 2
     assert ops.seen == ["one", "two", "three", "four"]
+
+
+def _drained(runner: Runner, iterator: Any) -> list[Any]:
+    """Everything a sync or async iterator of the kernel yields."""
+    if runner.loop is None:
+        return list(iterator)
+
+    async def drain() -> list[Any]:
+        return [item async for item in iterator]
+
+    return runner.loop.run_until_complete(drain())
+
+
+def test_iterate_batches_reads_what_iterate_reads_a_batch_at_a_time(
+    runner: Runner, client: MongoClient, db_name: str
+) -> None:
+    from bson.codec_options import CodecOptions
+    from bson.son import SON
+
+    from accord.platform.context import ReadContext
+
+    client[db_name].orders.insert_many(
+        [{"_id": i, "tenant_id": "t1", "x": i / 2} for i in range(25)]
+        + [{"_id": 100, "tenant_id": "t2", "x": 0}]
+    )
+    ctx = ReadContext("t1")
+    args = (ctx, "business", db_name, "orders", {"tenant_id": "t1"})
+    batches = _drained(runner, runner.uow.iterate_batches(
+        *args, sort=[("_id", -1)], batch_size=10, codec_options=CodecOptions(document_class=SON),
+    ))  # fmt: skip
+    assert [len(b) for b in batches] == [10, 10, 5]  # as the server returned them
+    docs = [d for b in batches for d in b]
+    assert [d["_id"] for d in docs] == list(range(24, -1, -1))
+    assert all(type(d) is SON for d in docs)  # decoded with the options given
+    assert docs == _drained(runner, runner.uow.iterate(*args, sort=[("_id", -1)], batch_size=10))
+    default = _drained(runner, runner.uow.iterate_batches(*args, batch_size=10))
+    assert all(type(d) is dict for b in default for d in b)  # else the client's

@@ -57,7 +57,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
+import bson
 import pymongo
+from bson.codec_options import CodecOptions
 from pymongo import MongoClient, ReturnDocument
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
@@ -463,16 +465,22 @@ class UnitOfWork:
         projection: Mapping[str, Any] | None = None,
         sort: Sequence[tuple[str, int]] | None = None,
         batch_size: int = 0,
+        codec_options: CodecOptions[Any] | None = None,
     ) -> Iterator[Any]:
         """:meth:`find`, one document at a time, for a caller that may stop early (a scan
         that keeps what it needs): batches are fetched as it goes, and the cursor is
-        closed when it stops. Each batch is bounded by the kernel's timeout."""
+        closed when it stops. Each batch is bounded by the kernel's timeout.
+        ``codec_options``: how to decode the documents (default: the client's)."""
         request = self._request(context, artifact, db, collection, "find", filter=filter)
-        cursor = self.client[db][collection].find(
-            dict(request.filter or {}),
-            dict(projection) if projection is not None else None,
-            sort=list(sort) if sort else None,
-            batch_size=batch_size,
+        cursor = (
+            self.client[db]
+            .get_collection(collection, codec_options=codec_options)
+            .find(
+                dict(request.filter or {}),
+                dict(projection) if projection is not None else None,
+                sort=list(sort) if sort else None,
+                batch_size=batch_size,
+            )
         )
         try:
             while True:
@@ -484,6 +492,44 @@ class UnitOfWork:
                 except PyMongoError as exc:
                     raise write_errors.read_failure(exc, collection, self.timeout) from exc
                 yield doc
+        finally:
+            cursor.close()
+
+    def iterate_batches(
+        self,
+        context: ReadContext,
+        artifact: str,
+        db: str,
+        collection: str,
+        filter: Mapping[str, Any],
+        *,
+        projection: Mapping[str, Any] | None = None,
+        sort: Sequence[tuple[str, int]] | None = None,
+        batch_size: int = 0,
+        codec_options: CodecOptions[Any] | None = None,
+    ) -> Iterator[list[Any]]:
+        """:meth:`iterate`, one batch at a time, for a bulk reader (a compliance export):
+        each batch the server returns is decoded at once (``bson.decode_all``, with
+        ``codec_options``, default the client's) instead of document by document, and
+        the kernel's timeout bounds each batch. The cursor is closed when it stops."""
+        request = self._request(context, artifact, db, collection, "find", filter=filter)
+        options = codec_options or self.client.codec_options
+        cursor = self.client[db][collection].find_raw_batches(
+            dict(request.filter or {}),
+            dict(projection) if projection is not None else None,
+            sort=list(sort) if sort else None,
+            batch_size=batch_size,
+        )
+        try:
+            while True:
+                try:
+                    with pymongo.timeout(self.timeout):
+                        data = next(cursor)
+                except StopIteration:
+                    return
+                except PyMongoError as exc:
+                    raise write_errors.read_failure(exc, collection, self.timeout) from exc
+                yield bson.decode_all(data, options)
         finally:
             cursor.close()
 
