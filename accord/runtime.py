@@ -122,7 +122,7 @@ def kernel(
         HoldGuard(lambda db: enforced.rules(db).policy),
         *configured_hooks(),
         *hooks,
-        *audit_hooks(audit),
+        *audit_hooks(audit, lambda db: enforced.rules(db).policy),
     ]
     if isinstance(client, AsyncMongoClient):
         return AsyncUnitOfWork(
@@ -310,9 +310,12 @@ def configured_hooks() -> list[Any]:
     return found
 
 
-def audit_hooks(mode: str | None = None) -> list[Any]:
-    """governance's audit hook for ``mode`` (``off``, ``metadata``, ``full``; default
-    ``ACCORD_AUDIT``, else ``off``): ``[]`` when off. Another value is a
+def audit_hooks(mode: str | None = None, policy: Callable[[str], Any] | None = None) -> list[Any]:
+    """governance's audit hook for ``mode`` (``off``, ``metadata``, ``full``, ``policy``;
+    default ``ACCORD_AUDIT``, else ``off``): ``[]`` when off. ``policy``: the policy
+    enforced on a database (:func:`kernel` passes its policy hook's), whose per-class
+    ``audit`` modes apply: each class's under ``policy``, at least ``metadata`` /
+    ``full`` under those (docs/governance.md, "Turning it on"). Another value is a
     ``ConfigurationError`` naming it."""
     chosen = (mode if mode is not None else os.environ.get(AUDIT_ENV, "")).strip().lower()
     if chosen in ("", "off"):
@@ -322,7 +325,12 @@ def audit_hooks(mode: str | None = None) -> list[Any]:
             f"audit mode {chosen!r} (argument or {AUDIT_ENV}) is not one of off, "
             f"{', '.join(AUDIT_MODES)}"
         )
-    return [AuditHook(chosen)]  # type: ignore[arg-type]
+    if chosen == "policy" and policy is None:
+        raise ConfigurationError(
+            f"audit mode 'policy' (argument or {AUDIT_ENV}) needs the policy enforced: "
+            f"build the kernel with accord.runtime.kernel"
+        )
+    return [AuditHook(chosen, policy=policy)]  # type: ignore[arg-type]
 
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
