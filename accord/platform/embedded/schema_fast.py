@@ -13,10 +13,12 @@ keywords constrain values of their type only), so both always agree.
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from collections.abc import Callable
 from typing import Any
 
-from bson import DBRef
+from bson import DBRef, ObjectId
 from bson.code import Code as JavaScript
 
 from accord.platform.embedded.limits import regex_search
@@ -35,6 +37,17 @@ _SUPPORTED = frozenset({
 })  # fmt: skip
 
 _cache: dict[int, tuple[Any, Check | None]] = {}
+#: Exact Python types that surely pass a type name (a value of another type, a subclass
+#: or an int, goes through the engine's own test).
+_SURE: dict[str, tuple[type, ...]] = {
+    "string": (str,), "object": (dict,), "array": (list,), "date": (dt.datetime,),
+    "objectId": (ObjectId,), "bool": (bool,), "boolean": (bool,), "null": (type(None),),
+    "double": (float,),
+}  # fmt: skip
+#: A pattern without groups and with at most one quantifier cannot backtrack
+#: catastrophically: it runs on the standard library's ``re`` (else the engine's bounded
+#: regex).
+_QUANTIFIERS = re.compile(r"[*+?{]")
 
 
 class _Unsupported(Exception):
@@ -66,11 +79,13 @@ def _schema(schema: dict[str, Any]) -> Check:
         raise _Unsupported
     if "items" in schema and not isinstance(schema["items"], dict):
         raise _Unsupported
-    types: list[list[Check]] = []
+    types: list[tuple[frozenset[type], list[Check]]] = []
     for keyword, table in (("bsonType", BSON_TYPES), ("type", JSON_TYPES)):
         if keyword in schema:
             spec = schema[keyword]
-            types.append([table[name] for name in ([spec] if isinstance(spec, str) else spec)])
+            names = [spec] if isinstance(spec, str) else list(spec)
+            sure = frozenset(t for name in names for t in _SURE.get(name, ()))
+            types.append((sure, [table[name] for name in names]))
     bounds = [
         (schema[bound], bool(schema.get(exclusive, False)), sign)
         for bound, exclusive, sign in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1))
@@ -79,17 +94,32 @@ def _schema(schema: dict[str, Any]) -> Check:
     counts = {k: count_of(schema, k) for k in ("minLength", "maxLength", "minItems", "maxItems") if k in schema}  # fmt: skip
     min_len, max_len = counts.get("minLength"), counts.get("maxLength")
     min_items, max_items = counts.get("minItems"), counts.get("maxItems")
-    pattern = schema.get("pattern")
+    pattern = _matcher(schema["pattern"]) if "pattern" in schema else None
     item = _schema(schema["items"]) if "items" in schema else None
     required = list(schema.get("required", ()))
     props = [(name, _schema(sub)) for name, sub in schema.get("properties", {}).items()]
     options = schema.get("enum")
 
     def check(value: Any) -> bool:
-        for tests in types:
-            if not any(t(value) for t in tests):
+        kind = type(value)
+        for sure, tests in types:
+            if kind not in sure and not any(t(value) for t in tests):
                 return False
-        if is_number(value):
+        if kind is str:
+            if min_len is not None and len(value) < min_len:
+                return False
+            if max_len is not None and len(value) > max_len:
+                return False
+            if pattern is not None and not pattern(value):
+                return False
+        elif kind is dict:
+            for name in required:
+                if name not in value:
+                    return False
+            for name, sub in props:
+                if name in value and not sub(value[name]):
+                    return False
+        elif is_number(value):
             for limit, strict, sign in bounds:
                 c = compare_values(value, limit) * sign  # > 0: on the allowed side
                 if c < 0 or (c == 0 and strict):
@@ -99,7 +129,7 @@ def _schema(schema: dict[str, Any]) -> Check:
                 return False
             if max_len is not None and len(value) > max_len:
                 return False
-            if pattern is not None and not regex_search(pattern, value):
+            if pattern is not None and not pattern(value):
                 return False
         elif isinstance(value, list | tuple):
             if min_items is not None and len(value) < min_items:
@@ -121,3 +151,16 @@ def _schema(schema: dict[str, Any]) -> Check:
         return True
 
     return check
+
+
+def _matcher(pattern: Any) -> Check:
+    """Whether a string matches ``pattern`` somewhere (the engine's semantics)."""
+    simple = isinstance(pattern, str) and "(" not in pattern and "\\" not in pattern
+    if simple and len(_QUANTIFIERS.findall(pattern)) <= 1:
+        try:
+            compiled_re = re.compile(pattern)
+        except re.error:
+            pass
+        else:
+            return lambda v: compiled_re.search(v) is not None
+    return lambda v: regex_search(pattern, v)
