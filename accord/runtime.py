@@ -23,9 +23,9 @@ and hands it to the checkpointer, the memory service and store, and the aggregat
 A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
 and runs inside the same transaction as the write it extends. This is the only module that
 may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true): with
-``audit="metadata"`` or ``"full"`` (or ``ACCORD_AUDIT``), every kernel gets governance's
-audit hook, which appends a hash-chained record of every write in its transaction
-(docs/governance.md, "Audit trail").
+``audit="policy"``, ``"metadata"`` or ``"full"`` (or ``ACCORD_AUDIT``), every kernel gets
+governance's audit hook, which appends a hash-chained record of every write of an audited
+class in its transaction (docs/governance.md, "Audit trail").
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ __all__ = [
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
 #: commas; each factory is called once per kernel and returns a hook.
 HOOKS_ENV = "ACCORD_HOOKS"
-#: The audit trail of every kernel of the process: ``off`` (default), ``metadata`` (records
-#: with hashes of what was written) or ``full`` (and the images); see :func:`audit_hooks`.
+#: The audit trail of every kernel of the process: ``off`` (default), ``policy`` (each class
+#: in its policy's mode), ``metadata`` (records with hashes of what was written, at least)
+#: or ``full`` (and the images); see :func:`audit_hooks`.
 AUDIT_ENV = "ACCORD_AUDIT"
 
 
@@ -427,7 +428,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         policy: the governance policy every part is held to: a ``Policy`` or the path of
             a policy file; default the file ``ACCORD_POLICY`` names, else the built-in
             default (docs/governance.md).
-        audit: the audit trail: ``off``, ``metadata`` or ``full`` (default
+        audit: the audit trail: ``off``, ``policy``, ``metadata`` or ``full`` (default
             ``ACCORD_AUDIT``, else off; :func:`audit_hooks`).
     """
 

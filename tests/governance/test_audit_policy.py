@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 
 from accord import runtime
 from accord.checkpointers import AccordSaver
@@ -154,6 +154,39 @@ def test_an_explicit_mode_is_a_floor_under_the_policy(
     assert seen["business"]["full"] == 1 and seen["business"]["images"] == 1  # the policy's
     assert seen["run"]["metadata"] > 0
     assert verify_chain(runtime.kernel(client), db_name).ok
+
+
+class _Claims(monitoring.CommandListener):
+    """Whether each lease claim (findAndModify on the run registry) ran in a transaction."""
+
+    def __init__(self) -> None:
+        self.in_transaction: list[bool] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "findAndModify" and event.command.get("findAndModify") == "runs":
+            self.in_transaction.append("autocommit" in event.command)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("mode", "transaction"), [("policy", False), ("full", True)])
+def test_a_lease_claim_needs_a_transaction_only_when_the_run_registry_is_audited(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch, mode: str, transaction: bool
+) -> None:
+    monkeypatch.setenv(runtime.AUDIT_ENV, mode)
+    claims = _Claims()
+    watched: MongoClient = MongoClient(mongo_uri, event_listeners=[claims])
+    try:
+        graph = _saver(watched, db_name)
+        _turn(graph, "t-1")
+        _turn(graph, "t-1")
+    finally:
+        watched.close()
+    assert claims.in_transaction == [transaction, transaction]
 
 
 def test_policy_mode_needs_a_policy() -> None:
