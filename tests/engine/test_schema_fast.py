@@ -7,13 +7,15 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
 from bson import Int64, ObjectId
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accord.governance.audit_records import VALIDATOR
 from accord.platform.embedded.errors import EngineError
-from accord.platform.embedded.schema_fast import compiled
+from accord.platform.embedded.limits import regex_search
+from accord.platform.embedded.schema_fast import compiled, pattern_check
 from accord.platform.embedded.validation import validate_document
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -90,3 +92,13 @@ def test_schemas_it_does_not_cover_are_left_to_the_walk() -> None:
     assert compiled({"a": {"$gt": 1}}) is None
     assert compiled({"$jsonSchema": {"bsonType": "object"}, "a": 1}) is None
     assert compiled({"$and": [VALIDATOR]}) is None
+
+
+@pytest.mark.parametrize(
+    "pattern", ["^[0-9a-f]{64}$", "^x", "y$", "^[[:alpha:]]+$", "a.c", "(a+)+$", "^[a-z]*$"]
+)
+@pytest.mark.parametrize(
+    "text", ["", "x", "abc", "a" * 64, "a" * 64 + "\n", "xy\n", "aaaaaaaaaaaa!"]
+)
+def test_a_pattern_means_what_the_engine_s_regex_means(pattern: str, text: str) -> None:
+    assert pattern_check(pattern)(text) == regex_search(pattern, text)

@@ -25,7 +25,7 @@ from accord.platform.embedded.limits import regex_search
 from accord.platform.embedded.validation import BSON_TYPES, JSON_TYPES, count_of, is_number
 from accord.platform.embedded.values import compare_values, values_equal
 
-__all__ = ["compiled"]
+__all__ = ["compiled", "pattern_check"]
 
 Check = Callable[[Any], bool]
 
@@ -45,8 +45,9 @@ _SURE: dict[str, tuple[type, ...]] = {
     "double": (float,),
 }  # fmt: skip
 #: A pattern without groups and with at most one quantifier cannot backtrack
-#: catastrophically: it runs on the standard library's ``re`` (else the engine's bounded
-#: regex).
+#: catastrophically, and without escapes or nested sets it means the same to ``re`` as to
+#: the ``regex`` package: it runs on the standard library's ``re`` (else on the engine's
+#: bounded regex).
 _QUANTIFIERS = re.compile(r"[*+?{]")
 
 
@@ -94,7 +95,7 @@ def _schema(schema: dict[str, Any]) -> Check:
     counts = {k: count_of(schema, k) for k in ("minLength", "maxLength", "minItems", "maxItems") if k in schema}  # fmt: skip
     min_len, max_len = counts.get("minLength"), counts.get("maxLength")
     min_items, max_items = counts.get("minItems"), counts.get("maxItems")
-    pattern = _matcher(schema["pattern"]) if "pattern" in schema else None
+    pattern = pattern_check(schema["pattern"]) if "pattern" in schema else None
     item = _schema(schema["items"]) if "items" in schema else None
     required = list(schema.get("required", ()))
     props = [(name, _schema(sub)) for name, sub in schema.get("properties", {}).items()]
@@ -153,9 +154,11 @@ def _schema(schema: dict[str, Any]) -> Check:
     return check
 
 
-def _matcher(pattern: Any) -> Check:
+def pattern_check(pattern: Any) -> Check:
     """Whether a string matches ``pattern`` somewhere (the engine's semantics)."""
-    simple = isinstance(pattern, str) and "(" not in pattern and "\\" not in pattern
+    simple = (  # no group, escape or nested set (POSIX classes are the regex package's)
+        isinstance(pattern, str) and not any(c in pattern for c in ("(", "\\", "[[", "[:"))
+    )
     if simple and len(_QUANTIFIERS.findall(pattern)) <= 1:
         try:
             compiled_re = re.compile(pattern)
