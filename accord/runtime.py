@@ -23,9 +23,9 @@ and hands it to the checkpointer, the memory service and store, and the aggregat
 A hook passed as ``hooks=`` (an audit trail, a policy check) sees every plan of every part,
 and runs inside the same transaction as the write it extends. This is the only module that
 may import ``accord.governance`` (tests/test_module_boundaries.py keeps that true): with
-``audit="metadata"`` or ``"full"`` (or ``ACCORD_AUDIT``), every kernel gets governance's
-audit hook, which appends a hash-chained record of every write in its transaction
-(docs/governance.md, "Audit trail").
+``audit="policy"``, ``"metadata"`` or ``"full"`` (or ``ACCORD_AUDIT``), every kernel gets
+governance's audit hook, which appends a hash-chained record of every write of an audited
+class in its transaction (docs/governance.md, "Audit trail").
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ __all__ = [
 #: Extra hooks for every kernel of the process, as ``module:factory`` names separated by
 #: commas; each factory is called once per kernel and returns a hook.
 HOOKS_ENV = "ACCORD_HOOKS"
-#: The audit trail of every kernel of the process: ``off`` (default), ``metadata`` (records
-#: with hashes of what was written) or ``full`` (and the images); see :func:`audit_hooks`.
+#: The audit trail of every kernel of the process: ``off`` (default), ``policy`` (each class
+#: in its policy's mode), ``metadata`` (records with hashes of what was written, at least)
+#: or ``full`` (and the images); see :func:`audit_hooks`.
 AUDIT_ENV = "ACCORD_AUDIT"
 
 
@@ -122,7 +123,7 @@ def kernel(
         HoldGuard(lambda db: enforced.rules(db).policy),
         *configured_hooks(),
         *hooks,
-        *audit_hooks(audit),
+        *audit_hooks(audit, lambda db: enforced.rules(db).policy),
     ]
     if isinstance(client, AsyncMongoClient):
         return AsyncUnitOfWork(
@@ -315,9 +316,12 @@ def configured_hooks() -> list[Any]:
     return found
 
 
-def audit_hooks(mode: str | None = None) -> list[Any]:
-    """governance's audit hook for ``mode`` (``off``, ``metadata``, ``full``; default
-    ``ACCORD_AUDIT``, else ``off``): ``[]`` when off. Another value is a
+def audit_hooks(mode: str | None = None, policy: Callable[[str], Any] | None = None) -> list[Any]:
+    """governance's audit hook for ``mode`` (``off``, ``metadata``, ``full``, ``policy``;
+    default ``ACCORD_AUDIT``, else ``off``): ``[]`` when off. ``policy``: the policy
+    enforced on a database (:func:`kernel` passes its policy hook's), whose per-class
+    ``audit`` modes apply: each class's under ``policy``, at least ``metadata`` /
+    ``full`` under those (docs/governance.md, "Turning it on"). Another value is a
     ``ConfigurationError`` naming it."""
     chosen = (mode if mode is not None else os.environ.get(AUDIT_ENV, "")).strip().lower()
     if chosen in ("", "off"):
@@ -327,7 +331,12 @@ def audit_hooks(mode: str | None = None) -> list[Any]:
             f"audit mode {chosen!r} (argument or {AUDIT_ENV}) is not one of off, "
             f"{', '.join(AUDIT_MODES)}"
         )
-    return [AuditHook(chosen)]  # type: ignore[arg-type]
+    if chosen == "policy" and policy is None:
+        raise ConfigurationError(
+            f"audit mode 'policy' (argument or {AUDIT_ENV}) needs the policy enforced: "
+            f"build the kernel with accord.runtime.kernel"
+        )
+    return [AuditHook(chosen, policy=policy)]  # type: ignore[arg-type]
 
 
 _Service = TypeVar("_Service", MemoryService, AsyncMemoryService)
@@ -424,7 +433,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         policy: the governance policy every part is held to: a ``Policy`` or the path of
             a policy file; default the file ``ACCORD_POLICY`` names, else the built-in
             default (docs/governance.md).
-        audit: the audit trail: ``off``, ``metadata`` or ``full`` (default
+        audit: the audit trail: ``off``, ``policy``, ``metadata`` or ``full`` (default
             ``ACCORD_AUDIT``, else off; :func:`audit_hooks`).
     """
 

@@ -60,6 +60,12 @@ class HeadCache:
             self._asked[txn, attempt] = wanted
             return wanted
 
+    def unknown(self, keys: Iterable[Key]) -> set[Key]:
+        """The heads of ``keys`` this process has not sealed (what a first attempt reads),
+        without noting an attempt."""
+        with self._lock:
+            return {k for k in keys if k not in self._entries}
+
     def read_for(self, txn: str, attempt: int) -> set[Key]:
         """The heads :meth:`to_read` chose for this attempt (none: a seal called without
         its reads, the kernel's probe of a single-op plan, which asks only when every

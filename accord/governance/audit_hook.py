@@ -38,7 +38,7 @@ heads. Record format, streams and hashing: :mod:`accord.governance.audit_records
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -98,7 +98,10 @@ def _stale(counts: Counts) -> SealConflict:
 
 #: The operation of the plans that record a refusal.
 REFUSED_ACTION = "audit.refused"
-MODES = ("metadata", "full")
+#: ``metadata`` and ``full``: every audited class at least in that mode (more where the
+#: policy says ``full``); ``policy``: each class in the mode its policy says.
+MODES = ("metadata", "full", "policy")
+_RANK = {"off": 0, "metadata": 1, "full": 2}
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,15 @@ class AuditHook:
     Args:
         mode: ``metadata`` (default): records carry hashes of the op's filter, change and
             after image; ``full``: they keep those images too (as canonical JSON text,
-            outside the hashed body, so erasing one later keeps the chain verifiable).
+            outside the hashed body, so erasing one later keeps the chain verifiable);
+            ``policy``: each class in the mode the policy says (``off``: no record).
+            With ``policy`` given, ``metadata`` and ``full`` are a floor: a class the
+            policy audits in a higher mode (``full``) gets it.
         records, heads: the collection names, in the database of each write.
         classes: the artifact classes audited (default every class).
+        policy: the policy enforced on a database, by name (the kernel's policy hook's:
+            the newest stored version, re-read as enforcement re-reads it); each class's
+            ``audit`` mode comes from it. Required by ``policy``.
     """
 
     name = "audit"
@@ -129,9 +138,15 @@ class AuditHook:
         records: str = RECORDS,
         heads: str = HEADS,
         classes: Sequence[str] | None = None,
+        policy: Callable[[str], Any] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigurationError(f"audit mode must be one of {MODES}, got {mode!r}")
+        if mode == "policy" and policy is None:
+            raise ConfigurationError(
+                "audit mode 'policy' takes each class's mode from the policy: pass policy= "
+                "(accord.runtime.kernel does)"
+            )
         unknown = sorted(set(classes or ()) - set(CLASSES))
         if unknown:
             raise ConfigurationError(
@@ -139,7 +154,10 @@ class AuditHook:
             )
         if records == heads:
             raise ConfigurationError("the audit records and heads need two collections")
-        self.mode: Mode = mode
+        self.mode = mode
+        self.policy = policy
+        #: (policy id, class, business collection) -> (that policy, the mode or None)
+        self._modes: dict[tuple[int, str, str | None], tuple[Any, Mode | None]] = {}
         self.records = records
         self.heads = heads
         self.classes = frozenset(classes) if classes is not None else None
@@ -196,7 +214,11 @@ class AuditHook:
     def seal_reads(self, batch: SealBatch) -> Sequence[SealRead]:
         keys = {(db, stream) for db, stream, _ in self._entries(batch, _NOW, build=False)}
         streams: dict[str, list[str]] = defaultdict(list)
-        for db, stream in sorted(self.cache.to_read(batch.transaction_id, batch.attempt, keys)):
+        if batch.attempt == 0:  # the kernel's probe: what a first attempt would read
+            wanted = self.cache.unknown(keys)
+        else:
+            wanted = self.cache.to_read(batch.transaction_id, batch.attempt, keys)
+        for db, stream in sorted(wanted):
             streams[db].append(stream)
         return [
             SealRead(f"audit:{db}", db, self.heads, {"_id": {"$in": names}})
@@ -204,6 +226,10 @@ class AuditHook:
         ]
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
+        if batch.attempt == 0:  # the kernel's probe: whether there is a record, not which
+            for db, _, _ in self._entries(batch, _NOW, build=False):
+                return [Group("audit:probe", db, self.records, AUDIT.name, [])]
+            return []
         at = ms(datetime.now(UTC))
         txn = batch.transaction_id
         read = self.cache.read_for(txn, batch.attempt)
@@ -263,7 +289,10 @@ class AuditHook:
                 yield from cut_entries(plan, batch.transaction_id, at, self.mode, build)
                 continue
             for group in plan.groups:
-                if not group.ops or self.own(group.collection) or not self._audits(group):
+                if not group.ops or self.own(group.collection):
+                    continue
+                mode = self.mode_of(group.db, group.artifact, group.collection)
+                if mode is None:
                     continue
                 # a claim's result; absent before the transaction (the kernel asking
                 # whether a single-op plan needs one), when it may yet change something
@@ -287,12 +316,40 @@ class AuditHook:
                         continue
                     body = group_body(
                         plan.context, group, ops[start : start + OPS_PER_RECORD], at=at,
-                        txn=batch.transaction_id, mode=self.mode,
+                        txn=batch.transaction_id, mode=mode,
                     )  # fmt: skip
                     yield group.db, stream, body
 
     def _audits(self, group: Group) -> bool:
         return self.classes is None or group.artifact in self.classes
+
+    def mode_of(self, db: str, artifact: str, collection: str | None = None) -> Mode | None:
+        """The mode a write of class ``artifact`` (in ``collection``, for business) to
+        ``db`` is recorded in; None: not recorded (left out of ``classes``, or ``off`` in
+        the policy under ``policy`` mode). A class the policy does not know is recorded
+        (in ``metadata`` at least): the audit fails towards recording."""
+        if self.classes is not None and artifact not in self.classes:
+            return None
+        if self.policy is None:
+            return self.mode  # type: ignore[return-value]  # metadata or full (checked)
+        policy = self.policy(db)
+        key = (id(policy), artifact, collection if artifact == "business" else None)
+        hit = self._modes.get(key)
+        if hit is not None and hit[0] is policy:
+            return hit[1]
+        cls = policy.of(artifact, collection)
+        declared: str = cls.audit if cls is not None else "metadata"
+        if self.mode != "policy" and _RANK[self.mode] > _RANK[declared]:
+            declared = self.mode  # the explicit setting is a floor
+        found: Mode | None = None if declared == "off" else declared  # type: ignore[assignment]
+        if len(self._modes) > 4096:  # policy versions come and go: rebuilt when asked
+            self._modes.clear()
+        self._modes[key] = (policy, found)
+        return found
+
+    def _refusal_mode(self, db: str, artifact: str, collection: str) -> Mode:
+        """A refusal is recorded whatever the class's mode (``metadata`` at least)."""
+        return self.mode_of(db, artifact, collection) or "metadata"
 
     # --- refusals -------------------------------------------------------------------
 
@@ -363,7 +420,8 @@ class AuditHook:
                             continue
                         yield note.db, stream, group_body(
                             context, group, refused[start : start + OPS_PER_RECORD], at=at,
-                            txn=txn, mode=self.mode, outcome="refused", reason=reason,
+                            txn=txn, outcome="refused", reason=reason,
+                            mode=self._refusal_mode(group.db, group.artifact, group.collection),
                         )  # fmt: skip
             elif refusal.read is not None:
                 read = refusal.read
@@ -376,5 +434,6 @@ class AuditHook:
                     continue
                 yield note.db, stream, read_body(
                     context, artifact=read.artifact, db=read.db, collection=read.collection,
-                    kind=read.kind, query=query, at=at, txn=txn, mode=self.mode, reason=reason,
+                    kind=read.kind, query=query, at=at, txn=txn, reason=reason,
+                    mode=self._refusal_mode(read.db, read.artifact, read.collection),
                 )  # fmt: skip

@@ -43,6 +43,7 @@ replacement, an insert-once upsert, a claim's returned document). A refused reco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -144,6 +145,7 @@ RECORD_INDEXES = [
 HEAD_INDEXES = [IndexModel([("tenant_id", 1)], name="tenant")]
 
 
+@functools.lru_cache(maxsize=8192)  # asked twice per group of every transaction
 def stream_of(tenant_id: str, thread_id: str | None, artifact: str, collection: str) -> str:
     """The stream of a record (module docstring): the thread's for a thread-scoped class
     written in a thread's context, else the collection's, within the tenant."""

@@ -85,6 +85,8 @@ def ms(when: datetime) -> datetime:
     the write is what is read back."""
     if when.tzinfo is None:  # pymongo's naive datetimes are UTC
         return when.replace(microsecond=when.microsecond // 1000 * 1000, tzinfo=UTC)
+    if when.tzinfo is UTC and when.microsecond % 1000 == 0:
+        return when  # already what BSON stores
     when = when.astimezone(UTC)
     return when.replace(microsecond=when.microsecond // 1000 * 1000)
 
@@ -130,6 +132,12 @@ class _Converter:
             return self._document(value)
         if kind is list or kind is tuple:
             return [self(v) for v in value]
+        if kind is datetime:
+            return {"$date": _date(value)}
+        if kind is ObjectId:
+            return {"$oid": str(value)}
+        if kind is bytes:
+            return {"$binary": base64.b64encode(value).decode(), "$type": "00"}
         return self._other(value)
 
     def _document(self, value: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,7 +151,13 @@ class _Converter:
                 key = str(key)
             if not key.isascii() and max(key) >= _ORDER_SAFE:
                 self.plain = False
-            out[key] = self(v)
+            kind = type(v)  # the leaves inline: one call less per field
+            if kind is str or kind is bool or v is None or (kind is int and -_SAFE <= v <= _SAFE):
+                out[key] = v
+            elif kind is dict:
+                out[key] = self._document(v)
+            else:
+                out[key] = self(v)
         return out
 
     def _other(self, value: Any) -> Any:
@@ -165,7 +179,7 @@ class _Converter:
         if isinstance(value, list | tuple):
             return [self(v) for v in value]
         if isinstance(value, datetime):
-            return _date(value)
+            return {"$date": _date(value)}
         if isinstance(value, ObjectId):
             return {"$oid": str(value)}
         if isinstance(value, uuid.UUID):
@@ -180,9 +194,15 @@ class _Converter:
         return json.loads(json_util.dumps(value, json_options=_EXT_JSON))
 
 
-def _date(value: datetime) -> dict[str, str]:
-    when = ms(value)
-    return {"$date": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"}
+def _date(value: datetime) -> str:
+    """``value`` as RFC 3339 UTC text with milliseconds (``2026-12-05T05:06:07.891Z``)."""
+    w = ms(value)
+    if w.year < 1000:  # strftime's own spelling of a short year
+        return w.strftime("%Y-%m-%dT%H:%M:%S.") + f"{w.microsecond // 1000:03d}Z"
+    return (
+        f"{w.year}-{w.month:02d}-{w.day:02d}T{w.hour:02d}:{w.minute:02d}:{w.second:02d}."
+        f"{w.microsecond // 1000:03d}Z"
+    )
 
 
 class Double(float):
@@ -228,7 +248,7 @@ def _spelled(value: Any) -> Any:
     if kind is datetime:
         if value.tzinfo is None and value.year >= 1000:  # pymongo's (naive UTC): faster
             return {"$date": value.isoformat(timespec="milliseconds") + "Z"}
-        return _date(value)
+        return {"$date": _date(value)}
     if kind is Int64:
         return {"$numberLong": str(int(value))}
     raise _Other(kind.__name__)

@@ -131,7 +131,9 @@ class SealBatch:
     groups named as they will be written), in order.
 
     ``transaction_id`` is the same on every attempt of one ``execute``; ``attempt``
-    counts from 1; ``found`` holds what the plans' ``find_one_and_update`` ops returned
+    counts from 1 (0: the kernel asking, before any transaction, whether a single-op
+    plan needs one; the groups a seal returns then are only tested for being there);
+    ``found`` holds what the plans' ``find_one_and_update`` ops returned
     in this attempt (per group name).
     """
 

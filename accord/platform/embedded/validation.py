@@ -93,6 +93,10 @@ _JSON_TYPES: dict[str, Any] = {
     "null": _BSON_TYPES["null"],
 }
 
+#: The type tests by name, shared with the fast checker (schema_fast.py).
+BSON_TYPES = _BSON_TYPES
+JSON_TYPES = _JSON_TYPES
+
 _KEYWORDS = {
     "additionalItems",
     "additionalProperties",
@@ -446,6 +450,16 @@ def _as_decimal(value: Any) -> Decimal:
 def _count(schema: dict, keyword: str) -> int:
     value = schema[keyword]
     return int(value.to_decimal()) if isinstance(value, Decimal128) else int(value)
+
+
+def count_of(schema: dict, keyword: str) -> int:
+    """A count keyword's value (``minLength`` ...) as an int."""
+    return _count(schema, keyword)
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a BSON number (not a bool)."""
+    return _is_number(value)
 
 
 def _type_rule(keyword: str, spec: Any, value: Any) -> dict | None:
@@ -881,6 +895,11 @@ def validate_document(doc: dict, validator: dict) -> None:
     """
     if not validator:
         return
+    from accord.platform.embedded.schema_fast import compiled  # it imports this module
+
+    fast = compiled(validator)
+    if fast is not None and fast(doc):
+        return  # valid: no detail to build (a failure is explained by the walk below)
     details = _filter_failure(validator, doc)
     if details is None:
         return

@@ -231,8 +231,10 @@ class UnitOfWork:
 
     def _seals(self, batch: SealBatch) -> bool:
         """Whether a seal hook would add anything to ``batch`` (for the single-op path:
-        a hook that reads, or writes without reading, needs the transaction)."""
-        return any(hook.seal_reads(batch) or hook.seal(batch, {}) for hook in self.hooks.seal)
+        a hook that reads, or writes without reading, needs the transaction). The hooks
+        see ``attempt`` 0: a probe, whose groups are only counted, never written."""
+        probe = replace(batch, attempt=0)
+        return any(hook.seal_reads(probe) or hook.seal(probe, {}) for hook in self.hooks.seal)
 
     def _run(self, batch: SealBatch, groups: list[Group]) -> PlanResult:
         for g in groups:
