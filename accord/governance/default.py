@@ -152,6 +152,11 @@ collection = "accord_policies"
 audit = "metadata"
 roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], auditor = ["find"], admin = ["find", "insert", "update"] }
 
+[classes.encryption_key]       # data keys of encrypted classes (off by default): an erasure destroys them
+collection = "accord_keys"
+audit = "metadata"
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "remove"] }
+
 [classes.hold]                 # legal holds: what must not expire, be swept or erased
 collection = "accord_holds"
 audit = "metadata"
