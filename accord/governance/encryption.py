@@ -9,9 +9,10 @@ under a data key per scope:
 
 * ``tenant``: one key per tenant;
 * ``subject``: a thread's classes (checkpoints, values, pending writes, messages) one key
-  per thread, so an erasure destroys the keys of the subject's threads; other classes one
-  key per value of the class's first ``subject_fields`` present (a memory's
-  ``namespace``); a document without one is under its tenant's key.
+  per thread, so an erasure destroys the keys of the subject's threads; a memory derived
+  from a thread (``provenance.thread_id``) that thread's key, whatever its namespace;
+  other documents one key per value of the class's first ``subject_fields`` present (a
+  memory's ``namespace``); a document without one is under its tenant's key.
 
 How it runs through the kernel (docs/platform.md, "Hooks"):
 
@@ -197,6 +198,9 @@ class EncryptionHook:
                 if thread
                 else Scope("tenant", tenant)
             )
+        derived = _get(source, "provenance.thread_id")  # a memory derived from a thread
+        if isinstance(derived, str) and derived:
+            return Scope("thread", tenant, thread_id=derived)
         for path in cls.subject_fields:
             value = _get(source, path)
             if value not in (None, "", []):
