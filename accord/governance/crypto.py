@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
@@ -151,6 +152,12 @@ def new_data_key() -> tuple[str, bytes]:
     return secrets.token_hex(_KID), secrets.token_bytes(32)
 
 
+@functools.lru_cache(maxsize=4096)
+def _cipher(key: bytes) -> AESGCM:
+    """One AES-GCM object per data key (they are reused by every value of the key)."""
+    return AESGCM(key)
+
+
 def _aad(collection: str, doc_id: Any, field: str, kid: bytes) -> bytes:
     return b"\x00".join(
         (b"accord-enc-v1", collection.encode(), bson.encode({"_id": doc_id}), field.encode(), kid)
@@ -163,7 +170,7 @@ def encrypt_value(
     """``value`` as an envelope bound to (collection, document, field, key)."""
     raw_kid = bytes.fromhex(kid)
     nonce = secrets.token_bytes(_NONCE)
-    sealed = AESGCM(key).encrypt(
+    sealed = _cipher(key).encrypt(
         nonce, bson.encode({"v": value}), _aad(collection, doc_id, field, raw_kid)
     )
     return Binary(MAGIC + raw_kid + nonce + sealed, ENVELOPE_SUBTYPE)
@@ -189,7 +196,7 @@ def decrypt_value(value: Binary, *, key: bytes, collection: str, doc_id: Any, fi
     raw_kid = data[at : at + _KID]
     nonce = data[at + _KID : at + _KID + _NONCE]
     try:
-        plain = AESGCM(key).decrypt(
+        plain = _cipher(key).decrypt(
             nonce, data[at + _KID + _NONCE :], _aad(collection, doc_id, field, raw_kid)
         )
     except (InvalidTag, ValueError):

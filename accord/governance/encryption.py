@@ -351,23 +351,27 @@ class EncryptionHook:
         if not fields:
             return docs
         now = time.monotonic()
-        seen: set[str] = set()
+        keys: dict[str, bytes] = {}
         for d in found:
             key = self._master(f"{request.artifact} documents are encrypted").unwrap(d)
-            seen.add(str(d["kid"]))
+            keys[str(d["kid"])] = key
             with self._lock:
                 self._by_kid[request.db, str(d["kid"])] = (key, now)
+        with self._lock:  # the cached keys still fresh, once per read (not per value)
+            for (db, kid), (key, at) in self._by_kid.items():
+                if db == request.db and kid not in keys and self._fresh(at):
+                    keys[kid] = key
         return [
-            self._decrypt(request, doc, fields, seen) if isinstance(doc, Mapping) else doc
+            self._decrypt(request, doc, fields, keys) if isinstance(doc, Mapping) else doc
             for doc in docs
         ]
 
     def _decrypt(self, request: ReadRequest, doc: Mapping[str, Any], fields: tuple[str, ...],
-                 seen: set[str]) -> Any:  # fmt: skip
+                 keys: Mapping[str, bytes]) -> Any:  # fmt: skip
         out: dict[str, Any] | None = None
         for path in fields:
-            value = _get(doc, path)
-            if not is_envelope(value):
+            value = doc.get(path) if "." not in path else _get(doc, path)
+            if value is None or not is_envelope(value):
                 continue
             if "_id" not in doc:
                 raise EncryptionError(
@@ -376,9 +380,8 @@ class EncryptionHook:
                     f"projection"
                 )
             kid = envelope_kid(value)
-            with self._lock:
-                hit = self._by_kid.get((request.db, kid))
-            if hit is None or (kid not in seen and not self._fresh(hit[1])):
+            key = keys.get(kid)
+            if key is None:
                 raise KeyDestroyed(
                     f"{request.artifact} document {doc['_id']!r} in {request.collection!r} is "
                     f"encrypted under data key {kid}, which no longer exists: its data "
@@ -386,9 +389,11 @@ class EncryptionHook:
                     f"Nothing was returned",
                     kid=kid,
                 )
-            plain = decrypt_value(value, key=hit[0], collection=request.collection,
+            plain = decrypt_value(value, key=key, collection=request.collection,
                                   doc_id=doc["_id"], field=path)  # fmt: skip
-            out = _set(out if out is not None else doc, path, plain)
+            if out is None:
+                out = dict(doc)
+            out = _set(out, path, plain) if "." in path else {**out, path: plain}
         return out if out is not None else doc
 
     def forget(self) -> None:

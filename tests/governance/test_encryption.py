@@ -20,8 +20,10 @@ subject, with the aggregator deriving memories and the audit trail in ``full`` m
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,7 @@ from typer.testing import CliRunner
 
 from accord import runtime
 from accord.errors import EncryptionError, KeyDestroyed, MasterKeyError, PolicyError
+from accord.governance.audit_records import RECORDS
 from accord.governance.crypto import MASTER_KEY_ENV, MasterKey
 from accord.governance.loading import parse_policy
 from accord.governance.verify import verify_chain
@@ -167,6 +170,10 @@ def test_crypto_shredding_a_backup_taken_before_the_erasure_is_unreadable_for_th
     assert report.keys_destroyed == 2  # its thread's key and its namespace's
     assert live["accord_keys"].count_documents({}) == 2  # u-8's
     assert verify_chain(runtime.kernel(client), db_name).ok
+    # the key deletions are audit records like any write (no identifier in them)
+    shredded = list(live[RECORDS].find({"collection": "accord_keys"}))
+    assert len(shredded) == 2 and {r["action"] for r in shredded} == {"governance.erase"}
+    assert A.encode() not in b"".join(str(r).encode() for r in shredded)
     result = CliRunner().invoke(cli, ["audit", "verify", "--live", "--db", db_name,
                                       "--uri", mongo_uri])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -201,10 +208,16 @@ def test_crypto_shredding_a_backup_taken_before_the_erasure_is_unreadable_for_th
 
 
 def test_shredding_a_tenant_makes_all_its_data_unreadable(
-    client: MongoClient, db_name: str, master: MasterKey
+    client: MongoClient, mongo_uri: str, db_name: str, master: MasterKey
 ) -> None:
     _populate(client, db_name)
-    assert runtime.shred_tenant_keys(client, "default", db_name) == 4
+    refused = CliRunner().invoke(cli, ["governance", "shred-tenant", "default", "--db", db_name,
+                                       "--uri", mongo_uri], input="n\n")  # fmt: skip
+    assert refused.exit_code == 1 and client[db_name]["accord_keys"].count_documents({}) == 4
+    result = CliRunner().invoke(cli, ["governance", "shred-tenant", "default", "--yes",
+                                      "--db", db_name, "--uri", mongo_uri])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "4 data key(s) of tenant 'default' destroyed" in result.output
     root = Accord(client=client, db_name=db_name)
     graph = _graph(root.checkpointer(), root.store())
     for user in (A, B):
@@ -255,3 +268,56 @@ def test_a_policy_cannot_encrypt_a_class_without_payloads() -> None:
         parse_policy('[classes.outbox]\nencryption = "subject"\n', "<test>")
     with pytest.raises(PolicyError, match="encryption"):
         parse_policy('[classes.checkpoint]\nencryption = "always"\n', "<test>")
+
+
+def test_the_async_root_encrypts_and_decrypts_the_same_way(
+    client: MongoClient, mongo_uri: str, db_name: str, master: MasterKey
+) -> None:
+    from pymongo import AsyncMongoClient
+
+    from accord.runtime import AsyncAccord
+
+    async def run() -> list[str]:
+        async with AsyncAccord(client=AsyncMongoClient(mongo_uri), db_name=db_name) as root:
+            graph = _graph(await root.checkpointer(), await root.store())
+            words = f"I live in {SECRET_A}"
+            await graph.ainvoke({"messages": [HumanMessage(words, id="h-async")]}, _config(A))
+            store = await root.store()
+            await store.aput(("memories", A), "diet", {"food": f"{SECRET_A} pepper"})
+            item = await store.aget(("memories", A), "diet")
+            assert item is not None and item.value == {"food": f"{SECRET_A} pepper"}
+            state = await graph.aget_state(_config(A))
+            return [str(m.content) for m in state.values["messages"]]
+
+    assert asyncio.run(run()) == [f"I live in {SECRET_A}", f"Noted: I live in {SECRET_A}"]
+    assert _mentions(client, db_name, SECRET_A) == {}
+    # and the sync root reads what the async one wrote
+    assert Accord(client=client, db_name=db_name).store().get(("memories", A), "diet")
+
+
+def test_writers_racing_to_create_one_key_end_with_one_key_and_readable_data(
+    client: MongoClient, db_name: str, master: MasterKey
+) -> None:
+    roots = [Accord(client=client, db_name=db_name) for _ in range(4)]  # 4 key caches
+    stores = [r.store() for r in roots]
+    barrier = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def put(i: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(5):
+                stores[i].put(("memories", "u-new"), f"k{i}-{n}", {"n": n, "by": i})
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert client[db_name]["accord_keys"].count_documents({"subject": "u-new"}) == 1
+    fresh = Accord(client=client, db_name=db_name).store()
+    found = {(m.key, m.value["n"]) for m in fresh.search(("memories", "u-new"), limit=100)}
+    assert found == {(f"k{i}-{n}", n) for i in range(4) for n in range(5)}
