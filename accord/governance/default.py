@@ -19,7 +19,10 @@ Least privilege for accord's own parts, with the grants each one's real work nee
   (``accord audit digest``), nothing else;
 * every role finds the applied policy and the legal holds: every process enforces them;
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
-  records, which nobody may do (a policy that grants it is refused).
+  records, which nobody may do (a policy that grants it is refused);
+* encryption is off for every class (it needs ``ACCORD_MASTER_KEY``); every service role
+  may find data keys (to decrypt what it reads), the admin also inserts and removes them
+  (an erasure destroys them); nobody updates one.
 """
 
 from __future__ import annotations

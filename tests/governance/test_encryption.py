@@ -160,12 +160,16 @@ def test_a_graph_and_the_store_read_back_what_they_wrote_and_nothing_is_stored_i
 
 
 def test_crypto_shredding_a_backup_taken_before_the_erasure_is_unreadable_for_that_subject(
-    client: MongoClient, mongo_uri: str, db_name: str, master: MasterKey
+    client: MongoClient, mongo_uri: str, db_name: str, master: MasterKey, tmp_path: Path
 ) -> None:
     _populate(client, db_name)
     live = client[db_name]
     # the backup: every collection but the keys (kept apart from backups: docs)
     backup = {n: list(live[n].find()) for n in live.list_collection_names() if n != "accord_keys"}
+    # the subject's own export (Art. 15), taken before: decrypted, it is the subject's copy
+    manifest = runtime.export_subject_data(client, A, tmp_path / "export", db_name)
+    exported = b"".join((tmp_path / "export" / f).read_bytes() for f in manifest["files"])
+    assert SECRET_A.encode() in exported and SECRET_B.encode() not in exported
     report = runtime.erase_subject_data(client, A, db_name)
     assert report.keys_destroyed == 2  # its thread's key and its namespace's
     assert live["accord_keys"].count_documents({}) == 2  # u-8's
