@@ -325,3 +325,32 @@ def test_writers_racing_to_create_one_key_end_with_one_key_and_readable_data(
     fresh = Accord(client=client, db_name=db_name).store()
     found = {(m.key, m.value["n"]) for m in fresh.search(("memories", "u-new"), limit=100)}
     assert found == {(f"k{i}-{n}", n) for i in range(4) for n in range(5)}
+
+
+def test_langgraphs_checkpointer_conformance_suite_is_full_with_encryption_on(
+    client: MongoClient, master: MasterKey
+) -> None:
+    """The checkpointer's contract (langgraph-checkpoint-conformance: FULL) holds with every
+    value encrypted (the policy comes from ACCORD_POLICY, as for any drop-in saver)."""
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+
+    from accord.checkpointers import AccordSaver
+    from tests.checkpointers.test_conformance import _assert_full
+
+    dbs: list[str] = []
+
+    @checkpointer_test(name="AccordSaver, encrypted")
+    async def factory() -> Any:
+        name = "encconf_" + uuid.uuid4().hex[:10]
+        dbs.append(name)
+        saver = AccordSaver(client, db_name=name)
+        saver.setup()
+        yield saver
+
+    try:
+        _assert_full(asyncio.run(validate(factory)))
+        raw = [d for name in dbs for d in client[name]["accord_checkpoints"].find()]
+        assert raw and all(d["checkpoint"]["data"].subtype == 0x80 for d in raw)  # encrypted
+    finally:
+        for name in dbs:
+            client.drop_database(name)
