@@ -354,3 +354,25 @@ def test_langgraphs_checkpointer_conformance_suite_is_full_with_encryption_on(
     finally:
         for name in dbs:
             client.drop_database(name)
+
+
+def test_data_keys_are_read_through_the_policy_as_the_reader(
+    client: MongoClient, db_name: str, master: MasterKey, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from accord.errors import PermissionDenied
+    from accord.platform.context import Principal
+
+    Accord(client=client, db_name=db_name).store().put(("memories", A), "diet", {"food": "x"})
+    api = Principal.api_key("reader", tenant_id="default", scopes=frozenset({"read", "write"}))
+    reader = Accord(client=client, db_name=db_name).memory().acting_as(api)
+    memory = reader.get(("memories", A), "diet")
+    assert memory is not None and memory.value == {"food": "x"}
+    # a policy that takes find on the keys from the memory API: its decryption is refused
+    path = tmp_path / "no-keys.toml"
+    path.write_text(POLICY + '[classes.encryption_key]\nroles = { runtime = ["find"], '
+                    'admin = ["find", "insert", "remove"] }\n')  # fmt: skip
+    monkeypatch.setenv("ACCORD_POLICY", str(path))
+    refused = Accord(client=client, db_name=db_name).memory().acting_as(api)
+    with pytest.raises(PermissionDenied, match="encryption_key"):
+        refused.get(("memories", A), "diet")
