@@ -268,6 +268,14 @@ def test_a_ciphertext_moved_to_another_document_is_refused(
 
 
 def test_a_policy_cannot_encrypt_a_class_without_payloads() -> None:
+    from accord.governance.policy import to_toml
+
+    policy = parse_policy(POLICY, "<test>")
+    assert {n for n, c in policy.classes.items() if c.encryption != "off"} == set(ENCRYPTED)
+    again = parse_policy(to_toml(policy), "<shown>", base=None)  # `governance show --toml`
+    assert {n: c.encryption for n, c in again.classes.items()} == {
+        n: c.encryption for n, c in policy.classes.items()
+    }
     with pytest.raises(PolicyError, match="outbox has no payload fields accord encrypts"):
         parse_policy('[classes.outbox]\nencryption = "subject"\n', "<test>")
     with pytest.raises(PolicyError, match="encryption"):
