@@ -42,7 +42,7 @@ from langgraph.store.base import TTLConfig
 from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
-from accord.errors import ConfigurationError, MasterKeyError
+from accord.errors import ConfigurationError, InvalidInputError, MasterKeyError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.audit_records import RECORDS as AUDIT_RECORDS
@@ -296,7 +296,9 @@ def shred_tenant_keys(
     a kernel acting as ``principal`` (default the operating-system user, role admin);
     ``LegalHoldError`` (nothing destroyed) while a hold covers the tenant. Returns how many
     keys were destroyed."""
-    tenant_id, _ = validate_subject(tenant_id, None)
+    if not isinstance(tenant_id, str) or not tenant_id.strip():
+        raise InvalidInputError(f"a tenant is a non-empty string, got {tenant_id!r}")
+    validate_subject("tenant", tenant_id)  # no operator, no NUL
     _sync_client(client, "shred_tenant_keys")
     uow = kernel(client, principal=principal or Principal.os_user(), policy=policy, audit=audit)
     return shred_tenant(uow, db_name, effective_policy(uow, db_name), tenant_id)

@@ -98,7 +98,11 @@ class Scope:
         if self.kind == "thread":
             return ("thread", self.tenant_id, str(self.thread_id))
         if self.kind == "subject":
-            return ("subject", self.tenant_id, json.dumps(self.subject, sort_keys=True))
+            return (
+                "subject",
+                self.tenant_id,
+                json.dumps(self.subject, sort_keys=True, default=str),
+            )
         return ("tenant", self.tenant_id)
 
     def document(self, key_id: str, kid: str, wrapped: Any, master: str) -> dict[str, Any]:

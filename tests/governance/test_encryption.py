@@ -40,7 +40,13 @@ from pymongo import MongoClient
 from typer.testing import CliRunner
 
 from accord import runtime
-from accord.errors import EncryptionError, KeyDestroyed, MasterKeyError, PolicyError
+from accord.errors import (
+    EncryptionError,
+    InvalidInputError,
+    KeyDestroyed,
+    MasterKeyError,
+    PolicyError,
+)
 from accord.governance.audit_records import RECORDS
 from accord.governance.crypto import MASTER_KEY_ENV, MasterKey
 from accord.governance.loading import parse_policy
@@ -228,6 +234,9 @@ def test_shredding_a_tenant_makes_all_its_data_unreadable(
         with pytest.raises(KeyDestroyed):
             graph.get_state(_config(user))
     assert runtime.shred_tenant_keys(client, "default", db_name) == 0  # idempotent
+    for bad in ({"$ne": ""}, "", "$where"):
+        with pytest.raises(InvalidInputError, match="tenant"):
+            runtime.shred_tenant_keys(client, bad, db_name)  # type: ignore[arg-type]
 
 
 def test_a_missing_malformed_or_other_master_key_is_refused(
