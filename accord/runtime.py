@@ -46,7 +46,7 @@ from accord.errors import ConfigurationError, InvalidInputError, MasterKeyError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.audit_records import RECORDS as AUDIT_RECORDS
-from accord.governance.crypto import MASTER_KEY_ENV, MasterKey
+from accord.governance.crypto import MASTER_KEY_ENV, PREVIOUS_MASTER_KEY_ENV, MasterKey
 from accord.governance.encryption import EncryptionHook
 from accord.governance.enforcement import DENIALS, PolicyHook
 from accord.governance.erasure import ErasureReport, erase_subject
@@ -56,7 +56,7 @@ from accord.governance.holds import HoldSet
 from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
 from accord.governance.policy import Policy
 from accord.governance.retention import RetentionHook, thread_ttl
-from accord.governance.shredding import shred_tenant
+from accord.governance.shredding import rewrap_keys, shred_tenant
 from accord.governance.stored import StoredPolicies, interval_from_env
 from accord.governance.subjects import export_subject, validate_subject
 from accord.governance.sweep import SweepReport, sweep_once
@@ -82,7 +82,8 @@ from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
 __all__ = [
     "Accord", "AsyncAccord", "compact_storage", "effective_policy", "erase_subject_data",
-    "export_subject_data", "kernel", "policy_denials", "shred_tenant_keys", "sweep",
+    "export_subject_data", "kernel", "policy_denials", "rewrap_data_keys", "shred_tenant_keys",
+    "sweep",
 ]  # fmt: skip
 
 
@@ -302,6 +303,29 @@ def shred_tenant_keys(
     _sync_client(client, "shred_tenant_keys")
     uow = kernel(client, principal=principal or Principal.os_user(), policy=policy, audit=audit)
     return shred_tenant(uow, db_name, effective_policy(uow, db_name), tenant_id)
+
+
+def rewrap_data_keys(
+    client: Any,
+    db_name: str = "accord",
+    *,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+) -> int:
+    """Rotate the master key (``accord governance rewrap-keys``): re-wrap every data key
+    of ``db_name`` under ``ACCORD_MASTER_KEY``, unwrapping with
+    ``ACCORD_MASTER_KEY_PREVIOUS`` (:func:`accord.governance.shredding.rewrap_keys`),
+    through a kernel acting as ``principal`` (default the operating-system user, role
+    admin). Returns how many keys were re-wrapped; 0 when all are current."""
+    _sync_client(client, "rewrap_data_keys")
+    master = MasterKey.from_env()
+    if master is None:
+        raise MasterKeyError(
+            f"rewrapping needs the new master key in {MASTER_KEY_ENV} and the old one in "
+            f"{PREVIOUS_MASTER_KEY_ENV}; {MASTER_KEY_ENV} is not set. Nothing was changed"
+        )
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    return rewrap_keys(uow, db_name, effective_policy(uow, db_name), master)
 
 
 def _sync_client(client: Any, what: str) -> None:

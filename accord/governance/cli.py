@@ -411,6 +411,23 @@ def shred_tenant_command(
     out.print(f"{db}: {destroyed} data key(s) of tenant {escape(repr(tenant))} destroyed")
 
 
+@governance_app.command("rewrap-keys")
+def rewrap_keys_command(db: str = DB, uri: str | None = URI) -> None:
+    """Rotate the master key: re-wrap every data key under ACCORD_MASTER_KEY (the new
+    key), unwrapping with ACCORD_MASTER_KEY_PREVIOUS (the old one). Idempotent; retire
+    the old key once it reports 0."""
+    from accord import runtime
+    from accord.platform import connect
+
+    try:
+        client = connect(uri)
+        done = runtime.rewrap_data_keys(client, db)
+        client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"{db}: {done} data key(s) re-wrapped under the current master key")
+
+
 def register(app: typer.Typer) -> None:
     """The ``accord.cli`` entry point: add ``accord governance``."""
     app.add_typer(governance_app, name="governance")

@@ -28,7 +28,7 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import bson
@@ -45,6 +45,8 @@ __all__ = [
 
 #: The environment variable holding the master key (base64 of 32 random bytes).
 MASTER_KEY_ENV = "ACCORD_MASTER_KEY"
+#: The master key being rotated out: it only unwraps data keys not yet re-wrapped.
+PREVIOUS_MASTER_KEY_ENV = "ACCORD_MASTER_KEY_PREVIOUS"
 #: The BSON binary subtype of an envelope (0x80: user defined).
 ENVELOPE_SUBTYPE = 0x80
 MAGIC = b"acE1"
@@ -67,32 +69,41 @@ PAYLOADS: Mapping[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class MasterKey:
-    """The master key (never stored): wraps data keys and names them."""
+    """The master key (never stored): wraps data keys and names them. ``previous``: the
+    master key being rotated out, which still unwraps the data keys wrapped under it
+    (until ``accord governance rewrap-keys`` re-wrapped them)."""
 
-    secret: bytes
+    secret: bytes = field(repr=False)
+    previous: MasterKey | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MasterKey | None:
-        """The key in ``ACCORD_MASTER_KEY``; None when unset. Malformed: MasterKeyError."""
-        raw = (environ if environ is not None else os.environ).get(MASTER_KEY_ENV, "").strip()
+        """The key in ``ACCORD_MASTER_KEY`` (with ``ACCORD_MASTER_KEY_PREVIOUS`` as its
+        previous one, when set); None when unset. Malformed: MasterKeyError."""
+        env = environ if environ is not None else os.environ
+        raw = env.get(MASTER_KEY_ENV, "").strip()
         if not raw:
             return None
-        return cls.parse(raw)
+        old = env.get(PREVIOUS_MASTER_KEY_ENV, "").strip()
+        previous = cls.parse(old, PREVIOUS_MASTER_KEY_ENV) if old else None
+        key = cls.parse(raw)
+        return cls(key.secret, previous) if previous is not None else key
 
     @classmethod
-    def parse(cls, text: str) -> MasterKey:
-        """A master key from its base64 text (32 bytes once decoded)."""
+    def parse(cls, text: str, name: str = MASTER_KEY_ENV) -> MasterKey:
+        """A master key from its base64 text (32 bytes once decoded); ``name`` says where
+        it came from in an error."""
         try:
             secret = base64.b64decode(text.strip(), validate=True)
         except (binascii.Error, ValueError):
             raise MasterKeyError(
-                f"{MASTER_KEY_ENV} is not base64; it must hold 32 random bytes in base64 "
+                f"{name} is not base64; it must hold 32 random bytes in base64 "
                 f'(make one with: python -c "import os,base64;print(base64.b64encode('
                 f'os.urandom(32)).decode())"). Nothing was read or written'
             ) from None
         if len(secret) != 32:
             raise MasterKeyError(
-                f"{MASTER_KEY_ENV} decodes to {len(secret)} bytes; it must be 32 random bytes "
+                f"{name} decodes to {len(secret)} bytes; it must be 32 random bytes "
                 f"(AES-256), base64. Nothing was read or written"
             )
         return cls(secret)
@@ -119,8 +130,12 @@ class MasterKey:
         return Binary(nonce + AESGCM(self.secret).encrypt(nonce, key, _wrap_aad(kid, tenant_id)))
 
     def unwrap(self, doc: Mapping[str, Any]) -> bytes:
-        """The data key of key document ``doc``."""
+        """The data key of key document ``doc`` (under the previous master key when it
+        was wrapped under that one)."""
         kid = str(doc.get("kid"))
+        previous = self.previous
+        if previous is not None and doc.get("master") == previous.fingerprint:
+            return previous.unwrap(doc)
         if doc.get("master") not in (None, self.fingerprint):
             raise MasterKeyError(
                 f"data key {kid} was wrapped under master key {doc.get('master')}, and "

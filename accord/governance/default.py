@@ -21,8 +21,8 @@ Least privilege for accord's own parts, with the grants each one's real work nee
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
   records, which nobody may do (a policy that grants it is refused);
 * encryption is off for every class (it needs ``ACCORD_MASTER_KEY``); every service role
-  may find data keys (to decrypt what it reads), the admin also inserts and removes them
-  (an erasure destroys them); nobody updates one.
+  may find data keys (to decrypt what it reads); the admin also re-wraps them (a master
+  key's rotation) and removes them (an erasure destroys them).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], audi
 [classes.encryption_key]       # data keys of encrypted classes (off by default): an erasure destroys them
 collection = "accord_keys"
 audit = "metadata"
-roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "remove"] }
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "update", "remove"] }
 
 [classes.hold]                 # legal holds: what must not expire, be swept or erased
 collection = "accord_holds"

@@ -4,7 +4,9 @@ exports, a stolen disk) becomes unreadable.
 * :func:`destroy_subject_keys`: the keys of a data subject's threads and of the
   subject's own values (``accord governance erase``, before the documents are deleted,
   so a run of the erasure interrupted after this step still finds the threads);
-* :func:`shred_tenant`: every key of a tenant (``accord governance shred-tenant``).
+* :func:`shred_tenant`: every key of a tenant (``accord governance shred-tenant``);
+* and, not a shredding, :func:`rewrap_keys`: the master key's rotation (every data key
+  re-wrapped under the current master key, ``accord governance rewrap-keys``).
 
 A key document is deleted by ``_id`` through the kernel (operation ``governance.erase``,
 the caller's principal), so each deletion is an audit record like any other write, and
@@ -18,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from accord.errors import LegalHoldError
+from accord.governance.crypto import MasterKey
 from accord.governance.encryption import keys_collection
 from accord.governance.holding import list_holds
 from accord.governance.policy import Policy
@@ -26,7 +29,7 @@ from accord.platform.artifacts import ENCRYPTION_KEY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["destroy_keys", "destroy_subject_keys", "shred_tenant"]
+__all__ = ["destroy_keys", "destroy_subject_keys", "rewrap_keys", "shred_tenant"]
 
 _PAGE = 1000
 
@@ -97,3 +100,34 @@ def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:
                 hold_id=hold.id,
             )
     return destroy_keys(uow, db, policy, {"tenant_id": tenant_id})
+
+
+def rewrap_keys(uow: Any, db: str, policy: Policy, master: MasterKey) -> int:
+    """Re-wrap every data key of ``db`` not wrapped under ``master`` (the current master
+    key; its ``previous`` unwraps them), so the previous master key can be retired. Each
+    key document is compare-and-set on its ``kid`` and old fingerprint (a key destroyed
+    meanwhile stays destroyed), through the kernel. Returns how many were re-wrapped."""
+    coll = keys_collection(policy)
+    done = 0
+    while True:
+        docs = uow.find(ReadContext("*", operation="encryption.rewrap"), ENCRYPTION_KEY.name,
+                        db, coll, {"master": {"$ne": master.fingerprint}},
+                        sort=[("_id", 1)], limit=_PAGE)  # fmt: skip
+        if not docs:
+            return done
+        by_tenant: dict[str, list[Op]] = {}
+        for d in docs:
+            key = master.unwrap(d)
+            wrapped = master.wrap(str(d["kid"]), str(d["tenant_id"]), key)
+            by_tenant.setdefault(str(d["tenant_id"]), []).append(
+                Op(
+                    "update",
+                    {"_id": d["_id"], "kid": d["kid"], "master": d.get("master")},
+                    {"$set": {"wrapped": wrapped, "master": master.fingerprint}},
+                )  # fmt: skip
+            )
+        for tenant, ops in sorted(by_tenant.items()):
+            group = Group("rewrap:encryption_key", db, coll, ENCRYPTION_KEY.name, ops)
+            uow.execute(Plan(WriteContext(tenant, principal=uow.principal,
+                                          operation="encryption.rewrap"), [group]))  # fmt: skip
+            done += len(ops)

@@ -393,3 +393,33 @@ def test_data_keys_are_read_through_the_policy_as_the_reader(
     refused = Accord(client=client, db_name=db_name).memory().acting_as(api)
     with pytest.raises(PermissionDenied, match="encryption_key"):
         refused.get(("memories", A), "diet")
+
+
+def test_the_master_key_rotates_by_rewrapping_the_data_keys(
+    client: MongoClient, mongo_uri: str, db_name: str, master: MasterKey,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from accord.governance.crypto import PREVIOUS_MASTER_KEY_ENV
+
+    _populate(client, db_name)
+    new = MasterKey.generate()
+    monkeypatch.setenv(MASTER_KEY_ENV, new.text())
+    with pytest.raises(MasterKeyError, match="wrapped under master key"):
+        Accord(client=client, db_name=db_name).checkpointer().get_tuple(_config(A))
+    monkeypatch.setenv(PREVIOUS_MASTER_KEY_ENV, master.text())  # the rotation window
+    root = Accord(client=client, db_name=db_name)
+    assert root.checkpointer().get_tuple(_config(A)) is not None  # the old key unwraps
+    result = CliRunner().invoke(cli, ["governance", "rewrap-keys", "--db", db_name,
+                                      "--uri", mongo_uri])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "4 data key(s) re-wrapped" in result.output
+    keys = client[db_name]["accord_keys"]
+    assert {d["master"] for d in keys.find()} == {new.fingerprint}
+    assert runtime.rewrap_data_keys(client, db_name) == 0  # idempotent
+    monkeypatch.delenv(PREVIOUS_MASTER_KEY_ENV)  # the old key retired
+    graph = _graph(Accord(client=client, db_name=db_name).checkpointer(), None)
+    assert SECRET_A in str(graph.get_state(_config(A)).values["messages"][0].content)
+    assert "secret" not in repr(new) and new.text() not in repr(new)  # never printed
+    monkeypatch.setenv(PREVIOUS_MASTER_KEY_ENV, "short")
+    with pytest.raises(MasterKeyError, match="ACCORD_MASTER_KEY_PREVIOUS is not base64"):
+        MasterKey.from_env()
