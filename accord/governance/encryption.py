@@ -449,6 +449,13 @@ def _source(op: Op, fields: tuple[str, ...], group: Group) -> Mapping[str, Any] 
             )
     if not any(k.split(".")[0] in roots for k in merged):
         return None
+    inside = [k for k in merged if any(k.startswith(f + ".") for f in fields)]
+    if inside:
+        raise EncryptionError(
+            f"$set of {', '.join(sorted(inside))} would change part of an encrypted field of "
+            f"{group.artifact} ({group.collection}); a ciphertext is replaced whole: set "
+            f"the whole field. Nothing was written"
+        )
     if op.kind not in ("update", "find_one_and_update"):
         raise EncryptionError(
             f"{op.kind} writes encrypted fields of {group.artifact} in several documents at "

@@ -423,3 +423,33 @@ def test_the_master_key_rotates_by_rewrapping_the_data_keys(
     monkeypatch.setenv(PREVIOUS_MASTER_KEY_ENV, "short")
     with pytest.raises(MasterKeyError, match="ACCORD_MASTER_KEY_PREVIOUS is not base64"):
         MasterKey.from_env()
+
+
+def test_writes_that_cannot_be_encrypted_field_by_field_are_refused(
+    client: MongoClient, db_name: str, master: MasterKey
+) -> None:
+    from accord.platform.context import WriteContext
+    from accord.platform.plan import Group, Op, Plan
+
+    root = Accord(client=client, db_name=db_name)
+    root.store().put(("memories", A), "diet", {"food": "x"})
+    memory_id = client[db_name]["long_term_memory"].find_one({"key": "diet"})["_id"]
+
+    def write(op: Op, artifact: str = "long_term_memory") -> None:
+        coll = {"long_term_memory": "long_term_memory"}.get(artifact, "accord_checkpoint_blobs")
+        group = Group("g", db_name, coll, artifact, [op])
+        root.uow.execute(Plan(WriteContext("default", operation="test.write"), [group]))
+
+    for op, said in (
+        (Op("update", {"_id": memory_id}, {"$set": {"value.food": "y"}}), "part of an encrypted"),
+        (Op("update", {"_id": memory_id}, {"$push": {"value": 1}}), r"\$push on the encrypted"),
+        (Op("update_many", {"tenant_id": "default"}, {"$set": {"text": "t"}}), "several documents"),
+        (Op("update", {"key": "diet"}, {"$set": {"text": "t"}}), "without naming its document"),
+    ):  # fmt: skip
+        with pytest.raises(EncryptionError, match=said):
+            write(op)
+    with pytest.raises(EncryptionError, match="pipeline update"):
+        write(Op("update", {"_id": "b"}, [{"$set": {"data": "$x"}}]), "checkpoint_blob")
+    assert root.store().get(("memories", A), "diet").value == {"food": "x"}  # nothing written
+    write(Op("update", {"_id": memory_id}, {"$set": {"text": "whole field"}}))  # allowed
+    assert root.memory().get(("memories", A), "diet").text == "whole field"
