@@ -372,3 +372,25 @@ class SubjectHeld(AccordError):
     """A legal hold covers data of the data subject asked to be erased; the erasure was
     refused before anything was deleted. Release the hold (``accord governance
     release``) once the case it serves allows, then erase again."""
+
+
+class EncryptionError(AccordError):
+    """A value of an encrypted class could not be encrypted or decrypted: a ciphertext
+    that does not belong where it was found (moved to another document, collection or
+    field, or altered), or a write accord cannot bind to one document. Nothing was
+    written (a write) or returned (a read)."""
+
+
+class KeyDestroyed(EncryptionError):
+    """A value is encrypted under a data key that no longer exists: its data subject or
+    tenant was erased (crypto-shredding), so the value is unreadable by design. ``kid``
+    names the destroyed key."""
+
+    def __init__(self, message: str, *, kid: str | None = None) -> None:
+        super().__init__(message)
+        self.kid = kid
+
+
+class MasterKeyError(EncryptionError, ConfigurationError):
+    """The master key that wraps the data keys is missing, malformed, or not the one the
+    data keys were wrapped under (``ACCORD_MASTER_KEY``: 32 random bytes, base64)."""

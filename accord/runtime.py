@@ -42,10 +42,12 @@ from langgraph.store.base import TTLConfig
 from pymongo import AsyncMongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
-from accord.errors import ConfigurationError
+from accord.errors import ConfigurationError, InvalidInputError, MasterKeyError
 from accord.governance.audit_hook import MODES as AUDIT_MODES
 from accord.governance.audit_hook import AuditHook
 from accord.governance.audit_records import RECORDS as AUDIT_RECORDS
+from accord.governance.crypto import MASTER_KEY_ENV, PREVIOUS_MASTER_KEY_ENV, MasterKey
+from accord.governance.encryption import EncryptionHook
 from accord.governance.enforcement import DENIALS, PolicyHook
 from accord.governance.erasure import ErasureReport, erase_subject
 from accord.governance.hold_guard import HoldGuard
@@ -54,6 +56,7 @@ from accord.governance.holds import HoldSet
 from accord.governance.loading import POLICY_ENV, PolicySource, resolve_policy
 from accord.governance.policy import Policy
 from accord.governance.retention import RetentionHook, thread_ttl
+from accord.governance.shredding import rewrap_keys, shred_tenant
 from accord.governance.stored import StoredPolicies, interval_from_env
 from accord.governance.subjects import export_subject, validate_subject
 from accord.governance.sweep import SweepReport, sweep_once
@@ -79,7 +82,8 @@ from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
 
 __all__ = [
     "Accord", "AsyncAccord", "compact_storage", "effective_policy", "erase_subject_data",
-    "export_subject_data", "kernel", "policy_denials", "sweep",
+    "export_subject_data", "kernel", "policy_denials", "rewrap_data_keys", "shred_tenant_keys",
+    "sweep",
 ]  # fmt: skip
 
 
@@ -110,8 +114,9 @@ def kernel(
     (default ``ACCORD_POLICY_REFRESH``, else 5); else the built-in default;
     docs/governance.md, "Which policy is enforced"), the
     hooks configured in ``ACCORD_HOOKS`` (:func:`configured_hooks`), then ``hooks``, then
-    the audit hook when ``audit`` (default ``ACCORD_AUDIT``) is on (:func:`audit_hooks`):
-    last, so its records cover what every other hook added. A ``UnitOfWork`` for a
+    governance's encryption (:func:`encryption_hook`: the classes the policy encrypts, under
+    ``ACCORD_MASTER_KEY``), then the audit hook when ``audit`` (default ``ACCORD_AUDIT``) is
+    on (:func:`audit_hooks`): last, so its records cover what every other hook added. A ``UnitOfWork`` for a
     ``MongoClient``, an ``AsyncUnitOfWork`` for an ``AsyncMongoClient``. The only place
     units of work are made: the roots below use it, and so does a part constructed on its
     own (the drop-in ``AccordSaver(client)``), so every door passes the same hooks."""
@@ -123,6 +128,7 @@ def kernel(
         HoldGuard(lambda db: enforced.rules(db).policy),
         *configured_hooks(),
         *hooks,
+        encryption_hook(enforced),
         *audit_hooks(audit, lambda db: enforced.rules(db).policy),
     ]
     if isinstance(client, AsyncMongoClient):
@@ -142,6 +148,28 @@ def policy_hook(policy: PolicySource = None, refresh: float | None = None) -> Po
         return PolicyHook(resolved)
     interval = refresh if refresh is not None else interval_from_env()
     return PolicyHook(resolved, stored=StoredPolicies(resolved, interval))
+
+
+def encryption_hook(enforced: PolicyHook) -> EncryptionHook:
+    """governance's encryption hook (docs/governance.md, "Encryption and crypto-shredding"):
+    the payloads of the classes the enforced policy marks ``encryption = "tenant"`` or
+    ``"subject"``, under data keys wrapped by the master key ``ACCORD_MASTER_KEY``. A
+    malformed master key is a ``MasterKeyError`` here; a missing one, when the policy
+    given (argument or ``ACCORD_POLICY``) encrypts a class, too; a policy stored in the
+    database that encrypts meets it at the first write or read of an encrypted value."""
+    master = MasterKey.from_env()
+    if master is None and enforced.stored is None:
+        encrypted = sorted(
+            name for name, cls in enforced.rules(None).policy.classes.items()
+            if cls.encryption != "off"
+        )  # fmt: skip
+        if encrypted:
+            raise MasterKeyError(
+                f"the policy encrypts {', '.join(encrypted)}, and {MASTER_KEY_ENV} is not "
+                f"set: set it to the master key (32 random bytes, base64) before starting. "
+                f"Nothing was read or written"
+            )
+    return EncryptionHook(lambda db: enforced.rules(db).policy, master)
 
 
 def retention_hook(enforced: PolicyHook, refresh: float | None = None) -> RetentionHook:
@@ -258,6 +286,52 @@ def erase_subject_data(
     if compact:
         report.compacted = compact_storage(client, db_name)
     return report
+
+
+def shred_tenant_keys(
+    client: Any,
+    tenant_id: str,
+    db_name: str = "accord",
+    *,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+    audit: str | None = None,
+) -> int:
+    """Destroy every data key of ``tenant_id`` in ``db_name`` (``accord governance
+    shred-tenant``; :func:`accord.governance.shredding.shred_tenant`): the tenant's
+    encrypted payloads become unreadable everywhere, backups and exports included. Through
+    a kernel acting as ``principal`` (default the operating-system user, role admin);
+    ``LegalHoldError`` (nothing destroyed) while a hold covers the tenant. Returns how many
+    keys were destroyed."""
+    if not isinstance(tenant_id, str) or not tenant_id.strip():
+        raise InvalidInputError(f"a tenant is a non-empty string, got {tenant_id!r}")
+    validate_subject("tenant", tenant_id)  # no operator, no NUL
+    _sync_client(client, "shred_tenant_keys")
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy, audit=audit)
+    return shred_tenant(uow, db_name, effective_policy(uow, db_name), tenant_id)
+
+
+def rewrap_data_keys(
+    client: Any,
+    db_name: str = "accord",
+    *,
+    principal: Principal | None = None,
+    policy: PolicySource = None,
+) -> int:
+    """Rotate the master key (``accord governance rewrap-keys``): re-wrap every data key
+    of ``db_name`` under ``ACCORD_MASTER_KEY``, unwrapping with
+    ``ACCORD_MASTER_KEY_PREVIOUS`` (:func:`accord.governance.shredding.rewrap_keys`),
+    through a kernel acting as ``principal`` (default the operating-system user, role
+    admin). Returns how many keys were re-wrapped; 0 when all are current."""
+    _sync_client(client, "rewrap_data_keys")
+    master = MasterKey.from_env()
+    if master is None:
+        raise MasterKeyError(
+            f"rewrapping needs the new master key in {MASTER_KEY_ENV} and the old one in "
+            f"{PREVIOUS_MASTER_KEY_ENV}; {MASTER_KEY_ENV} is not set. Nothing was changed"
+        )
+    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    return rewrap_keys(uow, db_name, effective_policy(uow, db_name), master)
 
 
 def _sync_client(client: Any, what: str) -> None:

@@ -387,6 +387,47 @@ def erase_command(
     out.print(f"{db}: {escape(report.describe())}")
 
 
+@governance_app.command("shred-tenant")
+def shred_tenant_command(
+    tenant: str, db: str = DB, uri: str | None = URI, yes: bool = YES,
+) -> None:  # fmt: skip
+    """Destroy every data key of a tenant (crypto-shredding): its encrypted payloads become
+    unreadable in the database and in every backup and export, unless a legal hold covers
+    the tenant. Documents are not deleted; the key deletions are audited."""
+    from accord import runtime
+    from accord.platform import connect
+
+    if not yes and not typer.confirm(
+        f"destroy every data key of tenant {tenant!r} in {db}? Its encrypted data can never "
+        f"be read again"
+    ):
+        raise typer.Exit(1)
+    try:
+        client = connect(uri)
+        destroyed = runtime.shred_tenant_keys(client, tenant, db)
+        client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"{db}: {destroyed} data key(s) of tenant {escape(repr(tenant))} destroyed")
+
+
+@governance_app.command("rewrap-keys")
+def rewrap_keys_command(db: str = DB, uri: str | None = URI) -> None:
+    """Rotate the master key: re-wrap every data key under ACCORD_MASTER_KEY (the new
+    key), unwrapping with ACCORD_MASTER_KEY_PREVIOUS (the old one). Idempotent; retire
+    the old key once it reports 0."""
+    from accord import runtime
+    from accord.platform import connect
+
+    try:
+        client = connect(uri)
+        done = runtime.rewrap_data_keys(client, db)
+        client.close()
+    except AccordError as err:
+        _fail(err)
+    out.print(f"{db}: {done} data key(s) re-wrapped under the current master key")
+
+
 def register(app: typer.Typer) -> None:
     """The ``accord.cli`` entry point: add ``accord governance``."""
     app.add_typer(governance_app, name="governance")

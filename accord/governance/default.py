@@ -19,7 +19,10 @@ Least privilege for accord's own parts, with the grants each one's real work nee
   (``accord audit digest``), nothing else;
 * every role finds the applied policy and the legal holds: every process enforces them;
 * ``admin`` (the CLI's operating-system user): everything but changing or removing audit
-  records, which nobody may do (a policy that grants it is refused).
+  records, which nobody may do (a policy that grants it is refused);
+* encryption is off for every class (it needs ``ACCORD_MASTER_KEY``); every service role
+  may find data keys (to decrypt what it reads); the admin also re-wraps them (a master
+  key's rotation) and removes them (an erasure destroys them).
 """
 
 from __future__ import annotations
@@ -152,6 +155,11 @@ roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "in
 collection = "accord_policies"
 audit = "metadata"
 roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], auditor = ["find"], admin = ["find", "insert", "update"] }
+
+[classes.encryption_key]       # data keys of encrypted classes (off by default): an erasure destroys them
+collection = "accord_keys"
+audit = "metadata"
+roles = { runtime = ["find"], aggregator = ["find"], memory-api = ["find"], admin = ["find", "insert", "update", "remove"] }
 
 [classes.hold]                 # legal holds: what must not expire, be swept or erased
 collection = "accord_holds"

@@ -40,6 +40,7 @@ from accord.governance.holding import list_holds
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.governance.redaction import ERASE_OPERATION, image_erasure_op
+from accord.governance.shredding import destroy_subject_keys
 from accord.governance.subjects import (
     PAGE,
     THREAD_CLASSES,
@@ -83,6 +84,8 @@ class ErasureReport:
     threads: int = 0
     deleted: dict[str, int] = field(default_factory=dict)
     audit_images_erased: int = 0
+    #: data keys destroyed (crypto-shredding: copies made before are unreadable)
+    keys_destroyed: int = 0
     compacted: str | None = None
     seconds: float = 0.0
 
@@ -90,7 +93,8 @@ class ErasureReport:
         classes = ", ".join(f"{n} {c}" for c, n in sorted(self.deleted.items()) if n) or "nothing"
         return (
             f"erased {self.threads} thread(s) and deleted {classes}; "
-            f"{self.audit_images_erased} audit record(s) keep only the hashes of their images"
+            f"{self.audit_images_erased} audit record(s) keep only the hashes of their images; "
+            f"{self.keys_destroyed} data key(s) destroyed"
             f"{'; ' + self.compacted if self.compacted else ''} ({self.seconds:.2f} s)"
         )
 
@@ -244,6 +248,11 @@ def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
     if held:
         raise _refuse(held, db)
     report = ErasureReport(subject_hash(found.subject), db, threads=len(found.threads))
+    # keys first: a run interrupted after this still finds the threads (by their
+    # checkpoints) and deletes them; their copies elsewhere are unreadable from here on
+    report.keys_destroyed = destroy_subject_keys(
+        uow, db, policy, found.subject, found.threads, tenant_id
+    )
     for tenant, thread in sorted(found.threads):
         _delete_thread(uow, db, found, tenant, thread, report, progress)
     _delete_targets(uow, db, found, report, progress)

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from accord.errors import PolicyError
 from accord.governance import default
+from accord.governance.crypto import PAYLOADS
 from accord.governance.policy import (
     BUSINESS,
     DEPENDENT,
@@ -266,6 +267,15 @@ def _contradictions(policy: Policy, parsed: PolicyFile) -> list[Problem]:
                             )
                         )
         problems += _retention_problems(name, registry, cls.retention, at)
+        if cls.encryption != "off" and registry not in PAYLOADS:
+            problems.append(
+                (
+                    (*at, "encryption"),
+                    f"{name} has no payload fields accord encrypts; the classes that can be "
+                    f"encrypted are {', '.join(PAYLOADS)} (docs/governance.md, "
+                    f"'Encryption and crypto-shredding')",
+                )
+            )
         if cls.collection is not None:
             other = owners.get(cls.collection)
             if other is not None:

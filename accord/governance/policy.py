@@ -22,6 +22,10 @@ business collection the application names, ``business:NAME``). Per class:
     ``off``, ``metadata`` (who did what to which document) or ``full`` (with the images).
 ``subject_fields``
     the fields (dotted paths) that identify a data subject, for export and erasure.
+``encryption``
+    ``off``, ``tenant`` (payloads encrypted under a data key per tenant) or ``subject``
+    (per data subject: a thread's classes per thread, others per subject-field value);
+    :mod:`accord.governance.encryption`.
 
 This module holds the models of the *effective* policy (complete, validated, with the
 rules an enforcement hook needs precomputed) and of a policy *file* (every field optional:
@@ -57,6 +61,8 @@ __all__ = [
 Action = Literal["find", "insert", "update", "remove"]
 ACTIONS: tuple[Action, ...] = ("find", "insert", "update", "remove")
 AuditMode = Literal["off", "metadata", "full"]
+#: How a class's payloads are encrypted (accord.governance.encryption).
+EncryptionScope = Literal["off", "tenant", "subject"]
 AUDIT_MODES: tuple[AuditMode, ...] = ("off", "metadata", "full")
 Event = Literal["created", "updated", "last_activity", "thread_end", "done"]
 EVENTS: tuple[Event, ...] = ("created", "updated", "last_activity", "thread_end", "done")
@@ -183,6 +189,7 @@ class ClassPolicyFile(_Strict):
     retention: Annotated[RetentionFile | None, BeforeValidator(_none_is_empty)] = None
     audit: AuditMode | None = None
     subject_fields: list[FieldPath] | None = None
+    encryption: EncryptionScope | None = None
 
 
 class PolicyFile(_Strict):
@@ -203,6 +210,7 @@ class ClassPolicy(_Strict):
     retention: Retention
     audit: AuditMode
     subject_fields: tuple[str, ...]
+    encryption: EncryptionScope = "off"
 
     def allowed(self, role: str, principal: str) -> frozenset[Action]:
         """What ``principal`` (of ``role``) may do on this class."""
@@ -286,6 +294,8 @@ def to_toml(policy: Policy) -> str:
         lines.append(f"audit = {_toml_str(cls.audit)}")
         if cls.subject_fields:
             lines.append(f"subject_fields = {_toml_list(cls.subject_fields)}")
+        if cls.encryption != "off":
+            lines.append(f"encryption = {_toml_str(cls.encryption)}")
         retention = cls.retention
         parts = []
         if retention.keep_latest is not None:

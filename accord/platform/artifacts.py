@@ -115,6 +115,11 @@ QUEUED_RUN = ArtifactClass(
     "accord_run_queue", thread_scoped=True,
 )  # fmt: skip
 
+ENCRYPTION_KEY = ArtifactClass(
+    "encryption_key", "data keys of encrypted classes, wrapped under the master key",
+    "accord_keys",
+)  # fmt: skip
+
 CLASSES: dict[str, ArtifactClass] = {
     c.name: c
     for c in (
@@ -141,6 +146,7 @@ CLASSES: dict[str, ArtifactClass] = {
         ARTIFACT,
         ARTIFACT_CHUNK,
         BUSINESS_UNDO,
+        ENCRYPTION_KEY,
     )
 }
 

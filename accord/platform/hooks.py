@@ -35,10 +35,23 @@ hooks were registered in (within one phase, registration order):
     appends records and new heads; a write conflict on a head retries the whole attempt,
     and ``seal`` runs again on fresh heads. A seal group's guard may raise
     :class:`SealConflict` to retry the attempt (an optimistic head cache that was stale).
+    A seal hook may also replace the values an op of the batch writes (never what it
+    reaches: its filter, its ``_id``), provided it starts again from the values the plan
+    gave on every attempt: governance's encryption turns payload fields into ciphertext
+    here, under data keys read in the transaction's snapshot (or created in it), before
+    the audit hook records the ops.
 ``read(request)``
     around every read (:class:`ReadRequest`): may refuse (raise), narrow the filter
     (return a new request, e.g. :meth:`ReadRequest.narrowed`) or record; returns the
     request to run.
+``decode_reads(request, docs)`` then ``decode(request, docs, found)``
+    after every read (``find``, ``find_one``, ``iterate``, ``aggregate``), on the documents
+    it returned: ``decode_reads`` names the reads the hook needs to turn them back into
+    what was written (:class:`RefreshRead`; e.g. the data keys of encrypted values), the
+    kernel makes them through its own read path as the reader's principal (so the read
+    hooks and the policy apply), and ``decode`` returns the documents to hand to the
+    caller. Governance's encryption decrypts here. Documents a plan's
+    ``find_one_and_update`` returns are not decoded (claims of unencrypted classes).
 ``refused(refusal)``
     after a check or read hook refused an operation with
     :class:`~accord.errors.PermissionDenied`: may return a plan that the kernel runs on its
@@ -65,8 +78,8 @@ from accord.errors import ConfigurationError
 from accord.platform.context import ReadContext
 from accord.platform.plan import Group, Plan
 
-PHASES = ("refresh", "check", "derive", "seal", "read", "refused")
-Phase = Literal["refresh", "check", "derive", "seal", "read", "refused"]
+PHASES = ("refresh", "check", "derive", "seal", "read", "decode", "refused")
+Phase = Literal["refresh", "check", "derive", "seal", "read", "decode", "refused"]
 ReadKind = Literal["find", "aggregate", "count", "distinct"]
 
 
@@ -221,6 +234,14 @@ class Refusal:
     read: ReadRequest | None = None
 
 
+class DecodeHook(Protocol):
+    name: str
+
+    def decode_reads(self, request: ReadRequest, docs: list[Any]) -> Sequence[RefreshRead]: ...
+
+    def decode(self, request: ReadRequest, docs: list[Any], found: list[Any]) -> list[Any]: ...
+
+
 class RefusalHook(Protocol):
     name: str
 
@@ -237,6 +258,7 @@ class Hooks:
         self.derive: list[DeriveHook] = []
         self.seal: list[SealHook] = []
         self.read: list[ReadHook] = []
+        self.decode: list[DecodeHook] = []
         self.refused: list[RefusalHook] = []
         for hook in hooks:
             self.add(hook)
@@ -253,6 +275,7 @@ class Hooks:
                 f"hook {name!r} takes part in no phase: define one or more of refresh_read(db) + "
                 f"refreshed(db, found, error), check(plan), "
                 f"derive(plan), seal_reads(batch) + seal(batch, found), read(request), "
+                f"decode_reads(request, docs) + decode(request, docs, found), "
                 f"refused(refusal) (docs/platform.md, 'Hooks')"
             )
         self.all.append(hook)
@@ -286,6 +309,14 @@ def phases_of(hook: Any) -> list[Phase]:
         )
     if has_seal:
         found.append("seal")
+    has_decode = callable(getattr(hook, "decode", None))
+    if has_decode != callable(getattr(hook, "decode_reads", None)):
+        raise ConfigurationError(
+            f"hook {getattr(hook, 'name', hook)!r} must define both decode_reads(request, "
+            f"docs) and decode(request, docs, found), or neither"
+        )
+    if has_decode:
+        found.append("decode")
     return sorted(found, key=PHASES.index)
 
 

@@ -57,8 +57,16 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     apply(uow, first)
     assert not plan(uow, db_name, default_policy())  # applied: nothing to change
     memory_api = _privileges(client, db_name, "accord_memory-api")
-    assert set(memory_api) == {"long_term_memory", "memory_history", "memory_vectors",
-                               "accord_catalog", "accord_policies", "accord_holds", ""}  # fmt: skip
+    assert set(memory_api) == {
+        "long_term_memory",
+        "memory_history",
+        "memory_vectors",
+        "accord_catalog",
+        "accord_policies",
+        "accord_holds",
+        "accord_keys",
+        "",
+    }  # fmt: skip  (keys: to decrypt)
     assert memory_api["accord_catalog"] == ["find"] and memory_api[""] == ["listCollections"]
     assert memory_api["accord_policies"] == ["find"]  # every process reads the applied policy
     auditor = _privileges(client, db_name, "accord_auditor")

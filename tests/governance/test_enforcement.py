@@ -66,6 +66,7 @@ TABLE: dict[str, dict[str, str]] = {
     "artifact": {R: ALL, D: ALL},
     "artifact_chunk": {R: ALL, D: ALL},
     "business_undo": {R: ALL, D: ALL},
+    "encryption_key": {R: "f", A: "f", M: "f", D: ALL},
 }
 TENANT = "acme"
 

@@ -143,7 +143,7 @@ def test_the_default_policy_is_what_the_docs_promise() -> None:
         "short_term_memory", "run", "outbox", "long_term_memory", "memory_history",
         "memory_vector", "business", "audit", "audit_digest", "catalog", "migration", "policy",
         "workflow_event", "recorded_call", "hold", "queued_run", "artifact", "artifact_chunk",
-        "business_undo",
+        "business_undo", "encryption_key",
     }  # fmt: skip
     for cls in ("checkpoint", "checkpoint_blob", "checkpoint_write", "short_term_memory",
                 "run", "outbox", "business", "workflow_event", "recorded_call", "queued_run",

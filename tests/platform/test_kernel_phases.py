@@ -283,3 +283,63 @@ def test_seal_groups_must_not_reuse_a_plan_group_name(make_runner: Any, db_name:
     runner.uow.register(Clash())
     with pytest.raises(ConfigurationError, match="name seal groups after the hook"):
         runner.execute(_plan(db_name, "s", "z"))
+
+
+def test_decode_hooks_turn_what_a_read_returned_back_with_reads_of_their_own(
+    make_runner: Any, client: MongoClient, db_name: str
+) -> None:
+    """The decode phase (governance's decryption uses it): after find, find_one and
+    aggregate, a hook names reads (made through the read path, as the reader) and
+    returns the documents to hand back."""
+    from accord.platform.hooks import RefreshRead
+
+    runner: Runner = make_runner()
+    seen: list[tuple[str | None, str]] = []
+
+    class Words:
+        name = "words"
+
+        def decode_reads(self, request: ReadRequest, docs: list[Any]) -> list[RefreshRead]:
+            codes = sorted({d["code"] for d in docs if "code" in d})
+            if request.collection != "coded" or not codes:
+                return []
+            return [RefreshRead("business", "words", {"_id": {"$in": codes}}, "test.words",
+                                tenant_id=request.context.tenant_id)]  # fmt: skip
+
+        def decode(self, request: ReadRequest, docs: list[Any], found: list[Any]) -> list[Any]:
+            if request.collection == "words":
+                return docs
+            words = {w["_id"]: w["word"] for w in found}
+            return [{**d, "code": words.get(d.get("code"), "?")} for d in docs]
+
+    class Watch:  # sees every read, the decode hook's own included
+        name = "watch"
+
+        def read(self, request: ReadRequest) -> ReadRequest:
+            seen.append((request.context.principal and request.context.principal.name,
+                         request.collection))  # fmt: skip
+            return request
+
+    runner.uow.register(Words())
+    runner.uow.register(Watch())
+    client[db_name].coded.insert_many([{"_id": 1, "code": 10}, {"_id": 2, "code": 20}])
+    client[db_name].words.insert_many([{"_id": 10, "word": "ten"}, {"_id": 20, "word": "twenty"}])
+    api = Principal.api_key("k1", tenant_id="a", scopes=frozenset({"read"}))
+    ctx = ReadContext("a", principal=api, operation="test.read")
+    found = runner.call(runner.uow.find, ctx, "business", db_name, "coded", {})
+    assert [d["code"] for d in found] == ["ten", "twenty"]
+    one = runner.call(runner.uow.find_one, ctx, "business", db_name, "coded", {"_id": 2})
+    assert one["code"] == "twenty"
+    out = runner.call(runner.uow.aggregate, ctx, "business", db_name, "coded",
+                      [{"$match": {"_id": 1}}])  # fmt: skip
+    assert out == [{"_id": 1, "code": "ten"}]
+    assert ("key:k1", "words") in seen  # the decode's read, through the read path, as the reader
+
+    class HalfDecode:
+        name = "half-decode"
+
+        def decode(self, request: Any, docs: Any, found: Any) -> Any:
+            return docs
+
+    with pytest.raises(ConfigurationError, match="decode_reads"):
+        runner.uow.register(HalfDecode())

@@ -515,11 +515,12 @@ class AsyncMemoryService:
         """Previous versions of a memory, oldest first (the current one is ``get``)."""
         _id = model.memory_id(self.tenant_id, model.check_namespace(namespace),
                               model.check_key(key))  # fmt: skip
-        return await self._find(
+        # _id is read (an encrypted value is bound to it: docs/governance.md) and dropped
+        found = await self._find(
             self.history_collection, MEMORY_HISTORY, {"memory_id": _id, "tenant_id": self.tenant_id},
-            "memory.history", projection={"_id": 0},
-            sort=[("replaced_at", ASCENDING), ("version", ASCENDING)],
+            "memory.history", sort=[("replaced_at", ASCENDING), ("version", ASCENDING)],
         )  # fmt: skip
+        return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
     # -- TTL ---------------------------------------------------------------------------------------
 

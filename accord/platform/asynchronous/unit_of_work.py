@@ -456,9 +456,10 @@ class AsyncUnitOfWork:
                     skip=skip,
                     batch_size=batch_size,
                 )
-                return await cursor.to_list(None)
+                docs = await cursor.to_list(None)
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
+        return await self._decode(request, docs) if self.hooks.decode else docs
 
     async def iterate(
         self,
@@ -497,6 +498,8 @@ class AsyncUnitOfWork:
                     return
                 except PyMongoError as exc:
                     raise write_errors.read_failure(exc, collection, self.timeout) from exc
+                if self.hooks.decode:
+                    doc = (await self._decode(request, [doc]))[0]
                 yield doc
         finally:
             await cursor.close()
@@ -577,9 +580,10 @@ class AsyncUnitOfWork:
                 cursor = await self.client[db][collection].aggregate(
                     [dict(s) for s in request.pipeline or []], **kwargs
                 )
-                return await cursor.to_list(None)
+                docs = await cursor.to_list(None)
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
+        return await self._decode(request, docs) if self.hooks.decode else docs
 
     async def count(
         self,
@@ -623,6 +627,22 @@ class AsyncUnitOfWork:
             raise
         await ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
+
+    async def _decode(self, request: ReadRequest, docs: list[Any]) -> list[Any]:
+        """The documents a read returned, as the decode hooks turn them back (docs/platform.md,
+        "Hooks"): each hook's reads are made through :meth:`find`, as the reader."""
+        for hook in self.hooks.decode:
+            found: list[Any] = []
+            for due in hook.decode_reads(request, docs):
+                context = ReadContext(
+                    due.tenant_id, principal=request.context.principal, operation=due.operation
+                )
+                found += await self.find(
+                    context, due.artifact, request.db, due.collection, due.filter,
+                    sort=due.sort, limit=due.limit,
+                )  # fmt: skip
+            docs = hook.decode(request, docs, found)
+        return docs
 
     async def _refused(self, refusal: Refusal) -> None:
         """Hand a refusal to the refused hooks and run the plans they return, each on

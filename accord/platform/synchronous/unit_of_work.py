@@ -452,9 +452,10 @@ class UnitOfWork:
                     skip=skip,
                     batch_size=batch_size,
                 )
-                return cursor.to_list(None)
+                docs = cursor.to_list(None)
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
+        return self._decode(request, docs) if self.hooks.decode else docs
 
     def iterate(
         self,
@@ -493,6 +494,8 @@ class UnitOfWork:
                     return
                 except PyMongoError as exc:
                     raise write_errors.read_failure(exc, collection, self.timeout) from exc
+                if self.hooks.decode:
+                    doc = (self._decode(request, [doc]))[0]
                 yield doc
         finally:
             cursor.close()
@@ -571,9 +574,10 @@ class UnitOfWork:
                 cursor = self.client[db][collection].aggregate(
                     [dict(s) for s in request.pipeline or []], **kwargs
                 )
-                return cursor.to_list(None)
+                docs = cursor.to_list(None)
         except PyMongoError as exc:
             raise write_errors.read_failure(exc, collection, self.timeout) from exc
+        return self._decode(request, docs) if self.hooks.decode else docs
 
     def count(
         self,
@@ -617,6 +621,22 @@ class UnitOfWork:
             raise
         ensure_reachable(self.client, self.timeout)  # no I/O once a writable server is known
         return request
+
+    def _decode(self, request: ReadRequest, docs: list[Any]) -> list[Any]:
+        """The documents a read returned, as the decode hooks turn them back (docs/platform.md,
+        "Hooks"): each hook's reads are made through :meth:`find`, as the reader."""
+        for hook in self.hooks.decode:
+            found: list[Any] = []
+            for due in hook.decode_reads(request, docs):
+                context = ReadContext(
+                    due.tenant_id, principal=request.context.principal, operation=due.operation
+                )
+                found += self.find(
+                    context, due.artifact, request.db, due.collection, due.filter,
+                    sort=due.sort, limit=due.limit,
+                )  # fmt: skip
+            docs = hook.decode(request, docs, found)
+        return docs
 
     def _refused(self, refusal: Refusal) -> None:
         """Hand a refusal to the refused hooks and run the plans they return, each on

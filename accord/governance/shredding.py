@@ -1,0 +1,133 @@
+"""Crypto-shredding: destroying data keys, so every copy of what they encrypted (backups,
+exports, a stolen disk) becomes unreadable.
+
+* :func:`destroy_subject_keys`: the keys of a data subject's threads and of the
+  subject's own values (``accord governance erase``, before the documents are deleted,
+  so a run of the erasure interrupted after this step still finds the threads);
+* :func:`shred_tenant`: every key of a tenant (``accord governance shred-tenant``);
+* and, not a shredding, :func:`rewrap_keys`: the master key's rotation (every data key
+  re-wrapped under the current master key, ``accord governance rewrap-keys``).
+
+A key document is deleted by ``_id`` through the kernel (operation ``governance.erase``,
+the caller's principal), so each deletion is an audit record like any other write, and
+the filter holds no identifier. Other processes forget a destroyed key within their key
+cache's lifetime (10 s by default; :class:`~accord.governance.encryption.EncryptionHook`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from accord.errors import LegalHoldError
+from accord.governance.crypto import MasterKey
+from accord.governance.encryption import keys_collection
+from accord.governance.holding import list_holds
+from accord.governance.policy import Policy
+from accord.governance.redaction import ERASE_OPERATION
+from accord.platform.artifacts import ENCRYPTION_KEY
+from accord.platform.context import ReadContext, WriteContext
+from accord.platform.plan import Group, Op, Plan
+
+__all__ = ["destroy_keys", "destroy_subject_keys", "rewrap_keys", "shred_tenant"]
+
+_PAGE = 1000
+
+
+def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) -> int:
+    """Delete the key documents of ``db`` matching ``where`` (read through the kernel,
+    deleted by ``_id``, per tenant, in pages). Returns how many were destroyed."""
+    coll = keys_collection(policy)
+    destroyed = 0
+    while True:
+        docs = uow.find(ReadContext("*", operation=ERASE_OPERATION), ENCRYPTION_KEY.name, db,
+                        coll, dict(where), projection={"_id": 1, "tenant_id": 1},
+                        sort=[("_id", 1)], limit=_PAGE)  # fmt: skip
+        if not docs:
+            return destroyed
+        by_tenant: dict[str, list[Any]] = {}
+        for d in docs:
+            by_tenant.setdefault(str(d.get("tenant_id")), []).append(d["_id"])
+        for tenant, ids in sorted(by_tenant.items()):
+            group = Group("erase:encryption_key", db, coll, ENCRYPTION_KEY.name,
+                          [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": ids}})])  # fmt: skip
+            uow.execute(Plan(WriteContext(tenant, principal=uow.principal,
+                                          operation=ERASE_OPERATION), [group]))  # fmt: skip
+            destroyed += len(ids)
+        if len(docs) < _PAGE:
+            return destroyed
+
+
+def destroy_subject_keys(
+    uow: Any,
+    db: str,
+    policy: Policy,
+    subject: str,
+    threads: Iterable[tuple[str, str]],
+    tenant_id: str | None = None,
+) -> int:
+    """Destroy the keys of ``threads`` ((tenant, thread) pairs: the subject's) and those
+    of the subject's own values (a scalar subject field equal to ``subject``, or a list
+    such as a memory namespace holding it), in ``tenant_id`` only when given."""
+    destroyed = 0
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, thread in threads:
+        by_tenant.setdefault(tenant, []).append(thread)
+    for tenant, names in sorted(by_tenant.items()):
+        for start in range(0, len(names), _PAGE):
+            where = {"tenant_id": tenant, "scope": "thread",
+                     "thread_id": {"$in": sorted(names)[start : start + _PAGE]}}  # fmt: skip
+            destroyed += destroy_keys(uow, db, policy, where)
+    where_subject: dict[str, Any] = {"scope": "subject", "subject": subject}
+    if tenant_id is not None:
+        where_subject["tenant_id"] = tenant_id
+    return destroyed + destroy_keys(uow, db, policy, where_subject)
+
+
+def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:
+    """Destroy every data key of ``tenant_id`` in ``db``: all its encrypted payloads, in
+    the database and in every copy, become unreadable (its documents are not deleted).
+    Refused with :class:`~accord.errors.LegalHoldError`, nothing destroyed, while a legal
+    hold covers the tenant or anything in it."""
+    for hold in list_holds(uow, db, policy):
+        if (hold.kind == "tenant" and hold.value == tenant_id) or hold.tenant_id == tenant_id:
+            raise LegalHoldError(
+                f"tenant {tenant_id!r} is under legal hold in {db}: {hold.describe()}"
+                + (f" (reason {hold.reason!r})" if hold.reason else "")
+                + ". No key was destroyed; release the hold when the case allows "
+                "(accord governance release) and shred again",
+                hold=hold.describe(),
+                hold_id=hold.id,
+            )
+    return destroy_keys(uow, db, policy, {"tenant_id": tenant_id})
+
+
+def rewrap_keys(uow: Any, db: str, policy: Policy, master: MasterKey) -> int:
+    """Re-wrap every data key of ``db`` not wrapped under ``master`` (the current master
+    key; its ``previous`` unwraps them), so the previous master key can be retired. Each
+    key document is compare-and-set on its ``kid`` and old fingerprint (a key destroyed
+    meanwhile stays destroyed), through the kernel. Returns how many were re-wrapped."""
+    coll = keys_collection(policy)
+    done = 0
+    while True:
+        docs = uow.find(ReadContext("*", operation="encryption.rewrap"), ENCRYPTION_KEY.name,
+                        db, coll, {"master": {"$ne": master.fingerprint}},
+                        sort=[("_id", 1)], limit=_PAGE)  # fmt: skip
+        if not docs:
+            return done
+        by_tenant: dict[str, list[Op]] = {}
+        for d in docs:
+            key = master.unwrap(d)
+            wrapped = master.wrap(str(d["kid"]), str(d["tenant_id"]), key)
+            by_tenant.setdefault(str(d["tenant_id"]), []).append(
+                Op(
+                    "update",
+                    {"_id": d["_id"], "kid": d["kid"], "master": d.get("master")},
+                    {"$set": {"wrapped": wrapped, "master": master.fingerprint}},
+                )  # fmt: skip
+            )
+        for tenant, ops in sorted(by_tenant.items()):
+            group = Group("rewrap:encryption_key", db, coll, ENCRYPTION_KEY.name, ops)
+            uow.execute(Plan(WriteContext(tenant, principal=uow.principal,
+                                          operation="encryption.rewrap"), [group]))  # fmt: skip
+            done += len(ops)
