@@ -12,8 +12,10 @@ value must encode the same before it was stored and after it was read back, so
 BSON / Python value     JSON value
 ======================  ================================================================
 string, bool, null      itself
-int within ±(2^53-1)    a JSON number (RFC 8785's integer domain)
-larger int, ``Int64``   ``{"$numberLong": "<decimal>"}``
+int in int32's range    a JSON number
+larger int, ``Int64``   ``{"$numberLong": "<decimal>"}``: what BSON stores as int64
+                        (pymongo writes an ``int`` outside int32 as int64 and reads
+                        every int64 back as ``Int64``, so both sides spell it alike)
 double                  a JSON number (RFC 8785's ECMAScript spelling); NaN and
                         ±Infinity as ``{"$numberDouble": "NaN" | "Infinity" | "-Infinity"}``
 datetime                ``{"$date": "YYYY-MM-DDTHH:MM:SS.mmmZ"}``: UTC, milliseconds
@@ -48,8 +50,11 @@ for a tree read so that every double is a :class:`Double` (pymongo with
 :data:`READ_CODEC`; ``json.loads`` with ``parse_float=Double``): a tree with a double,
 an integer outside ±(2^53-1), a type other than the common ones (``ObjectId``,
 datetime, ``Int64``) or a character at or above U+E000 goes to :func:`canonical`
-instead, so the bytes are :func:`canonical`'s in every case (the tests check both on
-generated values).
+instead, so the bytes are :func:`canonical`'s (the tests check both on generated
+values). A plain ``int`` in such a tree is in int32's range: pymongo reads every int64
+as ``Int64``, and :func:`canonical` spells a wider ``int`` as ``$numberLong``, so a JSON
+line holds none either (a wider plain ``int`` would be spelled as a number here and
+fail verification, never pass it).
 """
 
 from __future__ import annotations
@@ -74,7 +79,8 @@ from accord.errors import InvalidInputError
 
 __all__ = ["READ_CODEC", "Double", "canonical", "canonical_read", "digest", "ms", "to_json"]
 
-_SAFE = 2**53 - 1
+#: pymongo writes an ``int`` in this range as BSON int32, any other as int64.
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _EXT_JSON = json_util.JSONOptions(
     json_mode=json_util.JSONMode.CANONICAL, uuid_representation=UuidRepresentation.STANDARD
 )
@@ -127,7 +133,7 @@ class _Converter:
         if kind is str or kind is bool or value is None:
             return value
         if kind is int:
-            return value if -_SAFE <= value <= _SAFE else {"$numberLong": str(value)}
+            return value if _INT32_MIN <= value <= _INT32_MAX else {"$numberLong": str(value)}
         if kind is dict:
             return self._document(value)
         if kind is list or kind is tuple:
@@ -152,7 +158,12 @@ class _Converter:
             if not key.isascii() and max(key) >= _ORDER_SAFE:
                 self.plain = False
             kind = type(v)  # the leaves inline: one call less per field
-            if kind is str or kind is bool or v is None or (kind is int and -_SAFE <= v <= _SAFE):
+            if (
+                kind is str
+                or kind is bool
+                or v is None
+                or (kind is int and _INT32_MIN <= v <= _INT32_MAX)
+            ):
                 out[key] = v
             elif kind is dict:
                 out[key] = self._document(v)
@@ -163,7 +174,9 @@ class _Converter:
     def _other(self, value: Any) -> Any:
         if isinstance(value, str):  # a str subclass (an enum's value)
             return str(value)
-        if isinstance(value, Int64) or (isinstance(value, int) and not -_SAFE <= value <= _SAFE):
+        if isinstance(value, Int64) or (
+            isinstance(value, int) and not _INT32_MIN <= value <= _INT32_MAX
+        ):
             return {"$numberLong": str(int(value))}
         if isinstance(value, int):
             return int(value)

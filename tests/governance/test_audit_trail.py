@@ -351,6 +351,19 @@ def test_full_mode_keeps_images_and_verify_checks_them(client: MongoClient, db_n
     assert "change image of its op 1" in report.breaks[0].problem
 
 
+def test_wide_integers_verify_after_their_round_trip(client: MongoClient, db_name: str) -> None:
+    """An ``int`` outside int32 is stored as int64 and read back as ``Int64``: the record
+    hashed with the one verifies with the other (an ``_id`` of 2**40, epoch milliseconds)."""
+    uow = runtime.kernel(client, audit="full")
+    uow.execute(Plan(WriteContext("acme", operation="orders.write"), [
+        Group("w", db_name, "orders", "business", [
+            Op("insert", doc={"_id": 2**40, "tenant_id": "acme", "at_ms": 1_796_000_000_000}),
+            Op("update", {"_id": 2**40, "tenant_id": "acme"}, {"$inc": {"at_ms": 2**33}}),
+        ]),
+    ]))  # fmt: skip
+    assert _verify(client, db_name).ok
+
+
 def test_a_single_op_claim_is_recorded_when_it_changes_something(
     client: MongoClient, db_name: str
 ) -> None:
