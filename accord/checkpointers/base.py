@@ -27,7 +27,7 @@ from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
 from accord.errors import ConfigurationError, InvalidInputError
-from accord.platform import gridfs_layout, runs
+from accord.platform import artifacts, gridfs_layout, runs
 from accord.platform.context import ReadContext
 
 logger = logging.getLogger("accord.checkpointers")
@@ -49,6 +49,14 @@ FAILED_CHANNELS = frozenset({ERROR, INTERRUPT})
 DEFAULT_TIMEOUT = 30.0
 #: How long a refreshed list of reserved collections is trusted.
 _RESERVED_TTL = 60.0
+#: accord's own ``accord_``-named collections: never a business write's target, made yet
+#: or not (data keys, audit cuts; generic default names such as ``outbox`` are reserved
+#: once the catalog names them, so an application's own ``outbox`` stays usable).
+_DEFAULT_COLLECTIONS = frozenset(
+    c.default_collection
+    for c in artifacts.CLASSES.values()
+    if c.default_collection and c.default_collection.startswith("accord_")
+)
 
 
 class AccordBase(BaseCheckpointSaver[str]):
@@ -316,7 +324,12 @@ class AccordBase(BaseCheckpointSaver[str]):
         this database, whichever component or application configured them; refreshed from
         the catalog by the saver)."""
         own = (
-            {*self.collections.all().values(), gridfs_layout.FILES, gridfs_layout.CHUNKS}
+            {
+                *self.collections.all().values(),
+                gridfs_layout.FILES,
+                gridfs_layout.CHUNKS,
+                *_DEFAULT_COLLECTIONS,  # those not made yet too (data keys, audit cuts)
+            }
             if self.business_db == self.db_name
             else set()
         )

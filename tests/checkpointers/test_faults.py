@@ -234,6 +234,7 @@ def test_business_writes_cannot_target_another_components_collections(
             gridfs_layout.FILES,
             gridfs_layout.CHUNKS,
             undo_log.COLLECTION,
+            "accord_keys",
         ]
         # every artifact class that has collections so far is covered (audit records
         # and checkpoint heads have no component writing them yet; applied policies and
@@ -241,7 +242,11 @@ def test_business_writes_cannot_target_another_components_collections(
         # tests/governance/test_enforcement.py; audit digests by `accord audit digest`,
         # tests/governance/test_audit_digests.py)
         covered = {cataloged.get(t, "catalog") for t in targets}
-        owned_elsewhere = {"audit", "audit_digest", "checkpoint_head", "policy", "hold"}
+        # data keys are made by the encryption hook under an encrypting policy
+        # (tests/governance/test_encryption.py); their collection is a target all the same
+        owned_elsewhere = {
+            "audit", "audit_digest", "checkpoint_head", "policy", "hold", "encryption_key",
+        }  # fmt: skip
         assert owned_classes - covered <= owned_elsewhere, owned_classes - covered
         for target in targets:
             before = client[db_name][target].count_documents({})

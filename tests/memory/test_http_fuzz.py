@@ -78,7 +78,14 @@ def test_the_api_answers_as_its_schema_says(
                     response = case.call()
                     assert response.status_code == 422 and "64 bits" in response.text
                     return
-                case.call_and_validate()
+                response = case.call()
+                if mode == GenerationMode.NEGATIVE and response.status_code == 413:
+                    # a body beyond the route's byte limit (e.g. a query over its maxLength
+                    # in 4-byte characters) is refused before it is parsed: 413 is that
+                    # refusal, which schemathesis's list of rejections lacks
+                    assert "nothing was read or written" in response.text
+                    return
+                case.validate_response(response)
 
             check()
     finally:
