@@ -119,7 +119,9 @@ def _serve(dbpath: str, profile_path: str | None, report_path: str, sample: bool
 
     parse = wire.parse_message
     encode = wire.encode_reply
-    begin = srv.EmbeddedServer.begin  # the request's command, up to its commit (not the wait for fsync)
+    begin = (
+        srv.EmbeddedServer.begin
+    )  # the request's command, up to its commit (not the wait for fsync)
     wire.parse_message = timed(lambda a, r: cmd_name(r.command), parse, False)  # type: ignore[assignment]
     wire.encode_reply = timed(lambda a, r: cmd_name(a[0].command), encode, False)  # type: ignore[assignment]
     srv.EmbeddedServer.begin = timed(lambda a, r: cmd_name(a[1].command), begin, True)  # type: ignore[method-assign]
