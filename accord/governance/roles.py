@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accord.governance.audit_cuts import CUTS
+from accord.governance.digests import DIGEST_HEADS
 from accord.governance.policy import BUSINESS, Policy
 
 __all__ = ["RoleSpec", "atlas_role", "role_name", "role_specs"]
@@ -47,6 +49,11 @@ class RoleSpec:
         return body
 
 
+#: Collections a class keeps beside its own, granted as the class is: a digest's heads
+#: and the audit trail's cuts (``audit_digest``), which a verifier reads with the digests.
+_COMPANIONS: dict[str, tuple[str, ...]] = {"audit_digest": (DIGEST_HEADS, CUTS)}
+
+
 def role_name(role: str) -> str:
     """The database role of service role ``role`` (``accord_memory-api``)."""
     return f"accord_{role}"
@@ -64,9 +71,10 @@ def role_specs(policy: Policy, db: str) -> list[RoleSpec]:
             granted: list[str] = [a for a in ("find", "insert", "update", "remove") if a in actions]
             if {"insert", "update"} & actions:
                 granted += list(_SETUP)
-            privileges.append(
-                {"resource": {"db": db, "collection": cls.collection}, "actions": granted}
-            )
+            for collection in (cls.collection, *_COMPANIONS.get(name, ())):
+                privileges.append(
+                    {"resource": {"db": db, "collection": collection}, "actions": granted}
+                )
         if privileges:
             privileges.append(
                 {"resource": {"db": db, "collection": ""}, "actions": ["listCollections"]}

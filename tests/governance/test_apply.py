@@ -73,6 +73,9 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     setup = ["collMod", "createCollection", "createIndex", "listIndexes"]
     assert auditor == {  # finds records; finds and appends digests (Governance II)
         "audit": ["find"], "accord_audit_digests": sorted(["find", "insert", *setup]),
+        # the digests' heads and the trail's cuts, which a verifier reads with the digests
+        "accord_audit_digest_heads": sorted(["find", "insert", *setup]),
+        "accord_audit_cuts": sorted(["find", "insert", *setup]),
         "accord_policies": ["find"], "accord_holds": ["find"],  # what every process reads
         "": ["listCollections"],
     }  # fmt: skip
@@ -195,6 +198,8 @@ def test_with_auth_the_database_refuses_what_the_policy_forbids(auth_uri: str) -
     # the auditor reads audit records and nothing else
     auditor = _as(auth_uri, db, "auditor")
     assert auditor[db].audit.find_one({"_id": "r1"}) is not None
+    auditor[db].accord_audit_cuts.find_one()  # a verifier starts streams at their cuts
+    auditor[db].accord_audit_digest_heads.find_one()
     for collection in ("accord_checkpoints", "long_term_memory", "short_term_memory"):
         with pytest.raises(OperationFailure) as refused:
             auditor[db][collection].find_one()
