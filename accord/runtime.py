@@ -76,6 +76,7 @@ from accord.platform.artifacts import AUDIT, POLICY
 from accord.platform.asynchronous.run_queue import AsyncRunQueue
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
 from accord.platform.context import Principal, ReadContext
+from accord.platform.settings import Settings
 from accord.platform.synchronous.run_queue import RunQueue
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from accord.platform.transaction import DEFAULT_TIMEOUT, default_hooks
@@ -430,7 +431,7 @@ class _Root(Generic[_Service, _UnitOfWork]):
         *,
         client: Any = None,
         data_dir: str | os.PathLike[str] | None = None,
-        db_name: str = "accord",
+        db_name: str | None = None,
         embedder: Any = None,
         dims: int | None = None,
         hooks: Sequence[Any] = (),
@@ -439,6 +440,8 @@ class _Root(Generic[_Service, _UnitOfWork]):
         policy: PolicySource = None,
         audit: str | None = None,
     ) -> None:
+        if db_name is None:  # ACCORD_DATABASE, as the memory commands read it
+            db_name = Settings().database
         if not isinstance(db_name, str) or not db_name or "." in db_name or "$" in db_name:
             raise ConfigurationError(
                 f"db_name must be a MongoDB database name (no '.', no '$'), got {db_name!r}"
@@ -495,7 +498,7 @@ class Accord(_Root[MemoryService, UnitOfWork]):
         uri: a MongoDB connection string; default ``MONGODB_URI``, else the embedded
             engine for ``data_dir`` (started if needed).
         client: an existing ``MongoClient`` instead of ``uri`` (not closed by :meth:`close`).
-        db_name: the database of every part.
+        db_name: the database of every part; default ``ACCORD_DATABASE``, else ``accord``.
         embedder, dims: long-term memory's embedder (see
             :func:`accord.memory.embedders.resolve_embedder`; default the hashing
             embedder). The store and the aggregator use the same one.

@@ -101,6 +101,18 @@ def test_a_refusing_hook_stops_the_write_of_every_part_it_names(
     )
 
 
+def test_the_database_defaults_to_accord_database(
+    client: MongoClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/platform.md: ``ACCORD_DATABASE`` is the database of ``Accord()`` (it was
+    ignored: always ``accord``); an explicit ``db_name`` wins."""
+    monkeypatch.delenv("ACCORD_DATABASE", raising=False)
+    assert Accord(client=client).db_name == "accord"
+    monkeypatch.setenv("ACCORD_DATABASE", "from_env")
+    assert Accord(client=client).db_name == "from_env"
+    assert Accord(client=client, db_name="given").db_name == "given"
+
+
 def test_bad_database_names_are_refused(client: MongoClient) -> None:
     for bad in ("", "a.b", "$x"):
         with pytest.raises(ValueError, match="db_name"):

@@ -75,6 +75,8 @@ REPLACEMENTS: dict[str, str] = {
     "new_async_lock": "new_thread_lock",
     "asweep": "sweep",
     "adelete_expired": "delete_expired",
+    "acollect_garbage": "collect_garbage",
+    "apending_collection": "pending_collection",
     "aread_workflow_events": "read_workflow_events",
     "aput_artifact": "put_artifact",
     "aget_artifact": "get_artifact",

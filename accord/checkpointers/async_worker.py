@@ -99,6 +99,9 @@ class AsyncWorker:
         self._active: dict[str, ActiveRun] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._busy: dict[str, float] = {}
+        # held across a claim and across a give-back: a run given back while a claim is
+        # under way (its skip list read before the run was busy) is not claimed again
+        self._claiming = asyncio.Lock()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.completed = 0
@@ -150,6 +153,10 @@ class AsyncWorker:
         return self.completed - before
 
     async def _claim_one(self) -> dict[str, Any] | None:
+        async with self._claiming:
+            return await self._claim_next()
+
+    async def _claim_next(self) -> dict[str, Any] | None:
         if len(self._active) >= self.concurrency:
             return None
         per_tenant: dict[str, int] = {}
@@ -221,6 +228,18 @@ class AsyncWorker:
             self.completed += 1
             self._wake.set()
 
+    async def _fork_config(self, doc: dict[str, Any], fork: dict[str, Any]) -> dict[str, Any]:
+        """The config a fork runs from; a checkpoint its source thread does not have is
+        refused by name (else LangGraph starts from nothing: "Received no input")."""
+        config = self._config(doc, fork.get("checkpoint_id"))
+        if fork.get("checkpoint_id") and await self.saver.aget_tuple(config) is None:  # type: ignore[arg-type]
+            raise InvalidInputError(
+                f"fork of thread {fork['thread_id']!r}: it has no checkpoint "
+                f"{fork['checkpoint_id']!r}; nothing was run. List its checkpoints with "
+                f"graph.get_state_history(config) and fork again"
+            )
+        return config
+
     def _config(self, doc: dict[str, Any], checkpoint_id: str | None = None) -> dict[str, Any]:
         configurable: dict[str, Any] = {"thread_id": doc["thread_id"],
                                         "tenant_id": doc["tenant_id"]}  # fmt: skip
@@ -247,7 +266,7 @@ class AsyncWorker:
             if not await self.queue.started(doc, latest):
                 return None
             if fork:
-                return None, self._config(doc, fork.get("checkpoint_id"))
+                return None, await self._fork_config(doc, fork)
             return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
         resume = doc.get("resume")
         wait = doc.get("wait") or {}
@@ -264,7 +283,7 @@ class AsyncWorker:
         if writer == doc["_id"]:
             return None, self._config(doc)
         if fork:
-            return None, self._config(doc, fork.get("checkpoint_id"))
+            return None, await self._fork_config(doc, fork)
         return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
 
     async def _run(self, active: ActiveRun) -> None:
@@ -313,8 +332,9 @@ class AsyncWorker:
     async def _give_back(
         self, active: ActiveRun, reason: str, *, backoff: float = BUSY_BACKOFF_S
     ) -> None:
-        self._busy[active.doc["_id"]] = time.monotonic() + backoff
-        await self.queue.release(active.doc, reason)
+        async with self._claiming:
+            self._busy[active.doc["_id"]] = time.monotonic() + backoff
+            await self.queue.release(active.doc, reason)
 
     async def _settle(self, active: ActiveRun) -> None:
         doc = active.doc

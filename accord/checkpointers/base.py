@@ -23,6 +23,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from accord.checkpointers import cache, langgraph_internals, layout, plans, schema, validation
+from accord.checkpointers import staged as staged_ops
 from accord.checkpointers.ownership import ActiveRun, StagedTasks
 from accord.checkpointers.serde import RevisionCache
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
@@ -66,7 +67,10 @@ class AccordBase(BaseCheckpointSaver[str]):
         db_name: database holding the checkpointer's collections.
         serde: serializer for channel values, writes and checkpoints (LangGraph's
             ``JsonPlusSerializer`` by default; ``EncryptedSerializer`` works).
-        tenant_id: tenant used when ``config["configurable"]["tenant_id"]`` is absent.
+        tenant_id: given, the saver serves that tenant only: a config (or a ``tenant_id=``
+            argument) naming another tenant is refused with ``InvalidInputError``, as a
+            store built with ``tenant_id=`` refuses a run of another tenant. Not given:
+            each config's ``configurable.tenant_id``, ``"default"`` when absent.
         collections: collection names (:class:`~accord.checkpointers.schema.CollectionNames`).
         checkpoint_collection_name, writes_collection_name: MongoDBSaver's names for the
             checkpoints and pending-writes collections (override ``collections``).
@@ -92,7 +96,7 @@ class AccordBase(BaseCheckpointSaver[str]):
         *,
         db_name: str,
         serde: SerializerProtocol | None = None,
-        tenant_id: str = schema.DEFAULT_TENANT,
+        tenant_id: str | None = None,
         collections: schema.CollectionNames | None = None,
         checkpoint_collection_name: str | None = None,
         writes_collection_name: str | None = None,
@@ -110,7 +114,11 @@ class AccordBase(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde)
         self.db_name = validation.identifier(db_name, "db_name")
-        self.tenant_id = validation.identifier(tenant_id, "tenant_id")
+        #: built with tenant_id=: serves that tenant only (:meth:`tenant_named`)
+        self.pinned = tenant_id is not None
+        self.tenant_id = validation.identifier(
+            schema.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
+        )
         self.collections = _names(collections, checkpoint_collection_name, writes_collection_name)
         if ttl is not None and (
             isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0
@@ -164,8 +172,23 @@ class AccordBase(BaseCheckpointSaver[str]):
     # --- scoping and validation ----------------------------------------------------
 
     def tenant_of(self, config: RunnableConfig | None) -> str:
+        """The tenant a config names (``configurable.tenant_id``), checked."""
         tenant = validation.configurable(config).get("tenant_id")
-        return self.tenant_id if tenant is None else validation.identifier(tenant, "tenant_id")
+        return self.tenant_named(tenant, "config['configurable']['tenant_id']")
+
+    def tenant_named(self, tenant: Any, where: str = "tenant_id") -> str:
+        """``tenant`` (None: the saver's), a valid identifier, and the saver's own when
+        the saver is pinned to one (built with ``tenant_id=``)."""
+        if tenant is None:
+            return self.tenant_id
+        tenant = validation.identifier(tenant, "tenant_id")
+        if self.pinned and tenant != self.tenant_id:
+            raise InvalidInputError(
+                f"this saver serves tenant {self.tenant_id!r} only, and {where} names tenant "
+                f"{tenant!r:.80}; nothing was read or written. Build the saver without "
+                f"tenant_id= to serve the tenant each config names, or one saver per tenant."
+            )
+        return tenant
 
     def _scope(self, config: RunnableConfig) -> Scope:
         conf = validation.configurable(config)
@@ -181,9 +204,7 @@ class AccordBase(BaseCheckpointSaver[str]):
         )
 
     def _scope_for(self, thread_id: Any, tenant_id: str | None) -> Scope:
-        tenant = (
-            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
-        )
+        tenant = self.tenant_named(tenant_id)
         return Scope(tenant, validation.identifier(thread_id, "thread_id"), "")
 
     def _read_context(self, filt: Mapping[str, Any]) -> ReadContext:
@@ -346,12 +367,17 @@ class AccordBase(BaseCheckpointSaver[str]):
         self._reserved_at = time.monotonic()
         self._allowed = set()
 
-    def _check_business_targets(self, staged: Sequence[Mapping[str, Any]]) -> None:
+    def _check_business_targets(
+        self, staged: Sequence[Any], tenant_id: str, thread_id: str
+    ) -> None:
+        """Every staged operation checked again as it arrives (:mod:`.staged`: shapes,
+        collection names, tenancy), then its target against accord's own collections."""
         reserved = self.reserved_collections()
+        staged_ops.check_staged(staged, tenant_id, thread_id, reserved)
         for spec in staged:
             name = spec.get("collection")
             if spec.get("op") in (plans.APPEND_EVENT, plans.COMMIT_ARTIFACT):
-                continue  # accord's workflow log / artifacts, addressed by accord
+                continue  # accord's workflow log / artifacts, checked by check_staged
             if name in reserved:
                 raise InvalidInputError(
                     f"business writes may not target {name!r}: it is one of accord's own "
@@ -395,5 +421,12 @@ def validate_writes(writes: Any) -> list[tuple[str, Any]]:
     for i, w in enumerate(writes):
         if not isinstance(w, tuple | list) or len(w) != 2:
             raise InvalidInputError(f"writes[{i}] must be a (channel, value) pair.")
-        out.append((validation.identifier(w[0], f"writes[{i}] channel"), w[1]))
+        channel = validation.identifier(w[0], f"writes[{i}] channel")
+        if channel == BUSINESS_CHANNEL and not isinstance(w[1], Mapping):
+            raise InvalidInputError(
+                f"writes[{i}] on channel {BUSINESS_CHANNEL!r} must be a staged business "
+                f"operation (a dict, as accord.checkpointers.business stages it), got "
+                f"{type(w[1]).__name__}; nothing was written."
+            )
+        out.append((channel, w[1]))
     return out

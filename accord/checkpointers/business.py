@@ -46,15 +46,17 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import bson
+from bson.errors import InvalidDocument
 from langgraph.config import get_config
 
 from accord.checkpointers import langgraph_internals
-from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, business_op, version_problem
+from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, version_problem
+from accord.checkpointers.staged import tenancy_problem
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
 from accord.errors import ConfigurationError, InvalidInputError
 from accord.platform import workflow_log
-from accord.platform.tenancy import op_problem
 
 _SEND = langgraph_internals.CONFIG_SEND
 _CHECKPOINTER = langgraph_internals.CONFIG_CHECKPOINTER
@@ -88,9 +90,11 @@ def update_one(
             raise InvalidInputError(
                 "update must be a non-empty operator document such as {'$set': {...}}."
             )
-        update_doc: Any = copy.deepcopy(dict(update))
+        update_doc: Any = _copy(dict(update), "update")
     elif isinstance(update, Sequence) and not isinstance(update, str | bytes):
-        update_doc = [copy.deepcopy(dict(stage)) for stage in update]
+        if not all(isinstance(stage, Mapping) for stage in update):
+            raise InvalidInputError("each stage of a pipeline update must be a dict.")
+        update_doc = _copy([dict(stage) for stage in update], "update")
     else:
         raise InvalidInputError(
             "update must be an operator document or an aggregation pipeline list."
@@ -184,11 +188,39 @@ def _expected(version: Any, upsert: bool) -> dict[str, int]:
     return {"expect_version": version}
 
 
+#: Nesting MongoDB stores at most (and deeper input would exhaust Python's stack when
+#: copied): refused when staged, with a clear error, rather than failing the task later.
+MAX_DEPTH = 180
+
+
 def _document(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"{name} must be a dict, got {type(value).__name__}.")
-    # Copy now: the node may keep mutating its objects after staging them.
-    return copy.deepcopy(dict(value))
+    return _copy(dict(value), name)  # type: ignore[no-any-return]
+
+
+def _copy(value: Any, name: str) -> Any:
+    """A deep copy of ``value`` (the node may keep mutating its objects after staging
+    them), refused with InvalidInputError when MongoDB could not store it: nested over
+    :data:`MAX_DEPTH` levels, keys that are not strings, values BSON has no type for."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # iterative: no input depth can exhaust the stack here
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            if depth > MAX_DEPTH:
+                raise InvalidInputError(
+                    f"{name} is nested more than {MAX_DEPTH} levels deep (MongoDB's limit); "
+                    f"nothing was staged."
+                )
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+    try:
+        bson.encode({"v": value})
+    except (InvalidDocument, TypeError, OverflowError) as exc:
+        raise InvalidInputError(
+            f"{name} cannot be stored by MongoDB ({str(exc)[:200]}); nothing was staged."
+        ) from None
+    return copy.deepcopy(value)
 
 
 def _stage(kind: str, collection: str, **fields: Any) -> None:
@@ -265,7 +297,7 @@ def _send(
             f"{VERSION_FIELD!r} is kept by accord (pass expect_version= to check it)."
         )
     # refused here, in the node, rather than when the task's writes are committed
-    problem = op_problem(business_op(op), tenant)
+    problem = tenancy_problem(op, tenant)
     if problem is not None:
         raise InvalidInputError(
             f"business {kind} on {name!r} refused: {problem}. Business writes may only touch "

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 checkpoints_app = typer.Typer(
     help="The LangGraph checkpointer: migrate threads from MongoDBSaver.", no_args_is_help=True
 )
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)  # errors and progress; lines never cut
+out = Console(soft_wrap=True)  # results
 
 URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
 DBPATH = typer.Option(
@@ -122,6 +122,14 @@ def migrate(
         f"{report.threads} threads: {report.migrated} migrated ({report.checkpoints} "
         f"checkpoints, {report.writes} pending writes), {report.skipped} already in accord."
     )
+    if report.diverged:
+        named = ", ".join(repr(t) for t in report.diverged[:10])
+        more = f" and {len(report.diverged) - 10} more" if len(report.diverged) > 10 else ""
+        out.print(
+            f"{len(report.diverged)} thread(s) went on in accord after their migration and "
+            f"MongoDBSaver wrote them again since: left as accord has them, MongoDBSaver's "
+            f"new checkpoints not copied ({named}{more}). Stop MongoDBSaver writing them."
+        )
     if report.separated:
         out.print(
             f"{report.separated} documents an earlier accord had written into MongoDBSaver's "
@@ -139,7 +147,6 @@ def migrate(
 threads_app = typer.Typer(
     help="Inspect and take over threads held by runs (leases).", no_args_is_help=True
 )
-console = Console()
 
 DB = typer.Option("accord", "--db", help="Database of the checkpointer.")
 TENANT = typer.Option(schema.DEFAULT_TENANT, "--tenant", help="Tenant of the thread.")

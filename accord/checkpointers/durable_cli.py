@@ -369,7 +369,7 @@ def worker_command(
     ),
 ) -> None:
     """Claim queued runs of GRAPH and execute them through the accord checkpointer, until
-    SIGTERM (docs/durable-execution.md, "Workers")."""
+    SIGTERM (docs/durable-execution.md, "The queue of runs and workers")."""
     import logging
     import sys
 

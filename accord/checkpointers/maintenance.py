@@ -21,6 +21,12 @@ from accord.platform.plan import Op
 #: Documents per collection deleted or copied in one transaction.
 BATCH = 1000
 
+#: Field of a thread's run-registry document set (to the time the collection began) in
+#: each transaction that deletes some of its checkpoints (a prune, ``delete_for_runs``),
+#: and unset once the values they alone referenced are collected: a run killed in
+#: between leaves it, so the sweep (``collect``) can finish the job.
+COLLECT_PENDING = "collect_pending"
+
 #: Collections of a thread's data, in the order they are deleted: checkpoints first (so
 #: no reader sees a checkpoint without its values), then what they point to, then the
 #: thread's recorded tool and model calls.

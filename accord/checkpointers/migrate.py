@@ -74,6 +74,9 @@ class MigrationReport:
     migrated_threads: list[str] = field(default_factory=list)
     #: documents of an earlier accord copied out of MongoDBSaver's collections
     separated: int = 0
+    #: threads accord went on with after their migration and MongoDBSaver wrote again
+    #: since: not copied (counted in ``skipped``)
+    diverged: list[str] = field(default_factory=list)
 
 
 class Replay:

@@ -519,7 +519,7 @@ def resolve_call(
     if isinstance(log, AsyncCallLog):
         raise ConfigurationError("resolve_call needs AccordSaver; use aresolve_call")
     log.setup()
-    tenant = tenant_id or saver.tenant_id
+    tenant = saver.tenant_named(tenant_id)
     log.resolve(tenant, thread_id, key, _encoded(saver, result), by=by)
 
 
@@ -531,7 +531,7 @@ async def aresolve_call(
     if not isinstance(log, AsyncCallLog):
         raise ConfigurationError("aresolve_call needs AsyncAccordSaver; use resolve_call")
     await log.setup()
-    tenant = tenant_id or saver.tenant_id
+    tenant = saver.tenant_named(tenant_id)
     await log.resolve(tenant, thread_id, key, _encoded(saver, result), by=by)
 
 
@@ -545,7 +545,7 @@ def unsettled_calls(
     if isinstance(log, AsyncCallLog):
         raise ConfigurationError("unsettled_calls needs AccordSaver")
     log.setup()
-    found: list[dict[str, Any]] = log.unsettled(tenant_id or saver.tenant_id, thread_id=thread_id)
+    found: list[dict[str, Any]] = log.unsettled(saver.tenant_named(tenant_id), thread_id=thread_id)
     return found
 
 

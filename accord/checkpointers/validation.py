@@ -140,11 +140,26 @@ def bson_safe(value: Any) -> bool:
     return False
 
 
+#: The prefix of accord's own collection names. Some are made only when a feature is first
+#: used (audit records and heads, audit cuts, hold fences...), so no catalog lists them
+#: before: the prefix keeps tenant input out of them all the same.
+ACCORD_PREFIX = "accord_"
+
+
 def collection_name(value: Any, reserved: Set[str]) -> str:
     """Validate a business collection name."""
     name = identifier(value, "collection")
-    if name.startswith("system.") or "$" in name or len(name) > 200:
-        raise InvalidInputError(f"{name!r} is not a valid business collection name.")
+    if name.startswith(("system.", ".")) or name.endswith(".") or "$" in name or len(name) > 200:
+        raise InvalidInputError(
+            f"{name!r:.80} is not a valid business collection name (at most 200 characters, "
+            f"no '$', not starting with 'system.', not starting or ending with '.')."
+        )
+    if name.startswith(ACCORD_PREFIX):
+        raise InvalidInputError(
+            f"{name!r} is one of accord's own collections (names starting with "
+            f"{ACCORD_PREFIX!r} are accord's, made when a part or feature first needs "
+            f"them); business writes must target the application's own collections."
+        )
     if name in reserved:
         raise InvalidInputError(
             f"{name!r} is one of accord's own collections; business writes must target "

@@ -185,6 +185,9 @@ class Worker:
         self._active: dict[str, ActiveRun] = {}
         self._busy: dict[str, float] = {}  # run id -> monotonic time it may be claimed again
         self._mutex = threading.Lock()
+        # held across a claim and across a give-back: a run given back while a claim is
+        # under way (its skip list read before the run was busy) is not claimed again
+        self._claiming = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._ended = threading.Event()  # run() returned: the heartbeat stops
@@ -246,6 +249,10 @@ class Worker:
             return len(self._active)
 
     def _claim_one(self) -> dict[str, Any] | None:
+        with self._claiming:
+            return self._claim_next()
+
+    def _claim_next(self) -> dict[str, Any] | None:
         with self._mutex:
             if len(self._active) >= self.concurrency:
                 return None
@@ -322,6 +329,18 @@ class Worker:
                 self.completed += 1
             self._wake.set()
 
+    def _fork_config(self, doc: dict[str, Any], fork: dict[str, Any]) -> dict[str, Any]:
+        """The config a fork runs from; a checkpoint its source thread does not have is
+        refused by name (else LangGraph starts from nothing: "Received no input")."""
+        config = self._config(doc, fork.get("checkpoint_id"))
+        if fork.get("checkpoint_id") and self.saver.get_tuple(config) is None:  # type: ignore[arg-type]
+            raise InvalidInputError(
+                f"fork of thread {fork['thread_id']!r}: it has no checkpoint "
+                f"{fork['checkpoint_id']!r}; nothing was run. List its checkpoints with "
+                f"graph.get_state_history(config) and fork again"
+            )
+        return config
+
     def _config(self, doc: dict[str, Any], checkpoint_id: str | None = None) -> dict[str, Any]:
         configurable: dict[str, Any] = {"thread_id": doc["thread_id"],
                                         "tenant_id": doc["tenant_id"]}  # fmt: skip
@@ -355,7 +374,7 @@ class Worker:
             if not self.queue.started(doc, latest):
                 return None
             if fork:
-                return None, self._config(doc, fork.get("checkpoint_id"))
+                return None, self._fork_config(doc, fork)
             return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
         resume = doc.get("resume")
         wait = doc.get("wait") or {}
@@ -374,7 +393,7 @@ class Worker:
             # the same thread): continue from it
             return None, self._config(doc)
         if fork:
-            return None, self._config(doc, fork.get("checkpoint_id"))
+            return None, self._fork_config(doc, fork)
         return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
 
     def _run(self, active: ActiveRun) -> None:
@@ -425,9 +444,10 @@ class Worker:
     def _give_back(
         self, active: ActiveRun, reason: str, *, backoff: float = BUSY_BACKOFF_S
     ) -> None:
-        with self._mutex:
-            self._busy[active.doc["_id"]] = time.monotonic() + backoff
-        self.queue.release(active.doc, reason)
+        with self._claiming:
+            with self._mutex:
+                self._busy[active.doc["_id"]] = time.monotonic() + backoff
+            self.queue.release(active.doc, reason)
 
     def _settle(self, active: ActiveRun) -> None:
         doc = active.doc

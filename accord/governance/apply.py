@@ -37,10 +37,10 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from accord.errors import AccordError, ConfigurationError, DatabaseError
+from accord.errors import AccordError, ConfigurationError, DatabaseError, InvalidInputError
 from accord.governance.loading import parse_policy
 from accord.governance.policy import Policy, to_toml
-from accord.governance.recompute import recompute, ttl_index_commands
+from accord.governance.recompute import BATCH, PENDING, recompute, ttl_index_commands
 from accord.governance.roles import RoleSpec, atlas_role, normalised, privileges_of, role_specs
 from accord.governance.validators import validator_commands
 from accord.platform.artifacts import HOLD, POLICY
@@ -80,6 +80,7 @@ class GovernancePlan:
     db: str
     changes: list[Change] = field(default_factory=list)
     version: int = 0  # the version the stored policy would get (0: stored already)
+    resume: int = 0  # a stored version whose expire_at recompute was interrupted (0: none)
     text: str = ""
     digest: str = ""
 
@@ -152,6 +153,13 @@ def plan(
         raise DatabaseError(f"reading the indexes of {db} failed: {exc}") from None
     out.text, out.digest = digest_of(policy)
     head = _head(uow, db)
+    current = _version_doc(uow, db, int(head["version"])) if head else None
+    if current is not None and current.get("retention") == PENDING:
+        out.resume = int(current["version"])
+        out.changes.append(Change(
+            "recompute expiry", f"{db}.{POLICIES}",
+            f"finish version {out.resume}'s expire_at recompute (interrupted)",
+        ))  # fmt: skip
     if head is None or head.get("sha256") != out.digest:
         out.version = int(head["version"]) + 1 if head else 1
         out.changes.append(Change(
@@ -162,12 +170,20 @@ def plan(
 
 
 def apply(
-    uow: Any, changes: GovernancePlan, progress: Callable[[str, int], None] | None = None
+    uow: Any,
+    changes: GovernancePlan,
+    progress: Callable[[str, int], None] | None = None,
+    *,
+    batch: int = BATCH,
 ) -> list[Change]:
     """Make ``changes`` (a :func:`plan`); returns what was done. Idempotent: a plan made
     again afterwards is empty. When the stored policy changes, ``expire_at`` of the
-    documents written under the previous one is recomputed (bounded batches;
-    ``progress(collection, n)`` after each)."""
+    documents written under the previous one is recomputed (``batch`` documents per
+    transaction; ``progress(collection, n)`` after each), resumably: the stored version
+    is marked ``retention = "pending"`` until it is finished, and an apply run again after
+    a crash finishes it first (from where it stopped)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 100_000:
+        raise InvalidInputError(f"apply batch must be a whole number 1 to 100000, got {batch!r}")
     done: list[Change] = []
     client = uow.client
     for change in changes.changes:
@@ -182,14 +198,27 @@ def apply(
                 f"was applied, and what was is kept: run apply again"
             ) from None
         done.append(change)
+    if changes.resume:  # an interrupted recompute first: the next version starts from it
+        doc = _version_doc(uow, changes.db, changes.resume) or {}
+        recompute(uow, changes.db, _stored(uow, changes.db, changes.resume - 1),
+                  _stored(uow, changes.db, changes.resume) or changes.policy, progress,
+                  version=changes.resume, cursor=doc.get("recompute"), batch=batch)  # fmt: skip
+        done.extend(c for c in changes.changes if c.kind == "recompute expiry")
     if changes.version:
         # accord's collection, recorded as such: no tenant input may target it
         Catalog(uow, changes.db).setup(COMPONENT, {POLICIES: POLICY.name, HOLDS: HOLD.name})
         previous = _stored(uow, changes.db, changes.version - 1)
         _store(uow, changes)
         done.extend(c for c in changes.changes if c.kind == "store policy")
-        recompute(uow, changes.db, previous, changes.policy, progress)
+        recompute(uow, changes.db, previous, changes.policy, progress,
+                  version=changes.version, batch=batch)  # fmt: skip
     return done
+
+
+def _version_doc(uow: Any, db: str, version: int) -> dict[str, Any] | None:
+    found = uow.find(ReadContext("*", operation="governance.plan"), "policy", db, POLICIES,
+                     {"_id": f"v{version}"}, limit=1)  # fmt: skip
+    return found[0] if found else None
 
 
 def _stored(uow: Any, db: str, version: int) -> Policy | None:
@@ -219,7 +248,7 @@ def _store(uow: Any, changes: GovernancePlan) -> None:
     record = insert_once({
         "_id": f"v{version}", "version": version, "sha256": changes.digest,
         "policy": changes.text, "source": changes.policy.source, "applied_at": now,
-        "applied_by": who,
+        "applied_by": who, "retention": PENDING,  # until expire_at is recomputed
     })  # fmt: skip
     head_filter: dict[str, Any] = {"_id": HEAD, "version": version - 1}
     move = Op("update", head_filter, {"$set": {"version": version, "sha256": changes.digest,

@@ -40,7 +40,7 @@ audit_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 DBPATH = typer.Option(
@@ -81,6 +81,10 @@ EXPORT_OUT = typer.Option(
     ..., "--out", help="The directory to write (new, or an unfinished export)."
 )
 EXPORT_FORMAT_OPT = typer.Option("jsonl", "--format", help="jsonl, csv or parquet (pyarrow).")
+PART_SIZE_OPT = typer.Option(
+    100_000, "--part-size", min=1, max=10_000_000,
+    help="Records per file (a resumed export must use the same).",
+)  # fmt: skip
 SINCE = typer.Option(None, "--since", help="Each stream from its first record at or after this.")
 UNTIL = typer.Option(None, "--until", help="Up to the last digest taken at or before this.")
 CLASS_OPT = typer.Option(None, "--class", help="Only the streams holding records of this class.")
@@ -195,20 +199,42 @@ def digest(
             interval = parse_duration(every).total_seconds() if every is not None else None
         except ValueError as exc:
             raise InvalidInputError(f"--every: {exc}") from None
+        folder = Path(out_file).parent if out_file is not None else None
+        if folder is not None and not folder.is_dir():  # before a digest is taken
+            raise InvalidInputError(f"--out: no directory {folder}; no digest was taken")
         with _kernel(uri, dbpath, db, setup=True) as (uow, name):
             taken = 0
             while True:
                 doc = external(write_digest(uow, name, key=signing))
                 text = json.dumps(doc, indent=2)
+                out.print(text, highlight=False, markup=False)  # first: never lost
                 if out_file is not None:  # "{seq}" in the name: one file per digest
-                    Path(out_file.replace("{seq}", f"{doc['seq']:06d}")).write_text(text + "\n")
-                out.print(text, highlight=False, markup=False)
+                    target = Path(out_file.replace("{seq}", f"{doc['seq']:06d}"))
+                    try:
+                        _write_whole(target, text + "\n")
+                    except OSError as exc:
+                        raise InvalidInputError(
+                            f"--out: could not write {target} ({exc.strerror}); digest "
+                            f"{doc['seq']} is stored in {name} and printed above"
+                        ) from None
                 taken += 1
                 if interval is None or (count is not None and taken >= count):
                     break
                 time.sleep(interval)
     except AccordError as exc:
         raise _fail(exc) from exc
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a digest kept outside must never be torn, and a
+    fixed ``--out`` name must keep the previous digest until the next one is complete (a
+    process killed mid-write left an empty file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 @audit_app.command("prove")
@@ -345,6 +371,7 @@ def export(
     db: str | None = DB,
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
+    part_size: int = PART_SIZE_OPT,
 ) -> None:
     """Export a tenant's audit records, the digests covering them and a manifest to
     OUT (resumes an interrupted export into the same OUT)."""
@@ -368,6 +395,7 @@ def export(
             manifest = run(
                 uow, name, out_dir, tenant=tenant, since=since, until=until,
                 artifact=artifact, fmt=fmt, key=signing, progress=progress,  # type: ignore[arg-type]
+                part_size=part_size,
             )  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc

@@ -31,14 +31,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError
+from accord.platform.cli_output import print_whole, whole
 
 governance_app = typer.Typer(
     help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
     "data subjects' export and erasure.",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)  # lines a script may parse are never cut
+out = Console(soft_wrap=True)
 
 POLICY = typer.Option(
     None, "--policy", help="A policy file (default: ACCORD_POLICY, else the built-in default)."
@@ -76,22 +77,24 @@ def show(policy: Path | None = POLICY, toml: bool = typer.Option(False, "--toml"
     if toml:
         typer.echo(to_toml(effective), nl=False)  # as it is: no wrapping, no markup
         return
-    classes = Table(title=f"policy {escape(effective.source)} (version {effective.version})")
-    for column in ("class", "collection", "retention", "audit", "data-subject fields"):
-        classes.add_column(column)
+    names = list(effective.classes)
+    collections = [c.collection or "(the application's)" for c in effective.classes.values()]
+    classes = Table(whole("class", names), whole("collection", collections), "retention",
+                    "audit", "data-subject fields",
+                    title=f"policy {escape(effective.source)} (version {effective.version})")  # fmt: skip
     for name, cls in effective.classes.items():
         parent = DEPENDENT.get(class_of(name) or name)
         retention = f"with its {parent}" if parent else cls.retention.describe()
         classes.add_row(name, cls.collection or "(the application's)", retention, cls.audit,
                         ", ".join(cls.subject_fields) or "-")  # fmt: skip
-    out.print(classes)
-    roles = Table(title="roles by classes (f find, i insert, u update, r remove)")
-    roles.add_column("class")
+    print_whole(out, classes)
+    roles = Table(whole("class", names),
+                  title="roles by classes (f find, i insert, u update, r remove)")  # fmt: skip
     for role in effective.roles():
         roles.add_column(role)
     for name, row in effective.table():
         roles.add_row(name, *(row[r] for r in effective.roles()))
-    out.print(roles)
+    print_whole(out, roles)
     named = [(n, c.principals) for n, c in effective.classes.items() if c.principals]
     for name, grants in named:
         for who, actions in grants.items():
@@ -157,15 +160,20 @@ def plan_command(
 
 @governance_app.command("apply")
 def apply_command(
-    policy: Path | None = POLICY, db: str = DB, uri: str | None = URI, users: bool = USERS
-) -> None:
-    """Apply the policy to the database: roles, users (--users), the stored version."""
+    policy: Path | None = POLICY, db: str = DB, uri: str | None = URI, users: bool = USERS,
+    batch: int = typer.Option(
+        1000, "--batch", min=1, max=100_000,
+        help="Documents per transaction when expire_at is recomputed.",
+    ),
+) -> None:  # fmt: skip
+    """Apply the policy to the database: roles, users (--users), the stored version (and
+    expire_at recomputed when periods change; run it again after an interruption)."""
     from accord.governance.apply import apply, user_name
 
     try:
         uow, changes = _planned(uri, db, policy, users)
         with _progress() as bar:  # expire_at recomputed in batches when periods change
-            done = apply(uow, changes, _advancer(bar, "recomputing expire_at"))
+            done = apply(uow, changes, _advancer(bar, "recomputing expire_at"), batch=batch)
         uow.client.close()
     except AccordError as err:
         _fail(err)
@@ -273,11 +281,13 @@ def holds_command(db: str = DB, uri: str | None = URI) -> None:
     if not holds:
         out.print(f"{db}: no legal holds")
         return
-    table = Table("by", "value", "tenant", "since", "placed by", "reason")
+    table = Table("by", whole("value", [h.value for h in holds]),
+                  whole("tenant", [h.tenant_id or "-" for h in holds]), "since", "placed by",
+                  "reason")  # fmt: skip
     for h in holds:
         table.add_row(h.kind, escape(h.value), escape(h.tenant_id or "-"),
                       str(h.at)[:19] if h.at else "-", escape(h.by), escape(h.reason))  # fmt: skip
-    out.print(table)
+    print_whole(out, table)  # values whole: commands take them back
 
 
 def _advancer(bar: Any, what: str) -> Any:

@@ -120,7 +120,7 @@ audit = "off"
 roles = { runtime = ["find", "insert", "update", "remove"], admin = ["find", "insert", "update", "remove"] }
 
 [classes.audit]                # append-only: nobody may update or remove a record
-collection = "audit"
+collection = "accord_audit"
 audit = "off"
 retention = { expire_after = "7y", after = "created" }
 roles = { auditor = ["find"], admin = ["find"] }

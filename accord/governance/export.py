@@ -386,6 +386,9 @@ def export(
         "digest": {"seq": upto, "hash": covering["hash"]}, "part_size": part_size,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
+    finished = _finished(out, params)
+    if finished is not None:  # run again after it ended (killed before it said so)
+        return finished
     state = _resume(out, params)
     streams = {s: _Stream(**v) for s, v in state["streams"].items()}
     done = sum(p["records"] for p in state["parts"])
@@ -506,6 +509,29 @@ def _put(ahead: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def _finished(out: Path, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The manifest of a finished export of these arguments in ``out`` whose files are
+    intact (a process killed after finishing it, before it exited), or None."""
+    path = out / "manifest.json"
+    if (out / PROGRESS).exists() or not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in params.items()):
+        return None
+    entries = [*manifest.get("files", []), manifest.get("digests_file") or {}]
+    for entry in entries:
+        name = entry.get("name")
+        if not name or not (out / name).exists():
+            return None
+        sha, _ = _file_sha(out / name)
+        if sha.hexdigest() != entry.get("sha256"):
+            return None
+    return manifest
 
 
 def _resume(out: Path, params: Mapping[str, Any]) -> dict[str, Any]:

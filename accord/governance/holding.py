@@ -186,7 +186,7 @@ def release(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | 
         )
     uow.execute(Plan(WriteContext("*", operation="governance.release"), [
         Group("hold", db, holds_collection(policy), HOLD.name,
-              [Op("delete", {"_id": hold.id})]),
+              hold.removal()),
     ]))  # fmt: skip
     now = datetime.now(UTC)
     back = 0

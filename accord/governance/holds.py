@@ -19,6 +19,7 @@ nothing on what they cover.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -41,8 +42,17 @@ OPERATION = "governance.holds_refresh"
 
 
 def hold_id(kind: str, value: str, tenant_id: str | None) -> str:
-    """The ``_id`` of a hold: one per (kind, tenant, value), so holding twice is one hold."""
-    return f"{kind}:{tenant_id or '*'}:{value}"
+    """The ``_id`` of a hold: one per (kind, tenant, value), so holding twice is one hold.
+
+    ``kind:tenant:value`` (``*`` for every tenant) while that reads back one way only;
+    a tenant holding ``:`` or named ``*`` would make two holds of two tenants one
+    (thread ``acme:t1`` of tenant ``org`` and thread ``t1`` of tenant ``org:acme``), so
+    its holds are ``kind~["tenant", "value"]`` (JSON) instead."""
+    if not tenant_id:  # every tenant ("" as None, as filter() reads it)
+        return f"{kind}:*:{value}"
+    if ":" not in tenant_id and tenant_id != "*":
+        return f"{kind}:{tenant_id}:{value}"
+    return f"{kind}~" + json.dumps([tenant_id, value], ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,17 @@ class Hold:
     @property
     def id(self) -> str:
         return hold_id(self.kind, self.value, self.tenant_id if self.kind != "tenant" else None)
+
+    def removal(self) -> list[Op]:
+        """The ops that remove this hold's document: by its id, and by the id it had
+        before :func:`hold_id` told two tenants apart, pinned to its fields (an id of
+        that older form may be another tenant's hold)."""
+        ops = [Op("delete", {"_id": self.id})]
+        legacy = f"{self.kind}:{self.tenant_id or '*'}:{self.value}"
+        if legacy != self.id:
+            ops.append(Op("delete", {"_id": legacy, "kind": self.kind, "value": self.value,
+                                     "tenant_id": self.tenant_id}))  # fmt: skip
+        return ops
 
     def document(self) -> dict[str, Any]:
         return {"_id": self.id, "kind": self.kind, "value": self.value,

@@ -46,6 +46,9 @@ from accord.governance.toml_lines import KeyPath, key_lines, line_of
 from accord.platform.artifacts import CLASSES
 from accord.platform.context import SERVICE_ROLES
 
+#: accord's collection names start with this (the checkpointer's business writes refuse it).
+ACCORD_PREFIX = "accord_"
+
 #: The environment variable naming a policy file for every kernel of the process.
 POLICY_ENV = "ACCORD_POLICY"
 
@@ -295,7 +298,48 @@ def _contradictions(policy: Policy, parsed: PolicyFile) -> list[Problem]:
                     )
                 )
             owners[cls.collection] = name
+            problems += _side_collection_problems(name, registry, cls.collection, at)
     return problems
+
+
+def _side_collections() -> dict[str, str]:
+    """accord's collections that no class has by default (collection -> the class whose
+    data they hold): audit records and heads, audit cuts and digest heads, hold fences."""
+    from accord.governance import audit_cuts, audit_records, digests, hold_guard
+
+    return {
+        audit_records.RECORDS: "audit",
+        audit_records.HEADS: "audit",
+        audit_cuts.CUTS: "audit_digest",
+        digests.DIGEST_HEADS: "audit_digest",
+        hold_guard.FENCES: "hold",
+    }
+
+
+def _side_collection_problems(
+    name: str, registry: str, collection: str, at: KeyPath
+) -> list[Problem]:
+    """A class may not take one of accord's collections as its own: roles, retention and
+    TTL indexes of that class would reach accord's audit chain or its hold fences."""
+    if registry == "business" and collection.startswith(ACCORD_PREFIX):
+        return [
+            (
+                (*at, "collection"),
+                f"business collection {collection!r}: names starting with "
+                f"{ACCORD_PREFIX!r} are accord's own collections, which business writes "
+                f"never target; name the application's collection",
+            )
+        ]
+    owner = _side_collections().get(collection)
+    if owner is not None and owner != registry:
+        return [
+            (
+                (*at, "collection"),
+                f"collection {collection!r} is accord's own (it holds {owner} data); "
+                f"class {name!r} needs a collection of its own",
+            )
+        ]
+    return []
 
 
 def _retention_problems(

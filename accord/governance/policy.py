@@ -131,8 +131,18 @@ FieldPath = Annotated[str, AfterValidator(_field_path)]
 
 
 def _collection_name(value: str) -> str:
-    if not value or len(value) > 120 or "$" in value or "\x00" in value:
-        raise ValueError(f"{value!r} is not a collection name (1 to 120 characters, no '$' or NUL)")
+    if (
+        not value
+        or len(value) > 120
+        or "$" in value
+        or "\x00" in value
+        or value.startswith(".")
+        or value.endswith(".")
+    ):
+        raise ValueError(
+            f"{value!r} is not a collection name (1 to 120 characters, no '$' or NUL, not "
+            f"starting or ending with '.')"
+        )
     if value.startswith("system."):
         raise ValueError(f"{value!r}: system.* collections are MongoDB's own")
     return value

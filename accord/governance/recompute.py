@@ -7,20 +7,21 @@ bounded batches through the kernel; a class that starts expiring gets ``now + pe
 (what was written before has no better event time); one that stops loses ``expire_at``.
 Held documents (``held_expire_at``) move too, and nothing a hold covers gets a new
 expiry. The run registry's thread expiry moves with the thread period.
+
+Crash safety: each batch commits with the position reached, on the stored version's
+document, and the version says ``retention = "pending"`` until the last batch; ``apply``
+run again after a crash resumes from there (:func:`recompute`), so every document moves
+exactly once and no version is taken as applied before its documents are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from accord.governance.holding import (
-    change_in_batches,
-    hold_filters,
-    list_holds,
-    runs_collection,
-)
+from accord.governance.holding import BATCH, hold_filters, list_holds, runs_collection
 from accord.governance.policy import Policy
 from accord.governance.retention import (
     EXPIRE_AT,
@@ -31,9 +32,13 @@ from accord.governance.retention import (
     thread_ttl,
     ttl_targets,
 )
-from accord.platform.artifacts import RUN
+from accord.platform.artifacts import POLICY, RUN
+from accord.platform.context import ReadContext, WriteContext
+from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["recompute", "ttl_index_commands"]
+__all__ = ["DONE", "PENDING", "recompute", "ttl_index_commands"]
+
+POLICIES = POLICY.default_collection or "accord_policies"
 
 OPERATION = "governance.apply.retention"
 Progress = Callable[[str, int], None]
@@ -62,19 +67,16 @@ def _shift(field: str, delta: timedelta) -> list[dict[str, Any]]:
     return [{"$set": {field: {"$add": [f"${field}", ms]}}}]
 
 
-def recompute(
-    uow: Any,
-    db: str,
-    old: Policy | None,
-    new: Policy,
-    progress: Progress | None = None,
-) -> int:
-    """Bring ``expire_at`` of ``db``'s documents from policy ``old`` (None: nothing was
-    stamped) to ``new``; returns how many documents changed."""
+#: One step of a recompute: (collection, artifact class, which documents, the change).
+Step = tuple[str, str, dict[str, Any], Any]
+
+
+def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
+    """The steps bringing ``expire_at`` from ``old`` to ``new``, always in the same order
+    (a resumed recompute names its step by position)."""
     before = ttl_targets(old) if old is not None else {}
     after = ttl_targets(new)
     holds = list_holds(uow, db, new)
-    changed = 0
     now = datetime.now(UTC)
     jobs: list[tuple[str, str, TtlRule | None, TtlRule | None, tuple[str, ...]]] = []
     for collection in sorted(set(before) | set(after)):
@@ -91,20 +93,13 @@ def recompute(
         was_rule = TtlRule(old_thread, "last_activity") if old_thread is not None else None
         rule = TtlRule(new_thread, "last_activity") if new_thread is not None else None
         jobs.append((runs_collection(new), RUN.name, was_rule, rule, ()))
+    steps: list[Step] = []
     for collection, artifact, was, rule, fields in jobs:
-
-        def run(
-            which: dict[str, Any],
-            change: Any,
-            collection: str = collection,
-            artifact: str = artifact,
-        ) -> int:
-            return change_in_batches(uow, db, collection, artifact, which, change,
-                                     operation=OPERATION, progress=progress)  # fmt: skip
-
         if rule is None:  # stops expiring
-            changed += run({EXPIRE_AT: {"$exists": True}}, {"$unset": {EXPIRE_AT: ""}})
-            changed += run({HELD_EXPIRE_AT: {"$exists": True}}, {"$unset": {HELD_EXPIRE_AT: ""}})
+            steps.append((collection, artifact, {EXPIRE_AT: {"$exists": True}},
+                          {"$unset": {EXPIRE_AT: ""}}))  # fmt: skip
+            steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
+                          {"$unset": {HELD_EXPIRE_AT: ""}}))  # fmt: skip
         elif was is None or was.event != rule.event:  # starts, or from another event
             if artifact == RUN.name:
                 continue  # threads get theirs at their next commit
@@ -114,9 +109,89 @@ def recompute(
                 unstamped["status"] = finished_filter(rule)
             held = hold_filters(uow, db, new, holds, artifact, collection, fields)
             which = {"$and": [unstamped, {"$nor": held}]} if held else unstamped
-            changed += run(which, {"$set": {EXPIRE_AT: now + rule.expire_after}})
-        else:  # the same event, another period
+            steps.append(
+                (collection, artifact, which, {"$set": {EXPIRE_AT: now + rule.expire_after}})
+            )
+        else:  # the same event, another period: NOT idempotent, so done exactly once
             delta = rule.expire_after - was.expire_after
-            changed += run({EXPIRE_AT: {"$exists": True}}, _shift(EXPIRE_AT, delta))
-            changed += run({HELD_EXPIRE_AT: {"$exists": True}}, _shift(HELD_EXPIRE_AT, delta))
+            steps.append((collection, artifact, {EXPIRE_AT: {"$exists": True}},
+                          _shift(EXPIRE_AT, delta)))  # fmt: skip
+            steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
+                          _shift(HELD_EXPIRE_AT, delta)))  # fmt: skip
+    return steps
+
+
+def recompute(
+    uow: Any,
+    db: str,
+    old: Policy | None,
+    new: Policy,
+    progress: Progress | None = None,
+    *,
+    version: int,
+    cursor: Mapping[str, Any] | None = None,
+    batch: int = BATCH,
+) -> int:
+    """Bring ``expire_at`` of ``db``'s documents from policy ``old`` (None: nothing was
+    stamped) to ``new``, stored as version ``version``; returns how many documents
+    changed.
+
+    Each batch (``batch`` documents of one step, in ``_id`` order) commits in one
+    transaction with the position reached, recorded on the version's document
+    (``recompute``: step and last ``_id``); the last one marks the version's retention
+    ``done``. So a recompute killed anywhere is resumed from ``cursor`` (that position)
+    by the next ``apply``, and no document is moved twice (a shift is not idempotent)."""
+    steps = _steps(uow, db, old, new)
+    step = int(cursor["step"]) if cursor else 0
+    last: Any = cursor.get("after") if cursor else None
+    changed = 0
+    while step < len(steps):
+        collection, artifact, which, change = steps[step]
+        page = {"$and": [dict(which), {"_id": {"$gt": last}}]} if last is not None else dict(which)
+        docs = uow.find(ReadContext("*", operation=OPERATION), artifact, db, collection, page,
+                        projection={"_id": 1, "tenant_id": 1}, sort=[("_id", 1)],
+                        limit=batch)  # fmt: skip
+        if not docs:
+            step, last = step + 1, None
+            continue
+        last = docs[-1]["_id"]
+        by_tenant: dict[Any, list[Any]] = defaultdict(list)
+        for d in docs:
+            by_tenant[d.get("tenant_id")].append(d["_id"])
+        plans = [
+            Plan(
+                WriteContext(tenant if isinstance(tenant, str) else "*", operation=OPERATION),
+                [
+                    Group(
+                        f"{OPERATION}:{collection}",
+                        db,
+                        collection,
+                        artifact,
+                        [Op("update_many", {"tenant_id": tenant, "_id": {"$in": ids}}, change)],
+                    ),
+                ],
+            )  # fmt: skip
+            for tenant, ids in by_tenant.items()
+        ]
+        plans.append(_position(db, version, {"recompute": {"step": step, "after": last}}))
+        uow.execute_all(plans)
+        changed += len(docs)
+        if progress is not None:
+            progress(collection, len(docs))
+    uow.execute(_position(db, version, {"retention": DONE}, unset="recompute"))
     return changed
+
+
+#: ``retention`` of a stored version whose ``expire_at`` recompute finished (or that
+#: needed none); ``PENDING`` until then.
+DONE, PENDING = "done", "pending"
+
+
+def _position(db: str, version: int, values: Mapping[str, Any], unset: str | None = None) -> Plan:
+    change: dict[str, Any] = {"$set": dict(values)}
+    if unset is not None:
+        change["$unset"] = {unset: ""}
+    return Plan(WriteContext("*", operation=OPERATION), [
+        Group("policy:recompute", db, POLICIES, POLICY.name,
+              [Op("update", {"_id": f"v{version}"}, change)]),
+    ])  # fmt: skip

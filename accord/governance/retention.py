@@ -118,6 +118,8 @@ def ttl_targets(policy: Policy) -> dict[str, tuple[str, TtlRule]]:
     its collection."""
     out: dict[str, tuple[str, TtlRule]] = {}
     for name, cls in policy.classes.items():
+        if name == "audit":  # expired by cuts (audit_cuts): a TTL index would break chains
+            continue
         base = name.partition(":")[0]
         collection = cls.collection or (name.partition(":")[2] if base == "business" else None)
         if not collection:
@@ -192,6 +194,14 @@ def names_held_subject(plan: Plan, policy: Policy, held: Holds, tenant_id: str) 
     return False
 
 
+def _writes_checkpoints(plan: Plan) -> bool:
+    return any(g.artifact == CHECKPOINT.name and g.ops for g in plan.groups)
+
+
+def _subject_holds(held: Holds, tenant_id: str) -> bool:
+    return any(h.kind == "subject" and h.tenant_id in (None, tenant_id) for h in held.holds)
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -253,6 +263,10 @@ class RetentionHook:
                 held.holds_thread(guard.tenant_id, guard.thread_id)
                 or any(held.holds_class(name, None) for name in THREAD_CLASSES)
                 or names_held_subject(plan, policy, held, guard.tenant_id)
+                # a commit without a checkpoint (task writes alone, or before the put
+                # of a batch) cannot tell whether a subject hold reaches its thread:
+                # it leaves the thread's expiry as it is
+                or (not _writes_checkpoints(plan) and _subject_holds(held, guard.tenant_id))
             )
             if thread_held and guard.expire_at is not None:
                 plan.context = replace(context, guard=replace(guard, expire_at=None))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accord.governance.audit_cuts import CUTS
+from accord.governance.audit_records import HEADS
 from accord.governance.digests import DIGEST_HEADS
 from accord.governance.policy import BUSINESS, Policy
 
@@ -51,7 +52,10 @@ class RoleSpec:
 
 #: Collections a class keeps beside its own, granted as the class is: a digest's heads
 #: and the audit trail's cuts (``audit_digest``), which a verifier reads with the digests.
-_COMPANIONS: dict[str, tuple[str, ...]] = {"audit_digest": (DIGEST_HEADS, CUTS)}
+_COMPANIONS: dict[str, tuple[str, ...]] = {
+    "audit": (HEADS,),  # the streams' heads, read by verify with the records
+    "audit_digest": (DIGEST_HEADS, CUTS),
+}
 
 
 def role_name(role: str) -> str:

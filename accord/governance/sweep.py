@@ -13,6 +13,11 @@
   prefix older than the period, up to what the newest digest committed to, is cut
   (:mod:`accord.governance.audit_cuts`).
 
+Crash safety: each transaction is whole; a pass killed anywhere is finished by the next
+(a prune interrupted before its values were collected is marked on the thread, and
+collected first: :func:`_unfinished`). An expired thread is not pruned before it is
+deleted (the prune's commit would stamp its expiry again).
+
 Held threads (:mod:`accord.governance.holds`: the thread, its tenant, a thread class, or a
 data subject their checkpoints' metadata names) are skipped; the kernel's hold guard
 (:mod:`accord.governance.hold_guard`) refuses, inside the deleting transaction, any
@@ -60,6 +65,8 @@ class SweepReport:
     expired_threads: int = 0
     documents: int = 0
     held_skipped: int = 0
+    #: threads whose interrupted prune left values to collect, collected now
+    collected_threads: int = 0
     audit_streams: int = 0
     audit_records: int = 0
     #: audit streams whose expired prefix does not link: not cut (``accord audit verify``)
@@ -73,6 +80,12 @@ class SweepReport:
             f"expired threads ({self.documents} documents), cut {self.audit_records} expired "
             f"audit records from {self.audit_streams} streams, skipped {self.held_skipped} "
             f"held, in {self.seconds:.2f} s"
+            + (
+                f"; finished collecting the values of {self.collected_threads} threads "
+                f"whose prune was interrupted"
+                if self.collected_threads
+                else ""
+            )
             + (
                 f"; {len(self.audit_broken)} audit streams were not cut because their chain "
                 f"breaks (run `accord audit verify --live`)"
@@ -104,8 +117,9 @@ def sweep_once(
     principal: Principal | None = None,
 ) -> SweepReport:
     """One pass over ``db`` (module docstring). ``saver``: a checkpointer on ``uow``'s
-    database (``prune(threads, keep=N, tenant_id=T)`` and ``delete_expired(pairs,
-    batch=, pause=)``). ``audit``: a kernel with the audit hook on, acting as
+    database (``prune(threads, keep=N, tenant_id=T)``, ``delete_expired(pairs, batch=,
+    pause=)``, ``pending_collection(limit=)`` and ``collect_garbage(threads,
+    tenant_id=T)``: a prune killed after its checkpoints went, finished). ``audit``: a kernel with the audit hook on, acting as
     ``principal`` (an admin), that cuts the expired audit records (``audit_cuts.py``);
     None: the audit trail is not swept."""
     _check(limit, batch, pause)
@@ -113,6 +127,7 @@ def sweep_once(
     report = SweepReport()
     held = Holds.of(list_holds(uow, db, policy))
     if not any(held.holds_class(c, None) for c in THREAD_CLASSES):  # else every thread is held
+        _unfinished(uow, db, policy, saver, held, report, limit)
         _keep_latest(uow, db, policy, saver, held, report, limit, pause, progress)
         _expired(uow, db, policy, saver, held, report, limit, batch, pause, progress)
     if audit is not None and principal is not None:
@@ -126,6 +141,24 @@ def sweep_once(
         report.held_skipped += cut.held
     report.seconds = time.monotonic() - started
     return report
+
+
+def _unfinished(
+    uow: Any, db: str, policy: Policy, saver: Any, held: Holds, report: SweepReport, limit: int
+) -> None:
+    """Threads whose prune (or ``delete_for_runs``) was interrupted after some of their
+    checkpoints went and before the values only those referenced were collected: the
+    saver marked them, and collects now (a rerun of the prune would not: the thread has
+    no more than N checkpoints left)."""
+    marked = saver.pending_collection(limit=limit)
+    by_subject = subject_held_threads(uow, db, policy, held, marked)
+    for tenant, thread in marked:
+        if held.holds_thread(tenant, thread) or (tenant, thread) in by_subject:
+            continue
+        try:
+            report.collected_threads += saver.collect_garbage([thread], tenant_id=tenant)
+        except AccordError:
+            continue  # a hold placed since: the next pass
 
 
 def _keep_latest(
@@ -152,9 +185,14 @@ def _keep_latest(
         key = (row["_id"]["tenant"], row["_id"]["thread"])
         threads[key] = threads.get(key, 0) + int(row["n"]) - keep
     by_subject = subject_held_threads(uow, db, policy, held, list(threads))
+    expired = _expired_among(uow, db, policy, list(threads))
     for (tenant, thread), extra in sorted(threads.items()):
         if held.holds_thread(tenant, thread) or (tenant, thread) in by_subject:
             report.held_skipped += 1
+            continue
+        if (tenant, thread) in expired:
+            # deleted whole by the next rule; pruning it first would be a commit on the
+            # thread, which stamps its expiry again: it would outlive its period
             continue
         if report.pruned_threads and pause:
             time.sleep(pause)
@@ -166,6 +204,24 @@ def _keep_latest(
         report.pruned_checkpoints += extra
         if progress is not None:
             progress("keep latest", 1)
+
+
+def _expired_among(
+    uow: Any, db: str, policy: Policy, threads: list[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """The (tenant, thread) pairs among ``threads`` whose run-registry ``expire_at``
+    passed and that no live run holds (what :func:`_expired` deletes)."""
+    if not threads:
+        return set()
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, thread in threads:
+        by_tenant.setdefault(tenant, []).append(thread)
+    which = {"$and": [runs.expired(runs.now()), {"$or": [
+        {"tenant_id": t, "thread_id": {"$in": sorted(ids)}} for t, ids in sorted(by_tenant.items())
+    ]}]}  # fmt: skip
+    found = uow.find(ReadContext("*", operation=OPERATION), RUN.name, db, runs_collection(policy),
+                     which, projection={"tenant_id": 1, "thread_id": 1})  # fmt: skip
+    return {(d["tenant_id"], d["thread_id"]) for d in found}
 
 
 def _expired(

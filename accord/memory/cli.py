@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
+from accord.platform.cli_output import print_whole, whole
 
 memory_app = typer.Typer(
     help="Long-term memory: the aggregator worker, its outbox, API keys.",
@@ -98,7 +99,15 @@ def extractor_from(spec: str) -> Any:
                 "--extractor llm:... needs the langchain package and the provider's "
                 "integration (e.g. pip install langchain langchain-openai)"
             ) from exc
-        return LLMExtractor(init_chat_model(spec[4:]))
+        try:
+            model = init_chat_model(spec[4:])
+        except Exception as exc:  # the provider's package or API key is missing, a typo
+            raise ConfigurationError(
+                f"--extractor {spec}: LangChain could not build the model "
+                f"({type(exc).__name__}: {exc}); install the provider's integration "
+                f"(e.g. pip install langchain-openai) and set its API key"
+            ) from exc
+        return LLMExtractor(model)
     raise ConfigurationError(f"--extractor is 'rules' or 'llm:<provider:model>', not {spec!r}")
 
 
@@ -216,12 +225,13 @@ def dead(
         app.close()
     except AccordError as exc:
         raise _fail(exc) from exc
-    table = Table("id", "kind", "tenant", "thread", "attempts", "error")
+    table = Table(whole("id", [str(d["_id"]) for d in docs]), "kind", "tenant", "thread",
+                  "attempts", "error")  # fmt: skip
     for d in docs:
-        table.add_row(d["_id"], d.get("kind", ""), d.get("tenant_id", ""),
+        table.add_row(str(d["_id"]), d.get("kind", ""), d.get("tenant_id", ""),
                       str(d.get("thread_id", "")), str(d.get("attempts", "")),
                       str(d.get("error", ""))[:200])  # fmt: skip
-    out.print(table)
+    print_whole(out, table)  # values whole: commands take them back
 
 
 @memory_app.command("requeue")

@@ -422,8 +422,9 @@ def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
 def check_dimensions(embedder: Any, index_dims: int, where: str) -> None:
     """Refuse an embedder whose vectors cannot go into an index of ``index_dims``."""
     if embedder.dims is not None and embedder.dims != index_dims:
+        subject = getattr(embedder, "subject", None) or f"embedder {embedder.name}"
         raise EmbeddingDimensionError(
-            f"embedder {embedder.name} makes {embedder.dims}-dimension vectors but {where} "
+            f"{subject} makes {embedder.dims}-dimension vectors but {where} "
             f"is indexed with {index_dims} dimensions. Use an embedder with {index_dims} "
             "dimensions, or drop and re-create the index (existing memories need "
             "re-embedding)."

@@ -30,7 +30,8 @@ route                                    what                                   
 =======================================  ============================================  =======
 
 Lists are paginated with ``limit``/``offset``; a response's ``next_offset`` is set when
-there may be more. Errors are JSON ``{"error": code, "detail": message}``: 400 bad input,
+there may be more. History is paginated with ``limit`` and a cursor (``after=`` the
+previous page's ``next``; ``next`` is null on the last page). Errors are JSON ``{"error": code, "detail": message}``: 400 bad input,
 401 no, unknown or expired key, 403 missing scope, 404 not found, 409 a concurrent change,
 413 a body too large, 422 a body or parameter of the wrong shape, 503 the database is
 unreachable. The OpenAPI schema
@@ -67,7 +68,7 @@ from accord.errors import (
     MemoryConflictError,
     PermissionDenied,
 )
-from accord.memory import model, validation
+from accord.memory import history_pages, model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.http_bodies import (
     MAX_PAGE,
@@ -112,7 +113,22 @@ class _AnyPath(Convertor[str]):
         return value
 
 
+class _Segment(Convertor[str]):
+    """A path segment that may be empty: a namespace whose first label starts with ``/``
+    (``%2Fteam``) reaches the router as ``/v1/memories//team/...``; :func:`address_of`
+    reads the namespace from the raw path (an empty one is the store's refusal, a 400)."""
+
+    regex = "[^/]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
 register_url_convertor("anypath", _AnyPath())
+register_url_convertor("segment", _Segment())
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="or X-API-Key: <key>")
@@ -154,14 +170,29 @@ def address_of(request: Request, namespace: str, key: str) -> tuple[tuple[str, .
     raw = request.scope.get("raw_path")
     if isinstance(raw, bytes):
         path = raw.split(b"?", 1)[0].decode("latin-1")
-        for marker in _ADDRESSED:
-            at = path.find(marker)
-            if at >= 0:
-                ns, sep, rest = path[at + len(marker) :].partition("/")
-                if sep:
-                    namespace, key = unquote(ns), unquote(rest)
-                break
+        # the route's own marker is the first in the path: a key may spell another route
+        # (``/v1/history/ns/v1/memories/other/k`` is key ``v1/memories/other/k`` of ``ns``)
+        found = [(at, m) for m in _ADDRESSED if (at := path.find(m)) >= 0]
+        if found:
+            at, marker = min(found)
+            ns, sep, rest = path[at + len(marker) :].partition("/")
+            if sep:
+                namespace, key = _decoded(ns, "namespace"), _decoded(rest, "key")
     return namespace_of(namespace), model.check_key(key)
+
+
+def _decoded(part: str, field: str) -> str:
+    """A percent-encoded part of a path, decoded as UTF-8, strictly: bytes that are not
+    UTF-8 (``%FF``, an encoded lone surrogate) are refused, where a lenient decoding would
+    fold every such key into the same U+FFFD."""
+    try:
+        return unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        raise validation.InvalidField(
+            field,
+            f"the path is not UTF-8 once percent-decoded (at {validation.preview(part)}); "
+            f"send the UTF-8 bytes of each character percent-encoded",
+        ) from None
 
 
 def create_app(
@@ -279,6 +310,12 @@ def create_app(
         header: Annotated[str | None, Depends(_header)],
     ) -> Principal:
         presented = bearer.credentials if bearer is not None else header
+        if bearer is not None and header and header != bearer.credentials:
+            # which one is meant? (e.g. a gateway's key added to a client's request)
+            raise _Problem(
+                401, "unauthorized",
+                "two different API keys sent (Authorization and X-API-Key); send one",
+            )  # fmt: skip
         found = keys.authenticate(presented)
         if found is None:
             raise _Problem(
@@ -312,22 +349,31 @@ def create_app(
         Path(
             description="Dot-joined labels, e.g. users.u1.memories; a '/' in a label is sent "
             "as %2F",
-            min_length=1,
-            max_length=4096,
-            # documented, and checked by the store's own rules (for their clearer message)
-            json_schema_extra={"pattern": f"^{DOTTED_NAMESPACE}$"},
+            # documented, and checked by the store's own rules on the namespace read from
+            # the raw path (address_of): the router's segment is not the namespace when a
+            # label holds '/', so its length says nothing
+            json_schema_extra={
+                "pattern": f"^{DOTTED_NAMESPACE}$",
+                "minLength": 1,
+                "maxLength": MAX_DOTTED,
+            },
         ),
     ]
     NamespaceQuery = Query(
-        max_length=4096,
+        max_length=MAX_DOTTED,
         description="Dot-joined labels, * for any label (empty: no condition)",
         # documented, and checked by the store's own rules (for their clearer message)
         json_schema_extra={"pattern": f"^({DOTTED_NAMESPACE})?$"},
     )
+    HistoryCursor = Query(
+        min_length=1, max_length=history_pages.MAX_CURSOR, pattern=history_pages.CURSOR_PATTERN,
+        description="The 'next' cursor of the previous page (absent: the oldest versions)",
+    )  # fmt: skip
     KeyPath = Annotated[
         str,
-        Path(description="The memory's key (any characters but NUL)", min_length=0,
-             max_length=validation.MAX_KEY, json_schema_extra={"pattern": r"^[^\x00]*$"}),
+        Path(description="The memory's key (any characters but NUL)",
+             # checked on the key read from the raw path (address_of), as the namespace
+             json_schema_extra={"pattern": r"^[^\x00]*$", "maxLength": validation.MAX_KEY}),
     ]  # fmt: skip
 
     @app.get("/healthz", tags=["health"])
@@ -355,7 +401,7 @@ def create_app(
             next_offset=body.offset + body.limit if more else None,
         )
 
-    @app.get("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
+    @app.get("/v1/memories/{namespace:segment}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
              responses={404: {"model": ErrorOut}})  # fmt: skip
     async def get_memory(
         request: Request, namespace: NamespacePath, key: KeyPath, svc: Reader
@@ -367,7 +413,7 @@ def create_app(
                                              f"namespace {validation.preview('.'.join(ns))}")  # fmt: skip
         return MemoryOut.of(found)
 
-    @app.put("/v1/memories/{namespace}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
+    @app.put("/v1/memories/{namespace:segment}/{key:anypath}", response_model=MemoryOut, tags=["memories"],
              openapi_extra=body_schema(PutRequestBody))  # fmt: skip
     async def put_memory(
         request: Request, namespace: NamespacePath, key: KeyPath, svc: Writer, body: PutBody
@@ -383,28 +429,30 @@ def create_app(
         )  # fmt: skip
         return MemoryOut.of(written)
 
-    @app.delete("/v1/memories/{namespace}/{key:anypath}", response_model=Deleted,
+    @app.delete("/v1/memories/{namespace:segment}/{key:anypath}", response_model=Deleted,
                 tags=["memories"])  # fmt: skip
     async def delete_memory(
         request: Request, namespace: NamespacePath, key: KeyPath, svc: Writer
     ) -> Deleted:
         """Delete a memory (its last version is kept in its history). ``deleted`` says
-        whether it existed."""
+        whether this request deleted it (of concurrent deletes, one says true)."""
         ns, key = address_of(request, namespace, key)
-        existed = await svc.get(ns, key) is not None
-        await svc.delete(ns, key)
-        return Deleted(deleted=existed)
+        return Deleted(deleted=await svc.delete(ns, key))
 
-    @app.get("/v1/history/{namespace}/{key:anypath}", response_model=HistoryPage,
+    @app.get("/v1/history/{namespace:segment}/{key:anypath}", response_model=HistoryPage,
              tags=["memories"])  # fmt: skip
     async def history(
-        request: Request, namespace: NamespacePath, key: KeyPath, svc: Reader
-    ) -> HistoryPage:
-        """Previous versions, oldest first, with what replaced each and its provenance."""
+        request: Request, namespace: NamespacePath, key: KeyPath, svc: Reader,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        after: Annotated[str | None, HistoryCursor] = None,
+    ) -> HistoryPage:  # fmt: skip
+        """Previous versions, oldest first, with what replaced each and its provenance;
+        ``limit`` at a time, the next page from the ``next`` cursor (``after=``)."""
         ns, key = address_of(request, namespace, key)
-        rows = await svc.history(ns, key)
+        page = await svc.history_page(ns, key, limit=limit, after=after)
+        rows = page.items
         return HistoryPage(
-            namespace=list(ns), key=key,
+            namespace=list(ns), key=key, next=page.next,
             items=[HistoryEntry(
                 version=r["version"], change=r.get("change", "update"), value=r.get("value"),
                 text=r.get("text"), kind=r.get("kind"), provenance=r.get("provenance"),
@@ -420,7 +468,7 @@ def create_app(
         suffix: Annotated[str | None, NamespaceQuery] = None,
         max_depth: Annotated[int | None, Query(ge=1, le=64)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=validation.MAX_OFFSET)] = 0,
     ) -> NamespacePage:
         """Namespaces that hold memories (``prefix``/``suffix`` match, ``*`` any label)."""
         names = await svc.list_namespaces(
@@ -437,6 +485,7 @@ def create_app(
 
 
 #: A namespace in a path or a query: its labels joined by dots.
+MAX_DOTTED = validation.MAX_LABELS * (validation.MAX_LABEL + 1) - 1
 DOTTED_NAMESPACE = rf"[^.\x00]{{1,{validation.MAX_LABEL}}}(\.[^.\x00]{{1,{validation.MAX_LABEL}}})*"
 
 

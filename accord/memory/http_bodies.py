@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from accord.memory import model, validation
+from accord.memory.json_body import loads as strict_json
 
 log = logging.getLogger("accord.memory.http")
 
@@ -138,6 +139,9 @@ class HistoryPage(BaseModel):
     namespace: list[str]
     key: str
     items: list[HistoryEntry]
+    next: str | None = Field(
+        description="The cursor of the next page (pass it as after=); null on the last page."
+    )
 
 
 class InvalidRequestOut(BaseModel):
@@ -159,7 +163,7 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def parse_body(body_model: type[_M], raw: bytes, content_type: str | None) -> _M:
-    """A request body: JSON read strictly (:func:`accord.memory.validation.loads`: depth
+    """A request body: JSON read strictly (:func:`accord.memory.json_body.loads`: depth
     checked before parsing, no NaN/Infinity/1e400), then ``body_model``'s validation.
     Problems are a ``RequestValidationError`` (a 422), with locations under ``body``."""
     if content_type is None or not _is_json(content_type):
@@ -172,7 +176,7 @@ def parse_body(body_model: type[_M], raw: bytes, content_type: str | None) -> _M
             [{"type": "missing", "loc": ("body",), "msg": "Field required"}]
         )
     try:
-        data = validation.loads(raw)
+        data = strict_json(raw)
     except validation.InvalidField as exc:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body",), "msg": exc.reason}]

@@ -33,10 +33,11 @@ SDK's stdio transport drops it silently and leaves the client waiting
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 try:  # the server extra (accord/extras.py): say so when it is missing
     import anyio
@@ -53,13 +54,14 @@ except ImportError as exc:
 from pydantic import BaseModel, Field, ValidationError
 
 from accord.errors import AccordError, ConfigurationError
-from accord.memory import model, validation
+from accord.memory import json_body, model, validation
 from accord.memory.asynchronous.service import AsyncMemoryService
 from accord.memory.extraction import content_key
 from accord.platform.context import MEMORY_API
 from accord.platform.context import Principal as KernelPrincipal
 
 log = logging.getLogger("accord.memory.mcp")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 DEFAULT_NAMESPACE = ("memories",)
 INSTRUCTIONS = (
@@ -122,25 +124,43 @@ STRUCTURED_ARGUMENTS: Mapping[str, frozenset[str]] = {
 
 class StrictArguments:
     """Server middleware: a ``tools/call`` whose list, object or number argument arrives
-    as a string is a tool error, before the SDK would parse the string as JSON."""
+    as a string is a tool error, before the SDK would parse the string as JSON; so is a
+    call with an argument the tool does not take (the SDK ignores it: ``search_memory``
+    with ``prefix`` for ``namespace`` would search every namespace, and a ``tenant_id``
+    would look obeyed). ``arguments``: each tool's argument names (filled as tools are
+    registered)."""
+
+    def __init__(self) -> None:
+        self.arguments: dict[str, frozenset[str]] = {}
 
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
         if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
-            structured = STRUCTURED_ARGUMENTS.get(str(ctx.params.get("name")), frozenset())
+            tool = str(ctx.params.get("name"))
+            structured = STRUCTURED_ARGUMENTS.get(tool, frozenset())
             arguments = ctx.params.get("arguments")
+            known = self.arguments.get(tool)
+            if isinstance(arguments, Mapping) and known is not None:
+                unknown = sorted(str(name) for name in arguments if name not in known)
+                if unknown:
+                    names = ", ".join(validation.preview(n) for n in unknown[:5])
+                    return _tool_error(
+                        f"{tool} does not take {names}; its arguments are "
+                        f"{', '.join(sorted(known))}. Nothing was done."
+                    )
             if isinstance(arguments, Mapping):
                 for name in sorted(structured & set(arguments)):
                     if isinstance(arguments[name], str):
                         try:  # the shared check, for the shared message (it refuses a string)
                             _STRUCTURED_CHECKS[name](arguments[name])
                         except validation.InvalidField as exc:
-                            return types.CallToolResult(
-                                content=[types.TextContent(type="text", text=str(exc))],
-                                is_error=True,
-                            )
+                            return _tool_error(str(exc))
         return await call_next(ctx)
+
+
+def _tool_error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 _STRUCTURED_CHECKS: Mapping[str, Any] = {
@@ -192,10 +212,17 @@ def create_server(
                 state.pop("service", None)
                 await root.close()
 
+    strict = StrictArguments()
     server: MCPServer[Any] = MCPServer(
         "accord-memory", instructions=INSTRUCTIONS, version="1", lifespan=lifespan,
-        middleware=[StrictArguments()],
+        middleware=[strict],
     )  # fmt: skip
+
+    def tool(fn: _F) -> _F:
+        """Register ``fn`` as a tool; calls naming an argument it does not take are refused."""
+        strict.arguments[fn.__name__] = frozenset(inspect.signature(fn).parameters)
+        server.tool()(fn)
+        return fn
 
     def svc() -> AsyncMemoryService:
         try:
@@ -206,7 +233,7 @@ def create_server(
     # Every argument is one of accord.memory.validation's types: the store's and the HTTP
     # API's rules, with their messages.
 
-    @server.tool()
+    @tool
     async def search_memory(
         query: validation.Query,
         namespace: validation.NamespacePrefixOrNone = None,
@@ -223,7 +250,7 @@ def create_server(
             raise ToolError(str(exc)) from None
         return [MemoryResult.of(m) for m in hits]
 
-    @server.tool()
+    @tool
     async def save_memory(
         text: validation.Text,
         namespace: validation.NamespaceOrNone = None,
@@ -249,7 +276,7 @@ def create_server(
             raise ToolError(str(exc)) from None
         return Saved(namespace=list(space), key=memory_key, version=saved.version)
 
-    @server.tool()
+    @tool
     async def get_memory(
         namespace: validation.Namespace, key: validation.Key
     ) -> MemoryResult | None:
@@ -260,20 +287,17 @@ def create_server(
             raise ToolError(str(exc)) from None
         return None if found is None else MemoryResult.of(found)
 
-    @server.tool()
+    @tool
     async def delete_memory(namespace: validation.Namespace, key: validation.Key) -> Deleted:
         """Forget one memory (its last version stays in history). `deleted` says whether
-        it existed."""
+        this call deleted it (of concurrent deletes, one says true)."""
         try:
-            space = tuple(namespace)
-            service = svc()
-            existed = await service.get(space, key) is not None
-            await service.delete(space, key)
+            deleted = await svc().delete(tuple(namespace), key)
         except AccordError as exc:
             raise ToolError(str(exc)) from None
-        return Deleted(deleted=existed)
+        return Deleted(deleted=deleted)
 
-    @server.tool()
+    @tool
     async def list_namespaces(
         prefix: validation.NamespacePrefixOrNone = None, limit: validation.PageLimit = 50
     ) -> list[list[str]]:
@@ -327,7 +351,7 @@ def unreadable_message(exc: Exception) -> types.JSONRPCError:
     code, reason, data = types.INVALID_REQUEST, "not a JSON-RPC 2.0 message", raw
     if isinstance(raw, str | bytes):  # the transport's parser refused the text itself
         try:
-            data = validation.loads(raw, field="message")
+            data = json_body.loads(raw, field="message")
             reason = "strings must be valid Unicode (no lone surrogates)"
         except validation.InvalidField as refused:
             return _error(types.PARSE_ERROR, f"Parse error: {refused.reason}", None)

@@ -43,13 +43,10 @@ kinds                      at most 20 kinds
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
@@ -206,6 +203,8 @@ def check_kinds(kinds: Any, field: str = "kinds") -> tuple[str, ...] | None:
         return None
     if not isinstance(kinds, list | tuple) or len(kinds) > MAX_KINDS:
         raise InvalidField(field, f"a list of at most {MAX_KINDS} kinds, got {preview(kinds)}")
+    if not kinds:  # "only these kinds" with none would select nothing; it selected all
+        raise InvalidField(field, "give at least one kind, or leave kinds out for every kind")
     return tuple(check_kind(k, f"{field}[{i}]") for i, k in enumerate(kinds))
 
 
@@ -523,7 +522,8 @@ Kinds = Annotated[
     list[str] | None,
     PlainValidator(_pydantic(lambda v: None if v is None else list(check_kinds(v) or ())),
                    json_schema_input_type=Annotated[list[KindSchema] | None,
-                                                    Field(max_length=MAX_KINDS)]),
+                                                    Field(min_length=1,
+                                                          max_length=MAX_KINDS)]),
 ]  # fmt: skip
 Text = Annotated[
     str,
@@ -592,56 +592,3 @@ def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidField("index", f"must be a boolean, got {type_name(value)}")
     return value
-
-
-# -- JSON as the doors read it ---------------------------------------------------------------
-
-#: Nesting of a whole request body (a value or a filter, and the body around it).
-MAX_JSON_DEPTH = MAX_DEPTH + 4
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
-_NESTING = np.zeros(256, dtype=np.int8)
-_NESTING[[ord("["), ord("{")]] = 1
-_NESTING[[ord("]"), ord("}")]] = -1
-
-
-def json_depth(data: bytes) -> int:
-    """How deep JSON text ``data`` nests (``[]``/``{}`` outside strings), without parsing
-    it: one regular expression and one numpy pass, so a deeply nested input is refused
-    before any object of it is built."""
-    brackets = np.frombuffer(_STRING.sub(b"", data), dtype=np.uint8)
-    if not len(brackets):
-        return 0
-    return int(np.cumsum(_NESTING[brackets], dtype=np.int32).max())
-
-
-def loads(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH, field: str = "body") -> Any:
-    """Strict JSON: nested at most ``max_depth`` (checked before parsing); no ``NaN``,
-    ``Infinity`` or numbers beyond a double (``1e400``), which JSON does not have and
-    which would read back as null. A refusal is an :class:`InvalidField` on ``field``."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    depth = json_depth(raw)
-    if depth > max_depth:
-        raise InvalidField(field, f"JSON nested {depth} levels deep; at most {max_depth}")
-    try:
-        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
-    except json.JSONDecodeError as exc:
-        raise InvalidField(
-            field, f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    except UnicodeDecodeError:
-        raise InvalidField(field, "not valid JSON: the text is not UTF-8") from None
-    except InvalidField:
-        raise
-    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5,000 digits
-        raise InvalidField(field, f"not valid JSON: {str(exc)[:200]}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise InvalidField("body", f"{name} is not a JSON number; numbers are finite")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise InvalidField("body", f"{preview(text)} is beyond what a number can hold")
-    return number

@@ -69,7 +69,7 @@ MEMORY_VECTOR = ArtifactClass(
     "memory_vector", "the vectors of long-term memories, one per memory and field",
     "memory_vectors",
 )  # fmt: skip
-AUDIT = ArtifactClass("audit", "hash-chained mutation records", "audit")
+AUDIT = ArtifactClass("audit", "hash-chained mutation records", "accord_audit")
 AUDIT_DIGEST = ArtifactClass(
     "audit_digest", "Merkle digests of the audit chains' heads, append-only",
     "accord_audit_digests",

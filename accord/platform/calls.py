@@ -255,12 +255,22 @@ def run_unparked_op(tenant_id: str, thread_id: str, key: str) -> Op:
     )
 
 
-def resolve_op(key: str, result: Mapping[str, Any], *, by: str, at: _dt.datetime) -> Op:
-    """A human settles an unsettled call with the result it had (re-executions replay
-    it). Expect ``matched == 1``."""
+def resolve_op(
+    key: str,
+    result: Mapping[str, Any],
+    *,
+    by: str,
+    at: _dt.datetime,
+    tenant_id: str,
+    thread_id: str,
+) -> Op:
+    """A human settles an unsettled call of ``tenant_id``'s thread ``thread_id`` with the
+    result it had (re-executions replay it). Expect ``matched == 1``. The key comes from
+    the caller (an error message, a form): the filter pins the tenant and the thread, so
+    a key of another tenant's (or thread's) call matches nothing."""
     return Op(
         "update",
-        _unsettled(key),
+        {**_unsettled(key), "tenant_id": tenant_id, "thread_id": thread_id},
         {"$set": {"status": DONE, "result": dict(result), "resolved_by": by,
                   "finished_at": at}},
     )  # fmt: skip

@@ -28,6 +28,7 @@ engine_app = typer.Typer(
 )
 app.add_typer(engine_app, name="engine")
 console = Console(soft_wrap=True)  # lines a script may parse are never cut
+err_console = Console(stderr=True, soft_wrap=True)  # errors: stderr, as the engine's own
 
 
 def _version(value: bool) -> None:
@@ -164,7 +165,7 @@ def engine_start(
             timeout=Settings().engine_start_timeout, options=options,
         )  # fmt: skip
     except AccordError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from exc
     console.print(f"engine started: {uri}  (dbpath {dbpath})", highlight=False)
     console.print(f"stop it with: accord engine stop --dbpath {dbpath}", highlight=False)

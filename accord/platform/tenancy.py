@@ -7,6 +7,8 @@ writes: filters, update operators, replacement documents). For groups of such cl
 can reach or produce a document of another tenant:
 
 * every filter pins ``tenant_id`` to the plan's tenant as a plain string (no operator);
+* no filter or pipeline runs server-side JavaScript (``$where``, ``$function``,
+  ``$accumulator``);
 * inserted and replacement documents carry exactly the plan's tenant;
 * no update changes or removes ``tenant_id``: no operator names it as a path (``$set``,
   ``$unset``, ``$rename`` source or target, ``$setOnInsert``...), and pipeline updates
@@ -28,6 +30,11 @@ from accord.platform.artifacts import CLASSES
 from accord.platform.plan import Op, Plan
 
 TENANT_FIELD = "tenant_id"
+
+#: Operators that run JavaScript on the server: tenant input never does (it would spend
+#: the database's CPU, or sleep holding a transaction, for every tenant).
+_SERVER_JS = frozenset({"$where", "$function", "$accumulator"})
+_NO_JS = "server-side JavaScript, which writes from tenant input may not run"
 
 #: Pipeline-update stages that can neither drop nor rewrite fields they do not name.
 _SAFE_PIPELINE_STAGES = frozenset({"$set", "$addFields", "$unset"})
@@ -60,15 +67,38 @@ def op_problem(op: Op, tenant: str) -> str | None:
         return _doc_problem(op.doc, tenant, "the inserted document")
     if not isinstance(op.filter, Mapping) or op.filter.get(TENANT_FIELD) != tenant:
         return f"its filter must pin {TENANT_FIELD!r} to {tenant!r} (as a plain string)"
+    script = _javascript(op.filter)
+    if script is not None:
+        return f"its filter uses {script}, {_NO_JS}"
     if op.kind == "replace":
         return _doc_problem(op.doc, tenant, "the replacement document")
     if op.kind in ("update", "update_many"):
         if isinstance(op.doc, Mapping):
             return _operators_problem(op.doc)
         if isinstance(op.doc, Sequence) and not isinstance(op.doc, str | bytes):
+            script = _javascript(op.doc)
+            if script is not None:
+                return f"its pipeline uses {script}, {_NO_JS}"
             return _pipeline_problem(op.doc)
         return "the update must be an operator document or a pipeline"
     return None  # delete / delete_many: the filter check is enough
+
+
+def _javascript(value: Any) -> str | None:
+    """The first server-side JavaScript operator anywhere in ``value`` (a filter or a
+    pipeline: both are evaluated, unlike an operator update's values), or None.
+    Iterative: no nesting exhausts the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, child in item.items():
+                if key in _SERVER_JS:
+                    return str(key)
+                stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
 
 
 def _doc_problem(doc: Any, tenant: str, what: str) -> str | None:

@@ -209,6 +209,27 @@ def test_an_interrupted_migration_resumes(client: MongoClient, legacy_db: str) -
         assert _history(graph, thread) == history, thread
 
 
+def test_a_thread_that_went_on_in_accord_is_not_overwritten_by_a_later_migration(
+    client: MongoClient, legacy_db: str
+) -> None:
+    """MongoDBSaver wrote a thread again after accord went on with it: a re-run of the
+    migration leaves accord's thread as it is and names it (it copied MongoDBSaver's
+    newer checkpoint, which became the thread's latest: accord's turn was lost)."""
+    _write_mongodbsaver_threads(client, legacy_db)
+    MongoDBSaverMigration(client, legacy_db).run()
+    graph = _graph().compile(checkpointer=AccordSaver(client, db_name=legacy_db))
+    graph.invoke(_say("in accord", 7), config("done"))
+    ours = _history(graph, "done")
+    legacy = _graph().compile(checkpointer=MongoDBSaver(client, db_name=legacy_db))
+    legacy.invoke(_say("in MongoDBSaver", 8), config("done"))  # a forgotten old worker
+    legacy.invoke(_say("in MongoDBSaver", 8), config("waiting"))
+    report = MongoDBSaverMigration(client, legacy_db).run()
+    assert report.diverged == ["done"] and report.migrated_threads == ["waiting"]
+    assert _history(graph, "done") == ours
+    assert "in MongoDBSaver" in [m.content for m in
+                                 graph.get_state(config("waiting")).values["messages"]]  # fmt: skip
+
+
 def test_the_command_killed_half_way_and_run_again_migrates_everything(
     client: MongoClient, mongo_uri: str, legacy_db: str, tmp_path: Path
 ) -> None:

@@ -150,3 +150,267 @@ def test_a_task_recorded_twice_applies_its_business_writes_once(
     assert client[saver.db_name].orders.count_documents({}) == 1
     tup = saver.get_tuple(stored)
     assert tup is not None and [(w[1]) for w in tup.pending_writes] == [BUSINESS_CHANNEL, "v"]
+
+
+@pytest.mark.parametrize(
+    ("target", "refusal"),
+    [
+        # accord's collections that exist only once a feature is used (no catalog entry
+        # before): a tenant could plant audit records or heads, cuts, hold fences
+        ("accord_audit", "one of accord's own collections"),
+        ("accord_audit_heads", "one of accord's own collections"),
+        ("accord_audit_cuts", "one of accord's own collections"),
+        ("accord_audit_digest_heads", "one of accord's own collections"),
+        ("accord_hold_fences", "one of accord's own collections"),
+        # MongoDB refuses it: a clear error in the node, not a raw DatabaseError at commit
+        (".orders", "not a valid business collection name"),
+        ("orders.", "not a valid business collection name"),
+    ],
+)
+def test_business_writes_cannot_target_accord_collections_made_later(
+    client: MongoClient, saver: Any, target: str, refusal: str
+) -> None:
+    from langgraph.graph import START, StateGraph
+
+    from accord.checkpointers import business
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        business.insert_one(target, {"_id": "planted", "x": 1})
+        return {"n": 1}
+
+    g = StateGraph(dict)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    with pytest.raises(InvalidInputError, match=refusal):
+        g.compile(checkpointer=saver).invoke({"n": 0}, config("biz"))
+    assert target not in client[saver.db_name].list_collection_names()
+
+
+@pytest.mark.parametrize(
+    ("filt", "update", "upsert"),
+    [
+        ({"_id": "o"}, {"$inc": 5}, False),
+        ({"_id": "o"}, {"$inc": "tenant_id"}, False),
+        ({"sku": "A-1"}, {"$setOnInsert": ["tenant_id"], "$set": {"qty": 1}}, True),
+    ],
+    ids=["inc-not-a-document", "inc-naming-a-field", "setOnInsert-not-a-document"],
+)
+def test_an_update_operator_that_is_not_a_document_is_refused_not_dropped(
+    client: MongoClient, saver: Any, filt: Any, update: Any, upsert: bool
+) -> None:
+    """accord's _version bump rebuilds $inc (and an upsert's $setOnInsert): an operator
+    given as a non-document was silently replaced, the write committing without it."""
+    from langgraph.graph import START, StateGraph
+
+    from accord.checkpointers import business
+
+    client[saver.db_name].orders.insert_one({"_id": "o", "tenant_id": "default", "qty": 1})
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        business.update_one("orders", filt, update, upsert=upsert)
+        return {"n": 1}
+
+    g = StateGraph(dict)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    with pytest.raises(InvalidInputError, match="takes a document of field paths"):
+        g.compile(checkpointer=saver).invoke({"n": 0}, config("biz"))
+    assert list(client[saver.db_name].orders.find()) == [
+        {"_id": "o", "tenant_id": "default", "qty": 1}
+    ]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: b.delete_one("orders", {"$where": "sleep(5000) || true"}),
+        lambda b: b.update_one("orders", {"$and": [{"$where": "true"}]}, {"$set": {"x": 1}}),
+        lambda b: b.update_one(
+            "orders", {"_id": "o"},
+            [{"$set": {"x": {"$function": {"body": "function() { return 1 }", "args": [],
+                                           "lang": "js"}}}}],
+        ),
+    ],
+    ids=["where", "nested-where", "function-in-pipeline"],
+)  # fmt: skip
+def test_business_writes_run_no_server_side_javascript(
+    client: MongoClient, saver: Any, call: Any
+) -> None:
+    """Before: accepted when staged; MongoDB ran the tenant's JavaScript in the step's
+    transaction (the embedded engine failed it at commit with a DatabaseError)."""
+    from langgraph.graph import START, StateGraph
+
+    from accord.checkpointers import business
+
+    client[saver.db_name].orders.insert_one({"_id": "o", "tenant_id": "default"})
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        call(business)
+        return {"n": 1}
+
+    g = StateGraph(dict)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    with pytest.raises(InvalidInputError, match="server-side JavaScript"):
+        g.compile(checkpointer=saver).invoke({"n": 0}, config("biz"))
+    assert list(client[saver.db_name].orders.find()) == [{"_id": "o", "tenant_id": "default"}]
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {"x": 1}
+    for _ in range(levels):
+        doc = {"a": doc}
+    return doc
+
+
+class _NotBson:
+    """A value BSON has no type for."""
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda b: b.insert_one("orders", {"_id": "p", **_nested(5000)}), "nested more than"),
+        (lambda b: b.update_one("orders", {"_id": "p"}, {"$set": _nested(5000)}),
+         "nested more than"),
+        (lambda b: b.insert_one("orders", {"_id": "p", "x": _NotBson()}), "cannot be stored"),
+        (lambda b: b.insert_one("orders", {"_id": "p", 1: "x"}), "only string keys"),
+        (lambda b: b.delete_one("orders", {b"k": 1}), "only string keys"),
+        (lambda b: b.append_event("w", {"x": _NotBson()}), "cannot be stored"),
+    ],
+    ids=["deep-insert", "deep-update", "no-bson-type", "int-key", "bytes-key-filter", "event"],
+)  # fmt: skip
+def test_business_input_mongodb_cannot_store_is_refused_when_staged(
+    client: MongoClient, saver: Any, call: Any, words: str
+) -> None:
+    """Before: a RecursionError from the node (deep input), or the task failing at commit
+    with 'an earlier save of this run failed with InvalidDocument'."""
+    from langgraph.graph import START, StateGraph
+
+    from accord.checkpointers import business
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        call(business)
+        return {"n": 1}
+
+    g = StateGraph(dict)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    with pytest.raises(InvalidInputError, match=words):
+        g.compile(checkpointer=saver).invoke({"n": 0}, config("biz"))
+    db = client[saver.db_name]
+    assert db.orders.count_documents({}) == 0
+    assert db.accord_workflow_events.count_documents({}) == 0
+
+
+def _event(tenant: str, **changes: Any) -> dict[str, Any]:
+    from accord.platform import workflow_log
+
+    doc = workflow_log.event_doc(tenant, "w", {"a": 1}, thread_id="pw", node="n")
+    return {"op": "append_event", "collection": workflow_log.COLLECTION, "document": doc | changes}
+
+
+#: Staged operations ``business.*`` never stages, sent straight to ``put_writes`` (a public
+#: method; a migration replays another saver's pending writes through it too).
+FORGED_STAGED: dict[str, Any] = {
+    "event_of_another_tenant": _event("victim"),
+    "event_with_its_seq": _event("default", seq=1),
+    "event_of_another_thread": _event("default", thread_id="other"),
+    "event_into_accord_checkpoints": {**_event("default"), "collection": "accord_checkpoints"},
+    "event_into_business_collection": {**_event("default"), "collection": "orders"},
+    "insert_into_system_js": {
+        "op": "insert_one", "collection": "system.js", "document": {"_id": "f", "tenant_id": "default"},
+    },
+    "insert_into_dollar_cmd": {
+        "op": "insert_one", "collection": "x.$cmd", "document": {"_id": "f", "tenant_id": "default"},
+    },
+    "insert_with_nul_name": {
+        "op": "insert_one", "collection": "a\x00b", "document": {"_id": "f", "tenant_id": "default"},
+    },
+    "insert_setting_version": {
+        "op": "insert_one", "collection": "orders",
+        "document": {"_id": "v", "tenant_id": "default", "_version": 99},
+    },
+    "update_with_string_upsert": {
+        "op": "update_one", "collection": "orders", "filter": {"_id": "u", "tenant_id": "default"},
+        "update": {"$set": {"x": 1}}, "upsert": "yes",
+    },
+    "update_of_another_tenant": {
+        "op": "update_one", "collection": "orders", "filter": {"_id": "u", "tenant_id": "victim"},
+        "update": {"$set": {"x": 1}},
+    },
+    "update_operator_not_a_document": {
+        "op": "update_one", "collection": "orders", "filter": {"_id": "u", "tenant_id": "default"},
+        "update": {"$inc": 5},
+    },
+    "unknown_operation": {"op": "drop", "collection": "orders"},
+    "artifact_commit_elsewhere": {
+        "op": "commit_artifact", "collection": "orders", "artifact_id": "a",
+    },
+    "artifact_commit_with_operator_id": {
+        "op": "commit_artifact", "collection": "accord_artifacts.files", "artifact_id": {"$ne": 1},
+    },
+    "not_a_dict": "drop everything",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FORGED_STAGED))
+def test_put_writes_checks_staged_business_writes_again(
+    client: MongoClient, saver: Any, name: str
+) -> None:
+    """A staged op that reaches put_writes without business.* is held to the same rules:
+    before, an event went into another tenant's workflow log (numbered, head moved), a
+    document into system.js, '_version' was set, a non-dict raised AttributeError."""
+    stored = saver.put(config("pw"), generate_checkpoint(), generate_metadata(), {})
+    with pytest.raises(InvalidInputError, match="refused|must be a staged business operation"):
+        saver.put_writes(stored, [(BUSINESS_CHANNEL, FORGED_STAGED[name]), ("v", 1)], "task-1")
+    db = client[saver.db_name]
+    for coll in ("accord_workflow_events", "orders", "system.js"):
+        assert db[coll].count_documents({}) == 0, coll
+    assert db.accord_checkpoint_writes.count_documents({}) == 0
+    tup = saver.get_tuple(stored)
+    assert tup is not None and tup.pending_writes == []
+
+
+def test_put_writes_takes_what_business_stages(client: MongoClient, saver: Any) -> None:
+    """The checks above refuse nothing business.* stages: an event and an insert pass."""
+    stored = saver.put(config("pw"), generate_checkpoint(), generate_metadata(), {})
+    insert = {
+        "op": "insert_one", "collection": "orders", "document": {"_id": "o", "tenant_id": "default"},
+        "node": "n",
+    }  # fmt: skip
+    saver.put_writes(
+        stored, [(BUSINESS_CHANNEL, _event("default")), (BUSINESS_CHANNEL, insert)], "t"
+    )
+    db = client[saver.db_name]
+    assert db.orders.count_documents({"_id": "o", "tenant_id": "default", "_version": 1}) == 1
+    assert db.accord_workflow_events.count_documents({"workflow": "w", "seq": 1}) == 1
+
+
+def test_a_saver_built_for_one_tenant_serves_no_other(
+    client: MongoClient, saver: Any, saver_factory: Any
+) -> None:
+    """An application forwarding a client's config (LangGraph's config.configurable) to a
+    saver built with tenant_id= reached another tenant's threads through
+    configurable.tenant_id, while a store built with tenant_id= refused such a run."""
+    victim = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "tenant_id": "beta"}}
+    stored = saver.put(victim, generate_checkpoint(), generate_metadata(), {})
+    acme = saver_factory(tenant_id="acme")
+    for call in (
+        lambda: acme.get_tuple(victim),
+        lambda: list(acme.list(victim)),
+        lambda: acme.put(victim, generate_checkpoint(), generate_metadata(), {}),
+        lambda: acme.put_writes(stored, [("v", 1)], "task"),
+        lambda: acme.delete_thread("t", tenant_id="beta"),
+        lambda: acme.copy_thread("t", "t2", tenant_id="beta"),
+        lambda: acme.prune(["t"], tenant_id="beta"),
+    ):
+        with pytest.raises(InvalidInputError, match="serves tenant 'acme' only"):
+            call()
+    assert client[saver.db_name].accord_checkpoints.count_documents({}) == 1
+    assert saver.get_tuple(victim) is not None  # beta's thread is untouched
+    # its own tenant, named or not, and an unpinned saver serving any tenant, as before
+    mine = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "tenant_id": "acme"}}
+    acme.put(mine, generate_checkpoint(), generate_metadata(), {})
+    assert acme.get_tuple(config("t")) is not None
+    assert saver.get_tuple(mine) is not None

@@ -98,3 +98,41 @@ async def test_bad_arguments_are_refused(mongo_uri: str, db_name: str) -> None:
             _worker(app, STEPS, concurrency=0)
         with pytest.raises(InvalidInputError, match="tenant_limit"):
             _worker(app, STEPS, tenant_limit=-1)
+
+
+@pytest.mark.asyncio
+async def test_a_run_given_back_during_a_claim_is_not_claimed_again(
+    mongo_uri: str, db_name: str
+) -> None:
+    """As for ``Worker`` (test_run_queue.py): a claim under way while a run is given back
+    (refused by its bundle pin) does not take the run again."""
+    import asyncio
+    from typing import Any
+
+    from accord.checkpointers.bundles import PinnedGraph
+    from accord.platform.bundles import Bundle
+    from tests.durable import queue_graphs
+
+    def on(version: str) -> Any:
+        return lambda saver: PinnedGraph(
+            queue_graphs.async_approval.compile(checkpointer=saver), Bundle(version, code=version)
+        )
+
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        queue = await app.runs()
+        run = await queue.submit(APPROVAL, {"run": "raced"})
+        assert await _worker(app, APPROVAL, graph_object=on("v1")).run(until_idle=True) == 1
+        await queue.approve(run.run_id)
+        v2 = _worker(app, APPROVAL, graph_object=on("v2"))
+        claim = v2.queue.claim
+
+        async def slow_claim(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.3)  # the give-back of the run just claimed lands in here
+            return await claim(*args, **kwargs)
+
+        v2.queue.claim = slow_claim  # type: ignore[method-assign]
+        assert await v2.run(until_idle=True) == 1
+        given_back = await queue.get(run.run_id)
+        assert given_back.status == queued_runs.QUEUED
+        assert "BundleMismatch" in given_back.events[-1]["reason"]
+        assert [e["event"] for e in given_back.events].count("claimed") == 2

@@ -22,7 +22,13 @@ from accord.checkpointers.recorded import (
     resolve_call,
     unsettled_calls,
 )
-from accord.errors import ConfigurationError, LeaseLost, NeedsReconciliation
+from accord.errors import (
+    ConcurrentRunError,
+    ConfigurationError,
+    InvalidInputError,
+    LeaseLost,
+    NeedsReconciliation,
+)
 from accord.platform import calls, runs
 from tests.checkpointers.conftest import make_saver
 
@@ -260,3 +266,36 @@ def test_a_call_that_interrupts_is_made_again_on_resume(
     assert result["out"] == ["yes"] and asked == ["wire", "wire"]
     doc = client[db_name][CALLS].find_one({"name": "fake.approval"})
     assert doc is not None and doc["status"] == calls.DONE
+
+
+def test_a_call_is_settled_only_in_its_own_tenant_and_thread(
+    saver: AccordSaver, client: MongoClient, db_name: str
+) -> None:
+    """The key reaches a human through an error message or a form: before, resolving it
+    under another tenant or thread (or passing an operator as the key) settled the call,
+    writing that tenant's result into it."""
+
+    @recorded(name="fake.transfer")
+    def transfer(cents: int) -> str:
+        raise TimeoutError("the provider did not answer")
+
+    graph = one_node(saver, lambda s: {"out": [transfer(500)]})
+    beta = {"configurable": {"thread_id": "t9", "tenant_id": "beta"}}
+    with pytest.raises(TimeoutError):
+        graph.invoke({"out": []}, beta)
+    with pytest.raises(NeedsReconciliation) as refused:
+        graph.invoke(None, beta)
+    key = refused.value.key
+    for tenant, thread, named in (("acme", "t9", key), ("beta", "other", key),
+                                  (None, "t9", key)):  # fmt: skip
+        with pytest.raises(ConcurrentRunError, match="is not unsettled"):
+            resolve_call(saver, thread, named, "forged", by="user:mallory", tenant_id=tenant)
+    for bad in ({"$ne": None}, ["k"], ""):
+        with pytest.raises(InvalidInputError, match="key must be"):
+            resolve_call(saver, "t9", bad, "forged", by="user:mallory", tenant_id="beta")
+    with pytest.raises(InvalidInputError, match="thread_id must be"):
+        unsettled_calls(saver, tenant_id="beta", thread_id={"$ne": None})
+    doc = client[db_name][CALLS].find_one({"_id": key})
+    assert doc is not None and doc["status"] == calls.PARKED and "result" not in doc
+    resolve_call(saver, "t9", key, "receipt", by="user:ops", tenant_id="beta")
+    assert client[db_name][CALLS].find_one({"_id": key})["status"] == calls.DONE

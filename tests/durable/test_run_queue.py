@@ -235,6 +235,12 @@ def test_a_fork_continues_from_a_checkpoint_on_a_new_thread(
     assert list(saver.list({"configurable": {"thread_id": run.thread_id}})) == history
     with pytest.raises(InvalidInputError, match="new thread"):
         queue.fork(run.run_id, thread_id=run.thread_id)
+    # a checkpoint the source thread does not have: the fork fails naming it (it failed
+    # with LangGraph's "EmptyInputError: Received no input for __start__")
+    bogus = queue.fork(run.run_id, checkpoint_id="no-such-checkpoint")
+    work(app, APPROVAL)
+    with pytest.raises(RunFailed, match="has no checkpoint 'no-such-checkpoint'"):
+        queue.wait(bogus.run_id)
 
 
 @pytest.mark.parametrize(
@@ -306,7 +312,9 @@ def test_per_tenant_and_per_worker_limits(
         queue.submit(STEPS, {"run": f"b-{i}"}, tenant_id="b")
     for i in range(3):
         queue.submit(STEPS, {"run": f"c-{i}"}, tenant_id="c")
-    assert work(app, STEPS, concurrency=2, tenant_limit=1) == 9
+    # a lease far above a loaded machine's pauses: one that ran out mid-run would let a
+    # second run of its tenant be claimed (the limit counts live leases)
+    assert work(app, STEPS, concurrency=2, tenant_limit=1, lease=10.0) == 9
     spans = _spans(log)
     for tenant in "abc":
         assert _most_at_once([v for k, v in spans.items() if k.startswith(tenant)]) == 1
@@ -396,6 +404,21 @@ def test_credentials_that_expired_during_a_wait_block_the_resume_until_refreshed
         queue.refresh_credentials(run.run_id, {"bank_token": later})
 
 
+def test_refreshing_a_credential_the_run_does_not_hold_is_refused_by_name(
+    queue: RunQueue,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    bare = queue.submit(APPROVAL, {"run": "bare"})  # submitted without credentials
+    with pytest.raises(InvalidInputError, match="no credential named bank.*holds: none"):
+        queue.refresh_credentials(bare.run_id, {"bank": later})
+    held = queue.submit(APPROVAL, {"run": "held"}, credentials={"bank_token": later})
+    with pytest.raises(InvalidInputError, match="no credential named bank .*holds: bank_token"):
+        queue.refresh_credentials(held.run_id, {"bank": later})
+    assert set(queue.get(held.run_id).document["credentials"]) == {"bank_token"}  # unchanged
+
+
 def test_a_deadline_resume_with_expired_credentials_waits_for_a_human(
     app: Accord, queue: RunQueue
 ) -> None:
@@ -425,22 +448,24 @@ def test_bad_credentials_are_refused(queue: RunQueue, credentials: Any) -> None:
         queue.submit(STEPS, {"run": "x"}, credentials=credentials)
 
 
-def test_a_run_pinned_to_another_bundle_is_left_to_a_worker_on_its_bundle(
-    app: Accord, queue: RunQueue
-) -> None:
+def _on(version: str) -> Any:
+    """A worker's ``graph_object``: the approval graph on bundle ``version``."""
     from accord.checkpointers.bundles import PinnedGraph
     from accord.platform.bundles import Bundle
     from tests.durable import queue_graphs
 
-    def on(version: str) -> Any:
-        return lambda saver: PinnedGraph(queue_graphs.approval.compile(checkpointer=saver),
-                                         Bundle(version, code=version))  # fmt: skip
+    return lambda saver: PinnedGraph(queue_graphs.approval.compile(checkpointer=saver),
+                                     Bundle(version, code=version))  # fmt: skip
 
+
+def test_a_run_pinned_to_another_bundle_is_left_to_a_worker_on_its_bundle(
+    app: Accord, queue: RunQueue
+) -> None:
     run = queue.submit(APPROVAL, {"run": "pinned"})
-    assert work(app, APPROVAL, graph_object=on("v1")) == 1  # pinned to v1, waits
+    assert work(app, APPROVAL, graph_object=_on("v1")) == 1  # pinned to v1, waits
     queue.approve(run.run_id)
     v2 = Worker(APPROVAL, client=app.client, uow=app.uow, db=app.db_name, poll=0.05,
-                graph_object=on("v2"))  # fmt: skip
+                graph_object=_on("v2"))  # fmt: skip
     assert v2.run(until_idle=True) == 1  # claimed, refused by the pin, given back
     given_back = queue.get(run.run_id)
     assert given_back.status == queued_runs.QUEUED
@@ -448,8 +473,28 @@ def test_a_run_pinned_to_another_bundle_is_left_to_a_worker_on_its_bundle(
     assert reason["event"] == "released" and "BundleMismatch" in reason["reason"]
     assert "'v1'" in reason["reason"] and "'v2'" in reason["reason"]
     assert v2.run(until_idle=True) == 0  # it does not take it again at once
-    assert work(app, APPROVAL, graph_object=on("v1")) == 1
+    assert work(app, APPROVAL, graph_object=_on("v1")) == 1
     assert queue.wait(run.run_id)["acted"] == "wired"
+
+
+def test_a_run_given_back_during_a_claim_is_not_claimed_again(app: Accord, queue: RunQueue) -> None:
+    """The worker's next claim can be under way (its skip list read) while a run is given
+    back: that claim must not take the run again (it would spend an attempt)."""
+    run = queue.submit(APPROVAL, {"run": "raced"})
+    assert work(app, APPROVAL, graph_object=_on("v1")) == 1
+    queue.approve(run.run_id)
+    v2 = Worker(APPROVAL, client=app.client, uow=app.uow, db=app.db_name, poll=0.05,
+                graph_object=_on("v2"))  # fmt: skip
+    claim = v2.queue.claim
+
+    def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)  # the give-back of the run just claimed lands in here
+        return claim(*args, **kwargs)
+
+    v2.queue.claim = slow_claim  # type: ignore[method-assign]
+    assert v2.run(until_idle=True) == 1
+    events = [e["event"] for e in queue.get(run.run_id).events]
+    assert events.count("claimed") == 2 and events[-1] == "released"  # v1's, then v2's
 
 
 def test_a_run_whose_workers_keep_dying_is_failed_after_max_attempts(

@@ -5,6 +5,12 @@ loads it with ``-p accord_spec_plugin``. It changes nothing in how pymongo's run
 test; it only records, into the JSON file named by ``ACCORD_SPEC_RESULTS``, one record per
 test: node id, the spec suite it belongs to, its outcome and the failure's message.
 
+A test's threads still running when it ends are waited for (up to
+:data:`LEFT_THREADS_TIMEOUT_S`) in its own teardown: a failing prose test that stops
+joining its threads (``test_scram_threaded`` asserts after the first join) would
+otherwise see them crash during a later test, which pytest then fails instead (seen
+under load: ``TestAuthURIOptions::test_uri_options``).
+
 A unified-format test's suite is the directory of its spec file (``TEST_PATH``: ``crud``,
 ``transactions``, ``transactions-convenient-api``, ...); a prose test's is its module.
 """
@@ -13,12 +19,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 _records: dict[str, dict[str, Any]] = {}
+#: How long a test's teardown waits for the threads it left running.
+LEFT_THREADS_TIMEOUT_S = 30.0
+_BEFORE = pytest.StashKey[set[threading.Thread]]()
 
 
 def _suite(item: pytest.Item) -> str:
@@ -35,6 +46,20 @@ def _suite(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         _records[item.nodeid] = {"nodeid": item.nodeid, "suite": _suite(item)}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    item.stash[_BEFORE] = set(threading.enumerate())
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own (trylast) collects thread errors
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    before = item.stash.get(_BEFORE, set())
+    for thread in set(threading.enumerate()) - before:
+        if not thread.daemon:
+            thread.join(LEFT_THREADS_TIMEOUT_S)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -72,7 +72,9 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
     auditor = _privileges(client, db_name, "accord_auditor")
     setup = ["collMod", "createCollection", "createIndex", "listIndexes"]
     assert auditor == {  # finds records; finds and appends digests (Governance II)
-        "audit": ["find"], "accord_audit_digests": sorted(["find", "insert", *setup]),
+        # the records and their streams' heads (it was "audit", a collection nobody writes)
+        "accord_audit": ["find"], "accord_audit_heads": ["find"],
+        "accord_audit_digests": sorted(["find", "insert", *setup]),
         # the digests' heads and the trail's cuts, which a verifier reads with the digests
         "accord_audit_digest_heads": sorted(["find", "insert", *setup]),
         "accord_audit_cuts": sorted(["find", "insert", *setup]),
@@ -80,7 +82,10 @@ def test_apply_creates_the_roles_and_stores_the_policy_once(
         "": ["listCollections"],
     }  # fmt: skip
     runtime_role = _privileges(client, db_name, "accord_runtime")
-    assert "audit" not in runtime_role
+    assert "accord_audit" not in runtime_role
+    # audit records expire by cuts, never by a TTL index (nor is an "audit" collection made)
+    assert "audit" not in client[db_name].list_collection_names()
+    assert not [c for c in first.changes if c.kind == "create index" and "audit" in c.target]
     stored = client[db_name].accord_policies.find_one({"_id": "head"})
     assert stored["version"] == 1 and stored["applied_by"].startswith("user:")
     # a changed policy: the role it changes is updated, version 2 stored, version 1 kept
@@ -118,7 +123,8 @@ def test_the_cli_shows_checks_and_plans(
     bad.write_text("# ours\n\n[classes.audit.roles]\nadmin = ['find', 'remove']\n")
     checked = runner.invoke(cli, ["governance", "check", str(bad)])
     assert checked.exit_code == 1
-    assert f"{bad}:4:" in checked.output.replace("\n", "")
+    problem = [line for line in checked.output.splitlines() if f"{bad}:4:" in line]
+    assert problem and problem[0].endswith("(find and insert only)")  # one line, never cut
     good = tmp_path / "good.toml"
     good.write_text('[classes.checkpoint]\naudit = "full"\n')
     assert runner.invoke(cli, ["governance", "check", str(good)]).exit_code == 0
@@ -175,15 +181,15 @@ def test_with_auth_the_database_refuses_what_the_policy_forbids(auth_uri: str) -
     config = {"configurable": {"thread_id": "t1"}}
     _graph(AccordSaver(rt, db_name=db, uow=runtime.kernel(rt, policy=policy))).invoke({"messages": [HumanMessage("hi", id="h1")]},
                                                config)  # fmt: skip
-    admin[db].audit.insert_one({"_id": "r1", "tenant_id": "default"})
-    for tamper in (lambda: rt[db].audit.update_one({"_id": "r1"}, {"$set": {"x": 1}}),
-                   lambda: rt[db].audit.delete_one({"_id": "r1"})):  # fmt: skip
+    admin[db].accord_audit.insert_one({"_id": "r1", "tenant_id": "default"})
+    for tamper in (lambda: rt[db].accord_audit.update_one({"_id": "r1"}, {"$set": {"x": 1}}),
+                   lambda: rt[db].accord_audit.delete_one({"_id": "r1"})):  # fmt: skip
         with pytest.raises(OperationFailure) as refused:
             tamper()
         assert refused.value.code == 13
     # the memory API's user: no checkpoints, no messages, from the database itself
     api = _as(auth_uri, db, "memory-api")
-    for collection in ("accord_checkpoints", "short_term_memory", "outbox", "audit"):
+    for collection in ("accord_checkpoints", "short_term_memory", "outbox", "accord_audit"):
         with pytest.raises(OperationFailure) as refused:
             api[db][collection].find_one()
         assert refused.value.code == 13, collection
@@ -197,7 +203,8 @@ def test_with_auth_the_database_refuses_what_the_policy_forbids(auth_uri: str) -
             kernel.find(ReadContext("default"), artifact, db, collection, {"thread_id": "t1"})
     # the auditor reads audit records and nothing else
     auditor = _as(auth_uri, db, "auditor")
-    assert auditor[db].audit.find_one({"_id": "r1"}) is not None
+    assert auditor[db].accord_audit.find_one({"_id": "r1"}) is not None
+    auditor[db].accord_audit_heads.find_one()  # verify reads the streams' heads
     auditor[db].accord_audit_cuts.find_one()  # a verifier starts streams at their cuts
     auditor[db].accord_audit_digest_heads.find_one()
     for collection in ("accord_checkpoints", "long_term_memory", "short_term_memory"):
@@ -205,6 +212,6 @@ def test_with_auth_the_database_refuses_what_the_policy_forbids(auth_uri: str) -
             auditor[db][collection].find_one()
         assert refused.value.code == 13, collection
     view = runtime.kernel(auditor).acting_as(Principal.service("auditor"))
-    assert view.find(ReadContext("default"), "audit", db, "audit", {}) != []
+    assert view.find(ReadContext("default"), "audit", db, "accord_audit", {}) != []
     for c in (rt, api, auditor, admin):
         c.close()

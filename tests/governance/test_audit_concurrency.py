@@ -10,9 +10,7 @@ guard that does not hold) leaves neither its write nor its record.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 
 import pytest
 from pymongo import MongoClient
@@ -25,13 +23,6 @@ from accord.platform.plan import Expect, Group, Plan, WriteContext, insert_once
 from tests.failpoints import fail_command
 
 THREADS, STEPS = 8, 100
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "auditc_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 def _step(db: str, thread: str, doc_id: str, *, fail: bool = False) -> Plan:

@@ -9,8 +9,6 @@ placed after the sweep read the holds.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,13 +38,6 @@ from accord.platform.plan import Group, Op, Plan
 ORDERS = '["acme","collection","orders"]'
 T1 = '["acme","thread","t1"]'
 LATER = datetime.now(UTC) + timedelta(days=8 * 366)  # past the default 7 years
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "cuts_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 def _uri(client: MongoClient) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +33,6 @@ from accord.platform.context import AUDITOR, Principal, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
 ACME = '["acme","collection","orders"]'
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "digest_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 def _uri(client: MongoClient) -> str:
@@ -279,3 +270,10 @@ def test_digests_at_intervals_each_to_its_own_file(
     result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--every", "soon"],
                                 env=env)  # fmt: skip
     assert result.exit_code == 2 and "--every" in result.output
+    # a directory that is not there: refused before a digest is taken (was a traceback
+    # after digest 4 was stored)
+    missing = str(tmp_path / "nowhere" / "d-{seq}.json")
+    result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--out", missing],
+                                env=env)  # fmt: skip
+    assert result.exit_code == 2 and "no directory" in result.output, result.output
+    assert client[db_name].accord_audit_digests.count_documents({}) == 3

@@ -17,8 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +40,6 @@ from accord.platform.context import AUDITOR, Principal
 from tests.governance.test_audit_digests import write
 
 ACME = '["acme","collection","orders"]'
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "export_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 def _uri(client: MongoClient) -> str:

@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -55,14 +53,6 @@ audit = "metadata"
 [classes.business]
 audit = "off"
 """
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "auditpol_" + uuid.uuid4().hex[:10]
-    yield name
-    client[name].command("dropAllRolesFromDatabase")
-    client.drop_database(name)
 
 
 @pytest.fixture(autouse=True)

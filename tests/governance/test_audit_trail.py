@@ -18,7 +18,6 @@ import json
 import operator
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -67,13 +66,6 @@ def _graph(saver: Any, store: Any = None) -> Any:
     builder.add_node("answer", answer)
     builder.add_edge(START, "answer")
     return builder.compile(checkpointer=saver, store=store)
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "audit_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 @pytest.fixture()

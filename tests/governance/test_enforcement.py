@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -86,13 +85,6 @@ def acting(role: str) -> Principal:
     if role == D:
         return Principal.os_user()
     return Principal.service(role)
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "gov_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 def _collection(artifact: str) -> str:
@@ -348,12 +340,13 @@ def test_a_bad_policy_file_stops_every_entry_point(
         AccordSaver(client, db_name=db_name)
 
 
-@pytest.mark.parametrize("target", ["audit", "accord_policies", "checkpoint_heads"])
+@pytest.mark.parametrize("target", ["accord_audit", "accord_policies", "checkpoint_heads"])
 def test_business_writes_never_land_in_accords_collections(
     client: MongoClient, db_name: str, target: str
 ) -> None:
-    """Even where no part has recorded the collection in the catalog yet (nothing writes
-    audit records or checkpoint heads today; policies are recorded by apply)."""
+    """Even where no part has recorded the collection in the catalog yet (audit records
+    only once the audit is on; nothing writes checkpoint heads today; policies are
+    recorded by apply)."""
 
     def node(state: dict[str, Any]) -> dict[str, Any]:
         business.insert_one(target, {"_id": "x", "tenant_id": "default"})

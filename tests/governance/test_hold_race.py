@@ -12,8 +12,7 @@ deletion go on.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -29,13 +28,6 @@ from accord.platform.hooks import SealBatch, SealRead
 from accord.platform.plan import Group, Op, Plan
 
 DELETE = "checkpoint.delete_thread"
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "holdrace_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 class Barrier:

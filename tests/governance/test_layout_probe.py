@@ -6,8 +6,6 @@ database is asked, not by the database's error 13.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,13 +18,6 @@ from accord.governance.apply import apply, plan
 from accord.governance.loading import default_policy
 from accord.platform.context import MEMORY_API, Principal
 from accord.platform.hooks import ReadRequest
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "probe_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 class Reads:

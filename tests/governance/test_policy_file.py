@@ -89,6 +89,16 @@ BAD: list[tuple[str, str, int, str]] = [
     ("roles that are not a table", "[classes.checkpoint]\nroles = ['runtime']\n", 5,
      "valid dictionary"),
     ("version zero", "custom_roles = []\n", 2, "greater than or equal to 1"),  # HEAD's line
+    # accord's own collections that no class has by default: a class taking one would get
+    # its roles and TTL index there (apply), over the audit chain or the hold fences
+    ("a class taking the audit heads", "[classes.long_term_memory]\n"
+     "collection = 'accord_audit_heads'\n", 5, "'accord_audit_heads' is accord's own"),
+    ("a class taking the hold fences", "[classes.checkpoint]\naudit = 'off'\n"
+     "collection = 'accord_hold_fences'\n", 6, "'accord_hold_fences' is accord's own"),
+    ("a business class on an accord_ collection", "[classes.\"business:accord_audit_cuts\"]\n"
+     "audit = 'full'\n", 4, "names starting with 'accord_' are accord's own"),
+    ("a collection MongoDB refuses", "[classes.run]\ncollection = '.runs'\n", 5,
+     "not starting or ending with '.'"),
 ]  # fmt: skip
 
 

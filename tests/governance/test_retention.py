@@ -7,8 +7,6 @@ that stop expiry while they last. The test engine's TTL monitor passes every sec
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,14 +32,6 @@ def _orders(seconds: int | str, invoices: str = "1h") -> str:
         f'[classes."business:invoices"]\nretention = {{ expire_after = "{invoices}" }}\n'
         f"roles = {{ runtime = {ALL}, admin = {ALL} }}\n"
     )
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "ret_" + uuid.uuid4().hex[:10]
-    yield name
-    client[name].command("dropAllRolesFromDatabase")
-    client.drop_database(name)
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +127,47 @@ def test_apply_recomputes_expire_at_when_the_period_changes(
     assert third - datetime.now(UTC).replace(tzinfo=None) > timedelta(minutes=59)
 
 
+def test_an_interrupted_recompute_is_finished_by_the_next_apply_moving_each_once(
+    client: MongoClient, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apply stops after 2 of its batches (SIGKILLed for real in
+    test_governance_crash.py): the stored version says its retention is pending, plan
+    shows the recompute to finish, and the next apply moves the rest, each document
+    once."""
+    _apply(client, db_name, _orders(3600))
+    uow = runtime.kernel(client)
+    for i in range(25):
+        _write(uow, db_name, "orders", "acme" if i % 2 else "globex", str(i))
+    orders = client[db_name].orders
+    first = {d["_id"]: d["expire_at"] for d in orders.find()}
+    admin = _admin(client)
+    real = type(admin).execute_all
+    calls = {"n": 0}
+
+    def stops_after_two(self: Any, plans: Any) -> Any:
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # the process ends here
+        calls["n"] += 1
+        return real(self, plans)
+
+    monkeypatch.setattr(type(admin), "execute_all", stops_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        apply(admin, plan(admin, db_name, parse_policy(_orders(7200), "p.toml")), batch=10)
+    monkeypatch.undo()
+    moved = {k for k, d in ((d["_id"], d) for d in orders.find()) if d["expire_at"] != first[k]}
+    assert len(moved) == 20  # two batches of 10
+    stored = client[db_name].accord_policies.find_one({"_id": "v2"})
+    assert stored["retention"] == "pending" and stored["recompute"]["step"] == 0
+    again = plan(admin, db_name, parse_policy(_orders(7200), "p.toml"))
+    assert [c.kind for c in again.changes] == ["recompute expiry"] and again.resume == 2
+    apply(admin, again, batch=10)
+    for d in orders.find():
+        assert d["expire_at"] - first[d["_id"]] == timedelta(hours=1), d
+    stored = client[db_name].accord_policies.find_one({"_id": "v2"})
+    assert stored["retention"] == "done" and "recompute" not in stored
+    assert not plan(admin, db_name, parse_policy(_orders(7200), "p.toml"))
+
+
 def test_an_expired_memory_leaves_vector_search_with_its_vectors(
     client: MongoClient, db_name: str
 ) -> None:
@@ -185,3 +216,37 @@ def test_a_held_subjects_memories_keep_their_vectors_until_release(
     assert [h.namespace for h in memory.search((), query="green tea")] == [("u-1",)]
     assert release(admin, db_name, hold, policy) >= 2  # the memory and its vectors
     _wait_until(lambda: db.memory_vectors.count_documents({}) == 0 and not keys())
+
+
+def test_holds_of_two_tenants_never_become_one(client: MongoClient, db_name: str) -> None:
+    """Thread 't1' of tenant 'org:acme' and thread 'acme:t1' of tenant 'org' (and a subject
+    held in tenant '*' vs in every tenant) had one hold id: the second hold was not
+    recorded (its data lost its expiry, but nothing refused deleting it), and releasing
+    one tenant's hold released the other's."""
+    admin = _admin(client)
+    policy = default_policy()
+    first, second = Hold("thread", "t1", "org:acme"), Hold("thread", "acme:t1", "org")
+    every, star = Hold("subject", "u-1"), Hold("subject", "u-1", "*")
+    for hold in (first, second, every, star):
+        place(admin, db_name, hold, policy)
+
+    def held() -> set[tuple[str, str, str | None]]:
+        return {(h.kind, h.value, h.tenant_id) for h in list_holds(admin, db_name, policy)}
+
+    assert held() == {("thread", "t1", "org:acme"), ("thread", "acme:t1", "org"),
+                      ("subject", "u-1", None), ("subject", "u-1", "*")}  # fmt: skip
+    release(admin, db_name, second, policy)
+    release(admin, db_name, star, policy)
+    assert held() == {("thread", "t1", "org:acme"), ("subject", "u-1", None)}
+    # a tenant without ':' keeps the id it always had (holds placed before still match)
+    assert Hold("thread", "a:b", "acme").id == "thread:acme:a:b"
+
+
+def test_a_hold_placed_under_the_older_id_is_released(client: MongoClient, db_name: str) -> None:
+    admin = _admin(client)
+    policy = default_policy()
+    hold = Hold("thread", "t1", "org:acme")
+    client[db_name].accord_holds.insert_one({**hold.document(), "_id": "thread:org:acme:t1"})
+    assert [h.tenant_id for h in list_holds(admin, db_name, policy)] == ["org:acme"]
+    release(admin, db_name, hold, policy)
+    assert list_holds(admin, db_name, policy) == []

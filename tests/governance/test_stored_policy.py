@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,6 @@ REFRESH = 0.2
 #: a refused checkpoint reaches the graph as itself, or inside the error of the task's
 #: writes that ran from it (the saver's background commit: whichever LangGraph sees first)
 REFUSED = (PermissionDenied, TaskWriteError)
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "stored_" + uuid.uuid4().hex[:10]
-    yield name
-    client[name].command("dropAllRolesFromDatabase")
-    client.drop_database(name)
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -92,13 +90,6 @@ def _graph(saver: Any) -> Any:
     builder.add_node("answer", answer)
     builder.add_edge(START, "answer")
     return builder.compile(checkpointer=saver)
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "subj_" + uuid.uuid4().hex[:10]
-    yield name
-    client.drop_database(name)
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,14 +20,6 @@ from accord.governance.loading import default_policy, parse_policy
 from accord.platform.cli import app as cli
 from accord.platform.context import Principal
 from tests.test_kernel_doors import _graph
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "sweep_" + uuid.uuid4().hex[:10]
-    yield name
-    client[name].command("dropAllRolesFromDatabase")
-    client.drop_database(name)
 
 
 @pytest.fixture(autouse=True)
@@ -104,9 +95,17 @@ def test_a_held_thread_survives_the_sweep_and_expires_after_release(
                                  "--tenant", "default", "--reason", "case 17", "--db", db_name],
                            env={"MONGODB_URI": _uri(client)})  # fmt: skip
     assert placed.exit_code == 0, placed.output
+    long = "business:orders_of_the_northern_warehouse_2026"
+    placed = runner.invoke(cli, ["governance", "hold", long, "--by", "class", "--db", db_name],
+                           env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert placed.exit_code == 0, placed.output
     listed = runner.invoke(cli, ["governance", "holds", "--db", db_name],
                            env={"MONGODB_URI": _uri(client)})  # fmt: skip
     assert "t-held" in listed.output and "case 17" in listed.output
+    assert long in listed.output  # whole, to release it by value (it was cut at 80 columns)
+    released = runner.invoke(cli, ["governance", "release", long, "--by", "class", "--db",
+                                   db_name], env={"MONGODB_URI": _uri(client)})  # fmt: skip
+    assert released.exit_code == 0, released.output
     time.sleep(1.2)
     report = runtime.sweep(client, db_name)
     assert report.expired_threads == 1
@@ -122,6 +121,62 @@ def test_a_held_thread_survives_the_sweep_and_expires_after_release(
     assert swept.exit_code == 0, swept.output
     assert "deleted 1 expired threads" in swept.output
     assert _checkpoints(client, db_name, "t-held") == 0
+
+
+def test_an_expired_thread_over_keep_latest_is_deleted_by_one_sweep(
+    client: MongoClient, db_name: str
+) -> None:
+    """Keep-latest does not prune an expired thread first: its prune would be a commit
+    on the thread, stamping its expiry again (it outlived its period until 2026-12-06)."""
+    _apply(client, db_name, '[classes.checkpoint]\nretention = { keep_latest = 2, '
+                            'expire_after = "1s", after = "last_activity" }\n')  # fmt: skip
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    _turns(graph, "t-old", 2)
+    _turns(graph, "t-new", 2)
+    assert _checkpoints(client, db_name, "t-old") > 2
+    time.sleep(1.2)
+    _turns(graph, "t-new", 1)  # t-new is active again
+    report = runtime.sweep(client, db_name)
+    assert report.expired_threads == 1 and report.pruned_threads == 1
+    assert _checkpoints(client, db_name, "t-old") == 0
+    assert _checkpoints(client, db_name, "t-new") == 2
+
+
+def test_a_prune_stopped_before_its_values_went_is_finished_by_the_next_sweep(
+    client: MongoClient, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after the prune's checkpoints went, before their values were
+    collected: the thread has 2 checkpoints, so no prune would look at it again; its
+    mark makes the next sweep collect them (SIGKILLed for real in
+    test_governance_crash.py)."""
+    _apply(client, db_name, "[classes.checkpoint]\nretention = { keep_latest = 2 }\n")
+    saver = AccordSaver(client, db_name=db_name)
+    saver.setup()
+    graph = _graph(saver)
+    _turns(graph, "t-1", 3)
+    blobs = client[db_name].accord_checkpoint_blobs
+    before = blobs.count_documents({})
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # the process ends here
+
+    monkeypatch.setattr(AccordSaver, "_collect_values", killed)
+    with pytest.raises(KeyboardInterrupt):
+        saver.prune(["t-1"], keep=2)
+    monkeypatch.undo()
+    assert _checkpoints(client, db_name, "t-1") == 2
+    assert blobs.count_documents({}) == before  # the values of the pruned ones are left
+    assert saver.pending_collection() == [("default", "t-1")]
+    report = runtime.sweep(client, db_name)
+    assert report.collected_threads == 1 and report.pruned_threads == 0
+    assert "whose prune was interrupted" in report.describe()
+    after = blobs.count_documents({})
+    assert after < before and saver.pending_collection() == []
+    saver.prune(["t-1"], keep=2)  # nothing left for a prune to collect
+    assert blobs.count_documents({}) == after
+    assert len(graph.get_state(_config("t-1")).values["messages"]) == 6
 
 
 def _uri(client: MongoClient) -> str:

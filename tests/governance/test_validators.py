@@ -4,9 +4,6 @@ is not a date, whoever writes it; accord's own writes pass."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 from langchain_core.messages import HumanMessage
 from pymongo import MongoClient
@@ -20,14 +17,6 @@ from accord.platform.context import Principal
 from tests.test_kernel_doors import _graph
 
 ORDERS = '[classes."business:orders"]\nroles = { runtime = ["find", "insert"], admin = ["find"] }\n'
-
-
-@pytest.fixture()
-def db_name(client: MongoClient) -> Iterator[str]:
-    name = "val_" + uuid.uuid4().hex[:10]
-    yield name
-    client[name].command("dropAllRolesFromDatabase")
-    client.drop_database(name)
 
 
 def test_the_database_refuses_documents_without_their_tenant_or_thread(

@@ -34,9 +34,12 @@ def db_name(client: MongoClient) -> Iterator[str]:
         client.drop_database(name)
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str] | None = None, columns: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    width = {"COLUMNS": columns} if columns else {}
     return subprocess.run([*ACCORD, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env={**os.environ, **(env or {}), **width})  # fmt: skip
 
 
 @pytest.mark.slow
@@ -58,8 +61,10 @@ def test_worker_status_dead_requeue(mongo_uri: str, client: MongoClient, db_name
     assert "backlog" in table.stdout and "lag p95" in table.stdout
     # a dead event, listed and requeued
     client[db_name].outbox.update_one({}, {"$set": {"status": "dead", "error": "boom"}})
-    listed = run("memory", "dead", env=env)
+    listed = run("memory", "dead", env=env, columns="80")
     assert "boom" in listed.stdout and "acme" in listed.stdout
+    dead_id = client[db_name].outbox.find_one({"status": "dead"})["_id"]
+    assert str(dead_id) in listed.stdout  # whole, to requeue it by id (it was cut at 80)
     assert "name the events" in run("memory", "requeue", env=env).stderr
     requeued = run("memory", "requeue", "--all-dead", env=env)
     assert "requeued 1 dead event(s)" in requeued.stdout
@@ -70,6 +75,15 @@ def test_worker_status_dead_requeue(mongo_uri: str, client: MongoClient, db_name
 def test_worker_configuration_errors(mongo_uri: str) -> None:
     bad = run("memory", "worker", "--drain", "--extractor", "magic", env={"MONGODB_URI": mongo_uri})
     assert bad.returncode == 2 and "--extractor is 'rules' or 'llm:" in bad.stderr
+
+
+def test_an_llm_extractor_that_cannot_be_built_is_a_configuration_error() -> None:
+    from accord.errors import ConfigurationError
+    from accord.memory.cli import extractor_from
+
+    pytest.importorskip("langchain.chat_models")
+    with pytest.raises(ConfigurationError, match="--extractor llm:nosuchprovider:m"):
+        extractor_from("llm:nosuchprovider:m")  # was LangChain's own error, a traceback
 
 
 def test_api_key_prints_a_key_and_its_entry() -> None:

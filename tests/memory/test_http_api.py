@@ -95,6 +95,26 @@ def test_put_get_search_history_delete(api: TestClient) -> None:
     assert changes == ["update", "delete"]
 
 
+def test_history_is_served_a_page_at_a_time(api: TestClient) -> None:
+    for i in range(7):
+        put(api, KEY_A, "users.u1", "food", {"n": i})
+    seen, after = [], None
+    for _ in range(5):
+        query = "?limit=3" + (f"&after={after}" if after else "")
+        page = api.get(f"/v1/history/users.u1/food{query}", headers=h(KEY_A)).json()
+        assert len(page["items"]) <= 3
+        seen += [e["value"]["n"] for e in page["items"]]
+        after = page["next"]
+        if after is None:
+            break
+    assert seen == [0, 1, 2, 3, 4, 5]
+    # the first page by default, with its cursor; B's key with A's cursor sees nothing
+    first = api.get("/v1/history/users.u1/food?limit=3", headers=h(KEY_A)).json()
+    assert first["next"] is not None
+    theirs = api.get(f"/v1/history/users.u1/food?after={first['next']}", headers=h(KEY_B))
+    assert theirs.status_code == 200 and theirs.json()["items"] == []
+
+
 def test_keys_with_slashes_and_unicode(api: TestClient) -> None:
     put(api, KEY_A, "docs", "a/b/c ü", {"x": 1})
     assert api.get("/v1/memories/docs/a/b/c ü", headers=h(KEY_A)).json()["key"] == "a/b/c ü"
@@ -201,6 +221,11 @@ def test_bad_search_input_is_a_clear_4xx(
         ("get", "/v1/namespaces?prefix=p&prefix=q", None, 422, "query.prefix: given 2 times"),
         ("get", "/v1/namespaces?limit=1&limit=2&limit=3", None, 422, "given 3 times"),
         ("get", "/v1/memories/n/k?x=1&x=2", None, 422, "query.x: given 2 times"),
+        ("get", "/v1/history/n/k?limit=101", None, 422, "limit"),
+        ("get", "/v1/history/n/k?after=", None, 422, "after"),
+        ("get", "/v1/history/n/k?after=" + "x" * 97, None, 422, "after"),
+        ("get", "/v1/history/n/k?after=a.b", None, 422, "after"),
+        ("get", "/v1/history/n/k?after=bm90LWEtY3Vyc29y", None, 400, "after: is not a history"),
     ],
 )
 def test_bad_input_elsewhere(api: TestClient, method: str, path: str, body: Any, status: int,

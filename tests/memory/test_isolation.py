@@ -230,10 +230,10 @@ async def stays_in_tenant(mcp_b: Any, client: MongoClient, db_name: str) -> None
             assert owners([h["value"] for h in hits]) <= {"B"}, (filt, prefix)
             if (filt is None or filt in MATCH_B) and prefix in ((), ("shared",)):
                 assert owners([h["value"] for h in hits]) == {"B"}
-    # a tenant argument is not a parameter of any tool: it changes nothing
-    hits = tool_data(await mcp_b.call_tool("search_memory", {"query": "launch code",
-                                                             "tenant_id": "A"}))  # fmt: skip
-    assert owners([h["value"] for h in hits]) == {"B"}
+    # a tenant argument is not a parameter of any tool: refused, nothing of A returned
+    sneaky = await mcp_b.call_tool("search_memory", {"query": "launch code", "tenant_id": "A"})
+    assert sneaky.is_error and "does not take 'tenant_id'" in sneaky.content[0].text
+    assert sneaky.structured_content is None and len(sneaky.content) == 1  # no memories
     got = await mcp_b.call_tool("get_memory", {"namespace": ["users", "alice"], "key": "secret"})
     assert tool_data(got) is None
     spaces = tool_data(await mcp_b.call_tool("list_namespaces", {}))

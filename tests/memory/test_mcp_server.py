@@ -120,9 +120,35 @@ async def test_tenants_never_see_each_other(service: AsyncMemoryService) -> None
         assert data(await b.call_tool("delete_memory", {"namespace": ["memories"], "key": "code"})) == {
             "deleted": False}  # fmt: skip
         assert data(await a.call_tool("get_memory", {"namespace": ["memories"], "key": "code"}))
-        # no tool takes a tenant: an extra argument is ignored, never obeyed
+        # no tool takes a tenant: an extra argument is refused, never obeyed
         sneaky = await b.call_tool("search_memory", {"query": "code", "tenant_id": "A"})
-        assert [h["key"] for h in data(sneaky)] == ["tea"]
+        assert "search_memory does not take 'tenant_id'" in error(sneaky)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("tool", "args", "named"), [
+    # a misnamed prefix was ignored: the search ran over every namespace
+    ("search_memory", {"query": "tea", "prefix": ["projects"]}, "'prefix'"),
+    ("search_memory", {"query": "tea", "namespace_prefix": ["projects"]}, "'namespace_prefix'"),
+    ("save_memory", {"text": "B likes coffee", "value": {"x": 1}}, "'value'"),
+    ("save_memory", {"text": "B likes coffee", "tenant_id": "A", "ttl_minutes": 5},
+     "'tenant_id', 'ttl_minutes'"),
+    ("delete_memory", {"namespace": ["memories"], "key": "tea", "tenant": "A"}, "'tenant'"),
+    ("list_namespaces", {"namespace": ["projects"]}, "'namespace'"),
+])  # fmt: skip
+async def test_an_argument_a_tool_does_not_take_is_refused(
+    service: AsyncMemoryService, tool: str, args: dict[str, Any], named: str
+) -> None:
+    """The SDK ignores unknown arguments; a model that misnames one got an answer to
+    another question (every namespace searched, a value dropped) with no sign of it."""
+    async with Client(create_server(service=service, tenant_id="B")) as b:
+        data(await b.call_tool("save_memory", {"text": "B likes tea", "key": "tea"}))
+        refused = error(await b.call_tool(tool, args))
+        assert f"{tool} does not take {named}" in refused and "Nothing was done" in refused
+        kept = data(await b.call_tool("get_memory", {"namespace": ["memories"], "key": "tea"}))
+        assert kept is not None and kept["version"] == 1  # nothing written or deleted
+        spaces = data(await b.call_tool("list_namespaces", {}))
+        assert spaces == [["memories"]]
 
 
 def test_configuration_errors(mongo_uri: str) -> None:

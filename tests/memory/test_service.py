@@ -13,6 +13,7 @@ from accord.memory import model
 from accord.memory.embedders import HashingEmbedder
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.synchronous.store import AccordStore
+from accord.memory.validation import InvalidField
 
 
 @pytest.fixture()
@@ -85,6 +86,46 @@ def test_history_keeps_every_previous_version(svc):
     assert svc.for_tenant("B").history(("n",), "k") == []
 
 
+def test_history_pages_serve_every_version_once_in_order(svc):
+    # Deleted and made again, the memory's versions start at 1 again: the page key is
+    # (replaced_at, version, _id), not the version alone.
+    for i in range(4):
+        svc.put(("n",), "k", {"v": i})
+    svc.delete(("n",), "k")
+    for i in range(4, 7):
+        svc.put(("n",), "k", {"v": i})
+    whole = svc.history(("n",), "k")
+    assert [h["value"]["v"] for h in whole] == [0, 1, 2, 3, 4, 5]
+    assert [h["version"] for h in whole] == [1, 2, 3, 4, 1, 2]
+    served, after, pages = [], None, 0
+    while True:
+        page = svc.history_page(("n",), "k", limit=4, after=after)
+        served += page.items
+        pages += 1
+        if page.next is None:
+            break
+        after = page.next
+        svc.put(("n",), "k", {"v": 100 + pages})  # {"v": 6} replaced while paging
+    assert [h["value"]["v"] for h in served] == [0, 1, 2, 3, 4, 5, 6]
+    assert pages == 2 and all("_id" not in h for h in served)
+    # another tenant's cursor position reaches nothing of this tenant's, and vice versa
+    assert svc.for_tenant("B").history_page(("n",), "k", after=after).items == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"limit": "5"}, "limit"),
+        ({"after": ""}, "after"), ({"after": "not-a-cursor"}, "after"), ({"after": 5}, "after"),
+        ({"after": "x" * 97}, "after"), ({"after": '{"$gt": ""}'}, "after"),
+    ],
+)  # fmt: skip
+def test_a_bad_history_page_is_refused_naming_the_field(svc, kwargs, field):
+    with pytest.raises(InvalidField) as refused:
+        svc.history_page(("n",), "k", **kwargs)
+    assert refused.value.field == field
+
+
 def test_ttl_expiry_refresh_and_sweep(svc):
     svc.put(("n",), "short", {"v": 1}, ttl_minutes=0.02)  # 1.2 s
     svc.put(("n",), "keep", {"v": 2})
@@ -116,9 +157,11 @@ def test_store_ttl_contract(client):
 
 
 def test_dimension_mismatch_is_a_clear_error(client, svc):
-    with pytest.raises(EmbeddingDimensionError, match="indexed with 64 dimensions"):
+    with pytest.raises(EmbeddingDimensionError, match="indexed with 64 dimensions") as wrong:
         MemoryService(client, tenant_id="A", db_name=svc.db_name,
                       embedder=HashingEmbedder(128)).setup()  # fmt: skip
+    # names the embedder (it said "embedder a 128-dimension vector makes ...")
+    assert str(wrong.value).startswith("embedder hashing-128 makes 128-dimension vectors")
     with pytest.raises(EmbeddingDimensionError):
         MemoryService(client, embedder=HashingEmbedder(64), dims=32)
 

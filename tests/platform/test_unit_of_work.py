@@ -316,6 +316,33 @@ HOSTILE_BUSINESS_OPS = [
     Op("insert", doc={"_id": 2}),
     Op("delete", {"_id": 1}),
     Op("delete_many", {"tenant_id": {"$exists": True}}),
+    # server-side JavaScript from tenant input (CPU, or a sleep holding the transaction)
+    Op(
+        "update", {"tenant_id": "t1", "_id": 1, "$where": "sleep(5000) || true"}, {"$set": {"x": 1}}
+    ),
+    Op("delete", {"tenant_id": "t1", "$or": [{"$where": "true"}]}),
+    Op(
+        "delete",
+        {
+            "tenant_id": "t1",
+            "$expr": {
+                "$function": {"body": "function() { return true }", "args": [], "lang": "js"}
+            },
+        },
+    ),
+    Op(
+        "update",
+        {"tenant_id": "t1", "_id": 1},
+        [
+            {
+                "$set": {
+                    "x": {
+                        "$function": {"body": "function() { return 1 }", "args": [], "lang": "js"}
+                    }
+                }
+            }
+        ],
+    ),
 ]
 
 

@@ -142,6 +142,7 @@ class AsyncMongoDBSaverMigration:
         """Migrate every thread not in accord yet; ``on_progress`` is called before the
         first thread and after each one."""
         full = self.threads is None
+        self.diverged: list[str] = []
         separated = await self.separate()
         await AsyncCatalog(self.saver.uow, self.db_name).setup(
             COMPONENT, {layout.MIGRATIONS_COLLECTION: MIGRATION.name}
@@ -172,7 +173,7 @@ class AsyncMongoDBSaverMigration:
             tenant_id=self.tenant_id, threads=len(ids), migrated=progress.migrated,
             skipped=progress.skipped, checkpoints=progress.checkpoints,
             writes=progress.writes, recorded=full, migrated_threads=migrated,
-            separated=separated,
+            separated=separated, diverged=list(self.diverged),
         )  # fmt: skip
         if full:
             await self._record(
@@ -233,7 +234,8 @@ class AsyncMongoDBSaverMigration:
 
     async def migrate_thread(self, thread_id: str) -> tuple[int, int] | None:
         """Copy one thread; ``(checkpoints, writes)`` copied, or None when every checkpoint
-        of it is in accord already."""
+        of it is in accord already, or when accord went on with it after its migration
+        (then it is named in ``diverged`` and left as accord has it)."""
         source = self._source[self.checkpoints]
         where = {**migrate.FOREIGN, "thread_id": thread_id}
         ids = await source.find(where, {"checkpoint_ns": 1, "checkpoint_id": 1}).to_list(None)
@@ -247,6 +249,13 @@ class AsyncMongoDBSaverMigration:
             self.saver.collections.checkpoints
         ].count_documents({"_id": {"$in": wanted}})
         if have == len(wanted):
+            return None
+        target = self.client[self.target_db][self.saver.collections.checkpoints]
+        own = {"tenant_id": self.tenant_id, "thread_id": thread_id, "_id": {"$nin": wanted}}
+        if have and await target.count_documents(own, limit=1):
+            # accord went on with the thread after its migration and MongoDBSaver wrote it
+            # again since: copying would make MongoDBSaver's newer checkpoint the latest
+            self.diverged.append(thread_id)
             return None
         checkpoints = writes = 0
         replay: migrate.Replay | None = None

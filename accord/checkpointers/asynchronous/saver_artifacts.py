@@ -153,9 +153,7 @@ class AsyncSaverArtifacts(AsyncSaverWrites):
                 digest, missing chunks).
         """
         art = gl.ref_of(ref)
-        tenant = (
-            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
-        )
+        tenant = self.tenant_named(tenant_id)
         await self._artifact_setup()
         context = ReadContext(tenant_id=tenant, operation="artifact.read")
         files = await self.uow.find_one(

@@ -17,7 +17,7 @@ from accord.checkpointers.storage import Scope
 from accord.errors import InvalidInputError, LegalHoldError, WriteRefused
 from accord.platform import runs, undo_log
 from accord.platform.artifacts import BUSINESS_UNDO
-from accord.platform.plan import Group, Op
+from accord.platform.plan import Group, Op, Plan
 
 _IS_SYNC = False
 
@@ -285,9 +285,7 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         values and messages no remaining checkpoint of those threads references. Refused
         (ConcurrentRunError) for a thread a live run holds."""
         ids = validation.thread_ids(run_ids, "run_ids")
-        tenant = (
-            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
-        )
+        tenant = self.tenant_named(tenant_id)
         if not ids:
             return
         await self._ensure_setup()
@@ -326,10 +324,12 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
                 continue
             scope0 = self._scope_for(thread_id, tenant_id)
-            docs = await self._find_all(
-                self.collections.checkpoints, scope0.thread_filter, projection={"checkpoint_ns": 1}
-            )
-            for ns in sorted({d["checkpoint_ns"] for d in docs}):
+            namespaces: set[str] = set()
+            for key in ("checkpoints", "blobs"):  # a namespace may have lost every checkpoint
+                docs = await self._find_all(getattr(self.collections, key), scope0.thread_filter,
+                                            projection={"checkpoint_ns": 1})  # fmt: skip
+                namespaces.update(d["checkpoint_ns"] for d in docs)
+            for ns in sorted(namespaces):
                 scope = Scope(scope0.tenant_id, thread_id, ns)
                 kept = await self._find_all(
                     self.collections.checkpoints, scope.ns_filter,
@@ -346,6 +346,7 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         condition), their writes and their tasks' settled recorded calls in one
         transaction, then collect what no remaining checkpoint references."""
         started = maintenance.gc_cutoff()
+        dropped = False
         while True:  # oldest first, BATCH checkpoints (with their writes) per transaction
             doomed = await self._find_all(
                 self.collections.checkpoints, {**scope.ns_filter, "checkpoint_id": which},
@@ -362,13 +363,78 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 ("calls", maintenance.dropped_calls(scope, ids["$in"])),
             ]
             guard = self._guard(scope, None, runs.new_version(), operation)
+            # the thread is marked, with its checkpoints gone, until their values are
+            # collected: a run killed in between leaves the mark, and `collect_garbage` (the
+            # sweep) finishes the job, which nothing else would find to do
+            mark = self.target.group("mark", "runs", [Op(
+                "update", {"_id": scope.run_doc_id},
+                {"$set": {maintenance.COLLECT_PENDING: started}},
+            )])  # fmt: skip
             await self._commit(
-                plans.maintenance_plan(self.target, scope, guard, deletes, operation),
+                plans.maintenance_plan(self.target, scope, guard, deletes, operation,
+                                       extra=[mark]),
                 scope,
                 None,
                 operation,
-            )
+            )  # fmt: skip
+            dropped = True
         await self._collect_values(scope, started, operation)
+        if dropped:
+            await self._unmark(scope, started, operation)
+
+    async def acollect_garbage(
+        self, thread_ids: Sequence[str], *, tenant_id: str | None = None
+    ) -> int:
+        """Finish what an interrupted ``prune`` or ``delete_for_runs`` began: collect the
+        values and messages that no remaining checkpoint of each thread references, in
+        every namespace, and take the thread's mark off. Returns how many threads were
+        marked. The sweep runs it for every marked thread."""
+        threads = validation.thread_ids(thread_ids)
+        await self._ensure_setup()
+        marked = 0
+        for thread_id in threads:
+            scope0 = self._scope_for(thread_id, tenant_id)
+            doc = await self._find_one(
+                self.collections.runs,
+                {"_id": scope0.run_doc_id, maintenance.COLLECT_PENDING: {"$exists": True}},
+                projection={maintenance.COLLECT_PENDING: 1},
+            )  # fmt: skip
+            if doc is None:
+                continue
+            marked += 1
+            started = maintenance.gc_cutoff()
+            namespaces: set[str] = set()
+            for key in ("checkpoints", "blobs"):  # a namespace may have lost every checkpoint
+                docs = await self._find_all(getattr(self.collections, key), scope0.thread_filter,
+                                            projection={"checkpoint_ns": 1})  # fmt: skip
+                namespaces.update(d["checkpoint_ns"] for d in docs)
+            for ns in sorted(namespaces):
+                scope = Scope(scope0.tenant_id, thread_id, ns)
+                kept = await self._find_all(self.collections.checkpoints, scope.ns_filter,
+                                            sort=[("checkpoint_id", -1)], limit=1)  # fmt: skip
+                if kept and maintenance.uses_delta_channels(kept[0], self.serde):
+                    continue
+                await self._collect_values(scope, started, "checkpoint.prune")
+            await self._unmark(scope0, doc[maintenance.COLLECT_PENDING], "checkpoint.prune")
+        return marked
+
+    async def apending_collection(self, *, limit: int = maintenance.BATCH) -> list[tuple[str, str]]:
+        """(tenant, thread) of at most ``limit`` threads whose values are still to be
+        collected after an interrupted ``prune`` or ``delete_for_runs`` (:meth:`acollect_garbage`)."""
+        await self._ensure_setup()
+        docs = await self._find_all(
+            self.collections.runs, {maintenance.COLLECT_PENDING: {"$exists": True}},
+            projection={"tenant_id": 1, "thread_id": 1}, sort=[("_id", 1)], limit=limit,
+        )  # fmt: skip
+        return [(d["tenant_id"], d["thread_id"]) for d in docs]
+
+    async def _unmark(self, scope: Scope, started: Any, operation: str) -> None:
+        """Take the thread's collection mark off, unless a later prune set its own."""
+        group = self.target.group("unmark", "runs", [Op(
+            "update", {"_id": scope.run_doc_id, maintenance.COLLECT_PENDING: {"$lte": started}},
+            {"$unset": {maintenance.COLLECT_PENDING: ""}},
+        )])  # fmt: skip
+        await self.uow.execute(Plan(plans.context(scope, operation, None), [group]))
 
     async def _collect_values(self, scope: Scope, started: Any, operation: str) -> None:
         """Delete the values (blobs) of ``scope``'s namespace and the thread's messages

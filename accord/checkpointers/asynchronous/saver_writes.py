@@ -270,7 +270,7 @@ class AsyncSaverWrites(AsyncSaverQueue):
         try:
             await self._ensure_setup()
             if staged:
-                await self._check_business(staged)
+                await self._check_business(staged, scope)
             await self._record_writes(scope, run, docs, checkpoint_id, task_id, staged, node)
         except BaseException as exc:
             error = exc
@@ -301,7 +301,7 @@ class AsyncSaverWrites(AsyncSaverQueue):
         try:
             if staged:
                 await self._ensure_setup()
-                await self._check_business(staged)
+                await self._check_business(staged, scope)
         except BaseException as exc:
             run.task_failed(ns, checkpoint_id, FailedTask(task_id, node, exc), task_id)
             self._staged_of(run).done(key, task_id)
@@ -313,12 +313,16 @@ class AsyncSaverWrites(AsyncSaverQueue):
             bridges.in_background(self._drain, run)
         self._staged_of(run).done(key, task_id)  # queued: the next put takes it first
 
-    async def _check_business(self, staged: Sequence[Mapping[str, Any]]) -> None:
+    async def _check_business(self, staged: Sequence[Any], scope: Scope) -> None:
         own = (plans.APPEND_EVENT, plans.COMMIT_ARTIFACT)  # accord's, not the application's
-        names = [str(s.get("collection")) for s in staged if s.get("op") not in own]
+        names = [
+            str(s.get("collection"))
+            for s in staged
+            if isinstance(s, Mapping) and s.get("op") not in own
+        ]
         if self._reserved_stale(names):
             await self._refresh_reserved()
-        self._check_business_targets(staged)
+        self._check_business_targets(staged, scope.tenant_id, scope.thread_id)
 
     async def _record_writes(
         self,

@@ -154,9 +154,7 @@ class SaverArtifacts(SaverWrites):
                 digest, missing chunks).
         """
         art = gl.ref_of(ref)
-        tenant = (
-            self.tenant_id if tenant_id is None else validation.identifier(tenant_id, "tenant_id")
-        )
+        tenant = self.tenant_named(tenant_id)
         self._artifact_setup()
         context = ReadContext(tenant_id=tenant, operation="artifact.read")
         files = self.uow.find_one(

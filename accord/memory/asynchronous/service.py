@@ -27,8 +27,9 @@ from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
 from pymongo.operations import SearchIndexModel
 
 from accord.errors import InvalidInputError, MemoryConflictError, WriteRefused
-from accord.memory import model, validation, vector_docs
+from accord.memory import history_pages, model, validation, vector_docs
 from accord.memory.embedders import Embedder, check_dimensions, resolve_embedder
+from accord.memory.history_pages import HistoryPage
 from accord.memory.model import Doc, Memory, PutRequest
 from accord.memory.running import AsyncOffload
 from accord.memory.writepath import (
@@ -171,7 +172,7 @@ class AsyncMemoryService:
             dims = next((f.get("numDimensions") for f in fields if f.get("type") == "vector"), None)
             if dims is not None:
                 where = f"the vector index of {self.db_name}.{self.vectors_collection}"
-                check_dimensions(_Fixed(self.dims), int(dims), where)
+                check_dimensions(self.embedder, int(dims), where)
             return
         await self.vectors.create_search_index(
             SearchIndexModel(definition=model.vector_index_definition(self.dims),
@@ -201,14 +202,22 @@ class AsyncMemoryService:
         assert doc is not None  # a put writes its document
         return Memory.from_doc(doc)
 
-    async def delete(self, namespace: Sequence[str], key: str) -> None:
+    async def delete(self, namespace: Sequence[str], key: str) -> bool:
+        """Delete one memory (its last version goes to its history). True when this call
+        deleted it; False when there was none, or a concurrent delete took it first (of
+        several deletes at once, exactly one answers True)."""
         req = PutRequest(model.check_namespace(namespace), model.check_key(key), None)
-        await self.apply([req], embed=[False])
+        gone: set[str] = set()
+        await self.apply([req], embed=[False], deleted=gone)
+        return bool(gone)
 
     async def apply(self, reqs: Sequence[PutRequest], embed: Sequence[bool] | None = None,
-                    operation: str = "memory.put") -> dict[str, Doc | None]:  # fmt: skip
+                    operation: str = "memory.put", *,
+                    deleted: set[str] | None = None) -> dict[str, Doc | None]:  # fmt: skip
         """Write (or delete, ``value`` None) several memories in one transaction; returns
-        each memory's document as written (None: deleted), by memory id.
+        each memory's document as written (None: deleted), by memory id. ``deleted``, when
+        given, receives the ids of the memories this call deleted (not those that were
+        already gone).
 
         Every request is validated first (:func:`accord.memory.model.check_request`, in a
         worker thread on the async twin: a large value costs its walk there, not on the
@@ -239,7 +248,8 @@ class AsyncMemoryService:
             vectors = await self.embedder.aembed_documents(texts)
             for text, v in zip(texts, vectors, strict=True):
                 if len(v) != self.dims:
-                    check_dimensions(_Fixed(len(v)), self.dims, self.vectors_collection)
+                    check_dimensions(_Fixed(len(v), f"embedder {self.embedder.name}"), self.dims,
+                                     self.vectors_collection)  # fmt: skip
                 embedded[text] = v
         final = []
         for i in chosen:
@@ -255,7 +265,8 @@ class AsyncMemoryService:
                 given += [r.embedding] if r.embedding is not None else []
                 for vec in given:
                     if len(vec) != self.dims:
-                        check_dimensions(_Fixed(len(vec)), self.dims, self.vectors_collection)
+                        check_dimensions(_Fixed(len(vec), "an embedding given with the write"),
+                                         self.dims, self.vectors_collection)  # fmt: skip
             final.append(r)
         for attempt in range(WRITE_ATTEMPTS):
             ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
@@ -264,8 +275,12 @@ class AsyncMemoryService:
             plan, written = self._plan(final, current, operation)
             if not any(g.ops for g in plan.groups):
                 return written
+            gone = [op.filter["_id"] for g in plan.groups if g.name == "memory_deletes"
+                    for op in g.ops if op.filter is not None]  # fmt: skip
             try:
                 await self.uow.execute(plan)
+                if deleted is not None:
+                    deleted.update(gone)
                 return written
             except MemoryConflictError:
                 if attempt == WRITE_ATTEMPTS - 1:
@@ -430,7 +445,8 @@ class AsyncMemoryService:
                       recency_weight: float, half_life_days: float) -> list[Memory]:  # fmt: skip
         vector = await self.embedder.aembed_query(query)
         if len(vector) != self.dims:
-            check_dimensions(_Fixed(len(vector)), self.dims, self.vectors_collection)
+            check_dimensions(_Fixed(len(vector), f"embedder {self.embedder.name}"), self.dims,
+                             self.vectors_collection)  # fmt: skip
 
         def keep(doc: Doc) -> bool:
             return model.live(doc, now) and model.value_matches(doc.get("value"), filt)
@@ -512,15 +528,35 @@ class AsyncMemoryService:
         return names[offset : offset + limit]
 
     async def history(self, namespace: Sequence[str], key: str) -> list[dict[str, Any]]:
-        """Previous versions of a memory, oldest first (the current one is ``get``)."""
+        """Previous versions of a memory, oldest first (the current one is ``get``); all
+        of them (``history_page`` serves them a page at a time)."""
+        return [_without_id(d) for d in await self._history(namespace, key, {}, None)]
+
+    async def history_page(
+        self, namespace: Sequence[str], key: str, *, limit: int = 50, after: str | None = None
+    ) -> HistoryPage:
+        """At most ``limit`` previous versions of a memory, oldest first, after the
+        cursor ``after`` (the ``next`` of the page before; None: from the oldest).
+        Raises InvalidField naming ``limit`` or ``after``."""
+        limit = validation.check_int(limit, "limit", low=1, high=validation.MAX_PAGE)
+        position = history_pages.after_filter(after) if after is not None else {}
+        found = await self._history(namespace, key, position, limit + 1)
+        items = found[:limit]
+        more = history_pages.cursor_of(items[-1]) if len(found) > limit else None
+        return HistoryPage([_without_id(d) for d in items], more)
+
+    async def _history(
+        self, namespace: Sequence[str], key: str, position: Doc, limit: int | None
+    ) -> list[dict[str, Any]]:
+        """The stored history entries, ``_id`` included (a page's cursor is made of it)."""
         _id = model.memory_id(self.tenant_id, model.check_namespace(namespace),
                               model.check_key(key))  # fmt: skip
-        # _id is read (an encrypted value is bound to it: docs/governance.md) and dropped
-        found = await self._find(
-            self.history_collection, MEMORY_HISTORY, {"memory_id": _id, "tenant_id": self.tenant_id},
-            "memory.history", sort=[("replaced_at", ASCENDING), ("version", ASCENDING)],
+        # _id is read (an encrypted value is bound to it: docs/governance.md), then dropped
+        return await self._find(
+            self.history_collection, MEMORY_HISTORY,
+            {"memory_id": _id, "tenant_id": self.tenant_id, **position}, "memory.history",
+            sort=history_pages.ORDER, **({"limit": limit} if limit is not None else {}),
         )  # fmt: skip
-        return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
     # -- TTL ---------------------------------------------------------------------------------------
 
@@ -566,11 +602,13 @@ class AsyncMemoryService:
 
 
 class _Fixed:
-    """A stand-in embedder description for dimension checks of vectors already computed."""
+    """A stand-in embedder description for dimension checks of vectors already computed
+    (``subject`` names where they came from, in the error)."""
 
-    def __init__(self, dims: int) -> None:
+    def __init__(self, dims: int, subject: str) -> None:
         self.dims = dims
-        self.name = f"a {dims}-dimension vector"
+        self.name = subject
+        self.subject = subject
 
 
 def _default_text(value: Mapping[str, Any]) -> str:
@@ -599,3 +637,8 @@ def _checked(reqs: Sequence[PutRequest], embed: Sequence[bool] | None) -> list[P
             r = dataclasses.replace(r, text=validation.cut_text(_default_text(r.value)))
         out.append(r)
     return out
+
+
+def _without_id(entry: Doc) -> dict[str, Any]:
+    """A history entry as callers get it: without its storage ``_id``."""
+    return {k: v for k, v in entry.items() if k != "_id"}

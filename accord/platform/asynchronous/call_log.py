@@ -19,7 +19,7 @@ from typing import Any
 from pymongo import ASCENDING, IndexModel
 
 from accord.errors import ConcurrentRunError, WriteRefused
-from accord.platform import calls, codes, runs
+from accord.platform import calls, codes, queued_runs, runs
 from accord.platform.artifacts import RECORDED_CALL, RUN
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.asynchronous.unit_of_work import AsyncUnitOfWork
@@ -99,8 +99,10 @@ class AsyncCallLog:
         """Calls of ``tenant_id`` whose effect is unknown (parked ones only:
         ``parked_only``), oldest first: what ``accord runs calls`` lists."""
         statuses = [calls.PARKED] if parked_only else list(calls.UNSETTLED)
+        tenant_id = queued_runs.check_id(tenant_id, "tenant_id")
         filt: dict[str, Any] = {"tenant_id": tenant_id, "status": {"$in": statuses}}
         if thread_id is not None:
+            thread_id = queued_runs.check_id(thread_id, "thread_id")
             filt["thread_id"] = thread_id
         context = ReadContext(tenant_id=tenant_id, thread_id=thread_id, operation="calls.list")
         return await self.uow.find(
@@ -212,17 +214,22 @@ class AsyncCallLog:
     ) -> None:
         """Settle an unsettled call with the result it had (a human checked the provider):
         re-executions of its task replay it. Belongs to no run (no fence)."""
+        tenant_id = queued_runs.check_id(tenant_id, "tenant_id")
+        thread_id = queued_runs.check_id(thread_id, "thread_id")
+        key = queued_runs.check_id(key, "key")  # never an operator: it names one call
         at = runs.now()
 
         def missing(counts: Counts) -> BaseException:
             return ConcurrentRunError(
-                f"recorded call {key} of thread {thread_id!r} is not unsettled (it was "
-                f"resolved already, or does not exist); nothing was written."
+                f"recorded call {key} of thread {thread_id!r} (tenant {tenant_id!r}) is not "
+                f"unsettled (it was resolved already, or no such call of that thread "
+                f"exists); nothing was written."
             )
 
         unmark = Group("parked", self.db, self.runs_collection, RUN.name,
                        [calls.run_unparked_op(tenant_id, thread_id, key)])  # fmt: skip
-        await self._write(tenant_id, thread_id, calls.resolve_op(key, result, by=by, at=at),
+        await self._write(tenant_id, thread_id, calls.resolve_op(key, result, by=by, at=at, tenant_id=tenant_id,
+                                                           thread_id=thread_id),
                           None, "calls.resolve", expect=Expect(matched=1, error=missing),
                           extra=unmark)  # fmt: skip
 

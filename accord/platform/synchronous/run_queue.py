@@ -439,7 +439,8 @@ class RunQueue:
         by: str | None = None,
     ) -> Run:
         """Record new expiries of the run's credentials (the application refreshed the
-        tokens); a run that waits can then be resumed."""
+        tokens); a run that waits can then be resumed. Only credentials the run was
+        submitted with can be refreshed (InvalidInputError names the others)."""
         fresh = queued_runs.check_credentials(credentials) or {}
         if not fresh:
             raise InvalidInputError("give at least one credential to refresh")
@@ -447,6 +448,14 @@ class RunQueue:
         if run.ended:
             raise RunStateError(f"run {run_id!r} already ended ({run.status})", run_id=run_id,
                                 status=run.status)  # fmt: skip
+        held = run.document.get("credentials") or {}
+        unknown = sorted(set(fresh) - set(held))
+        if unknown:  # a typo would leave the real credential expired and the run stuck
+            raise InvalidInputError(
+                f"run {run_id!r} holds no credential named {', '.join(unknown)} (it holds: "
+                f"{', '.join(sorted(held)) or 'none'}); nothing was changed. Credentials are "
+                f"declared when the run is submitted (credentials=, --credential)."
+            )
         filt = {"_id": run.run_id, "tenant_id": run.tenant_id,
                 "status": {"$nin": sorted(queued_runs.FINAL)}}  # fmt: skip
         update = queued_runs.credentials_update(fresh, queued_runs.now(), by)
