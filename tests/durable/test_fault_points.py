@@ -128,6 +128,14 @@ def _case(
                                *bank))  # fmt: skip
     assert code == -9, (thread, code, out, err)  # the fault point was reached
     _end_open_transactions(client, books_dir)
+    # LangGraph saves a task's writes from a background thread while its loop goes on, so
+    # a kill at a fault point may land after the next task asked the model and before
+    # that answer was recorded: what was asked and what was recorded, at the kill
+    asked = len(books(books_dir / "model.jsonl"))
+    recorded = client[db]["accord_recorded_calls"].count_documents(
+        {"thread_id": thread, "name": "model.decide", "status": "done"}
+    )
+    assert asked - recorded in (0, 1), (asked, recorded)  # at most the one in flight
     code, out, err = _run(_cmd(uri, db, thread, books_dir, saver, *bank))
     if code == 3 and out is not None and out["error"] == "NeedsReconciliation":
         # only a plain bank, killed between the money moving and the result's commit
@@ -141,8 +149,8 @@ def _case(
     assert out is not None
     assert out["state"]["count"] == STEPS and out["state"]["confirmed"] is True
     _check_books(client, db, books_dir, finished=True)
-    # the model was asked once per step: a decision, once recorded, is replayed
-    assert len(books(books_dir / "model.jsonl")) == STEPS
+    # a decision, once recorded, is replayed; only the steps without one asked the model
+    assert len(books(books_dir / "model.jsonl")) == asked + STEPS - recorded
     return "finished"
 
 
