@@ -39,7 +39,10 @@ def test_workers_are_reused() -> None:
         done.clear()
         workers.submit(record, ())
         assert done.wait(10)
-        time.sleep(0.05)  # the worker is back to waiting
+        deadline = time.monotonic() + 10
+        while workers._idle != 1:  # the worker is back to waiting (however late it is)
+            assert time.monotonic() < deadline, "the worker never went back to waiting"
+            time.sleep(0.005)
     assert len(set(seen)) == 1, f"expected one reused worker thread, got {len(set(seen))}"
 
 

@@ -189,7 +189,7 @@ def _no_heartbeat(saver: Any) -> Any:
 def test_the_lease_is_renewed_while_a_long_step_runs(saver_factory: Any) -> None:
     """A step longer than the lease: the heartbeat keeps the thread held, so another
     worker is still refused after several lease periods, and the run completes."""
-    long = saver_factory(lease_seconds=1.0)
+    long = saver_factory(lease_seconds=2.0)  # renewed every 0.67 s: a 1.3 s stall is borne
     other = saver_factory()
     gate = Gate()
     cfg = {"configurable": {"thread_id": "long"}}
@@ -197,7 +197,7 @@ def test_the_lease_is_renewed_while_a_long_step_runs(saver_factory: Any) -> None
         lambda: _graph(gate).compile(checkpointer=long).invoke({"n": 0}, cfg, durability="sync")
     )
     assert gate.started.wait(30)
-    time.sleep(2.5)  # 2.5 lease periods without a commit
+    time.sleep(5.0)  # 2.5 lease periods without a commit
     idle = Gate()
     idle.release.set()
     with pytest.raises(ConcurrentRunError):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -342,7 +342,7 @@ def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any)
     ``ttl``: the names are used; a thread not written for ``ttl`` seconds is deleted by
     the sweep (a thread written since, or held by a run, is not)."""
     s = saver_factory(
-        checkpoint_collection_name="my_checkpoints", writes_collection_name="my_writes", ttl=1
+        checkpoint_collection_name="my_checkpoints", writes_collection_name="my_writes", ttl=3600
     )
     db = client[s.db_name]
     ids = _chain(s, "old", [{"v": 1}, {"v": 2}])
@@ -350,7 +350,13 @@ def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any)
     assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 2
     assert db.my_writes.count_documents({"thread_id": "old"}) == 1
     assert "accord_checkpoints" not in db.list_collection_names()
-    time.sleep(1.2)
+    # each commit stamps the thread's expiry ttl seconds ahead
+    stamped = db.runs.find_one({"thread_id": "old"})["expire_at"].replace(tzinfo=UTC)
+    ahead = (stamped - datetime.now(UTC)).total_seconds()
+    assert 3500 < ahead <= 3600, ahead
+    # the hour passes for "old" (moved, not waited: "fresh" stays an hour from its write
+    # however slow this machine is)
+    db.runs.update_one({"thread_id": "old"}, {"$set": {"expire_at": stamped - timedelta(hours=2)}})
     _chain(s, "fresh", [{"v": 1}])  # written just now
     assert s.sweep() == 1
     assert db.my_checkpoints.count_documents({"thread_id": "old"}) == 0

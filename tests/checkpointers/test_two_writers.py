@@ -253,9 +253,16 @@ def test_a_stale_owner_paused_past_its_lease_is_refused_at_commit(
         lease=1.0, saver=stale_saver,
     )  # fmt: skip
     kill_worker.wait_for(tmp_path, "go.a.in-node", timeout=60)  # inside its first node
-    # let the step's background saves finish: a worker paused in the middle of a commit
-    # would hold its transaction's locks until the server's transaction lifetime ends
-    time.sleep(0.5)
+    # its saves before the node are committed (two checkpoints, the input task's two
+    # writes, which LangGraph may still be saving while the node begins): a worker
+    # paused in the middle of a commit would hold its transaction's locks until the
+    # server's transaction lifetime ends
+    db = client[race_db]
+    deadline = time.monotonic() + 60
+    while (db[NAMES.checkpoints].count_documents({"thread_id": thread}) < 2
+           or db[NAMES.writes].count_documents({"thread_id": thread}) < 2):  # fmt: skip
+        assert time.monotonic() < deadline, "the worker's first saves never came"
+        time.sleep(0.01)
     stale.send_signal(signal.SIGSTOP)  # the whole process, its lease heartbeat included
     try:
         time.sleep(2.0)  # past the lease

@@ -6,7 +6,10 @@
   process and start time: a duplicate would be kept, so it counts committed executions)
   and, when ``ACCORD_TEST_LOG`` names a file, one
   line ``{run, step, pid, start, end}`` per execution of a step (the outside world's view:
-  which process executed what, when), sleeping ``ACCORD_TEST_STEP_S`` seconds inside.
+  which process executed what, when), sleeping ``ACCORD_TEST_STEP_S`` seconds inside,
+  and, in the tests' own process, waiting for ``GATES[step]`` when it is set; in a
+  worker process, each step waits (at most two minutes) until the file
+  ``ACCORD_TEST_HOLD`` names exists.
 * ``approval``: ``ask`` calls ``interrupt()`` for a decision, ``act`` records it.
 * ``boom``: a step that raises.
 * ``compiled_steps``: ``steps``, compiled (without a checkpointer).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from typing import Any, TypedDict
 
@@ -29,6 +33,9 @@ from langgraph.types import interrupt
 
 from accord.checkpointers import business
 from accord.checkpointers.recorded import recorded
+
+#: step name -> an event the step waits for (at most a minute) before it writes
+GATES: dict[str, threading.Event] = {}
 
 
 class State(TypedDict, total=False):
@@ -53,6 +60,13 @@ def _step(name: str) -> Any:
         start = time.time()
         _log({"run": state["run"], "step": name, "pid": os.getpid(), "start": start})
         time.sleep(float(os.environ.get("ACCORD_TEST_STEP_S", "0")))
+        gate = GATES.get(name)
+        if gate is not None:
+            gate.wait(60)
+        hold = os.environ.get("ACCORD_TEST_HOLD")
+        deadline = time.monotonic() + 120
+        while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.01)
         business.insert_one("fleet_writes", {"_id": f"{state['run']}:{name}", "step": name})
         # and one that a duplicate would not collide with: who committed this execution
         business.insert_one("fleet_commits", {"_id": f"{state['run']}:{name}:{os.getpid()}:{start}",

@@ -28,7 +28,9 @@ began), ``after_charge`` (F2: the bank call returned, before ``pay`` returned),
 ``put``), ``commit_start`` (F4: inside a transaction, ``commitTransaction`` about to be
 sent). ``--lease S``: the saver's lease (the zombie test pauses a worker past it).
 
-``--steps N``: ``pay`` runs N times (one decision, one charge and one business write
+``--hold-charge N``: this process's N-th bank request, once the money moved, waits until
+a file ``go`` exists in ``--dir`` (the zombie test pauses the worker there, whatever the
+machine's speed). ``--steps N``: ``pay`` runs N times (one decision, one charge and one business write
 each) before ``confirm``; ``--pause S`` sleeps S seconds inside each fake call (wider
 windows for the random kills of ``test_random_kills``); ``--lsid-file``: every session
 that starts a transaction is appended to it, so the parent can end a killed worker's
@@ -134,10 +136,12 @@ class FakeBank:
     request, or once per idempotency key when ``dedupe`` (the provider side of an
     idempotent call)."""
 
-    def __init__(self, books: Path, *, dedupe: bool, kill_mid: bool) -> None:
+    def __init__(self, books: Path, *, dedupe: bool, kill_mid: bool, hold: int = 0) -> None:
         self.books = books
         self.dedupe = dedupe
         self.kill_mid = kill_mid
+        self.hold = hold  # the request (1, 2, ...) that waits for the file ``go``
+        self.requests = 0
 
     def charge(self, account: str, cents: int, transfer_id: str, key: str | None) -> str:
         time.sleep(PAUSE[0])
@@ -147,6 +151,11 @@ class FakeBank:
                              "key": key, "charged": charged})  # fmt: skip
         if self.kill_mid:
             os.kill(os.getpid(), signal.SIGKILL)
+        self.requests += 1
+        if self.requests == self.hold:
+            go = self.books.with_name("go")
+            while not go.exists():
+                time.sleep(0.01)
         time.sleep(PAUSE[0])
         return f"receipt-{key or transfer_id}"
 
@@ -154,9 +163,8 @@ class FakeBank:
 def build(saver: Any, args: argparse.Namespace) -> Any:
     books = Path(args.dir)
     model = FakeModel(books / "model.jsonl")
-    bank = FakeBank(
-        books / "bank.jsonl", dedupe=args.idempotent, kill_mid=args.kill == "mid_charge"
-    )
+    bank = FakeBank(books / "bank.jsonl", dedupe=args.idempotent,
+                    kill_mid=args.kill == "mid_charge", hold=args.hold_charge)  # fmt: skip
 
     if args.saver == "sync":
 
@@ -314,6 +322,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--idempotent", action="store_true")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--pause", type=float, default=0.0)
+    p.add_argument("--hold-charge", type=int, default=0)
     p.add_argument("--lsid-file")
     p.add_argument("--bundle")
     p.add_argument("--migrate", action="store_true")

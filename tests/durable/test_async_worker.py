@@ -31,7 +31,7 @@ def db_name(client: MongoClient) -> Iterator[str]:
 
 def _worker(app: AsyncAccord, graph: str, **kwargs: object) -> AsyncWorker:
     kwargs.setdefault("poll", 0.05)
-    kwargs.setdefault("lease", 3.0)
+    kwargs.setdefault("lease", 10.0)  # far above a loaded machine's pauses
     return AsyncWorker(graph, client=app.client, uow=app.uow, db=app.db_name, **kwargs)  # type: ignore[arg-type]
 
 

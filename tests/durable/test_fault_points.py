@@ -47,7 +47,7 @@ import pytest
 from bson import json_util
 from pymongo import MongoClient
 
-from tests.durable.test_recorded_crash import WORKER, books
+from tests.durable.test_recorded_crash import WORKER, books, end_open_transactions
 
 pytestmark = [pytest.mark.slow]  # worker processes killed and restarted
 
@@ -80,16 +80,6 @@ def _run(cmd: list[str]) -> tuple[int, dict[str, Any] | None, str]:
                           env={**os.environ})  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, json.loads(lines[-1]) if lines else None, proc.stderr
-
-
-def _end_open_transactions(client: MongoClient, books_dir: Path) -> None:
-    """What a supervisor does for a dead worker: end the sessions of its transactions
-    (otherwise their locks last until the server's transaction lifetime ends)."""
-    lsids = books_dir / "lsids"
-    if lsids.exists():
-        sessions = [json_util.loads(x) for x in lsids.read_text().splitlines() if x]
-        client.admin.command("killSessions", sessions)
-        lsids.unlink()
 
 
 def _check_books(client: MongoClient, db: str, books_dir: Path, *, finished: bool) -> None:
@@ -127,7 +117,7 @@ def _case(
     code, out, err = _run(_cmd(uri, db, thread, books_dir, saver, "--kill-at", f"{point}:{n}",
                                *bank))  # fmt: skip
     assert code == -9, (thread, code, out, err)  # the fault point was reached
-    _end_open_transactions(client, books_dir)
+    end_open_transactions(client, books_dir / "lsids")
     # LangGraph saves a task's writes from a background thread while its loop goes on, so
     # a kill at a fault point may land after the next task asked the model and before
     # that answer was recorded: what was asked and what was recorded, at the kill
@@ -191,8 +181,10 @@ def test_a_zombie_paused_past_its_lease_commits_nothing(
     the call with the same key (the bank dedupes) and finishes the run; SIGCONT: the
     zombie's result and its step are refused, nothing of it is written after takeover."""
     thread = f"zombie-{saver}"
+    # its second bank request, once the money moved, waits for the file ``go``: the
+    # pause lands between the money moving and the result's record, however late
     cmd = _cmd(mongo_uri, db_name, thread, tmp_path, saver, "--idempotent", "--lease", "1",
-               "--pause", "0.5")  # fmt: skip
+               "--hold-charge", "2")  # fmt: skip
     zombie = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT)  # fmt: skip
     try:
@@ -210,9 +202,10 @@ def test_a_zombie_paused_past_its_lease_commits_nothing(
                 name: sorted(map(json_util.dumps, client[db_name][name].find()))
                 for name in ("charges", "transfers", "accord_recorded_calls")
             }
-            checkpoints = client[db_name]["checkpoints"].count_documents({})
+            checkpoints = client[db_name]["accord_checkpoints"].count_documents({})
         finally:
             zombie.send_signal(signal.SIGCONT)
+            (tmp_path / "go").touch()
         zout, zerr = zombie.communicate(timeout=120)
     finally:
         if zombie.poll() is None:
@@ -229,7 +222,7 @@ def test_a_zombie_paused_past_its_lease_commits_nothing(
         for name in ("charges", "transfers", "accord_recorded_calls")
     }
     assert after == before  # no zombie commit was accepted
-    assert client[db_name]["checkpoints"].count_documents({}) == checkpoints
+    assert client[db_name]["accord_checkpoints"].count_documents({}) == checkpoints
     _check_books(client, db_name, tmp_path, finished=True)
     requests = books(tmp_path / "bank.jsonl")
     # the paused call was asked again by the new worker, with the same key; money once

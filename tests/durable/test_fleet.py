@@ -62,11 +62,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def start_worker(
     uri: str, db: str, graph: str, log: Path, *, machine: str, step_s: float = 0.0,
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), hold: Path | None = None, lease: float = LEASE,
 ) -> subprocess.Popen[str]:  # fmt: skip
+    """``hold``: each step waits until this file exists."""
     env = {**os.environ, "MONGODB_URI": uri, "ACCORD_TEST_LOG": str(log),
            "ACCORD_TEST_STEP_S": str(step_s), "ACCORD_MACHINE_ID": machine}  # fmt: skip
-    cmd = [str(ACCORD), "worker", "--graph", graph, "--db", db, "--lease", str(LEASE),
+    if hold is not None:
+        env["ACCORD_TEST_HOLD"] = str(hold)
+    cmd = [str(ACCORD), "worker", "--graph", graph, "--db", db, "--lease", str(lease),
            "--poll", "0.1", *extra]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -95,6 +98,9 @@ def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path, mac
     client: MongoClient = MongoClient(engine)
     db = f"fleet_{machines}"
     log = tmp_path / "steps.jsonl"
+    # on one machine, a lease far above the time a takeover "at once" may take on a
+    # loaded machine: a takeover before it could have expired was not waiting for it
+    lease = LEASE if machines == "two" else 10.0
     with Accord(client=client, db_name=db) as app:
         queue = app.runs()
         started = time.monotonic()
@@ -102,7 +108,7 @@ def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path, mac
         workers = [
             start_worker(engine, db, STEPS, log,
                          machine=f"machine-{i}" if machines == "two" else "machine", step_s=0.05,
-                         extra=("--concurrency", "8"))
+                         extra=("--concurrency", "8"), lease=lease)
             for i in range(2)
         ]  # fmt: skip
         victim, survivor = workers
@@ -171,17 +177,19 @@ def test_200_runs_across_two_workers_one_killed(engine: str, tmp_path: Path, mac
         )  # fmt: skip
         takeover = first_after - killed_at
         report = {
-            "machines": machines, "runs": RUNS, "workers": 2, "concurrency": 8, "lease_s": LEASE,
+            "machines": machines, "runs": RUNS, "workers": 2, "concurrency": 8, "lease_s": lease,
             "fleet_s": round(elapsed, 2), "runs_per_s": round(RUNS / elapsed, 1),
             "steps_per_s": round(3 * RUNS / elapsed, 1),
             "orphans": len(orphans), "takeover_s": round(takeover, 2),
             "step_executions": sum("end" in e for e in steps),
         }  # fmt: skip
         print("FLEET", json.dumps(report))
+        # (how fast is a figure, docs/benchmarks.md; what is asserted is what it waited
+        # for: a lease renewed at most lease / 3 before the kill)
         if machines == "two":
-            assert takeover <= 2 * LEASE, report  # the lease, then the next poll
+            assert takeover >= lease * 2 / 3 - 0.05, report  # it waited for the lease
         else:
-            assert takeover < LEASE, report  # at once: the next poll sees the pid gone
+            assert takeover < lease * 2 / 3, report  # at once: the next poll sees the pid gone
     client.close()
 
 
@@ -264,7 +272,9 @@ def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
     with Accord(client=client, db_name=db) as app:
         queue = app.runs()
         run = queue.submit(STEPS, {"run": "z"})
-        zombie = start_worker(engine, db, STEPS, log, machine="m1", step_s=1.0)
+        # its steps wait for the file ``go``: the pause lands inside step a, however late
+        go = tmp_path / "go"
+        zombie = start_worker(engine, db, STEPS, log, machine="m1", hold=go)
         try:
             deadline = time.monotonic() + 60
             while not lines(log):
@@ -279,8 +289,9 @@ def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
             assert queue.get(run.run_id).status == "done"
             fence = queue.get(run.run_id).fence
             zombie.send_signal(signal.SIGCONT)
-            # the zombie's step ends (1 s), its commit is refused, its heartbeat finds the
-            # run lost; it writes nothing more
+            go.touch()
+            # the zombie's step ends, its commit is refused, its heartbeat finds the run
+            # lost; it writes nothing more
             deadline = time.monotonic() + 30
             while not any(e.get("pid") == zombie.pid and "end" in e for e in lines(log)):
                 assert time.monotonic() < deadline, lines(log)
@@ -288,6 +299,7 @@ def test_a_paused_worker_cannot_commit_after_its_run_was_taken_over(
             time.sleep(1.0)
         finally:
             zombie.send_signal(signal.SIGCONT)
+            go.touch()
             stop(zombie)
         commits = list(client[db]["fleet_commits"].find())
         assert len(commits) == 3 and {c["pid"] for c in commits} == {taken_by.pid}, commits

@@ -52,7 +52,7 @@ def _no_policy_file(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _work(app: Accord, graph: str) -> int:
-    worker = Worker(graph, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=3.0)
+    worker = Worker(graph, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=10.0)
     return worker.run(until_idle=True)
 
 

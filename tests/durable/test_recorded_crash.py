@@ -41,13 +41,28 @@ SAVERS = ["sync", "async"]
 def run_worker(
     uri: str, db: str, thread: str, books: Path, saver: str, *extra: str
 ) -> tuple[int, dict[str, Any] | None, str]:
+    lsids = books / f"lsids-{thread}"
     proc = subprocess.run(
         [sys.executable, str(WORKER), "--uri", uri, "--db", db, "--thread", thread,
-         "--dir", str(books), "--saver", saver, *extra],
+         "--dir", str(books), "--saver", saver, "--lsid-file", str(lsids), *extra],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ},
     )  # fmt: skip
+    if proc.returncode == -9:
+        with MongoClient(uri) as client:
+            end_open_transactions(client, lsids)
+    lsids.unlink(missing_ok=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, json.loads(lines[-1]) if lines else None, proc.stderr
+
+
+def end_open_transactions(client: MongoClient, lsids: Path) -> None:
+    """What a supervisor does for a dead worker: end the sessions it logged to ``lsids``
+    (``--lsid-file``), so that a transaction it left open (a background save) does not
+    hold its thread until the server's transaction lifetime ends."""
+    if lsids.exists():
+        sessions = [json_util.loads(x) for x in lsids.read_text().splitlines() if x]
+        client.admin.command("killSessions", sessions)
+        lsids.unlink()
 
 
 def books(path: Path) -> list[dict[str, Any]]:
@@ -233,10 +248,7 @@ def test_random_kills_charge_each_step_once(
                     proc.kill()
                     proc.wait()
                     killed += 1
-                    if lsids.exists():  # end the dead worker's open transaction
-                        sessions = [json_util.loads(x) for x in lsids.read_text().splitlines() if x]
-                        client.admin.command("killSessions", sessions)
-                        lsids.unlink()
+                    end_open_transactions(client, lsids)
                     continue
             out, err = proc.communicate(timeout=120)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -48,9 +49,24 @@ def queue(app: Accord) -> RunQueue:
 def work(app: Accord, graph: str, **kwargs: Any) -> int:
     """Run a worker of ``graph`` in this process until nothing is left for it."""
     kwargs.setdefault("poll", 0.05)
-    kwargs.setdefault("lease", 3.0)
+    kwargs.setdefault("lease", 10.0)  # far above a loaded machine's pauses
     worker = Worker(graph, client=app.client, uow=app.uow, db=app.db_name, **kwargs)
     return worker.run(until_idle=True)
+
+
+def _an_hour_passes(app: Accord, run_id: str, *fields: str) -> None:
+    """Move the run's deadlines ``fields`` an hour back, as if the time had passed (no
+    timer a loaded machine's slow worker could outlast)."""
+    runs = app.client[app.db_name]["accord_run_queue"]
+    doc = runs.find_one({"_id": run_id})
+    assert doc is not None
+    moved = {}
+    for name in fields:
+        value: Any = doc
+        for part in name.split("."):
+            value = value[part]
+        moved[name] = value - timedelta(hours=1)
+    assert runs.update_one({"_id": run_id}, {"$set": moved}).modified_count == 1
 
 
 def test_submitted_runs_are_executed_and_their_results_waited_for(
@@ -181,12 +197,12 @@ def test_a_resume_value_and_a_second_wait(app: Accord, queue: RunQueue) -> None:
 def test_a_wait_past_its_deadline_takes_its_timeout_action(
     app: Accord, queue: RunQueue, action: str
 ) -> None:
-    run = queue.submit(APPROVAL, {"run": action}, wait_timeout=0.3, on_timeout=action,
+    run = queue.submit(APPROVAL, {"run": action}, wait_timeout=3600, on_timeout=action,
                        timeout_value=True)  # fmt: skip
     work(app, APPROVAL)
     assert queue.get(run.run_id).wait["deadline"] is not None
     assert queue.expire_waits() == 0  # not yet
-    time.sleep(0.4)
+    _an_hour_passes(app, run.run_id, "wait.deadline")
     work(app, APPROVAL)  # the worker applies due deadlines as it polls
     if action == "resume":
         assert queue.wait(run.run_id)["acted"] == "wired"
@@ -329,9 +345,12 @@ def test_a_running_run_is_cancelled_at_its_next_step(
 ) -> None:  # fmt: skip
     import threading
 
-    monkeypatch.setenv("ACCORD_TEST_STEP_S", "0.3")
+    from tests.durable import queue_graphs
+
+    gate = threading.Event()  # step a runs until the worker has seen the cancel request
+    monkeypatch.setitem(queue_graphs.GATES, "a", gate)
     run = queue.submit(STEPS, {"run": "long"})
-    worker = Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=0.6)
+    worker = Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=10)
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
@@ -340,10 +359,19 @@ def test_a_running_run_is_cancelled_at_its_next_step(
             assert time.monotonic() < deadline
             time.sleep(0.02)
         queue.cancel(run.run_id, by="user:ops")
+        leased = queue.get(run.run_id).lease_expires
+        assert leased is not None
+        # the heartbeat sees the request when it renews the lease (every lease / 3)
+        deadline = time.monotonic() + 30
+        while (queue.get(run.run_id).lease_expires or leased) <= leased:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        gate.set()
         with pytest.raises(RunFailed) as stopped:
-            queue.wait(run.run_id, timeout=10)
+            queue.wait(run.run_id, timeout=30)
         assert stopped.value.status == "cancelled"
     finally:
+        gate.set()
         worker.stop()
         runner.join(timeout=30)
     # it stopped at a step boundary: not every step ran
@@ -385,13 +413,13 @@ def test_credentials_that_expired_during_a_wait_block_the_resume_until_refreshed
 
     from accord.errors import CredentialsExpired
 
-    soon = datetime.now(UTC) + timedelta(seconds=0.3)
-    later = datetime.now(UTC) + timedelta(hours=1)
+    soon = datetime.now(UTC) + timedelta(minutes=30)
+    later = datetime.now(UTC) + timedelta(hours=2)
     run = queue.submit(APPROVAL, {"run": "cred"}, credentials={"bank_token": soon,
                                                                  "crm": later})  # fmt: skip
     work(app, APPROVAL)
     assert queue.get(run.run_id).status == queued_runs.WAITING
-    time.sleep(0.4)  # the token expires during the pause
+    _an_hour_passes(app, run.run_id, "credentials.bank_token")  # it expires in the pause
     with pytest.raises(CredentialsExpired, match="bank_token") as refused:
         queue.approve(run.run_id, by="user:ana")
     assert set(refused.value.expired) == {"bank_token"}  # crm is still valid
@@ -424,11 +452,11 @@ def test_a_deadline_resume_with_expired_credentials_waits_for_a_human(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    soon = datetime.now(UTC) + timedelta(seconds=0.2)
-    run = queue.submit(APPROVAL, {"run": "dl"}, wait_timeout=0.3, on_timeout="resume",
+    soon = datetime.now(UTC) + timedelta(minutes=30)
+    run = queue.submit(APPROVAL, {"run": "dl"}, wait_timeout=3600, on_timeout="resume",
                        timeout_value=True, credentials={"bank_token": soon})  # fmt: skip
     work(app, APPROVAL)
-    time.sleep(0.4)
+    _an_hour_passes(app, run.run_id, "wait.deadline", "credentials.bank_token")
     work(app, APPROVAL)  # the deadline resumes it; the worker finds the token expired
     waiting = queue.get(run.run_id)
     assert waiting.status == queued_runs.WAITING, waiting.events

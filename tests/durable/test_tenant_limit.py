@@ -66,7 +66,7 @@ def test_the_tenant_limit_holds_across_two_workers(
         # each worker holds at most ``limit`` runs: the first one's are all of tenant a
         # (submitted first), so the second must claim too, and finds a at its limit
         workers = [
-            Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.02, lease=3.0,
+            Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.02, lease=10.0,
                    concurrency=limit, tenant_limit=limit)
             for _ in range(2)
         ]  # fmt: skip

@@ -15,7 +15,9 @@ end and checks that the job is finished exactly once:
   (same key bytes) / every key of the tenant gone and the others intact;
 - the audit cut of the sweep and ``accord audit digest``: the chain verifies from its
   cuts, no kept record lost, the digests linked;
-- ``accord audit export``: resumed to the uninterrupted export's bytes.
+- ``accord audit export``: resumed to the uninterrupted export's bytes;
+- ``accord governance erase``: each thread of the subject whole or gone, nothing of the
+  subject left after the rerun, the chain verifying.
 
 What is killed is the client; the engine is this module's, in this process. A killed
 client's open transaction keeps its writes (and so conflicts with the rerun's) until the
@@ -50,8 +52,11 @@ from accord.governance.audit_cuts import CUTS
 from accord.governance.audit_records import HEADS, RECORDS
 from accord.governance.crypto import MASTER_KEY_ENV, PREVIOUS_MASTER_KEY_ENV, MasterKey
 from accord.governance.digests import list_digests
+from accord.governance.loading import parse_policy
 from accord.governance.verify import verify_chain
 from accord.platform.context import AUDITOR, Principal
+from accord.runtime import Accord
+from tests.governance import test_subjects as subjects
 from tests.governance.test_audit_cuts import write as write_notes
 from tests.governance.test_audit_digests import write
 from tests.test_kernel_doors import _graph
@@ -501,7 +506,9 @@ def test_digests_and_audit_cuts_killed_midway_keep_every_chain_verifying(
     d = client[db_name]
     out = tmp_path / "digests"
     out.mkdir()
-    digest = ["audit", "digest", "--db", db_name, "--every", "0.05s", "--count", "6",
+    # a count it never reaches before the kill (a run that ended on its own would leave
+    # nothing to interrupt)
+    digest = ["audit", "digest", "--db", db_name, "--every", "0.05s", "--count", "10000",
               "--out", str(out / "d-{seq}.json")]  # fmt: skip
     rng = random.Random(13)
     kills = 0
@@ -524,7 +531,7 @@ def test_digests_and_audit_cuts_killed_midway_keep_every_chain_verifying(
             assert doc["hash"] == stored[doc["seq"] - 1]["hash"]
     _run(["audit", "digest", "--db", db_name], env)  # the newest digest covers every record
     n = d.accord_audit_digests.count_documents({})
-    assert kills >= 3, f"only {kills} digest runs were killed"
+    assert kills == 5, f"only {kills} digest runs were killed"
     extension = subprocess.run([ACCORD, "audit", "verify", "--live", "--db", db_name,
                                 "--from", "1", "--to", str(n)], env=env,
                                capture_output=True, text=True)  # fmt: skip
@@ -621,3 +628,60 @@ def test_an_export_killed_midway_resumes_to_the_uninterrupted_bytes(
     verified = subprocess.run([ACCORD, "audit", "verify", str(resumed)], env=env,
                               capture_output=True, text=True)  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# --- 6. erasure -------------------------------------------------------------------------------
+
+
+def test_an_erasure_killed_midway_is_finished_by_running_it_again(
+    client: MongoClient, mongo_uri: str, db_name: str, tmp_path: Path
+) -> None:
+    """SIGKILL the ``accord governance erase`` process once part of the subject's threads
+    are gone: what it committed stays committed, nothing is half-written, and running it
+    again leaves nothing of the subject. (In this module: the kill may land inside a
+    thread's transaction, which holds that thread until the server aborts it.)"""
+    subject, other, secret = subjects.SUBJECT, subjects.OTHER, subjects.SECRET
+    policy = parse_policy(subjects.POLICY, "p.toml")
+    path = tmp_path / "policy.toml"
+    path.write_text(subjects.POLICY)
+    app = Accord(client=client, db_name=db_name, policy=policy, audit="metadata")
+    graph = subjects._graph(app.checkpointer())
+    threads = 60
+    for i in range(threads):
+        for user in (subject, other):
+            thread = f"{'a' if user == subject else 'b'}-{i}"  # ids that do not name the user
+            config = {"configurable": {"thread_id": thread, "user_id": user}}
+            graph.invoke({"messages": [HumanMessage(f"{secret} {i}" if user == subject
+                                                    else f"Oslo {i}", id=f"h-{user}-{i}")]},
+                         config)  # fmt: skip
+    db = client[db_name]
+
+    def subject_threads() -> int:
+        return len(db.accord_checkpoints.distinct("thread_id", {"meta.user_id": subject}))
+
+    assert subject_threads() == threads
+    env = {**os.environ, "ACCORD_POLICY": str(path), "ACCORD_AUDIT": "metadata"}
+    command = [str(Path(sys.executable).parent / "accord"), "governance", "erase", subject,
+               "--yes", "--no-compact", "--db", db_name, "--uri", mongo_uri]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while subject_threads() == threads and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = subject_threads()
+    assert 0 < left < threads, f"the kill came too late or too early ({left} threads left)"
+    # nothing half-written: a thread is either whole or gone (one transaction each)
+    for thread in db.accord_checkpoints.distinct("thread_id", {"meta.user_id": subject}):
+        assert db.short_term_memory.count_documents({"thread_id": thread}) > 0
+    gone = {f"a-{i}" for i in range(threads)} - set(db.accord_checkpoints.distinct("thread_id"))
+    for name in ("short_term_memory", "accord_checkpoint_blobs", "runs", "accord_recorded_calls"):
+        assert db[name].count_documents({"thread_id": {"$in": sorted(gone)}}) == 0, name
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert subjects._mentions(client, db_name, secret) == {}
+    assert subjects._mentions(client, db_name, subject) == {}
+    assert subject_threads() == 0
+    assert len(db.accord_checkpoints.distinct("thread_id")) == threads  # the other's, all kept
+    assert verify_chain(runtime.kernel(client), db_name).ok

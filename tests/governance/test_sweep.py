@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -129,14 +130,17 @@ def test_an_expired_thread_over_keep_latest_is_deleted_by_one_sweep(
     """Keep-latest does not prune an expired thread first: its prune would be a commit
     on the thread, stamping its expiry again (it outlived its period until 2026-12-06)."""
     _apply(client, db_name, '[classes.checkpoint]\nretention = { keep_latest = 2, '
-                            'expire_after = "1s", after = "last_activity" }\n')  # fmt: skip
+                            'expire_after = "1h", after = "last_activity" }\n')  # fmt: skip
     saver = AccordSaver(client, db_name=db_name)
     saver.setup()
     graph = _graph(saver)
     _turns(graph, "t-old", 2)
     _turns(graph, "t-new", 2)
     assert _checkpoints(client, db_name, "t-old") > 2
-    time.sleep(1.2)
+    # the hour passes for t-old (moved, not waited: t-new stays an hour from its turn
+    # however slow this machine is)
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    client[db_name].runs.update_one({"thread_id": "t-old"}, {"$set": {"expire_at": past}})
     _turns(graph, "t-new", 1)  # t-new is active again
     report = runtime.sweep(client, db_name)
     assert report.expired_threads == 1 and report.pruned_threads == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 import pytest
@@ -34,6 +35,7 @@ THREAD_COLLECTIONS = (
     "accord_artifacts.chunks",
 )  # fmt: skip
 EXPIRING = '[classes.checkpoint]\nretention = { expire_after = "1s", after = "last_activity" }\n'
+LASTING = '[classes.checkpoint]\nretention = { expire_after = "1h", after = "last_activity" }\n'
 
 
 class State(TypedDict, total=False):
@@ -273,14 +275,18 @@ def test_threads_delete_cli(client: MongoClient, db_name: str) -> None:
 def test_the_sweep_deletes_in_bounded_batches_and_keeps_the_rest(
     client: MongoClient, db_name: str
 ) -> None:
-    _apply(client, db_name, EXPIRING)
+    _apply(client, db_name, LASTING)
     saver = AccordSaver(client, db_name=db_name)
     graph = _graph(saver)
     for i in range(6):
         _turns(graph, f"old-{i}", 1)
     per_thread = sum(_count(client, db_name, "old-0").values())
-    time.sleep(1.2)
-    _turns(graph, "live", 2)  # written after the others' period: not expired
+    _turns(graph, "live", 2)
+    # an hour passes for the old threads (not a timer: however slow the sweeps are on a
+    # loaded machine, the live thread stays an hour from its end)
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    old = [f"old-{i}" for i in range(6)]
+    client[db_name].runs.update_many({"thread_id": {"$in": old}}, {"$set": {"expire_at": past}})
     first = runtime.sweep(client, db_name, limit=4, batch=2 * per_thread, pause=0.05)
     assert first.expired_threads == 4 and first.documents == 4 * per_thread
     assert first.seconds >= 0.05  # at least one pause between the two transactions

@@ -232,40 +232,51 @@ def wait_for(
 
 
 class SlowExtractor:
-    """An extractor slower than the lease (a model call), counting its calls."""
+    """An extractor slower than the lease (a model call), counting its calls; it runs
+    until ``release`` is set (at most ``seconds``)."""
 
     name = "slow"
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.calls = 0
+        self.release = threading.Event()
 
     def extract(self, conversation: Conversation, recall: Any) -> list[Change]:
         self.calls += 1
-        time.sleep(self.seconds)
+        self.release.wait(self.seconds)
         return [Change("add", "User prefers slow food", "preference")]
 
 
 def test_a_slow_extraction_keeps_its_lease(
     client: MongoClient, db_name: str, make: Callable[..., Any]
 ) -> None:
-    """The issue's repro, shortened: extraction 1.5 s, lease 0.4 s, a second worker
-    claiming all the while. The first worker's heartbeat keeps the event: one claim, one
-    extraction, done."""
-    slow = SlowExtractor(1.5)
-    a = make(db_name, lease=0.4, extractor=slow)
-    b = make(db_name, lease=0.4, extractor=slow)
+    """The issue's repro: an extraction outlasting its lease, a second worker claiming
+    all the while. The first worker's heartbeat keeps the event: one claim, one
+    extraction, done. The extraction lasts until its lease was renewed past two leases
+    from the claim (told by the event's ``lease_until``, not by a timer a loaded machine
+    can overrun); the lease is long enough that a heartbeat late by 2 s still renews it."""
+    lease = 3.0
+    slow = SlowExtractor(60.0)
+    a = make(db_name, lease=lease, extractor=slow)
+    b = make(db_name, lease=lease, extractor=slow)
     commit_step(UnitOfWork(client), db_name, "acme", "t1", "c1", [("human", "Hello.")])
     outcome: list[Any] = []
     claimed = a.claim()
     assert claimed is not None
+    first = client[db_name].outbox.find_one()["lease_until"]
     worker = threading.Thread(target=lambda: outcome.append(a.process(claimed)))
     worker.start()
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        assert b.run_once() is None  # never takes the event over
-        time.sleep(0.05)
-    worker.join(30)
+    deadline = time.monotonic() + 30
+    try:
+        while client[db_name].outbox.find_one()["lease_until"] <= first + timedelta(seconds=lease):
+            assert b.run_once() is None  # never takes the event over
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        assert b.run_once() is None
+    finally:
+        slow.release.set()
+        worker.join(30)
     assert outcome[0].status == "done", outcome
     event = client[db_name].outbox.find_one()
     assert (event["status"], event["attempts"], slow.calls) == ("done", 1, 1)

@@ -82,7 +82,7 @@ def test_a_busy_port_is_reported_at_once(tmp_path: Path) -> None:
     assert "address already in use" in result.stderr and f"127.0.0.1:{port}" in result.stderr
     assert "--port 0" in result.stderr and not result.stdout  # what to do
     # Not the engine-start timeout (20 s): the time to start a Python process, once.
-    assert elapsed < 8, f"took {elapsed:.1f}s"
+    assert elapsed < 15, f"took {elapsed:.1f}s"
     assert (tmp_path / "db").exists() and not (tmp_path / "db" / "accord-engine.sqlite3").exists()
     # the failed start left the data directory as it was: a later start works
     ok = run("engine", "start", "--dbpath", str(tmp_path / "db"), "--port", "0")

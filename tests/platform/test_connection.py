@@ -290,5 +290,5 @@ def test_a_busy_port_is_refused_before_starting_a_process(tmp_path: Path) -> Non
         started = time.monotonic()
         with pytest.raises(PortInUseError, match="address already in use"):
             spawn_engine(tmp_path, port=port, host="127.0.0.1", sync=False, timeout=20)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # not the start timeout (20 s)
     assert not (tmp_path / "engine.log").exists()  # no engine process was started

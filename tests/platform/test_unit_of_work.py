@@ -431,22 +431,45 @@ def test_a_conflict_with_an_open_transaction_is_retried(
     with client.start_session() as other:
         other.start_transaction()
         client[db_name].counters.update_one({"_id": "n"}, {"$inc": {"value": 10}}, session=other)
-        timer = threading.Timer(0.3, other.commit_transaction)
-        timer.start()
-        try:
-            result = runner.execute(
-                plan_of(
-                    Group(
-                        "inc",
-                        db_name,
-                        "counters",
-                        "run",
-                        [Op("update", {"_id": "n"}, {"$inc": {"value": 1}})],
-                    )
-                )  # fmt: skip
-            )
-        finally:
-            timer.join()
+        # the other transaction commits once an attempt failed on it (not after a timer a
+        # loaded machine can outrun: an attempt that began after it would not conflict)
+        original, failed = runner.uow._write, []
+
+        def settle() -> None:
+            failed.append(True)
+            if len(failed) == 1:
+                other.commit_transaction()
+
+        if runner.kind == "async":
+
+            async def write(*args: Any) -> Any:
+                try:
+                    return await original(*args)
+                except Exception:
+                    settle()
+                    raise
+        else:
+
+            def write(*args: Any) -> Any:
+                try:
+                    return original(*args)
+                except Exception:
+                    settle()
+                    raise
+
+        runner.uow._write = write
+        result = runner.execute(
+            plan_of(
+                Group(
+                    "inc",
+                    db_name,
+                    "counters",
+                    "run",
+                    [Op("update", {"_id": "n"}, {"$inc": {"value": 1}})],
+                )
+            )  # fmt: skip
+        )
+    assert failed, "no attempt conflicted with the open transaction"
     assert result.attempts >= 2  # WriteConflict while the other transaction was open
     assert client[db_name].counters.find_one({"_id": "n"})["value"] == 11
 
