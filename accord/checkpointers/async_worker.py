@@ -132,6 +132,9 @@ class AsyncWorker:
                 self._wake.clear()
                 with contextlib.suppress(Exception):
                     await self.queue.expire_waits()
+                # idle only when nothing ran while the queue was asked: a run that ends
+                # during a claim refused for its tenant's limit leaves work to claim
+                ran = len(self._active)
                 got = False
                 while max_runs is None or claimed < max_runs:
                     doc = await self._claim_one()
@@ -139,7 +142,7 @@ class AsyncWorker:
                         break
                     claimed, got = claimed + 1, True
                     self._start(doc)
-                if until_idle and not got and not self._active:
+                if until_idle and not got and not ran:
                     break
                 if max_runs is not None and claimed >= max_runs and not self._active:
                     break

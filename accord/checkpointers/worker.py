@@ -226,6 +226,9 @@ class Worker:
                 self._wake.clear()
                 with contextlib.suppress(Exception):
                     self.queue.expire_waits()
+                # idle only when nothing ran while the queue was asked: a run that ends
+                # during a claim refused for its tenant's limit leaves work to claim
+                ran = self._running()
                 got = False
                 while max_runs is None or claimed < max_runs:
                     doc = self._claim_one()
@@ -233,7 +236,7 @@ class Worker:
                         break
                     claimed, got = claimed + 1, True
                     self._start(doc)
-                if until_idle and not got and not self._running():
+                if until_idle and not got and not ran:
                     break
                 if max_runs is not None and claimed >= max_runs and not self._running():
                     break

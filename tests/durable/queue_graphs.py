@@ -150,6 +150,9 @@ def _async_steps() -> StateGraph:
 
         async def node(state: State) -> dict[str, Any]:
             await asyncio.sleep(0)
+            gate = GATES.get(name)
+            while gate is not None and not gate.is_set():  # waited for without the loop
+                await asyncio.sleep(0.01)
             return sync(state)  # the same writes, from an async node
 
         return node

@@ -136,3 +136,45 @@ async def test_a_run_given_back_during_a_claim_is_not_claimed_again(
         assert given_back.status == queued_runs.QUEUED
         assert "BundleMismatch" in given_back.events[-1]["reason"]
         assert [e["event"] for e in given_back.events].count("claimed") == 2
+
+
+@pytest.mark.asyncio
+async def test_until_idle_is_not_fooled_by_a_run_ending_during_a_refused_claim(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for ``Worker`` (test_run_queue.py): a run that ends while a claim is refused for
+    its tenant's limit leaves the worker work to claim, not idle."""
+    import asyncio
+    import threading
+    import time
+    from typing import Any
+
+    from tests.durable import queue_graphs
+
+    gate = threading.Event()  # a-0 runs until a later claim was refused for it
+    monkeypatch.setitem(queue_graphs.GATES, "a", gate)
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        queue = await app.runs()
+        for i in range(2):
+            await queue.submit(STEPS, {"run": f"a-{i}"}, tenant_id="a")
+        worker = _worker(app, STEPS, concurrency=2, tenant_limit=1)
+        claim, refused = worker.queue.claim, []
+
+        async def claim_then_let_the_run_end(*args: Any, **kwargs: Any) -> Any:
+            doc = await claim(*args, **kwargs)
+            if doc is None:
+                refused.append(True)
+                if len(refused) == 2:  # the loop's next look, a-0 still running: it ends
+                    gate.set()
+                    deadline = time.monotonic() + 30
+                    while worker._active and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+            return doc
+
+        worker.queue.claim = claim_then_let_the_run_end  # type: ignore[method-assign]
+        try:
+            assert await worker.run(until_idle=True) == 2
+        finally:
+            gate.set()
+        runs = await queue.list(tenant_id="a")
+        assert {r.status for r in runs} == {queued_runs.DONE}

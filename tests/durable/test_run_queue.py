@@ -339,6 +339,43 @@ def test_per_tenant_and_per_worker_limits(
         assert {r.status for r in queue.list(tenant_id=tenant)} == {"done"}
 
 
+def test_until_idle_is_not_fooled_by_a_run_ending_during_a_refused_claim(
+    app: Accord, queue: RunQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim refused for the tenant's limit while the tenant's run ends: the worker is
+    not idle (the second run became claimable), it goes on (it stopped with the second
+    run queued, once, under load)."""
+    import threading
+
+    from tests.durable import queue_graphs
+
+    gate = threading.Event()  # a-0 runs until a later claim was refused for it
+    monkeypatch.setitem(queue_graphs.GATES, "a", gate)
+    for i in range(2):
+        queue.submit(STEPS, {"run": f"a-{i}"}, tenant_id="a")
+    worker = Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.05,
+                    lease=10.0, concurrency=2, tenant_limit=1)  # fmt: skip
+    claim, refused = worker.queue.claim, []
+
+    def claim_then_let_the_run_end(*args: Any, **kwargs: Any) -> Any:
+        doc = claim(*args, **kwargs)
+        if doc is None:
+            refused.append(True)
+            if len(refused) == 2:  # the loop's next look, a-0 still running: it ends now
+                gate.set()
+                deadline = time.monotonic() + 30
+                while worker._running() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        return doc
+
+    worker.queue.claim = claim_then_let_the_run_end  # type: ignore[method-assign]
+    try:
+        assert worker.run(until_idle=True) == 2
+    finally:
+        gate.set()
+    assert {r.status for r in queue.list(tenant_id="a")} == {queued_runs.DONE}
+
+
 def test_a_running_run_is_cancelled_at_its_next_step(
     app: Accord, queue: RunQueue, client: MongoClient, db_name: str,
     monkeypatch: pytest.MonkeyPatch,
