@@ -42,6 +42,21 @@ from tests.governance.test_audit_digests import write
 ACME = '["acme","collection","orders"]'
 
 
+def assert_same_export(whole: Path, resumed: Path) -> None:
+    """``resumed`` holds the files of ``whole``, byte for byte (the manifest but for its
+    ``generated_at``)."""
+    names = sorted(p.name for p in whole.iterdir())
+    assert names == sorted(p.name for p in resumed.iterdir())
+    for name in names:
+        a, b = (whole / name).read_bytes(), (resumed / name).read_bytes()
+        if name == "manifest.json":
+            a_doc, b_doc = json.loads(a), json.loads(b)
+            a_doc.pop("generated_at"), b_doc.pop("generated_at")
+            assert a_doc == b_doc
+        else:
+            assert a == b, name
+
+
 def _uri(client: MongoClient) -> str:
     host, port = client.address  # type: ignore[misc]
     return f"mongodb://{host}:{port}/?directConnection=true"
@@ -327,16 +342,7 @@ def test_an_interrupted_export_resumes_to_the_same_bytes(
     with pytest.raises(Exception, match="other arguments"):
         _export(trail, db_name, resumed, part_size=5, fmt=fmt)
     _export(trail, db_name, resumed, part_size=4, fmt=fmt)
-    names = sorted(p.name for p in whole.iterdir())
-    assert names == sorted(p.name for p in resumed.iterdir())
-    for name in names:
-        a, b = (whole / name).read_bytes(), (resumed / name).read_bytes()
-        if name == "manifest.json":
-            a_doc, b_doc = json.loads(a), json.loads(b)
-            a_doc.pop("generated_at"), b_doc.pop("generated_at")
-            assert a_doc == b_doc
-        else:
-            assert a == b, name
+    assert_same_export(whole, resumed)
     assert verify_export(resumed, kept=trail["digest"]).ok
 
 

@@ -324,12 +324,7 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
                 continue
             scope0 = self._scope_for(thread_id, tenant_id)
-            namespaces: set[str] = set()
-            for key in ("checkpoints", "blobs"):  # a namespace may have lost every checkpoint
-                docs = await self._find_all(getattr(self.collections, key), scope0.thread_filter,
-                                            projection={"checkpoint_ns": 1})  # fmt: skip
-                namespaces.update(d["checkpoint_ns"] for d in docs)
-            for ns in sorted(namespaces):
+            for ns in await self._namespaces(scope0):
                 scope = Scope(scope0.tenant_id, thread_id, ns)
                 kept = await self._find_all(
                     self.collections.checkpoints, scope.ns_filter,
@@ -382,6 +377,16 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         if dropped:
             await self._unmark(scope, started, operation)
 
+    async def _namespaces(self, scope0: Scope) -> list[str]:
+        """The namespaces of ``scope0``'s thread, sorted: those of its checkpoints and of
+        its values (a namespace may have lost every checkpoint)."""
+        namespaces: set[str] = set()
+        for key in ("checkpoints", "blobs"):
+            docs = await self._find_all(getattr(self.collections, key), scope0.thread_filter,
+                                        projection={"checkpoint_ns": 1})  # fmt: skip
+            namespaces.update(d["checkpoint_ns"] for d in docs)
+        return sorted(namespaces)
+
     async def acollect_garbage(
         self, thread_ids: Sequence[str], *, tenant_id: str | None = None
     ) -> int:
@@ -403,12 +408,7 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 continue
             marked += 1
             started = maintenance.gc_cutoff()
-            namespaces: set[str] = set()
-            for key in ("checkpoints", "blobs"):  # a namespace may have lost every checkpoint
-                docs = await self._find_all(getattr(self.collections, key), scope0.thread_filter,
-                                            projection={"checkpoint_ns": 1})  # fmt: skip
-                namespaces.update(d["checkpoint_ns"] for d in docs)
-            for ns in sorted(namespaces):
+            for ns in await self._namespaces(scope0):
                 scope = Scope(scope0.tenant_id, thread_id, ns)
                 kept = await self._find_all(self.collections.checkpoints, scope.ns_filter,
                                             sort=[("checkpoint_id", -1)], limit=1)  # fmt: skip
