@@ -14,10 +14,10 @@ transaction as every write, and records refused operations.
 ``seal_reads`` + ``seal``
     inside each transaction attempt: reads the heads of the streams the batch writes
     (one read per database; none for heads this process left, which it caches:
-    :mod:`accord.governance.audit_heads`), then returns one record per group (naming
-    each of its ops) of every plan
-    (all artifact classes by default, business collections included; the audit
-    collections themselves excluded) and the advanced heads. A concurrent writer of the
+    :mod:`accord.governance.audit_heads`), then returns the records of every plan,
+    one per stream, action, class and collection (with the same principal and run),
+    naming each of their ops (all artifact classes by default, business collections
+    included; the audit collections themselves excluded), and the advanced heads. A concurrent writer of the
     same stream makes the head update a write conflict (or, for a cached head, a
     compare-and-set that matches nothing: :class:`~accord.platform.hooks.SealConflict`):
     the kernel retries the attempt and the hook seals again on heads read in the
@@ -67,6 +67,8 @@ from accord.governance.audit_records import (
     chain_hash,
     group_body,
     read_body,
+    record_run,
+    recorded_principal,
     stream_of,
 )
 from accord.governance.canonical import ms
@@ -281,6 +283,10 @@ class AuditHook:
     ) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(db, stream, record body) of every mutation and refusal of the batch, in order
         (``build=False``: an empty body, for the reads that only need the streams)."""
+        # One record per (stream, action, class, collection, principal, run) of the
+        # transaction: the ops of every plan of the batch that share them, in plan order
+        # (audit_records.py says why).
+        merged: dict[tuple[Any, ...], tuple[WriteContext, Group, Mode, list[tuple[Op, Any]]]] = {}
         for plan in batch.plans:
             if plan.context.operation == REFUSED_ACTION:
                 yield from self._refused_entries(plan, batch.transaction_id, at, build)
@@ -288,6 +294,7 @@ class AuditHook:
             if plan.context.operation == CUT_ACTION:  # recorded in the cut stream itself
                 yield from cut_entries(plan, batch.transaction_id, at, self.mode, build)
                 continue
+            context = plan.context
             for group in plan.groups:
                 if not group.ops or self.own(group.collection):
                     continue
@@ -306,19 +313,29 @@ class AuditHook:
                     ops.append((op, doc))
                 if not ops:
                     continue
-                stream = stream_of(
-                    plan.context.tenant_id, plan.context.thread_id, group.artifact,
-                    group.collection,
+                key = (
+                    group.db, group.artifact, group.collection, mode, context.tenant_id,
+                    context.thread_id, context.operation, recorded_principal(context.principal),
+                    record_run(context),
                 )  # fmt: skip
-                for start in range(0, len(ops), OPS_PER_RECORD):
-                    if not build:
-                        yield group.db, stream, {}
-                        continue
-                    body = group_body(
-                        plan.context, group, ops[start : start + OPS_PER_RECORD], at=at,
-                        txn=batch.transaction_id, mode=mode,
-                    )  # fmt: skip
-                    yield group.db, stream, body
+                entry = merged.get(key)
+                if entry is None:
+                    merged[key] = (context, group, mode, ops)
+                else:
+                    entry[3].extend(ops)
+        for context, group, mode, ops in merged.values():
+            stream = stream_of(
+                context.tenant_id, context.thread_id, group.artifact, group.collection
+            )
+            for start in range(0, len(ops), OPS_PER_RECORD):
+                if not build:
+                    yield group.db, stream, {}
+                    continue
+                body = group_body(
+                    context, group, ops[start : start + OPS_PER_RECORD], at=at,
+                    txn=batch.transaction_id, mode=mode,
+                )  # fmt: skip
+                yield group.db, stream, body
 
     def _audits(self, group: Group) -> bool:
         return self.classes is None or group.artifact in self.classes

@@ -1,12 +1,17 @@
 """Audit records as data: what one record says, its stream, and its place in the chain.
 
-One record per group of a plan (its ops on one collection: inserts, updates, replaces,
-deletes, a claim's ``find_one_and_update``), naming each op, and one per refused group or
-read, written in the SAME transaction as the mutation by
+One record per stream, action, class and collection of a transaction (with the same
+principal and run), naming each of their ops (inserts, updates, replaces, deletes, a
+claim's ``find_one_and_update``) in plan order, and one per refused group or read,
+written in the SAME transaction as the mutation by
 :class:`~accord.governance.audit_hook.AuditHook`. (One per op would say the same with
-twice the documents: a checkpointer step writes about 17 ops in 8 groups.) This
-module is pure: it builds record bodies, names streams and hashes; the hook and the
-verifier use it, so both agree on every byte.
+several times the documents: the saves of one ``invoke`` of the benchmarks' chat graph
+write 17 ops in 13 groups of 5 plans, which are 6 records; each record costs its own
+hash, its validation and two index entries.) Everything a record's fields say holds for every op
+it names; the order of ops of different records of one transaction is not kept, which
+says nothing false: the transaction applied them together. This module is pure: it
+builds record bodies, names streams and hashes; the hook and the verifier use it, so
+both agree on every byte.
 
 **Streams.** Records are hash-chained per stream, so concurrent writers of different
 threads never contend on one head: one stream per (tenant, thread) for the
@@ -59,7 +64,7 @@ from accord.platform.plan import Group, Op
 __all__ = [
     "FORMAT", "GENESIS", "HEADS", "HEAD_INDEXES", "IMAGE_FIELDS", "Mode", "RECORDS",
     "RECORD_INDEXES", "UNHASHED", "VALIDATOR", "chain_hash", "group_body", "read_body",
-    "stream_of",
+    "record_run", "recorded_principal", "stream_of",
 ]  # fmt: skip
 
 Mode = Literal["metadata", "full"]
@@ -164,19 +169,29 @@ def chain_hash(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
-def _principal(principal: Principal | None) -> dict[str, str]:
+def recorded_principal(principal: Principal | None) -> tuple[str, str, str]:
+    """What a record says of ``principal``: (name, role, kind)."""
     if principal is None:
-        return {"name": "unknown", "role": "unknown", "kind": "service"}
-    return {"name": principal.name, "role": principal.role, "kind": principal.kind}
+        return ("unknown", "unknown", "service")
+    return (principal.name, principal.role, principal.kind)
 
 
-def _run(context: WriteContext | ReadContext) -> dict[str, Any] | None:
+def _principal(principal: Principal | None) -> dict[str, str]:
+    name, role, kind = recorded_principal(principal)
+    return {"name": name, "role": role, "kind": kind}
+
+
+def record_run(context: WriteContext | ReadContext) -> tuple[str, int] | None:
+    """The run a record of ``context`` names: (run id, fence), or None."""
     lease = context.run
     if lease is None and isinstance(context, WriteContext) and context.guard is not None:
         lease = context.guard.lease
-    if lease is None:
-        return None
-    return {"run_id": lease.run_id, "fence": lease.fence}
+    return None if lease is None else (lease.run_id, lease.fence)
+
+
+def _run(context: WriteContext | ReadContext) -> dict[str, Any] | None:
+    run = record_run(context)
+    return None if run is None else {"run_id": run[0], "fence": run[1]}
 
 
 def _target(op: Op, found: Any) -> Any:

@@ -324,6 +324,55 @@ def test_a_deleted_record_a_removed_tail_and_a_forged_record_are_found(
     ]
 
 
+def test_one_transaction_has_one_record_per_stream_action_class_and_collection(
+    client: MongoClient, db_name: str
+) -> None:
+    """The plans of one transaction share a record where the stream, the action, the class,
+    the collection, the principal and the run are the same (their ops in plan order);
+    anything that differs gets its own record, and every op is named exactly once."""
+    uow = runtime.kernel(client, audit="full")
+    ann = Principal(name="user:ann", role="runtime", kind="user")
+
+    def plan(
+        n: int,
+        operation: str = "orders.write",
+        tenant: str = "acme",
+        principal: Principal | None = None,
+        collection: str = "orders",
+    ) -> Plan:
+        return Plan(WriteContext(tenant, operation=operation, principal=principal), [
+            Group(f"w{n}", db_name, collection, "business", [
+                Op("insert", doc={"_id": f"{tenant}-{n}", "tenant_id": tenant}),
+            ]),
+        ])  # fmt: skip
+
+    uow.execute_all([
+        plan(1), plan(2, "orders.fix"), plan(3), plan(4, tenant="globex"),
+        plan(5, principal=ann), plan(6, collection="invoices"), plan(7),
+    ])  # fmt: skip
+    records = list(client[db_name][RECORDS].find({"action": {"$regex": "^orders"}}))
+    assert len({r["txn"] for r in records}) == 1
+    named = sorted(
+        (r["stream"], r["action"], r["collection"], r["principal"]["name"],
+         [op["doc_id"] for op in r["ops"]])
+        for r in records
+    )  # fmt: skip
+    assert named == [
+        ('["acme","collection","invoices"]', "orders.write", "invoices", "runtime", ["acme-6"]),
+        (ACME, "orders.fix", "orders", "runtime", ["acme-2"]),
+        (ACME, "orders.write", "orders", "runtime", ["acme-1", "acme-3", "acme-7"]),
+        (ACME, "orders.write", "orders", "user:ann", ["acme-5"]),
+        ('["globex","collection","orders"]', "orders.write", "orders", "runtime", ["globex-4"]),
+    ]
+    merged = next(r for r in records if len(r["ops"]) == 3)
+    assert [json.loads(i["image"])["_id"] for i in merged["images"]] == [
+        "acme-1",
+        "acme-3",
+        "acme-7",
+    ]
+    assert _verify(client, db_name).ok
+
+
 def test_full_mode_keeps_images_and_verify_checks_them(client: MongoClient, db_name: str) -> None:
     _writes(client, db_name, mode="full")
     records = client[db_name][RECORDS]
