@@ -281,8 +281,10 @@ class AuditHook:
     def _entries(
         self, batch: SealBatch, at: datetime, *, build: bool = True
     ) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """(db, stream, record body) of every mutation and refusal of the batch, in order
-        (``build=False``: an empty body, for the reads that only need the streams)."""
+        """(db, stream, record body) of every mutation and refusal of the batch: refusals
+        and cuts as their plans come, then the applied ops' records in the order of their
+        first op (``build=False``: an empty body, for the reads that only need the
+        streams)."""
         # One record per (stream, action, class, collection, principal, run) of the
         # transaction: the ops of every plan of the batch that share them, in plan order
         # (audit_records.py says why).
