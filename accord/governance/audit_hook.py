@@ -17,11 +17,11 @@ transaction as every write, and records refused operations.
     :mod:`accord.governance.audit_heads`), then returns the records of every plan,
     one per stream, action, class and collection (with the same principal and run),
     naming each of their ops (all artifact classes by default, business collections
-    included; the audit collections themselves excluded), and the advanced heads. A concurrent writer of the
-    same stream makes the head update a write conflict (or, for a cached head, a
-    compare-and-set that matches nothing: :class:`~accord.platform.hooks.SealConflict`):
-    the kernel retries the attempt and the hook seals again on heads read in the
-    transaction, so a stream's ``seq`` has neither gaps nor duplicates and an aborted
+    included; the audit collections themselves excluded), and the advanced heads. A
+    concurrent writer of the same stream makes the head update a write conflict (or,
+    for a cached head, a compare-and-set that matches nothing:
+    :class:`~accord.platform.hooks.SealConflict`): the kernel retries the attempt and
+    the hook seals again on heads read in the transaction, so a stream's ``seq`` has neither gaps nor duplicates and an aborted
     transaction leaves neither its write nor its record.
 ``refused``
     a plan or read refused with ``PermissionDenied`` is recorded (``outcome:

@@ -7,11 +7,11 @@ written in the SAME transaction as the mutation by
 :class:`~accord.governance.audit_hook.AuditHook`. (One per op would say the same with
 several times the documents: the saves of one ``invoke`` of the benchmarks' chat graph
 write 17 ops in 13 groups of 5 plans, which are 6 records; each record costs its own
-hash, its validation and two index entries.) Everything a record's fields say holds for every op
-it names; the order of ops of different records of one transaction is not kept, which
-says nothing false: the transaction applied them together. This module is pure: it
-builds record bodies, names streams and hashes; the hook and the verifier use it, so
-both agree on every byte.
+hash, its validation and two index entries.) Everything a record's fields say holds for
+every op it names; the order of ops of different records of one transaction is not
+kept, which says nothing false: the transaction applied them together. This module is
+pure: it builds record bodies, names streams and hashes; the hook and the verifier use
+it, so both agree on every byte.
 
 **Streams.** Records are hash-chained per stream, so concurrent writers of different
 threads never contend on one head: one stream per (tenant, thread) for the
