@@ -21,8 +21,9 @@ transaction as every write, and records refused operations.
     concurrent writer of the same stream makes the head update a write conflict (or,
     for a cached head, a compare-and-set that matches nothing:
     :class:`~accord.platform.hooks.SealConflict`): the kernel retries the attempt and
-    the hook seals again on heads read in the transaction, so a stream's ``seq`` has neither gaps nor duplicates and an aborted
-    transaction leaves neither its write nor its record.
+    the hook seals again on heads read in the transaction, so a stream's ``seq`` has
+    neither gaps nor duplicates and an aborted transaction leaves neither its write nor
+    its record.
 ``refused``
     a plan or read refused with ``PermissionDenied`` is recorded (``outcome:
     "refused"``, with the reason), in a transaction of its own: the kernel runs the plan
