@@ -274,12 +274,7 @@ def erase_subject_data(
     subject, tenant_id = validate_subject(subject, tenant_id)
     _sync_client(client, "erase_subject_data")
     who = principal or Principal.os_user()
-    chosen = audit if audit is not None else os.environ.get(AUDIT_ENV, "")
-    if chosen.strip().lower() in ("", "off"):
-        probe = kernel(client, principal=who, policy=policy, audit="off")
-        has_trail = probe.find_one(ReadContext("*", operation="governance.erase"), AUDIT.name,
-                                   db_name, AUDIT_RECORDS, {}, projection={"_id": 1})  # fmt: skip
-        chosen = "metadata" if has_trail is not None else "off"
+    chosen = _recorded_audit(client, who, policy, audit, db_name, "governance.erase")
     uow = kernel(client, principal=who, policy=policy, audit=chosen)
     effective = effective_policy(uow, db_name)
     report = erase_subject(uow, db_name, effective, subject, tenant_id=tenant_id,
@@ -303,12 +298,14 @@ def shred_tenant_keys(
     encrypted payloads become unreadable everywhere, backups and exports included. Through
     a kernel acting as ``principal`` (default the operating-system user, role admin);
     ``LegalHoldError`` (nothing destroyed) while a hold covers the tenant. Returns how many
-    keys were destroyed."""
+    keys were destroyed. Recorded in the audit trail as :func:`erase_subject_data` is."""
     if not isinstance(tenant_id, str) or not tenant_id.strip():
         raise InvalidInputError(f"a tenant is a non-empty string, got {tenant_id!r}")
     validate_subject("tenant", tenant_id)  # no operator, no NUL
     _sync_client(client, "shred_tenant_keys")
-    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy, audit=audit)
+    who = principal or Principal.os_user()
+    chosen = _recorded_audit(client, who, policy, audit, db_name, "governance.shred-tenant")
+    uow = kernel(client, principal=who, policy=policy, audit=chosen)
     return shred_tenant(uow, db_name, effective_policy(uow, db_name), tenant_id)
 
 
@@ -318,12 +315,14 @@ def rewrap_data_keys(
     *,
     principal: Principal | None = None,
     policy: PolicySource = None,
+    audit: str | None = None,
 ) -> int:
     """Rotate the master key (``accord governance rewrap-keys``): re-wrap every data key
     of ``db_name`` under ``ACCORD_MASTER_KEY``, unwrapping with
     ``ACCORD_MASTER_KEY_PREVIOUS`` (:func:`accord.governance.shredding.rewrap_keys`),
     through a kernel acting as ``principal`` (default the operating-system user, role
-    admin). Returns how many keys were re-wrapped; 0 when all are current."""
+    admin). Returns how many keys were re-wrapped; 0 when all are current. Recorded in
+    the audit trail as :func:`erase_subject_data` is."""
     _sync_client(client, "rewrap_data_keys")
     master = MasterKey.from_env()
     if master is None:
@@ -331,8 +330,30 @@ def rewrap_data_keys(
             f"rewrapping needs the new master key in {MASTER_KEY_ENV} and the old one in "
             f"{PREVIOUS_MASTER_KEY_ENV}; {MASTER_KEY_ENV} is not set. Nothing was changed"
         )
-    uow = kernel(client, principal=principal or Principal.os_user(), policy=policy)
+    who = principal or Principal.os_user()
+    chosen = _recorded_audit(client, who, policy, audit, db_name, "governance.rewrap-keys")
+    uow = kernel(client, principal=who, policy=policy, audit=chosen)
     return rewrap_keys(uow, db_name, effective_policy(uow, db_name), master)
+
+
+def _recorded_audit(
+    client: Any,
+    who: Principal,
+    policy: PolicySource,
+    audit: str | None,
+    db_name: str,
+    operation: str,
+) -> str:
+    """The audit mode of an administrative task that destroys or re-keys data: ``audit``
+    (default ``ACCORD_AUDIT``), except that with it off a database that has an audit
+    trail gets its records anyway (``metadata``), so no such task goes unrecorded."""
+    chosen = audit if audit is not None else os.environ.get(AUDIT_ENV, "")
+    if chosen.strip().lower() not in ("", "off"):
+        return chosen
+    probe = kernel(client, principal=who, policy=policy, audit="off")
+    has_trail = probe.find_one(ReadContext("*", operation=operation), AUDIT.name, db_name,
+                               AUDIT_RECORDS, {}, projection={"_id": 1})  # fmt: skip
+    return "metadata" if has_trail is not None else "off"
 
 
 def _sync_client(client: Any, what: str) -> None:

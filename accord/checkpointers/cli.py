@@ -135,10 +135,17 @@ def migrate(
             f"{report.separated} documents an earlier accord had written into MongoDBSaver's "
             f"collections were copied into accord's own ({report.target})."
         )
-    if report.recorded:
+    if report.recorded and migration.target_db == db:
         out.print(
             f"{report.source} is recorded as migrated ({db}.accord_migrations): savers on "
             f"{db} set up from now on continue these threads."
+        )
+    elif report.recorded:
+        out.print(
+            f"{report.source} is recorded as migrated into {migration.target_db} "
+            f"({db}.accord_migrations): savers on {migration.target_db} continue these "
+            f"threads; a saver set up on {db} still refuses them (they are in "
+            f"{migration.target_db})."
         )
     else:
         out.print("Only the threads named were migrated; the database is not recorded as migrated.")

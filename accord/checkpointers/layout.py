@@ -138,6 +138,27 @@ def foreign_in_own(
     )
 
 
+def migrated_elsewhere(db_name: str, record: Mapping[str, Any] | None) -> str | None:
+    """The database a finished migration (its ``record``) of ``db_name`` copied its threads
+    into, when that is another database (else None): a saver on ``db_name`` must still
+    refuse them there, since it would start them over as empty threads."""
+    target = (record or {}).get("target")
+    into = target.get("db") if isinstance(target, Mapping) else None
+    return into if isinstance(into, str) and into != db_name else None
+
+
+def threads_migrated_elsewhere(db_name: str, collection: str, into: str) -> ForeignDataError:
+    """The error for a saver on a database whose MongoDBSaver threads were migrated into
+    another database."""
+    return ForeignDataError(
+        f"Database {db_name!r} holds MongoDBSaver threads in collection {collection!r} "
+        f"that were migrated into database {into!r}, not into this one: a saver here would "
+        f"start them over as empty threads. Nothing was written. Use the database they "
+        f"were migrated into (db_name={into!r}), migrate them here too "
+        f"(`{migrate_command(db_name)}`), or pass unmigrated='ignore' to run beside them."
+    )
+
+
 def unmigrated_threads(db_name: str, collection: str, doc: Mapping[str, Any]) -> ForeignDataError:
     """The error for MongoDBSaver threads beside the saver that were not migrated."""
     thread = doc.get("thread_id")

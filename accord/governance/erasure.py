@@ -5,14 +5,17 @@ What :func:`erase_subject` does, in this order (what it finds: :mod:`accord.gove
 1. **legal holds**: if any hold covers what it would erase (a subject hold on the ID, a
    tenant, thread or class hold on data of the subject), it raises
    :class:`~accord.errors.SubjectHeld` naming each hold, before anything is written;
-2. **threads**, whole: per thread, its checkpoints first (the thread then reads as
-   empty), then its channel values, pending writes, messages, recorded calls, head and
-   run-registry entry; batches of :data:`~accord.governance.subjects.PAGE` documents,
-   one transaction each;
-3. **memories** (with their vectors and history), **outbox events**, **workflow events**
-   and **business records**: deleted by ``_id``, per tenant, in batches;
-4. **audit images**: ``full``-mode audit records of the erased threads and documents,
-   and any whose images mention the ID, keep only the hashes of their images
+2. **outbox events**, **memories** (with their vectors and history), **workflow events**
+   and **business records**: deleted by ``_id``, per tenant, in batches (before the
+   threads, through which some of them were found);
+3. **threads**, whole: a thread in one transaction when each of its classes has fewer
+   than :data:`~accord.governance.subjects.PAGE` documents of it, else class by class in
+   batches of PAGE documents, one transaction each, its checkpoints last (they are what
+   finds the thread again after a crash);
+4. **audit images**: ``full``-mode audit records of the threads and documents found
+   (before they are deleted, so that a rerun after a crash does not miss the records of
+   a document it no longer finds), then any whose images mention the ID (the erasure's
+   own among them), keep only the hashes of their images
    (:mod:`accord.governance.redaction`); the chain still verifies;
 5. the caller (``accord.runtime.erase_subject``) then compacts the storage, so that on
    the embedded engine nothing erased is left in its data files.
@@ -55,6 +58,7 @@ from accord.platform.artifacts import (
     LONG_TERM_MEMORY,
     MEMORY_HISTORY,
     MEMORY_VECTOR,
+    OUTBOX,
     RUN,
 )
 from accord.platform.context import ReadContext, WriteContext
@@ -64,15 +68,16 @@ __all__ = ["ErasureReport", "covering_holds", "erase_subject", "redact_audit_ima
 
 Progress = Callable[[str, int], None]
 
-#: A thread's classes in the order they are deleted: checkpoints first (the thread reads
-#: as empty from then on), its registry entry last.
-_THREAD_ORDER = (
-    (CHECKPOINT.name,)
-    + tuple(c for c in THREAD_CLASSES if c not in (CHECKPOINT.name, RUN.name))
-    + (RUN.name,)
+#: A thread's classes in the order a large thread's pages are deleted: its checkpoints
+#: last, because they are what finds the thread (their metadata names the subject), so an
+#: erasure interrupted half-way through the thread still finds the rest when run again.
+_THREAD_ORDER = tuple(c for c in THREAD_CLASSES if c not in (CHECKPOINT.name, RUN.name)) + (
+    RUN.name,
+    CHECKPOINT.name,
 )
-#: Other classes in the order they are deleted: a memory's vectors and history first.
-_FIRST = (MEMORY_VECTOR.name, MEMORY_HISTORY.name, LONG_TERM_MEMORY.name)
+#: Other classes in the order they are deleted: outbox events first (no aggregator turns
+#: one into a memory again), then a memory's vectors and history, then the memory.
+_FIRST = (OUTBOX.name, MEMORY_VECTOR.name, MEMORY_HISTORY.name, LONG_TERM_MEMORY.name)
 
 
 @dataclass
@@ -145,7 +150,7 @@ def _context(uow: Any, tenant: str, thread: str | None = None) -> WriteContext:
 def _delete_thread(uow: Any, db: str, found: SubjectData, tenant: str, thread: str,
                    report: ErasureReport, progress: Progress | None) -> None:  # fmt: skip
     """Delete one thread: in one transaction when each of its classes has fewer than
-    PAGE documents (the usual case), else class by class in pages, checkpoints first."""
+    PAGE documents (the usual case), else class by class in pages, checkpoints last."""
     where = {"tenant_id": tenant, "thread_id": thread}
     collections = [(n, found.thread_collections[n]) for n in _THREAD_ORDER
                    if n in found.thread_collections]  # fmt: skip
@@ -196,21 +201,30 @@ def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport
 
 
 def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str = RECORDS,
-                        progress: Progress | None = None) -> int:  # fmt: skip
+                        progress: Progress | None = None, of_found: bool = True,
+                        mentions: bool = True) -> int:  # fmt: skip
     """Erase the images of the ``full``-mode audit records that held the subject's data:
-    those of its threads' streams, of the documents erased, and any whose images mention
-    the subject's identifier. Returns how many records changed."""
+    (``of_found``) those of its threads' streams and of the documents ``found`` names, and
+    (``mentions``: a scan of the records' images) any whose images mention the subject's
+    identifier (within ``found``'s tenant, when the erasure names one). Returns how many
+    records changed."""
     either: list[dict[str, Any]] = []
     streams = sorted({stream_of(t, th, CHECKPOINT.name, "") for t, th in found.threads})
-    for start in range(0, len(streams), PAGE):
+    for start in range(0, len(streams) if of_found else 0, PAGE):
         either.append({"stream": {"$in": streams[start : start + PAGE]}})
-    for target in found.targets.values():
+    for target in found.targets.values() if of_found else ():
         for tenant, ids in target.ids.items():
             for start in range(0, len(ids), PAGE):
                 either.append({"tenant_id": tenant, "collection": target.collection,
                                "ops.doc_id": {"$in": ids[start : start + PAGE]}})  # fmt: skip
-    mention = {"$regex": re.escape(found.subject)}
-    either.append({"$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]})
+    if mentions:
+        mention = {"$regex": re.escape(found.subject)}
+        naming: dict[str, Any] = {
+            "$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]
+        }
+        if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs
+            naming["tenant_id"] = found.tenant_id
+        either.append(naming)
     at = datetime.now(UTC)
     changed = 0
     for part in either:
@@ -253,11 +267,20 @@ def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
     report.keys_destroyed = destroy_subject_keys(
         uow, db, policy, found.subject, found.threads, tenant_id
     )
+    # the audit images of what was found, while it can be found: a run interrupted after
+    # a deletion would no longer find that document, nor its records
+    report.audit_images_erased = redact_audit_images(
+        uow, db, found, records=records, progress=progress, mentions=False
+    )
+    # what was found through the threads (their memories, outbox events) before the
+    # threads: a run interrupted in between finds the threads, and through them the rest
+    _delete_targets(uow, db, found, report, progress)
     for tenant, thread in sorted(found.threads):
         _delete_thread(uow, db, found, tenant, thread, report, progress)
-    _delete_targets(uow, db, found, report, progress)
-    report.audit_images_erased = redact_audit_images(
-        uow, db, found, records=records, progress=progress
+    # then any record whose images name the subject (the erasure's own among them: its
+    # filters name the documents it deleted, whose ids may hold the identifier)
+    report.audit_images_erased += redact_audit_images(
+        uow, db, found, records=records, progress=progress, of_found=False
     )
     report.seconds = time.monotonic() - started
     return report

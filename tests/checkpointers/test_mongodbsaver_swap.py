@@ -28,11 +28,13 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from pymongo import AsyncMongoClient, MongoClient
+from typer.testing import CliRunner
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver, CollectionNames
 from accord.checkpointers.asynchronous.migration import AsyncMongoDBSaverMigration
 from accord.checkpointers.synchronous.migration import MongoDBSaverMigration
 from accord.errors import ForeignDataError
+from accord.platform.cli import app as cli
 from tests.checkpointers.conftest import config, make_saver
 
 LEGACY = CollectionNames(
@@ -184,6 +186,31 @@ def test_naive_swap_refuses_and_damages_nothing_then_migrates_and_continues(
         assert [m.id for m in out["messages"]][-2:] == ["h-2", "ai-3"]
         assert graph.get_state(config("answered")).next == ()
     _mongodbsaver_reads(client, legacy_db, expected)  # still MongoDBSaver's, unchanged
+
+
+def test_threads_migrated_into_another_database_are_still_refused_beside_their_source(
+    client: MongoClient, mongo_uri: str, legacy_db: str
+) -> None:
+    expected = _write_mongodbsaver_threads(client, legacy_db)
+    target = legacy_db + "_to"
+    try:
+        done = CliRunner().invoke(cli, ["checkpoints", "migrate", "--db", legacy_db,
+                                        "--to-db", target, "--uri", mongo_uri])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        assert f"recorded as migrated into {target}" in done.stdout
+        assert f"a saver set up on {legacy_db} still refuses them" in done.stdout
+        with pytest.raises(ForeignDataError, match=f"migrated into database '{target}'"):
+            AccordSaver(client, db_name=legacy_db).setup()  # would start them over empty
+        saver = AccordSaver(client, db_name=target)
+        saver.setup()
+        graph = _graph().compile(checkpointer=saver)
+        for thread, history in expected.items():
+            assert _history(graph, thread) == history, thread
+        # migrated here as well: the source database's savers continue them too
+        assert MongoDBSaverMigration(client, legacy_db).run().recorded
+        AccordSaver(client, db_name=legacy_db).setup()
+    finally:
+        client.drop_database(target)
 
 
 def test_an_interrupted_migration_resumes(client: MongoClient, legacy_db: str) -> None:

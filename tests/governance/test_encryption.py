@@ -425,6 +425,30 @@ def test_the_master_key_rotates_by_rewrapping_the_data_keys(
         MasterKey.from_env()
 
 
+def test_key_rotation_and_shredding_are_recorded_even_with_the_audit_setting_off(
+    client: MongoClient, db_name: str, master: MasterKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accord.governance.crypto import PREVIOUS_MASTER_KEY_ENV
+    from accord.platform.context import Principal
+
+    _populate(client, db_name)  # with the audit on: the database has an audit trail
+    monkeypatch.delenv(runtime.AUDIT_ENV)  # an operator's shell without the setting
+    records = client[db_name][RECORDS]
+
+    def recorded(action: str) -> int:
+        return records.count_documents({"collection": "accord_keys", "action": action})
+
+    monkeypatch.setenv(MASTER_KEY_ENV, MasterKey.generate().text())
+    monkeypatch.setenv(PREVIOUS_MASTER_KEY_ENV, master.text())
+    assert runtime.rewrap_data_keys(client, db_name) == 4
+    assert recorded("encryption.rewrap") >= 1
+    before = recorded("governance.erase")
+    assert runtime.shred_tenant_keys(client, "default", db_name) == 4
+    assert recorded("governance.erase") > before
+    auditor = runtime.kernel(client, principal=Principal.service("auditor"))
+    assert verify_chain(auditor, db_name).ok
+
+
 def test_writes_that_cannot_be_encrypted_field_by_field_are_refused(
     client: MongoClient, db_name: str, master: MasterKey
 ) -> None:

@@ -77,8 +77,12 @@ def check(
             if layout.MIGRATIONS_COLLECTION in existing:
                 record = uow.find_one(
                     context, MIGRATION.name, db.name, layout.MIGRATIONS_COLLECTION,
-                    {"_id": layout.migration_id(db.name, collection)}, projection={"status": 1},
+                    {"_id": layout.migration_id(db.name, collection)},
+                    projection={"status": 1, "target": 1},
                 )  # fmt: skip
             if (record or {}).get("status") != layout.DONE:
                 raise layout.unmigrated_threads(db.name, collection, doc)
+            into = layout.migrated_elsewhere(db.name, record)
+            if into is not None:
+                raise layout.threads_migrated_elsewhere(db.name, collection, into)
     return names
