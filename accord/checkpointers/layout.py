@@ -139,12 +139,14 @@ def foreign_in_own(
 
 
 def migrated_elsewhere(db_name: str, record: Mapping[str, Any] | None) -> str | None:
-    """The database a finished migration (its ``record``) of ``db_name`` copied its threads
-    into, when that is another database (else None): a saver on ``db_name`` must still
-    refuse them there, since it would start them over as empty threads."""
-    target = (record or {}).get("target")
-    into = target.get("db") if isinstance(target, Mapping) else None
-    return into if isinstance(into, str) and into != db_name else None
+    """A database the finished migrations (their ``record``) of ``db_name`` copied its
+    threads into, when none of them was ``db_name`` itself (else None): a saver on
+    ``db_name`` must still refuse them there, since it would start them over as empty
+    threads. A record written before migrations kept their ``targets`` says nothing."""
+    targets = (record or {}).get("targets")
+    if not isinstance(targets, list) or not targets or db_name in targets:
+        return None
+    return str(targets[-1])
 
 
 def threads_migrated_elsewhere(db_name: str, collection: str, into: str) -> ForeignDataError:

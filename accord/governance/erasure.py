@@ -5,6 +5,8 @@ What :func:`erase_subject` does, in this order (what it finds: :mod:`accord.gove
 1. **legal holds**: if any hold covers what it would erase (a subject hold on the ID, a
    tenant, thread or class hold on data of the subject), it raises
    :class:`~accord.errors.SubjectHeld` naming each hold, before anything is written;
+   then the subject's data keys are destroyed and the audit images of what was found
+   erased (step 4's first pass);
 2. **outbox events**, **memories** (with their vectors and history), **workflow events**
    and **business records**: deleted by ``_id``, per tenant, in batches (before the
    threads, through which some of them were found);
@@ -13,19 +15,21 @@ What :func:`erase_subject` does, in this order (what it finds: :mod:`accord.gove
    batches of PAGE documents, one transaction each, its checkpoints last (they are what
    finds the thread again after a crash);
 4. **audit images**: ``full``-mode audit records of the threads and documents found
-   (before they are deleted, so that a rerun after a crash does not miss the records of
-   a document it no longer finds), then any whose images mention the ID (the erasure's
-   own among them), keep only the hashes of their images
-   (:mod:`accord.governance.redaction`); the chain still verifies;
+   (a first time before anything is deleted, so that a rerun after a crash does not miss
+   the records of a document it no longer finds; again at the end, for what was written
+   meanwhile), and any whose images mention the ID (the erasure's own among them), keep
+   only the hashes of their images (:mod:`accord.governance.redaction`); the chain still
+   verifies;
 5. the caller (``accord.runtime.erase_subject``) then compacts the storage, so that on
    the embedded engine nothing erased is left in its data files.
 
 Every write is a plan through the kernel with operation ``governance.erase`` and the
 caller's principal (the CLI's operating-system user, role admin): with the audit trail
 on, each deletion is recorded in its stream, by whom and when. No plan filters on the
-subject's identifier itself (documents are deleted by ``_id`` or by thread), so no audit
-record of the erasure holds it, even in ``full`` mode. Idempotent: run it again after a
-crash and it finishes the job.
+subject's identifier itself (documents are deleted by ``_id`` or by thread); where an id
+or a thread id holds it, the last pass of step 4 erases the images of that record, whose
+hashes stay. Idempotent: run it again after a crash and it finishes the job (a run that
+writes the subject's thread meanwhile can leave documents behind: stop its runs first).
 """
 
 from __future__ import annotations
@@ -222,8 +226,9 @@ def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str =
         naming: dict[str, Any] = {
             "$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]
         }
-        if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs
-            naming["tenant_id"] = found.tenant_id
+        if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs,
+            # accord's own work across tenants (outbox and run-queue claims) is not
+            naming["tenant_id"] = {"$in": [found.tenant_id, "*"]}
         either.append(naming)
     at = datetime.now(UTC)
     changed = 0
@@ -277,10 +282,10 @@ def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
     _delete_targets(uow, db, found, report, progress)
     for tenant, thread in sorted(found.threads):
         _delete_thread(uow, db, found, tenant, thread, report, progress)
-    # then any record whose images name the subject (the erasure's own among them: its
-    # filters name the documents it deleted, whose ids may hold the identifier)
+    # then again (what was written since the first pass), and any record whose images
+    # name the subject (the erasure's own among them: ids may hold the identifier)
     report.audit_images_erased += redact_audit_images(
-        uow, db, found, records=records, progress=progress, of_found=False
+        uow, db, found, records=records, progress=progress
     )
     report.seconds = time.monotonic() - started
     return report

@@ -206,11 +206,15 @@ def test_threads_migrated_into_another_database_are_still_refused_beside_their_s
         graph = _graph().compile(checkpointer=saver)
         for thread, history in expected.items():
             assert _history(graph, thread) == history, thread
-        # migrated here as well: the source database's savers continue them too
+        # migrated here as well: the source database's savers continue them too, also
+        # after yet another copy elsewhere
         assert MongoDBSaverMigration(client, legacy_db).run().recorded
+        AccordSaver(client, db_name=legacy_db).setup()
+        assert MongoDBSaverMigration(client, legacy_db, target_db=target + "2").run().recorded
         AccordSaver(client, db_name=legacy_db).setup()
     finally:
         client.drop_database(target)
+        client.drop_database(target + "2")
 
 
 def test_an_interrupted_migration_resumes(client: MongoClient, legacy_db: str) -> None:

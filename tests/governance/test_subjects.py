@@ -290,6 +290,19 @@ def test_bad_identifiers_are_refused_by_the_cli(mongo_uri: str, db_name: str) ->
         assert result.exit_code == 1 and "subject" in result.output, result.output
 
 
+def test_a_tenant_scoped_erasure_leaves_no_trace_in_accords_own_records(
+    client: MongoClient, db_name: str, policy_file: Path
+) -> None:
+    """The outbox's claims of the subject's events are recorded under tenant ``*`` (the
+    aggregator's work belongs to no tenant); their images name the subject too."""
+    _populate(client, db_name)
+    shared = {"tenant_id": "*", "images": {"$exists": True}}
+    assert any(SUBJECT in json.dumps(r["images"]) for r in client[db_name][RECORDS].find(shared))
+    runtime.erase_subject_data(client, SUBJECT, db_name, tenant_id="default", compact=False)
+    assert _mentions(client, db_name, SUBJECT) == {}
+    assert _mentions(client, db_name, SECRET) == {}
+
+
 class _Killed(Exception):
     """The erasure's process dying between two of its transactions."""
 

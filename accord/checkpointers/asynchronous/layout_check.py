@@ -80,7 +80,7 @@ async def check(
                 record = await uow.find_one(
                     context, MIGRATION.name, db.name, layout.MIGRATIONS_COLLECTION,
                     {"_id": layout.migration_id(db.name, collection)},
-                    projection={"status": 1, "target": 1},
+                    projection={"status": 1, "targets": 1},
                 )  # fmt: skip
             if (record or {}).get("status") != layout.DONE:
                 raise layout.unmigrated_threads(db.name, collection, doc)
