@@ -286,11 +286,9 @@ class AsyncMongoDBSaverMigration:
             "source": {"db": self.db_name, "checkpoints": self.checkpoints, "writes": self.writes},
             "target": {"db": self.target_db, "tenant_id": self.tenant_id},
         }
-        # every database a full run copied the threads into: savers there continue them
-        targets = {"$addToSet": {"targets": self.target_db}}
         update: dict[str, Any] = {"$set": {**fields, **body}}
-        if fields.get("status") == layout.DONE:
-            update.update(targets)
+        if fields.get("status") == layout.DONE:  # every database a full run copied into
+            update["$addToSet"] = {"targets": self.target_db}
         if insert:
             update["$setOnInsert"] = {"created_at": now()}
             if self.threads is not None:  # a partial run never marks the source migrated
