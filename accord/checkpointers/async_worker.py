@@ -89,7 +89,7 @@ class AsyncWorker:
         self.tenant_limit = tenant_limit
         self.max_attempts = max_attempts
         self.poll = queued_runs.check_seconds(poll, "poll") or 0.5
-        self.grace = float(grace) if grace is not None and grace >= 0 else 30.0
+        self.grace = queued_runs.check_grace(grace)
         self.lease = queued_runs.check_seconds(lease, "lease") or DEFAULT_LEASE_SECONDS
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.saver = AsyncAccordSaver(client, db_name=db, uow=uow, **(saver_kwargs or {}))
@@ -114,10 +114,18 @@ class AsyncWorker:
         self._wake.set()
 
     def install_signals(self) -> None:
-        """SIGTERM and SIGINT stop the worker gracefully (on the running loop)."""
+        """SIGTERM and SIGINT stop the worker gracefully (on the running loop); a second
+        one ends it at once."""
         loop = asyncio.get_running_loop()
+
+        def handler(signum: int) -> None:
+            logger.info("accord worker: signal %d: finishing or giving back runs", signum)
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_DFL)
+            self.stop()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.stop)
+            loop.add_signal_handler(signum, handler, signum)
 
     async def run(self, *, until_idle: bool = False, max_runs: int | None = None) -> int:
         """Work until stopped (``until_idle``: until nothing is left for it and nothing
@@ -261,9 +269,11 @@ class AsyncWorker:
         doc = active.doc
         fork = doc.get("fork")
         started = doc.get("started")
-        if fork and not started and (await self._head(doc))[0] is None:
+        if fork and not started:
+            # until the run started, its thread is only the copy: a copy cut short (a
+            # crash) is finished, document by document as the source has them
             await self.saver.acopy_thread(fork["thread_id"], doc["thread_id"],
-                                          tenant_id=doc["tenant_id"])  # fmt: skip
+                                          tenant_id=doc["tenant_id"], resume=True)  # fmt: skip
         latest, writer = await self._head(doc)
         if not started:
             if not await self.queue.started(doc, latest):
@@ -291,6 +301,9 @@ class AsyncWorker:
 
     async def _run(self, active: ActiveRun) -> None:
         doc = active.doc
+        if doc.get("cancel_requested"):  # asked while its last worker was gone
+            await self.queue.cancelled(doc, "cancelled on request before it ran again")
+            return
         if int(doc.get("attempts") or 0) > self.max_attempts:
             await self.queue.failed(
                 doc,
@@ -330,7 +343,13 @@ class AsyncWorker:
             if not active.lost:
                 await self.queue.failed(doc, f"{type(exc).__name__}: {exc}")
             return
-        await self._settle(active)
+        try:
+            await self._settle(active)
+        except Exception as exc:  # its outcome cannot be recorded (a result the codec refuses)
+            if not active.lost:
+                await self.queue.failed(
+                    doc, f"recording its outcome failed: {type(exc).__name__}: {exc}"
+                )
 
     async def _give_back(
         self, active: ActiveRun, reason: str, *, backoff: float = BUSY_BACKOFF_S

@@ -469,3 +469,12 @@ def fenced_out(thread_id: str, run_id: str, what: str, holder: Holder | None) ->
         f"thread was deleted, so this {what} was refused and nothing of it was written."
         f"{now_holder} {WHAT_TO_DO}"
     )
+
+
+def copied_meanwhile(source: str, target: str) -> ConcurrentRunError:
+    """``copy_thread``: the source was written while it was copied."""
+    return ConcurrentRunError(
+        f"copy_thread: thread {source!r} was written while it was copied; the copy "
+        f"stopped: thread {target!r} holds part of it. Copy again with resume=True when no "
+        f"run writes the source (or delete the target)."
+    )

@@ -82,6 +82,11 @@ def _field_name(key: Any, where: str) -> str:
 
 
 def _filter_value(value: Any, where: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise InvalidInputError(
+            f"{where}: integers must fit in 64 bits (what MongoDB stores), got one of "
+            f"{len(str(abs(value)))} digits."
+        )
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, Mapping):
@@ -98,7 +103,9 @@ def metadata_filter(filter: Any) -> dict[str, Any]:
     """Turn a LangGraph metadata filter into MongoDB equality predicates on ``meta``.
 
     Nested dicts match by containment (``{"a": {"b": 1}}`` matches metadata whose ``a``
-    contains ``b == 1``), like PostgresSaver's ``@>``; lists match exactly.
+    contains ``b == 1``), like PostgresSaver's ``@>``; lists match exactly. A value that
+    is not a list never matches inside an array (``{"tags": "x"}`` does not match
+    ``tags: ["x", "y"]``, as in InMemorySaver), nor does a path cross one.
     """
     if filter is None:
         return {}
@@ -106,12 +113,17 @@ def metadata_filter(filter: Any) -> dict[str, Any]:
         raise InvalidInputError(f"filter must be a dict, got {type(filter).__name__}.")
     out: dict[str, Any] = {}
 
+    not_array = {"$not": {"$type": "array"}}  # MongoDB would look into arrays
+
     def flatten(prefix: str, value: Any) -> None:
         if isinstance(value, Mapping) and value:
+            out[prefix] = dict(not_array)
             for k, v in value.items():
                 flatten(f"{prefix}.{k}", v)
+        elif isinstance(value, list):
+            out[prefix] = value  # a list equals a list, element by element
         else:
-            out[prefix] = value
+            out[prefix] = {"$eq": value, **not_array}
 
     for key, value in filter.items():
         _field_name(key, "filter")

@@ -173,7 +173,7 @@ class Worker:
         self.tenant_limit = tenant_limit
         self.max_attempts = max_attempts
         self.poll = queued_runs.check_seconds(poll, "poll") or 0.5
-        self.grace = float(grace) if grace is not None and grace >= 0 else 30.0
+        self.grace = queued_runs.check_grace(grace)
         self.lease = queued_runs.check_seconds(lease, "lease") or DEFAULT_LEASE_SECONDS
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.saver = AccordSaver(client, db_name=db, uow=uow, **(saver_kwargs or {}))
@@ -352,9 +352,6 @@ class Worker:
         return {"configurable": configurable,
                 "metadata": {"run_id": doc["_id"], "accord_worker": self.name}}  # fmt: skip
 
-    def _latest(self, doc: dict[str, Any]) -> str | None:
-        return self._head(doc)[0]
-
     def _head(self, doc: dict[str, Any]) -> tuple[str | None, str | None]:
         """The thread's latest checkpoint and the run that wrote it (its metadata's
         ``run_id``: the worker passes the run id to LangGraph, which records it)."""
@@ -369,9 +366,11 @@ class Worker:
         doc = active.doc
         fork = doc.get("fork")
         started = doc.get("started")
-        if fork and not started and self._latest(doc) is None:
+        if fork and not started:
+            # until the run started, its thread is only the copy: a copy cut short (a
+            # crash) is finished, document by document as the source has them
             self.saver.copy_thread(fork["thread_id"], doc["thread_id"],
-                                   tenant_id=doc["tenant_id"])  # fmt: skip
+                                   tenant_id=doc["tenant_id"], resume=True)  # fmt: skip
         latest, writer = self._head(doc)
         if not started:
             if not self.queue.started(doc, latest):
@@ -401,6 +400,9 @@ class Worker:
 
     def _run(self, active: ActiveRun) -> None:
         doc = active.doc
+        if doc.get("cancel_requested"):  # asked while its last worker was gone
+            self.queue.cancelled(doc, "cancelled on request before it ran again")
+            return
         if int(doc.get("attempts") or 0) > self.max_attempts:
             self.queue.failed(
                 doc,
@@ -442,7 +444,11 @@ class Worker:
             if not active.lost:
                 self.queue.failed(doc, f"{type(exc).__name__}: {exc}")
             return
-        self._settle(active)
+        try:
+            self._settle(active)
+        except Exception as exc:  # its outcome cannot be recorded (a result the codec refuses)
+            if not active.lost:
+                self.queue.failed(doc, f"recording its outcome failed: {type(exc).__name__}: {exc}")
 
     def _give_back(
         self, active: ActiveRun, reason: str, *, backoff: float = BUSY_BACKOFF_S

@@ -117,7 +117,13 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
-def check_seconds(value: Any, name: str, *, allow_none: bool = True) -> float | None:
+#: The longest wait a run may be given (ten years): a deadline must be a date.
+MAX_WAIT_SECONDS = 10 * 365 * 24 * 3600
+
+
+def check_seconds(
+    value: Any, name: str, *, allow_none: bool = True, at_most: float | None = None
+) -> float | None:
     if value is None and allow_none:
         return None
     if (
@@ -127,7 +133,35 @@ def check_seconds(value: Any, name: str, *, allow_none: bool = True) -> float | 
         or value <= 0
     ):
         raise InvalidInputError(f"{name} must be a positive number of seconds, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise InvalidInputError(f"{name} must be at most {at_most:g} seconds, got {value!r}")
     return float(value)
+
+
+def check_grace(value: Any) -> float:
+    """A worker's ``grace``: seconds (0 allowed: give running runs back at once)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidInputError(f"grace must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_timeout_action(timeout: float | None, action: str, value: Any) -> None:
+    """Refuse a deadline setting that would do nothing (a typo the run would pay for)."""
+    if timeout is None and action != "fail":
+        raise InvalidInputError(
+            f"on_timeout={action!r} acts only when a wait passes its deadline: give "
+            f"wait_timeout too"
+        )
+    if value is not None and action != "resume":
+        raise InvalidInputError(
+            f"timeout_value is what a run is resumed with when on_timeout='resume'; "
+            f"on_timeout is {action!r}"
+        )
 
 
 def check_key(key: Any) -> str | None:
@@ -434,6 +468,8 @@ def waiting_update(
                      "checkpoint_id": checkpoint_id},
             "resume": None,
             "updated_at": at,
+            # a wait ends an execution: the claims that led to it were not workers dying
+            "attempts": 0,
         },
         "$push": _push(event("waiting", at)),
     }  # fmt: skip

@@ -223,11 +223,18 @@ def failure(exc: PyMongoError, timeout: float) -> DatabaseError:
     if reachability.is_unreachable(exc):  # no server at all: say which, and what to check
         return reachability.unreachable(exc, reachability.hosts_in(exc), timeout)
     if exc.timeout:
+        if exc.has_error_label(codes.UNKNOWN_TRANSACTION_COMMIT_RESULT):
+            # the commit was sent and its reply lost: it may have been applied
+            kept = (
+                "Whether its commit was applied is unknown (its reply was lost); its writes "
+                "are idempotent, so retrying applies them once."
+            )
+        else:
+            kept = "Nothing of it was committed."
         err: DatabaseError = TransactionTimeout(
             f"The transaction did not complete within {timeout:g}s: the last attempt failed "
-            f"with {type(exc).__name__}: {exc}. Nothing of it was committed. The database "
-            f"is unreachable, overloaded, or another writer keeps conflicting with this "
-            f"one; retry later."
+            f"with {type(exc).__name__}: {exc}. {kept} The database is unreachable, "
+            f"overloaded, or another writer keeps conflicting with this one; retry later."
         )
         err.__cause__ = exc
         return err

@@ -404,3 +404,24 @@ def test_a_commit_whose_reply_is_lost_is_applied_once(
             )
     finally:
         proxy.close()
+
+
+def test_a_commit_whose_reply_never_comes_is_reported_as_unknown(
+    client: MongoClient, mongo_uri: str, db_name: str, kind: str
+) -> None:
+    """Every commit's reply lost until the bound: the server may well have applied it,
+    so the error must not say that nothing was committed (it said so before)."""
+    with make_saver(kind, mongo_uri, db_name):
+        pass  # set up directly
+    port = int(mongo_uri.split(":")[2].split("/")[0])
+    proxy = LossyProxy(port, drop="commitTransaction", times=10**6).start()
+    try:
+        with (
+            pytest.raises(TransactionTimeout, match="is unknown") as lost,
+            make_saver(kind, uri_through(proxy), db_name, timeout=3) as saver,
+        ):
+            saver.put(config("t"), generate_checkpoint(), generate_metadata(), {})
+        assert "Nothing of it was committed" not in str(lost.value)
+        assert proxy.dropped >= 1
+    finally:
+        proxy.close()

@@ -133,6 +133,9 @@ def test_writes_that_belong_to_no_run_wait_for_the_run(
         other.put(config("adhoc"), cp, generate_metadata(), {"n": "1"})
     with pytest.raises(ConcurrentRunError):
         other.put_writes(config("adhoc", cp["id"]), [("n", 1)], "task")
+    for strategy in ("keep_latest", "delete"):  # "delete" took the thread over before
+        with pytest.raises(ConcurrentRunError, match="prune"):
+            other.prune(["adhoc"], strategy=strategy)
     db = client[saver.db_name]
     assert db.checkpoints.count_documents({"checkpoint_id": cp["id"]}) == 0
     assert db.checkpoint_writes.count_documents({"task_id": "task"}) == 0
@@ -278,4 +281,4 @@ def test_concurrent_run_errors_are_built_in_one_place() -> None:
         for p in root.rglob("*.py")
         if "ConcurrentRunError(" in p.read_text()
     }
-    assert sites == {"ownership.py": 4, "failures.py": 1}, sites
+    assert sites == {"ownership.py": 5, "failures.py": 1}, sites

@@ -20,9 +20,10 @@ from langgraph.checkpoint.serde.base import CipherProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from pymongo import MongoClient
 
-from accord.checkpointers import AccordSaver, AsyncAccordSaver
+from accord.checkpointers import AccordSaver, AsyncAccordSaver, maintenance
 from accord.checkpointers.chains import PAGE
 from accord.checkpointers.reads import ReadBatch
+from accord.errors import ConcurrentRunError
 from tests.checkpointers.conftest import config
 
 MB = 1024 * 1024
@@ -201,6 +202,36 @@ def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: Any) -
     # the copy is writable: its head is its latest checkpoint
     cp = generate_checkpoint(channel_values={"v": 1}, channel_versions={"v": "1"})
     saver.put(config("dst", ids[-1]), cp, generate_metadata(step=1), {"v": "1"})
+
+
+def test_a_copy_stops_when_the_source_is_written_meanwhile_and_resume_finishes_it(
+    client: MongoClient, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values are copied before checkpoints: a commit on the source in between would
+    leave a copied checkpoint without its values (it read as empty state)."""
+    ids = _chain(saver, "busy", [{"v": 1}, {"v": 2}])
+    writer = AccordSaver(client, db_name=saver.db_name)
+    real = maintenance.rekey
+    written: list[str] = []
+
+    def rekey(kind: str, doc: Any, thread_id: str) -> Any:
+        if kind == "checkpoints" and not written:  # the source commits mid-copy
+            cp = generate_checkpoint(channel_values={"v": 3}, channel_versions={"v": "3"})
+            cfg = writer.put(config("busy", ids[-1]), cp, generate_metadata(step=2), {"v": "3"})
+            written.append(cfg["configurable"]["checkpoint_id"])
+        return real(kind, doc, thread_id)
+
+    monkeypatch.setattr(maintenance, "rekey", rekey)
+    with pytest.raises(ConcurrentRunError, match="written while it was copied"):
+        saver.copy_thread("busy", "copy")
+    monkeypatch.undo()
+    assert saver.get_tuple(config("copy")) is None  # no checkpoint of it was copied
+    saver.copy_thread("busy", "copy", resume=True)
+    source = [t.checkpoint for t in saver.list(config("busy"))]
+    copied = [t.checkpoint for t in saver.list(config("copy"))]
+    assert [c["id"] for c in copied] == [c["id"] for c in source] and len(source) == 3
+    assert [c["channel_values"] for c in copied] == [c["channel_values"] for c in source]
+    assert copied[0]["channel_values"] == {"v": 3}
 
 
 def _messages_at(saver: Any, thread: str, cid: str | None = None) -> list[Any]:

@@ -72,6 +72,7 @@ def test_operator_shaped_identifiers_never_widen_a_query(saver: Any) -> None:
         {"step": {"$gt": 1}},
         {"nested": {"ok": {"$in": [1]}}},
         {"source": object()},
+        {"step": 2**64},
         "source=input",
     ],
     # repr, but the same in every process (pytest-xdist workers must collect equal ids)
@@ -87,6 +88,23 @@ def test_nested_metadata_filters_match_by_containment(saver: Any) -> None:
     saver.put(config("n"), cp, generate_metadata(custom={"a": 1, "b": 2}), {})
     assert len(list(saver.list(None, filter={"custom": {"a": 1}}))) == 1
     assert len(list(saver.list(None, filter={"custom": {"a": 2}}))) == 0
+
+
+def test_metadata_filters_do_not_look_into_arrays_as_inmemorysaver_does(saver: Any) -> None:
+    """MongoDB's equality matches an element of an array; LangGraph's savers compare
+    values: a scalar (or a dict) never equals a list."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    meta = generate_metadata(tags=["x", "y"], arr=[{"b": 1}, {"b": 2}], deep={"l": [1, 2]})
+    reference = InMemorySaver()
+    for s in (saver, reference):
+        s.put(config("arrays"), generate_checkpoint(), meta, {})
+    for filt in (
+        {"tags": "x"}, {"tags": ["x", "y"]}, {"tags": ["y", "x"]}, {"arr": {"b": 1}},
+        {"deep": {"l": 1}}, {"deep": {"l": [1, 2]}}, {"arr": [{"b": 1}, {"b": 2}]},
+    ):  # fmt: skip
+        expected = len(list(reference.list(None, filter=filt)))
+        assert len(list(saver.list(None, filter=filt))) == expected, filt
 
 
 def test_other_bad_inputs(client: MongoClient, saver: Any) -> None:

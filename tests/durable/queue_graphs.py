@@ -15,6 +15,8 @@
 * ``compiled_steps``: ``steps``, compiled (without a checkpointer).
 * ``async_steps`` / ``async_approval``: ``steps`` and ``approval`` with async nodes only
   (LangGraph's sync ``stream`` cannot run them: ``AsyncWorker`` does).
+* ``approvals``: ``ask`` calls ``interrupt()`` seven times in a row (a run that waits
+  for more decisions than a worker's ``max_attempts``).
 * ``wire``: ``pay`` makes a recorded call that is not idempotent (a fake bank that logs
   each request to ``ACCORD_TEST_BANK``).
 """
@@ -110,6 +112,20 @@ def _approval() -> StateGraph:
     return g
 
 
+def _ask_again(state: State) -> dict[str, Any]:
+    n = state.get("n", 0)
+    interrupt({"question": f"approve step {n}?"})
+    return {"n": n + 1}
+
+
+def _approvals() -> StateGraph:
+    g = StateGraph(State)
+    g.add_node("ask", _ask_again)
+    g.add_edge(START, "ask")
+    g.add_conditional_edges("ask", lambda s: END if s["n"] >= 7 else "ask")
+    return g
+
+
 def _boom_node(state: State) -> dict[str, Any]:
     raise RuntimeError("the tool is down")
 
@@ -191,4 +207,5 @@ async_approval = _async_approval()
 wire = _wire_graph()
 compiled_steps = _steps().compile()  # the worker copies it onto its saver
 approval = _approval()
+approvals = _approvals()
 boom = _boom()

@@ -97,6 +97,19 @@ def test_a_paused_run_is_refused_on_another_bundle_and_resumes_on_its_own(
     assert [e["kind"] for e in on_v1.history(cfg("a"))] == ["pinned"]
 
 
+def test_a_copy_of_a_paused_thread_keeps_its_pin(saver: Any) -> None:
+    """A fork's thread is a copy of the source's: it does not wake on another bundle
+    (before, the copy had no pin and the first bundle to run it took it)."""
+    graph = build(saver)
+    PinnedGraph(graph, V1).invoke({"name": "Ada"}, cfg("paused"))
+    saver.copy_thread("paused", "forked")
+    with pytest.raises(BundleMismatch, match="pinned to bundle 'v1'"):
+        PinnedGraph(graph, V2).invoke(None, cfg("forked"))
+    assert PinnedGraph(graph, V1).invoke(None, cfg("forked"))["sent"] == "Hello Ada (Ada)"
+    entries = PinnedGraph(graph, V1).history(cfg("forked"))
+    assert [e["kind"] for e in entries] == ["pinned"] and "copied from" in entries[0]["reason"]
+
+
 def test_a_registered_migration_transforms_the_state_and_moves_the_pin(
     saver: Any, client: MongoClient, db_name: str
 ) -> None:

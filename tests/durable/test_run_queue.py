@@ -23,6 +23,7 @@ from accord.runtime import Accord
 
 STEPS = "tests.durable.queue_graphs:steps"
 APPROVAL = "tests.durable.queue_graphs:approval"
+APPROVALS = "tests.durable.queue_graphs:approvals"
 BOOM = "tests.durable.queue_graphs:boom"
 
 
@@ -197,8 +198,9 @@ def test_a_resume_value_and_a_second_wait(app: Accord, queue: RunQueue) -> None:
 def test_a_wait_past_its_deadline_takes_its_timeout_action(
     app: Accord, queue: RunQueue, action: str
 ) -> None:
+    value = True if action == "resume" else None  # only a resume has a value
     run = queue.submit(APPROVAL, {"run": action}, wait_timeout=3600, on_timeout=action,
-                       timeout_value=True)  # fmt: skip
+                       timeout_value=value)  # fmt: skip
     work(app, APPROVAL)
     assert queue.get(run.run_id).wait["deadline"] is not None
     assert queue.expire_waits() == 0  # not yet
@@ -212,6 +214,59 @@ def test_a_wait_past_its_deadline_takes_its_timeout_action(
         queue.wait(run.run_id)
     assert ended.value.status == ("failed" if action == "fail" else "cancelled")
     assert "deadline" in str(ended.value)
+
+
+def test_an_approval_after_the_deadline_is_refused_and_the_timeout_action_applies(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    run = queue.submit(APPROVAL, {"run": "late"}, wait_timeout=3600, on_timeout="fail")
+    work(app, APPROVAL)
+    _an_hour_passes(app, run.run_id, "wait.deadline")  # no worker polled since
+    with pytest.raises(RunStateError, match="past its deadline") as late:
+        queue.approve(run.run_id)
+    assert late.value.status == queued_runs.FAILED
+    assert queue.get(run.run_id).status == queued_runs.FAILED
+    work(app, APPROVAL)
+    assert client[db_name]["approvals"].count_documents({}) == 0  # nothing acted
+
+
+def test_a_run_that_waits_for_more_decisions_than_max_attempts_is_not_failed(
+    app: Accord, queue: RunQueue
+) -> None:
+    run = queue.submit(APPROVALS, {"run": "many", "n": 0})
+    for _ in range(7):
+        work(app, APPROVALS, max_attempts=2)
+        assert queue.get(run.run_id).status == queued_runs.WAITING
+        assert queue.get(run.run_id).attempts == 0  # a wait is not a dying worker
+        queue.approve(run.run_id)
+    work(app, APPROVALS, max_attempts=2)
+    assert queue.wait(run.run_id)["n"] == 7
+
+
+def test_a_cancel_asked_while_it_runs_ends_it_when_it_comes_to_wait(
+    app: Accord, queue: RunQueue
+) -> None:
+    run = queue.submit(APPROVAL, {"run": "c"})
+    doc = queue.claim([APPROVAL], "tester")
+    assert doc is not None and doc["_id"] == run.run_id
+    assert queue.cancel(run.run_id).cancel_requested  # running: at its next boundary
+    queue.waiting(doc, [{"id": None, "value": "wire the money?"}], None)
+    ended = queue.get(run.run_id)
+    assert ended.status == queued_runs.CANCELLED, ended.events
+    with pytest.raises(RunStateError):
+        queue.approve(run.run_id)
+
+
+def test_a_cancel_asked_while_its_worker_was_gone_ends_it_before_it_runs_again(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    run = queue.submit(STEPS, {"run": "orphan"})
+    assert queue.claim([STEPS], "a worker that dies") is not None
+    queue.cancel(run.run_id)
+    _an_hour_passes(app, run.run_id, "lease_expires")  # its lease ran out
+    work(app, STEPS)
+    assert queue.get(run.run_id).status == queued_runs.CANCELLED
+    assert client[db_name]["fleet_writes"].count_documents({}) == 0  # no step ran
 
 
 def test_a_failing_graph_fails_its_run(app: Accord, queue: RunQueue) -> None:
@@ -259,6 +314,44 @@ def test_a_fork_continues_from_a_checkpoint_on_a_new_thread(
         queue.wait(bogus.run_id)
 
 
+def test_a_fork_whose_copy_was_cut_short_finishes_the_copy(
+    app: Accord, queue: RunQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accord.checkpointers import maintenance
+
+    run = queue.submit(APPROVAL, {"run": "f"})
+    work(app, APPROVAL)
+    saver = app.checkpointer()
+    paused = saver.get_tuple({"configurable": {"thread_id": run.thread_id}})
+    assert paused is not None
+    queue.approve(run.run_id)
+    work(app, APPROVAL)
+    fork = queue.fork(run.run_id, checkpoint_id=paused.config["configurable"]["checkpoint_id"])
+    # a worker copied part of the source's checkpoints, then died (one per transaction)
+    real, copied = maintenance.rekey, []
+
+    def rekey(kind: str, doc: Any, thread_id: str) -> Any:
+        if kind == "checkpoints":
+            if len(copied) == 2:
+                raise SystemExit("killed mid-copy")
+            copied.append(doc["_id"])
+        return real(kind, doc, thread_id)
+
+    monkeypatch.setattr(maintenance, "BATCH", 1)
+    monkeypatch.setattr(maintenance, "rekey", rekey)
+    with pytest.raises(SystemExit):
+        saver.copy_thread(run.thread_id, fork.thread_id)
+    monkeypatch.undo()
+    assert saver.get_tuple({"configurable": {"thread_id": fork.thread_id}}) is not None
+    work(app, APPROVAL)  # finishes the copy, then runs the fork from the checkpoint
+    assert queue.get(fork.run_id).status == queued_runs.WAITING, queue.get(fork.run_id).error
+    source = [t.config for t in saver.list({"configurable": {"thread_id": run.thread_id}})]
+    copy = [t.config for t in saver.list({"configurable": {"thread_id": fork.thread_id}})]
+    assert {c["configurable"]["checkpoint_id"] for c in source} <= {
+        c["configurable"]["checkpoint_id"] for c in copy
+    }
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -268,6 +361,9 @@ def test_a_fork_continues_from_a_checkpoint_on_a_new_thread(
         (lambda q: q.submit(STEPS, {}, wait_timeout=-1), "wait_timeout"),
         (lambda q: q.submit(STEPS, {}, wait_timeout=float("nan")), "wait_timeout"),
         (lambda q: q.submit(STEPS, {}, on_timeout="explode"), "on_timeout"),
+        (lambda q: q.submit(STEPS, {}, wait_timeout=1e12), "at most"),
+        (lambda q: q.submit(STEPS, {}, on_timeout="cancel"), "give wait_timeout"),
+        (lambda q: q.submit(STEPS, {}, wait_timeout=60, timeout_value=1), "on_timeout is 'fail'"),
         (lambda q: q.submit(STEPS, {}, tenant_id={"$ne": ""}), "tenant_id"),
         (lambda q: q.submit(STEPS, {}, thread_id=""), "thread_id"),
         (lambda q: q.submit(STEPS, {}, idempotency_key=""), "idempotency_key"),

@@ -11,13 +11,13 @@ import time  # noqa: F401  (the sync twin's time.sleep)
 from collections.abc import Sequence
 from typing import Any
 
-from accord.checkpointers import maintenance, plans, schema, validation
+from accord.checkpointers import maintenance, ownership, plans, schema, validation
 from accord.checkpointers.asynchronous.saver_artifacts import AsyncSaverArtifacts
 from accord.checkpointers.storage import Scope
 from accord.errors import InvalidInputError, LegalHoldError, WriteRefused
-from accord.platform import runs, undo_log
-from accord.platform.artifacts import BUSINESS_UNDO
-from accord.platform.plan import Group, Op, Plan
+from accord.platform import bundles, runs, undo_log
+from accord.platform.artifacts import BUSINESS_UNDO, RUN
+from accord.platform.plan import Expect, Group, Op, Plan
 
 _IS_SYNC = False
 
@@ -163,8 +163,16 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         return 1, docs
 
     async def _delete_thread(
-        self, scope: Scope, *, expired_only: bool, forget: bool | None = None
+        self,
+        scope: Scope,
+        *,
+        expired_only: bool,
+        forget: bool | None = None,
+        while_held: bool = True,
     ) -> int:
+        """Delete the thread ``scope`` whole. ``expired_only``: only if it is still
+        expired; else ``while_held`` says whether a run holding it loses it (``delete_thread``)
+        or refuses the deletion (``prune``: ConcurrentRunError)."""
         await self._ensure_setup()
         names = self.collections
         f = scope.thread_filter
@@ -181,9 +189,10 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         if small:
             deletes += [(key, f) for key in maintenance.THREAD_DATA[1:]]
         version = runs.new_version()
+        kind: runs.GuardKind = "expired" if expired_only else "takeover" if while_held else "free"
         guard = self.leases.guard(
-            "expired" if expired_only else "takeover", scope.tenant_id, scope.thread_id,
-            version, refused=plans.gone if expired_only else None,
+            kind, scope.tenant_id, scope.thread_id, version,
+            refused=plans.gone if expired_only else None,
         )  # fmt: skip
         # the thread's artifacts and undo log go with it, in the same transaction
         plan = plans.maintenance_plan(
@@ -193,7 +202,13 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         # a deletion asked for (not a ttl expiry) tells consumers to forget the thread
         if (not expired_only if forget is None else forget) and await self.outbox_gate.refresh():
             plan.events.append(self.target.thread_deleted(scope, version))
-        result = await self.uow.execute(plan)
+        try:
+            result = await self.uow.execute(plan)
+        except WriteRefused as err:
+            if kind != "free" or err.group != plans.GUARD:
+                raise
+            holder = await self._holder(scope)
+            raise ownership.adhoc_refused(scope.thread_id, "prune", holder) from None
         self.cache.drop(scope.tenant_id, scope.thread_id)
         docs = sum(c.deleted for c in result.counts.values())
         if not small:
@@ -238,26 +253,50 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
             self.cache.drop(scope.tenant_id, scope.thread_id)
 
     async def acopy_thread(
-        self, source_thread_id: str, target_thread_id: str, *, tenant_id: str | None = None
+        self,
+        source_thread_id: str,
+        target_thread_id: str,
+        *,
+        tenant_id: str | None = None,
+        resume: bool = False,
     ) -> None:
         """Copy a thread's checkpoints, writes, values, messages and committed artifacts
-        (each to a copy of its own) to a new thread id
-        (artifacts and values first, checkpoints last, in batches: a checkpoint of the target is
-        readable as soon as it exists). Refused if the target has checkpoints, or a run
-        holds it."""
+        (each to a copy of its own) and its bundle pin to a new thread id (artifacts and
+        values first, checkpoints last, in batches: a checkpoint of the target is readable
+        as soon as it exists). Refused if the target has checkpoints, or a run holds it.
+
+        The checkpoints copied are those the source had when the copy started, and each
+        batch of them commits only if the source was not written since (ConcurrentRunError
+        otherwise, naming what the target holds). ``resume=True`` finishes a copy that was
+        cut short (a crash, that error): the target's checkpoints are then expected to be
+        such a copy's, and every document is written again as the source has it."""
         src = self._scope_for(source_thread_id, tenant_id)
         dst = self._scope_for(target_thread_id, tenant_id)
+        if not isinstance(resume, bool):
+            raise InvalidInputError(f"resume must be True or False, got {resume!r}.")
         await self._ensure_setup()
-        if await self._find_one(
+        if not resume and await self._find_one(
             self.collections.checkpoints, dst.thread_filter, projection={"_id": 1}
         ):
             raise InvalidInputError(
                 f"copy_thread: target thread {dst.thread_id!r} already has checkpoints; "
-                f"delete it first."
+                f"delete it first (or pass resume=True to finish a copy cut short)."
             )
         what = f"copy of thread {src.thread_id!r}"
+        registry = await self._find_one(
+            self.collections.runs, {"_id": runs.run_doc_id(src.tenant_id, src.thread_id)},
+            projection={"version": 1, "bundle": 1},
+        )  # fmt: skip
+        # what the copy takes: the source's checkpoints now (values come with them)
+        listed = {
+            d["_id"]
+            for d in await self._find_all(
+                self.collections.checkpoints, src.thread_filter, projection={"_id": 1}
+            )
+        }
         # the artifacts first: a checkpoint of the target finds them as soon as it exists
         await self._copy_artifacts(src, dst)
+        pinned = False
         for key in maintenance.COPY_ORDER:
             coll = getattr(self.collections, key)
             last: Any = None
@@ -269,14 +308,53 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 if not docs:
                     break
                 last = docs[-1]["_id"]
+                extra: list[Group] = []
+                if key == "checkpoints":
+                    docs = [d for d in docs if d["_id"] in listed]
+                    extra = self._copy_checks(src, dst, registry, first=not pinned)
+                    pinned = True
+                if not docs:
+                    continue
                 copies = [maintenance.rekey(key, d, dst.thread_id) for d in docs]
                 guard = self._guard(dst, None, runs.new_version(), what)
                 plan = plans.maintenance_plan(
                     self.target, dst, guard, [], "checkpoint.copy_thread",
-                    inserts=[(key, maintenance.replace_ops(copies))],
+                    inserts=[(key, maintenance.replace_ops(copies))], extra=extra,
                 )  # fmt: skip
                 await self._commit(plan, dst, None, what)
         self.cache.drop(dst.tenant_id, dst.thread_id)
+
+    def _copy_checks(self, src: Scope, dst: Scope, registry: Any, *, first: bool) -> list[Group]:
+        """The groups a batch of copied checkpoints commits with: the source's registry
+        still at the version the copy started from (else values committed with a newer
+        checkpoint may be missing from the copy), and, with the first batch, the source's
+        bundle pin carried over (a copy of a paused run's state does not wake on another
+        bundle)."""
+        if registry is None:  # a thread written before the run registry: nothing to compare
+            return []
+        version = registry.get("version")
+
+        def changed(counts: Any) -> BaseException:
+            return ownership.copied_meanwhile(src.thread_id, dst.thread_id)
+
+        rid = registry["_id"]
+        groups = [Group(
+            "copy:source_unchanged", self.leases.db, self.leases.collection, RUN.name,
+            [Op("update", {"_id": rid, "version": version}, {"$set": {"version": version}})],
+            expect=Expect(matched=1, error=changed),
+        )]  # fmt: skip
+        bundle = registry.get("bundle")
+        if first and bundle:
+            pinned = bundles.Bundle.of_document(bundle)
+            entry = bundles.history_entry(
+                "pinned", at=runs.now(), old=None, new=pinned,
+                reason=f"copied from thread {src.thread_id!r}",
+            )  # fmt: skip
+            groups.append(Group(
+                "copy:pin", self.leases.db, self.leases.collection, RUN.name,
+                [bundles.pin_op(dst.tenant_id, dst.thread_id, pinned, entry, expected=None)],
+            ))  # fmt: skip
+        return groups
 
     async def adelete_for_runs(
         self, run_ids: Sequence[str], *, tenant_id: str | None = None
@@ -321,7 +399,9 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         await self._ensure_setup()
         for thread_id in threads:
             if strategy == "delete":
-                await self._delete_thread(self._scope_for(thread_id, tenant_id), expired_only=False)
+                await self._delete_thread(
+                    self._scope_for(thread_id, tenant_id), expired_only=False, while_held=False
+                )
                 continue
             scope0 = self._scope_for(thread_id, tenant_id)
             for ns in await self._namespaces(scope0):

@@ -157,8 +157,11 @@ class AsyncRunQueue:
         graph = queued_runs.check_graph(graph)
         priority = queued_runs.check_priority(priority)
         key = queued_runs.check_key(idempotency_key)
-        timeout = queued_runs.check_seconds(wait_timeout, "wait_timeout")
+        timeout = queued_runs.check_seconds(
+            wait_timeout, "wait_timeout", at_most=queued_runs.MAX_WAIT_SECONDS
+        )
         action = queued_runs.check_on_timeout(on_timeout)
+        queued_runs.check_timeout_action(timeout, action, timeout_value)
         held = queued_runs.check_credentials(credentials)
         if bundle is not None and not isinstance(bundle, Mapping):
             raise InvalidInputError(
@@ -400,13 +403,26 @@ class AsyncRunQueue:
         if expired and run.status == queued_runs.WAITING:
             raise self._expired(run, expired)
         stored = queued_runs.encode(value, self.codec, "the resume value")
-        update = queued_runs.resume_update(stored, queued_runs.now(), decision=decision, by=by)
-        filt = {**queued_runs.waiting_filter(run.run_id), "tenant_id": run.tenant_id}
+        at = queued_runs.now()
+        update = queued_runs.resume_update(stored, at, decision=decision, by=by)
+        # a decision after the deadline is too late: the run's on_timeout has the last word
+        filt = {**queued_runs.waiting_filter(run.run_id), "tenant_id": run.tenant_id,
+                "$or": [{"wait.deadline": None}, {"wait.deadline": {"$gt": at}}]}  # fmt: skip
         if not await self._change(run, filt, update, f"queue.{decision}"):
-            now_status = (await self.get(run_id, tenant_id=tenant_id)).status
+            now = await self.get(run_id, tenant_id=tenant_id)
+            deadline = (now.wait or {}).get("deadline")
+            if now.status == queued_runs.WAITING and deadline is not None:
+                await self._time_out(now.document, at)
+                now = await self.get(run_id, tenant_id=tenant_id)
+                raise RunStateError(
+                    f"run {run_id!r} waited past its deadline ({deadline:%Y-%m-%d %H:%M:%S} "
+                    f"UTC); nothing was {decision}: its on_timeout "
+                    f"({now.document.get('on_timeout') or 'fail'}) applied, it is {now.status}",
+                    run_id=run_id, status=now.status,
+                )  # fmt: skip
             raise RunStateError(
-                f"run {run_id!r} is {now_status}, not waiting; nothing was {decision}",
-                run_id=run_id, status=now_status,
+                f"run {run_id!r} is {now.status}, not waiting; nothing was {decision}",
+                run_id=run_id, status=now.status,
             )  # fmt: skip
         return await self.get(run_id, tenant_id=tenant_id)
 
@@ -488,21 +504,25 @@ class AsyncRunQueue:
         )  # fmt: skip
         moved = 0
         for doc in due:
-            run = Run.of(doc)
-            action = doc.get("on_timeout") or "fail"
-            since = (run.wait or {}).get("since")
-            waited = f"the wait (since {since}) passed its deadline"
-            if action == "resume":
-                stored = doc.get("timeout_value") or queued_runs.encode(None, None, "")
-                update = queued_runs.resume_update(stored, at, decision="resumed", by="deadline")
-            elif action == "cancel":
-                update = queued_runs.cancel_update(at, "deadline")
-                update["$set"]["error"] = f"cancelled: {waited}"
-            else:
-                update = queued_runs.failed_update(f"{waited}", at)
-            filt = {**queued_runs.waiting_filter(run.run_id), "wait.deadline": {"$lte": at}}
-            moved += await self._change(run, filt, update, "queue.deadline")
+            moved += await self._time_out(doc, at)
         return moved
+
+    async def _time_out(self, doc: Mapping[str, Any], at: datetime) -> bool:
+        """Apply the run's ``on_timeout`` to its wait, whose deadline passed at ``at``."""
+        run = Run.of(doc)
+        action = doc.get("on_timeout") or "fail"
+        since = (run.wait or {}).get("since")
+        waited = f"the wait (since {since}) passed its deadline"
+        if action == "resume":
+            stored = doc.get("timeout_value") or queued_runs.encode(None, None, "")
+            update = queued_runs.resume_update(stored, at, decision="resumed", by="deadline")
+        elif action == "cancel":
+            update = queued_runs.cancel_update(at, "deadline")
+            update["$set"]["error"] = f"cancelled: {waited}"
+        else:
+            update = queued_runs.failed_update(f"{waited}", at)
+        filt = {**queued_runs.waiting_filter(run.run_id), "wait.deadline": {"$lte": at}}
+        return await self._change(run, filt, update, "queue.deadline")
 
     # --- workers -----------------------------------------------------------------------
 
@@ -687,10 +707,23 @@ class AsyncRunQueue:
     ) -> bool:
         """The run waits in ``interrupt()`` (``kind="reconcile"``: for a human to settle a
         recorded call; resuming it runs it again): no worker holds it until it is resumed."""
+        at = queued_runs.now()
         update = queued_runs.waiting_update(
-            interrupts, checkpoint_id, queued_runs.now(), doc.get("wait_timeout"), kind=kind
+            interrupts, checkpoint_id, at, doc.get("wait_timeout"), kind=kind
         )
-        return await self._mine(doc, update)
+        # a cancel asked for while it ran ends it here (a wait is a step boundary), not
+        # after a human resumed it
+        filt = {
+            **queued_runs.mine(doc["_id"], int(doc["fence"])),
+            "cancel_requested": {"$ne": True},
+        }
+        if await self._change(Run.of(doc), filt, update, "queue.worker"):
+            return True
+        return await self.cancelled(doc, "cancelled on request when it came to wait")
+
+    async def cancelled(self, doc: Mapping[str, Any], reason: str) -> bool:
+        """Record that the claimed run stopped on a cancel request (False: not this claim's)."""
+        return await self.failed(doc, reason, status=queued_runs.CANCELLED)
 
     async def expired_credentials(self, doc: Mapping[str, Any]) -> CredentialsExpired | None:
         """A claimed run being resumed whose credentials expired during its pause goes
