@@ -87,7 +87,7 @@ from accord.memory.http_bodies import (
     bounded_errors,
     json_body,
 )
-from accord.memory.principals import AccessLogRedaction, ApiKeys, Principal
+from accord.memory.principals import MIN_KEY_LENGTH, AccessLogRedaction, ApiKeys, Principal
 from accord.platform.context import Principal as KernelPrincipal
 
 log = logging.getLogger("accord.memory.http")
@@ -134,10 +134,24 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="or X-API-Key: <key>")
 
 
+def _key_in_url(request: Request, keys: ApiKeys) -> bool:
+    """Whether a query item (name or value) or a path segment is a configured API key."""
+    parts = [p for item in request.query_params.multi_items() for p in item]
+    parts += request.url.path.split("/")
+    return any(
+        len(part) >= MIN_KEY_LENGTH and keys.authenticate(part) is not None for part in parts
+    )
+
+
 def single_valued_query(request: Request) -> None:
     """Refuse a query parameter given more than once. Every parameter of this API holds one
     value (the OpenAPI schema says so); without this check ``?prefix=a&prefix=b`` would be
-    answered for the last value alone, silently."""
+    answered for the last value alone, silently. And refuse a query string that is not
+    UTF-8 once percent-decoded, as a path is (``%FF`` and ``%FE`` both read as U+FFFD)."""
+    raw = request.scope.get("query_string")
+    if isinstance(raw, bytes) and b"%" in raw:
+        for item in raw.decode("latin-1").replace("+", " ").split("&"):
+            _decoded(item, "query", "query string")
     counts: dict[str, int] = {}
     for name, _ in request.query_params.multi_items():
         counts[name] = counts.get(name, 0) + 1
@@ -173,15 +187,23 @@ def address_of(request: Request, namespace: str, key: str) -> tuple[tuple[str, .
         # the route's own marker is the first in the path: a key may spell another route
         # (``/v1/history/ns/v1/memories/other/k`` is key ``v1/memories/other/k`` of ``ns``)
         found = [(at, m) for m in _ADDRESSED if (at := path.find(m)) >= 0]
-        if found:
-            at, marker = min(found)
-            ns, sep, rest = path[at + len(marker) :].partition("/")
-            if sep:
-                namespace, key = _decoded(ns, "namespace"), _decoded(rest, "key")
+        if not found:  # the route's own part percent-encoded: the router decoded it
+            raise validation.InvalidField(
+                "path", f"send the route's path as it is written ({' or '.join(_ADDRESSED)}), "
+                f"not percent-encoded",
+            )  # fmt: skip
+        at, marker = min(found)
+        ns, sep, rest = path[at + len(marker) :].partition("/")
+        if not sep:  # (``team%2Falice``: one label, no key; the router split it)
+            raise validation.InvalidField(
+                "key", f"the path names no key after the namespace: {marker}NAMESPACE/KEY "
+                f"(a '/' inside a label is sent as %2F)",
+            )  # fmt: skip
+        namespace, key = _decoded(ns, "namespace"), _decoded(rest, "key")
     return namespace_of(namespace), model.check_key(key)
 
 
-def _decoded(part: str, field: str) -> str:
+def _decoded(part: str, field: str, where: str = "path") -> str:
     """A percent-encoded part of a path, decoded as UTF-8, strictly: bytes that are not
     UTF-8 (``%FF``, an encoded lone surrogate) are refused, where a lenient decoding would
     fold every such key into the same U+FFFD."""
@@ -190,7 +212,7 @@ def _decoded(part: str, field: str) -> str:
     except UnicodeDecodeError:
         raise validation.InvalidField(
             field,
-            f"the path is not UTF-8 once percent-decoded (at {validation.preview(part)}); "
+            f"the {where} is not UTF-8 once percent-decoded (at {validation.preview(part)}); "
             f"send the UTF-8 bytes of each character percent-encoded",
         ) from None
 
@@ -306,9 +328,21 @@ def create_app(
         return JSONResponse({"error": code, "detail": str(exc)[:1000]}, status_code=status)
 
     def principal(
+        request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
         header: Annotated[str | None, Depends(_header)],
     ) -> Principal:
+        twice = [n for n in ("Authorization", "X-API-Key") if len(request.headers.getlist(n)) > 1]
+        if twice:  # the first or the last? a gateway and this server might each pick one
+            raise _Problem(
+                401, "unauthorized", f"{twice[0]} sent more than once; send one API key"
+            )  # fmt: skip
+        if _key_in_url(request, keys):
+            raise _Problem(
+                401, "unauthorized",
+                "an API key was sent in the URL (URLs are logged); send it in a header "
+                "only, and rotate it",
+            )  # fmt: skip
         presented = bearer.credentials if bearer is not None else header
         if bearer is not None and header and header != bearer.credentials:
             # which one is meant? (e.g. a gateway's key added to a client's request)

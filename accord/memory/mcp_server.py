@@ -254,7 +254,7 @@ def create_server(
     async def save_memory(
         text: validation.Text,
         namespace: validation.NamespaceOrNone = None,
-        key: validation.KeyOrNone = None,
+        key: validation.KeyOrNoneAsText = None,  # type: ignore[assignment]  # str or None
         kind: validation.Kind = "fact",
     ) -> Saved:
         """Remember `text` (one self-contained statement, e.g. "User prefers aisle

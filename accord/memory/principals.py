@@ -36,6 +36,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -55,6 +56,8 @@ log = logging.getLogger("accord.memory.http")
 
 Scope = Literal["read", "write"]
 MIN_KEY_LENGTH = 24
+#: What separates the words of a URL part (keys are URL-safe base64: letters, digits, _ -).
+_WORDS = re.compile(r"[^A-Za-z0-9_\-]+")
 KEYS_ENV = "ACCORD_API_KEYS"
 KEYS_FILE_ENV = "ACCORD_API_KEYS_FILE"
 
@@ -180,8 +183,8 @@ class ApiKeys:
     def reload_if_changed(self, *, now: bool = False) -> bool:
         """Read the keys file again if it changed since it was read (looked at once a
         second at most, or at once with ``now``). Returns whether keys were reloaded. A
-        file that does not load leaves the current keys in force (logged once per
-        change of the file)."""
+        file that does not load (a typo) leaves the current keys in force (logged once per
+        change of the file); a file removed or emptied revokes every key."""
         if self.source is None or (not now and time.monotonic() < self._next_look):
             return False
         with self._lock:
@@ -190,6 +193,13 @@ class ApiKeys:
             if stamp == self._stamp:
                 return False
             self._stamp = stamp
+            if _removed_or_empty(self.source):  # an operator revoking every key at once
+                self._state = ApiKeys([])._state
+                log.warning(
+                    "API keys file %s was removed or emptied: every key is refused until it "
+                    "lists principals again", self.source,
+                )  # fmt: skip
+                return True
             try:
                 fresh = ApiKeys.from_file(self.source)
             except ConfigurationError as exc:
@@ -316,6 +326,15 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def _removed_or_empty(path: str | os.PathLike[str]) -> bool:
+    try:
+        return not Path(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False  # unreadable: from_file says why, and the keys loaded stay
+
+
 class AccessLogRedaction(logging.Filter):
     """Keeps API keys sent in URLs out of the access log (uvicorn's ``uvicorn.access``).
 
@@ -350,16 +369,28 @@ class AccessLogRedaction(logging.Filter):
 
     def redact(self, url: str) -> str:
         path, sep, query = url.partition("?")
-        segments = ["<redacted>" if self._is_key(unquote(s)) else s for s in path.split("/")]
+        segments = ["<redacted>" if self._holds_key(unquote(s)) else s for s in path.split("/")]
         out = "/".join(segments)
         if sep:
             parts = []
             for item in query.split("&"):
-                name, eq, value = item.partition("=")
-                secret = len(unquote(value)) >= MIN_KEY_LENGTH or self._is_key(unquote(value))
-                parts.append(f"{name}{eq}<redacted>" if eq and secret else item)
+                # a bare item (``?KEY``) is a value too; a name can be a key (``?KEY=1``)
+                name, eq, value = item.partition("=") if "=" in item else ("", "", item)
+                name = "<redacted>" if self._secret(name) else name
+                value = "<redacted>" if self._secret(value) else value
+                parts.append(f"{name}{eq}{value}")
             out += "?" + "&".join(parts)
         return out
+
+    def _secret(self, text: str) -> bool:
+        plain = unquote(text)
+        return len(plain) >= MIN_KEY_LENGTH or self._holds_key(plain)
+
+    def _holds_key(self, text: str) -> bool:
+        """``text`` is a key or has one among its words (``KEY.json``, ``ns.KEY``)."""
+        return self._is_key(text) or any(
+            self._is_key(word) for word in _WORDS.split(text) if word != text
+        )
 
     def _is_key(self, text: str) -> bool:
         if len(text) < MIN_KEY_LENGTH:

@@ -94,6 +94,8 @@ class InvalidField(InvalidInputError):
 
 def preview(value: Any) -> str:
     """``repr(value)``, cut to :data:`PREVIEW` characters (errors never echo big input)."""
+    if isinstance(value, int) and value.bit_length() > 128:  # (repr refuses 4,300+ digits)
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
     if isinstance(value, str | bytes) and len(value) > PREVIEW:
         return f"{value[:PREVIEW]!r}... ({len(value):,} characters)"
     text = repr(value)
@@ -236,7 +238,7 @@ def check_int(value: Any, field: str, *, low: int = 0, high: int | None = None) 
         raise InvalidField(field, f"must be an integer, got {type_name(value)}")
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise InvalidField(field, f"must be {bound}, got {value}")
+        raise InvalidField(field, f"must be {bound}, got {preview(value)}")
     return value
 
 
@@ -502,6 +504,12 @@ NamespacePrefix = Annotated[
 Key = Annotated[str, PlainValidator(_pydantic(check_key), json_schema_input_type=KeySchema)]
 KeyOrNone = Annotated[
     str | None,
+    PlainValidator(_pydantic(_optional(check_key)), json_schema_input_type=KeySchema | None),
+]
+#: :data:`KeyOrNone` declared as ``str``: the MCP SDK parses a string argument declared as
+#: anything else as JSON (a key ``"null"`` became None, ``"[1]"`` a list).
+KeyOrNoneAsText = Annotated[
+    str,
     PlainValidator(_pydantic(_optional(check_key)), json_schema_input_type=KeySchema | None),
 ]
 NamespaceOrNone = Annotated[

@@ -36,7 +36,7 @@ changing the guard every commit already carries.
 
 Leases compare the writer's clock with the expiry written by another process's clock:
 on one machine they agree; across machines keep the lease much longer than the clock
-skew (NTP keeps it to milliseconds; the default lease is 30 s).
+skew (NTP keeps it to milliseconds; the default lease is 10 s).
 """
 
 from __future__ import annotations

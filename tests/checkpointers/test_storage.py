@@ -23,7 +23,7 @@ from pymongo import MongoClient
 from accord.checkpointers import AccordSaver, AsyncAccordSaver, maintenance
 from accord.checkpointers.chains import PAGE
 from accord.checkpointers.reads import ReadBatch
-from accord.errors import ConcurrentRunError
+from accord.errors import ConcurrentRunError, InvalidInputError
 from tests.checkpointers.conftest import config
 
 MB = 1024 * 1024
@@ -395,6 +395,29 @@ def test_mongodbsaver_arguments_and_ttl(client: MongoClient, saver_factory: Any)
     assert s.get_tuple(config("old")) is None
     assert s.get_tuple(config("fresh")) is not None
     assert s.sweep() == 0
+
+
+def test_a_saver_pinned_to_a_tenant_sweeps_its_tenant_only(
+    client: MongoClient, saver_factory: Any
+) -> None:
+    """It swept every tenant's expired threads, and deleted any tenant's given to it."""
+    acme, other = saver_factory(ttl=3600, tenant_id="acme"), saver_factory(ttl=3600, tenant_id="b")
+    for s in (acme, other):
+        _chain(s, "old", [{"v": 1}])
+    db = client[acme.db_name]
+    past = datetime.now(UTC) - timedelta(hours=2)
+    assert (
+        db.runs.update_many({"thread_id": "old"}, {"$set": {"expire_at": past}}).modified_count == 2
+    )
+    with pytest.raises(InvalidInputError, match="serves tenant 'acme' only"):
+        if isinstance(acme, AsyncAccordSaver):  # refused before any I/O
+            asyncio.run(acme.adelete_expired([("b", "old")]))
+        else:
+            acme.delete_expired([("b", "old")])
+    assert acme.sweep() == 1
+    assert acme.get_tuple(config("old")) is None
+    assert other.get_tuple(config("old")) is not None  # tenant b's: its own saver's job
+    assert other.sweep() == 1
 
 
 def _params(fn: Any) -> list[str]:

@@ -48,13 +48,21 @@ def test_causally_consistent_session_reads_its_writes(mongo_uri: str, db) -> Non
         client.close()
 
 
-def test_after_cluster_time_in_the_future_is_honoured(client: MongoClient, db) -> None:  # type: ignore[no-untyped-def]
+def test_a_cluster_time_past_the_engines_is_refused(client: MongoClient, db) -> None:  # type: ignore[no-untyped-def]
+    """As mongod refuses one past its cluster time (72). The engine moved its clock to it
+    before: a read-only user who sent the largest Timestamp left every later write
+    without a reply, even after a restart."""
     db.c.insert_one({"_id": 1})
     now = client.admin.command("ping")["operationTime"]
-    ahead = Timestamp(now.time + 2, 1)
-    reply = db.command({"find": "c", "filter": {}, "readConcern": {"afterClusterTime": ahead}})
+    reply = db.command({"find": "c", "filter": {}, "readConcern": {"afterClusterTime": now}})
     assert reply["cursor"]["firstBatch"] == [{"_id": 1}]
-    assert reply["operationTime"] >= ahead
+    for ahead in (Timestamp(now.time + 2, 1), Timestamp(2**32 - 1, 2**32 - 1)):
+        for rc in ({"afterClusterTime": ahead}, {"level": "snapshot", "atClusterTime": ahead}):
+            with pytest.raises(OperationFailure, match="must not be greater") as info:
+                db.command({"find": "c", "filter": {}, "readConcern": rc})
+            assert info.value.code == 72
+    db.c.insert_one({"_id": 2})  # acknowledged
+    assert client.admin.command("ping")["operationTime"].time < now.time + 3600
 
 
 def test_snapshot_session_reads_at_its_first_read_time(mongo_uri: str, db) -> None:  # type: ignore[no-untyped-def]

@@ -204,3 +204,44 @@ def test_two_different_keys_in_one_request_are_refused(api: TestClient) -> None:
     assert "two different API keys" in r.json()["detail"]
     same = {"Authorization": f"Bearer {KEY_A}", "X-API-Key": KEY_A}
     assert api.get("/v1/namespaces", headers=same).json()["items"] == [["docs"]]
+    # one header twice: the first or the last? (a gateway may check the other one)
+    for name, a, b in (("X-API-Key", KEY_A, KEY_B), ("Authorization", f"Bearer {KEY_B}",
+                                                     f"Bearer {KEY_A}")):  # fmt: skip
+        r = api.get("/v1/namespaces", headers=[(name, a), (name, b)])
+        assert r.status_code == 401 and "more than once" in r.json()["detail"], r.text
+    # a key in the URL is refused even beside a header key (it was served as the header's)
+    r = api.get(f"/v1/namespaces?api_key={KEY_B}", headers=h())
+    assert r.status_code == 401 and "in the URL" in r.json()["detail"], r.text
+    r = api.get(f"/v1/namespaces?{KEY_B}", headers=h())
+    assert r.status_code == 401, r.text
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("PUT", "/v1/memories/team%2Falice"), ("DELETE", "/v1/memories/team%2Falice"),
+    ("GET", "/v1/memories/team%2Falice"), ("GET", "/v1/history/users%2Fbob"),
+    ("PUT", "/v1/%6Demories/team%2Falice/profile"),
+])  # fmt: skip
+def test_a_path_the_router_splits_otherwise_is_refused(
+    api: TestClient, method: str, path: str
+) -> None:
+    """The router decodes ``%2F`` before it matches: ``team%2Falice`` (one label, no key)
+    was served as namespace ``team``, key ``alice``; an encoded route moved a label into
+    the key."""
+    assert (
+        api.put("/v1/memories/team/alice", headers=h(), json={"value": {"v": 1}}).status_code == 200
+    )
+    r = api.request(method, path, headers=h(), json={"value": {"v": 2}})
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert r.json()["error"] == "invalid_input"
+    got = api.get("/v1/memories/team/alice", headers=h()).json()
+    assert got["value"] == {"v": 1}  # untouched
+    assert api.get("/v1/namespaces", headers=h()).json()["items"] == [["team"]]
+
+
+@pytest.mark.parametrize("query", ["prefix=%FF", "suffix=%FE", "limit=5&prefix=a%C3"])
+def test_a_query_that_is_not_utf8_is_refused(api: TestClient, query: str) -> None:
+    """``prefix=%FF`` and ``prefix=%FE`` were both served as U+FFFD."""
+    r = api.get(f"/v1/namespaces?{query}", headers=h())
+    assert r.status_code == 400, r.text
+    assert "UTF-8" in r.json()["detail"]
+    assert api.get("/v1/namespaces?prefix=%C3%A9", headers=h()).status_code == 200

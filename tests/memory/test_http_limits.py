@@ -210,7 +210,7 @@ def test_keys_file_changes_apply_without_a_restart(
 ) -> None:
     """Adding, revoking and expiring keys in the keys file takes effect on the next
     requests (a second at most), without a restart; a broken file keeps the keys in
-    force."""
+    force; an emptied or removed file revokes them all."""
     first, second = new_key(), new_key()
     path = tmp_path / "keys.toml"
 
@@ -249,6 +249,15 @@ def test_keys_file_changes_apply_without_a_restart(
         while status(second) != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        path.write_text("")  # emptied, then removed: every key is revoked (fail closed)
+        assert keys.reload_if_changed(now=True)
+        assert status(second) == 401
+        write(entry("second", second))
+        assert keys.reload_if_changed(now=True)
+        assert status(second) == 200
+        path.unlink()
+        assert keys.reload_if_changed(now=True)
+        assert status(second) == 401
 
 
 def test_an_expiry_needs_a_time_zone() -> None:
@@ -271,6 +280,10 @@ def test_a_key_in_the_url_stays_out_of_the_access_log(
     with accord_serve(mongo_uri, db_name, keys) as served:
         assert httpx.get(f"{served.base}/v1/namespaces?api_key={KEY}&limit=5").status_code == 401
         assert httpx.get(f"{served.base}/v1/memories/{KEY}/k").status_code == 401
+        # a bare query item, a key as a name, a key inside a segment
+        assert httpx.get(f"{served.base}/v1/namespaces?limit=5&{KEY}").status_code == 401
+        assert httpx.get(f"{served.base}/v1/namespaces?{KEY}=1").status_code == 401
+        assert httpx.get(f"{served.base}/v1/memories/ns.{KEY}/k.json").status_code == 401
     output = served.output
     assert "/v1/namespaces?api_key=<redacted>&limit=5" in output, output
     assert "/v1/memories/<redacted>/k" in output

@@ -81,6 +81,18 @@ async def test_tools_save_search_get_delete(service: AsyncMemoryService) -> None
 
 
 @pytest.mark.asyncio
+async def test_a_key_that_reads_as_json_is_kept_as_given(service: AsyncMemoryService) -> None:
+    """The SDK parses a string argument whose declared type is not ``str`` as JSON: a key
+    "null" saved a memory under a key derived from the text, "[1]" was refused."""
+    async with Client(create_server(service=service, tenant_id="acme")) as mcp:
+        for key in ("null", "[1]", '{"a": 1}', "true", "5"):
+            saved = data(await mcp.call_tool("save_memory", {"text": f"t {key}", "key": key}))
+            assert saved["key"] == key
+            got = data(await mcp.call_tool("get_memory", {"namespace": ["memories"], "key": key}))
+            assert got["value"] == {"content": f"t {key}"}
+
+
+@pytest.mark.asyncio
 async def test_bad_input_is_a_tool_error_that_says_why(service: AsyncMemoryService) -> None:
     async with Client(create_server(service=service, tenant_id="acme")) as mcp:
         assert "may not contain '.'" in error(

@@ -171,6 +171,18 @@ def test_pages_are_integers(store: Twin, limit: Any, offset: Any, field: str) ->
             isinstance(limit if field == "limit" else offset, str | bool) else "at least 0")  # fmt: skip
 
 
+@pytest.mark.parametrize(("index", "field"), [([1], "index[0]"), (["a", b"t"], "index[1]")])
+def test_index_paths_are_strings(store: Twin, index: Any, field: str) -> None:
+    """A TypeError from LangGraph's path tokenizer before."""
+    refused(lambda: store.put(("ns",), "k", {"a": "x"}, index=index), field, "a string")
+
+
+def test_a_huge_integer_is_named_by_its_size(store: Twin) -> None:
+    """Quoting it raised ValueError (Python's 4,300-digit limit on ``str(int)``)."""
+    for kwargs in ({"offset": -(10**5000)}, {"limit": -(10**5000)}):
+        refused(lambda kw=kwargs: store.search(("ns",), **kw), next(iter(kwargs)), "digits")  # type: ignore[misc]
+
+
 def test_search_limit_zero_is_empty_as_in_memory_store(store: Twin) -> None:
     reference = InMemoryStore()
     for s in (reference, store):

@@ -44,15 +44,17 @@ class SaverMaintenance(SaverArtifacts):
 
     def sweep(self) -> int:
         """With ``ttl``: delete the threads whose data expired (no write for ``ttl``
-        seconds) and that no live run holds; returns how many. Savers with ``ttl`` run it
+        seconds) and that no live run holds (a saver pinned to a tenant: that tenant's);
+        returns how many. Savers with ``ttl`` run it
         in the background; call it to sweep now."""
         if self.ttl is None:
             return 0
         self._ensure_setup()
         at = runs.now()
+        mine = {"tenant_id": self.tenant_id} if self.pinned else {}  # a tenant's own saver
         expired = self._find_all(
             self.collections.runs,
-            runs.expired(at),
+            {**runs.expired(at), **mine},
             projection={"tenant_id": 1, "thread_id": 1},
             limit=maintenance.BATCH,
         )
@@ -79,11 +81,11 @@ class SaverMaintenance(SaverArtifacts):
             raise InvalidInputError(f"batch must be a whole number >= 1, got {batch!r}.")
         if isinstance(pause, bool) or not isinstance(pause, int | float) or not pause >= 0:
             raise InvalidInputError(f"pause must be a number of seconds >= 0, got {pause!r}.")
-        self._ensure_setup()
-        scopes = [
-            Scope(validation.identifier(t, "tenant_id"), validation.identifier(h, "thread_id"), "")
+        scopes = [  # (a saver pinned to a tenant refuses another tenant's threads)
+            Scope(self.tenant_named(t), validation.identifier(h, "thread_id"), "")
             for t, h in _pairs(threads)
         ]
+        self._ensure_setup()
         sizes = self._thread_sizes(scopes)
         deleted = docs = 0
         group: list[Scope] = []

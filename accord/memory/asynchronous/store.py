@@ -230,6 +230,9 @@ class AsyncAccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type
         embed = op.index is not False
         field_texts: list[tuple[str, str]] = []
         if embed:
+            if isinstance(op.index, list):  # LangGraph's tokenizer takes strings only
+                for i, p in enumerate(op.index):
+                    validation.check_text(p, f"index[{i}]")
             paths = (
                 self._fields
                 if not isinstance(op.index, list)

@@ -271,7 +271,8 @@ class MemoryService:
         for attempt in range(WRITE_ATTEMPTS):
             ids = [model.memory_id(self.tenant_id, r.namespace, r.key) for r in final]
             current = {d["_id"]: d for d in self._find(
-                self.memory_collection, LONG_TERM_MEMORY, {"_id": {"$in": ids}}, operation)}  # fmt: skip
+                self.memory_collection, LONG_TERM_MEMORY,
+                {"_id": {"$in": ids}, "tenant_id": self.tenant_id}, operation)}  # fmt: skip
             plan, written = self._plan(final, current, operation)
             if not any(g.ops for g in plan.groups):
                 return written
@@ -309,6 +310,7 @@ class MemoryService:
             if r.value is None:
                 if previous is not None:
                     deletes.ops.append(Op("delete", {"_id": previous["_id"],
+                                                     "tenant_id": self.tenant_id,
                                                      "version": previous["version"]}))  # fmt: skip
                     history.ops.append(Op("insert", doc=model.history_document(previous, now,
                                                                                "delete")))  # fmt: skip
@@ -319,7 +321,15 @@ class MemoryService:
                 inserts.ops.append(Op("insert", doc=doc))
             else:
                 updates.ops.append(
-                    Op("replace", {"_id": previous["_id"], "version": previous["version"]}, doc)
+                    Op(
+                        "replace",
+                        {
+                            "_id": previous["_id"],
+                            "tenant_id": self.tenant_id,
+                            "version": previous["version"],
+                        },
+                        doc,
+                    )  # fmt: skip
                 )
                 history.ops.append(Op("insert", doc=model.history_document(previous, now,
                                                                            "update")))  # fmt: skip

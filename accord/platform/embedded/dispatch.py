@@ -406,7 +406,7 @@ class Dispatcher:
         engine = self.engine
         after = read_concern.get("afterClusterTime")
         if after is not None:
-            engine.advance_to(timestamp_to_ts(after))
+            engine.advance_to(self._known_time(after, "afterClusterTime"))
         if read_concern.get("level") != "snapshot":
             if "atClusterTime" in read_concern:
                 raise EngineError(
@@ -423,7 +423,7 @@ class Dispatcher:
         at = read_concern.get("atClusterTime")
         if at is None:
             return engine.visible
-        ts = timestamp_to_ts(at)
+        ts = self._known_time(at, "atClusterTime")
         if ts < engine.history_start():
             raise EngineError(
                 Code.SnapshotTooOld,
@@ -431,6 +431,20 @@ class Dispatcher:
                 f"keeps {engine.history_window:g} s of history (minSnapshotHistoryWindowInSeconds)",
             )
         engine.advance_to(ts)
+        return ts
+
+    def _known_time(self, value: Any, name: str) -> int:
+        """A read concern's cluster time, refused past the engine's clock as mongod refuses
+        it past its cluster time (72): a client only learns times the engine gave it, and
+        one far ahead moved the clock there for good (at the maximum, no write could be
+        acknowledged any more)."""
+        ts = timestamp_to_ts(value)
+        if ts > self.engine.clock:
+            raise EngineError(
+                Code.InvalidOptions,
+                f"readConcern {name} value {value} must not be greater than the current "
+                f"clusterTime {ts_to_timestamp(self.engine.clock)}",
+            )
         return ts
 
     def _ctx(self, db: str, txn: Txn, in_txn: bool, session: Session | None) -> Context:
@@ -557,7 +571,8 @@ class Dispatcher:
                 engine.abort(session.txn, "a newer transaction started on the session")
             snapshot = None
             if read_concern.get("afterClusterTime") is not None:
-                engine.advance_to(timestamp_to_ts(read_concern["afterClusterTime"]))
+                after = self._known_time(read_concern["afterClusterTime"], "afterClusterTime")
+                engine.advance_to(after)
             if read_concern.get("atClusterTime") is not None:
                 snapshot = self._read_point("find", read_concern)
             txn = engine.begin(explicit=True, session=session, snapshot=snapshot)
