@@ -63,6 +63,21 @@ def test_a_catastrophic_regex_is_cut_off_not_run_for_minutes(db) -> None:
     assert db["r"].count_documents({}) == 1  # and the server serves on
 
 
+def test_a_nested_add_is_evaluated_once_per_level(db) -> None:
+    """Each level of a nested ``$add`` evaluated its arguments twice: 2^depth evaluations
+    (depth 17 held the engine, and every client, for 23-38 s)."""
+    db["n"].insert_one({"a": 1})
+    expr: object = "$a"
+    for _ in range(40):
+        expr = {"$add": [expr, 1]}
+    outcome = _run_bounded(
+        lambda: list(db["n"].find({"$expr": {"$eq": [expr, 41]}}, {"_id": 0})), limit_s=10
+    )
+    assert outcome.get("value") == [{"a": 1}], outcome
+    big = db["n"].aggregate([{"$project": {"_id": 0, "s": {"$add": [2**62, 2**62]}}}])
+    assert list(big) == [{"s": float(2**63)}]  # a long's overflow is a double, as in mongod
+
+
 def test_regexes_in_in_and_expressions_are_bounded_too(db) -> None:
     import re
 
@@ -164,6 +179,39 @@ def test_rename_refuses_names_create_refuses(client: MongoClient, db, target: st
     assert db["src"].find_one() == {"_id": 1}
 
 
+def test_system_collections_and_overlong_namespaces_are_refused(client: MongoClient, db) -> None:
+    """As mongod: no client writes to ``system.`` collections (but ``system.js``), and no
+    namespace past 255 bytes (300,000 characters were taken)."""
+    from pymongo import InsertOne
+
+    long_name = "c" * (256 - len(db.name))
+    refusals = [
+        lambda: db["system.foo"].insert_one({"_id": 1}),
+        lambda: db["system.users"].insert_one({"_id": 1}),
+        lambda: db["system.views"].update_one({"_id": 1}, {"$set": {"a": 1}}, upsert=True),
+        lambda: db["system.views"].delete_many({}),
+        lambda: db["system.foo"].find_one_and_update({}, {"$set": {"a": 1}}, upsert=True),
+        lambda: db.create_collection("system.foo"),
+        lambda: client.bulk_write([InsertOne({"_id": 1}, namespace=f"{db.name}.system.foo")]),
+        lambda: db[long_name].insert_one({"_id": 1}),
+        lambda: db.create_collection(long_name),
+    ]
+    for call in refusals:
+        with pytest.raises(OperationFailure) as info:
+            call()
+        error = getattr(info.value, "error", None)  # a client bulkWrite wraps it
+        assert (error.code if error is not None else info.value.code) == 73, info.value
+    db["src"].insert_one({"_id": 1})
+    for target in ("system.foo", long_name):
+        with pytest.raises(OperationFailure) as info:
+            client.admin.command(
+                {"renameCollection": f"{db.name}.src", "to": f"{db.name}.{target}"}
+            )
+        assert info.value.code == 73
+    db["system.js"].insert_one({"_id": "f", "value": 1})  # the one a client may write
+    assert db.name + ".system.foo" not in [f"{db.name}.{n}" for n in db.list_collection_names()]
+
+
 # -- connections -----------------------------------------------------------------------------
 
 
@@ -237,3 +285,24 @@ def test_an_incomplete_message_is_dropped_after_the_message_timeout(tmp_path: Pa
             assert closed
         finally:
             sock.close()
+
+
+def test_write_concerns_a_single_node_cannot_honour_are_refused(client: MongoClient, db) -> None:
+    """``w: 5`` and an unknown tag were acknowledged as if the write had replicated."""
+    from pymongo.write_concern import WriteConcern
+
+    for w, code in ((5, 100), ("nosuchtag", 79)):
+        with pytest.raises(OperationFailure) as info:
+            db.get_collection("wc", write_concern=WriteConcern(w=w)).insert_one({"w": str(w)})
+        assert info.value.code == code
+    assert db["wc"].count_documents({}) == 0
+    for w in (1, "majority"):
+        db.get_collection("wc", write_concern=WriteConcern(w=w)).insert_one({"w": str(w)})
+    with client.start_session() as s:  # not on a statement inside a transaction
+        s.start_transaction()
+        with pytest.raises(OperationFailure) as info:
+            db.command({"insert": "wc", "documents": [{"x": 1}], "writeConcern": {"w": 1}},
+                       session=s)  # fmt: skip
+        assert info.value.code == 72
+        s.abort_transaction()
+    assert db["wc"].count_documents({}) == 2

@@ -477,3 +477,13 @@ def test_the_id_lookup_shortcut_plans_what_the_general_planner_plans(
     assert (got.kind, got.ids, got.exact, got.keys) == (
         general.kind, general.ids, general.exact, general.keys,
     )  # fmt: skip
+
+
+def test_explain_of_a_collection_that_does_not_exist_or_of_a_view(db) -> None:  # type: ignore[no-untyped-def]
+    """Both were an InternalError (an assertion in the plan's description)."""
+    plan, stats = _explain(db.no_such_collection.find({"a": 1}))
+    assert plan["stage"] == "EOF" and stats["nReturned"] == 0
+    db.create_collection("source")
+    db.source.insert_one({"a": 1})
+    db.command({"create": "a_view", "viewOn": "source", "pipeline": []})
+    assert "queryPlanner" in db.a_view.find({"a": 1}).explain()

@@ -363,6 +363,7 @@ class Dispatcher:
             raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
         read_concern = _read_concern(cmd)
+        _check_write_concern(name, cmd, in_transaction=autocommit is not None)
         if autocommit is not None:
             return self._in_transaction(
                 name, handler, db, cmd, session, txn_number, autocommit, read_concern, call
@@ -671,6 +672,36 @@ def _statements(cmd: Doc) -> int:
         if isinstance(value, list):
             return len(value)
     return 1
+
+
+def _check_write_concern(name: str, cmd: Doc, *, in_transaction: bool) -> None:
+    """Refuse a write concern this one-node replica set cannot honour, as mongod does:
+    acknowledging ``w: 5`` would tell the client its write replicated when it did not."""
+    wc = cmd.get("writeConcern")
+    if wc is None:
+        return
+    if not isinstance(wc, dict):
+        raise type_mismatch("writeConcern must be an object")
+    if in_transaction and name not in ("commitTransaction", "abortTransaction"):
+        raise EngineError(
+            Code.InvalidOptions,
+            f"Cannot set write concern after starting a transaction ({name} is part of one)",
+        )
+    w = wc.get("w")
+    if w is None or (isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w <= 1):
+        return
+    if isinstance(w, int | float) and not isinstance(w, bool) and w > 1:
+        raise EngineError(
+            Code.UnsatisfiableWriteConcern,
+            f"Not enough data-bearing nodes: w {w:g} asked, this replica set has 1 member",
+        )
+    if isinstance(w, str) and w != "majority":
+        raise EngineError(
+            Code.UnknownReplWriteConcern,
+            f"No write concern mode named {w[:100]!r} found in replica set configuration",
+        )
+    if not isinstance(w, str):
+        raise EngineError(Code.FailedToParse, f"w has to be a number or a string, got {w!r:.100}")
 
 
 def _read_concern(cmd: Doc) -> Doc:

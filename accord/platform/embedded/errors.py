@@ -55,11 +55,13 @@ class Code(IntEnum):
     IndexAlreadyExists = 68
     InvalidOptions = 72
     InvalidNamespace = 73
+    UnknownReplWriteConcern = 79
     IndexOptionsConflict = 85
     IndexKeySpecsConflict = 86
     NetworkTimeout = 89
     ShutdownInProgress = 91
     OperationFailed = 96
+    UnsatisfiableWriteConcern = 100
     WriteConflict = 112
     CommandNotSupported = 115
     DocumentValidationFailure = 121

@@ -336,6 +336,14 @@ def _apply() -> None:
                 return dates[0] + dt.timedelta(milliseconds=millis)
             if any(not isinstance(v, numbers.Number) and v is not None for v in parsed):
                 raise OperationFailure("$add only supports numeric or date types")
+            # from ``parsed``: handing ``values`` on parsed them again, at every level of
+            # a nested $add (2^depth evaluations: depth 17 froze the engine for 30 s)
+            if any(v is None for v in parsed):
+                return None
+            total = sum(parsed)
+            if isinstance(total, int) and not -(2**63) <= total < 2**63:
+                return float(total)  # mongod's long overflow becomes a double
+            return total
         return original_arith(self, operator, values)
 
     def basic(self: Any, expression: Any) -> Any:

@@ -285,7 +285,9 @@ class Plan:
     def describe(self) -> Doc:
         if self.kind == "IDHACK":
             return {"stage": "IDHACK"}
-        if self.kind == "COLLSCAN":
+        if self.kind == "EOF":  # no such collection (mongod's stage for it)
+            return {"stage": "EOF"}
+        if self.kind in ("COLLSCAN", "VIEW"):  # a view reads its whole source
             return {"stage": "COLLSCAN", "direction": "backward" if self.reverse else "forward"}
         if self.kind == "OR":
             return {"stage": "FETCH", "inputStage": {

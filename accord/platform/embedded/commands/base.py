@@ -115,8 +115,35 @@ def coll_name(cmd: Doc, field_name: str) -> str:
     return name
 
 
+#: mongod's bound on a namespace (``db.collection``), in bytes.
+MAX_NS_BYTES = 255
+#: The ``system.`` collections a client may write as documents (mongod's
+#: ``isLegalClientSystemNS``; users and roles go through their own commands).
+_CLIENT_SYSTEM = frozenset({"system.js"})
+
+
 def ns_of(ctx: Context, cmd: Doc, field_name: str) -> str:
-    return f"{ctx.db}.{coll_name(cmd, field_name)}"
+    return checked_ns(f"{ctx.db}.{coll_name(cmd, field_name)}")
+
+
+def checked_ns(ns: str) -> str:
+    """``ns``, refused (73) past mongod's 255 bytes."""
+    if len(ns.encode("utf-8", "surrogatepass")) > MAX_NS_BYTES:
+        raise EngineError(
+            Code.InvalidNamespace,
+            f"Fully qualified namespace is too long ({len(ns.encode('utf-8', 'surrogatepass')):,}"
+            f" bytes; at most {MAX_NS_BYTES}): '{ns[:100]}...'",
+        )
+    return ns
+
+
+def writable_ns(ns: str) -> str:
+    """``ns``, refused (73) when it names a ``system.`` collection a client may not write
+    (the engine's own catalog, ``system.views``, ``system.profile``...), as mongod does."""
+    name = ns.split(".", 1)[1] if "." in ns else ns
+    if name.startswith("system.") and name not in _CLIENT_SYSTEM:
+        raise EngineError(Code.InvalidNamespace, f"cannot write to '{ns[:300]}'")
+    return checked_ns(ns)
 
 
 def opt_doc(cmd: Doc, key: str, default: Doc | None = None) -> Doc:

@@ -22,6 +22,7 @@ from accord.platform.embedded.commands.base import (
     opt_doc,
     opt_int,
     opt_list,
+    writable_ns,
 )
 from accord.platform.embedded.commands.write import write_collection
 from accord.platform.embedded.engine import Collection, Index
@@ -32,7 +33,7 @@ from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 @command("create")
 def cmd_create(ctx: Context, cmd: Doc) -> Doc:
-    ns = ns_of(ctx, cmd, "create")
+    ns = writable_ns(ns_of(ctx, cmd, "create"))
     options = {
         k: v
         for k, v in cmd.items()
@@ -278,6 +279,7 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         db_part, coll_part = ns.split(".", 1)
         check_db_name(db_part)
         coll_name({"renameCollection": coll_part}, "renameCollection")
+    writable_ns(target)
     if views.is_view(ctx.engine.get_collection(source)):
         raise EngineError(Code.CommandNotSupportedOnView, f"cannot rename the view {source}")
     if ctx.engine.get_collection(source) is None:

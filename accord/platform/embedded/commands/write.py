@@ -25,6 +25,7 @@ from accord.platform.embedded.commands.base import (
     opt_doc,
     opt_int,
     opt_list,
+    writable_ns,
 )
 from accord.platform.embedded.commands.read import find_hits
 from accord.platform.embedded.engine import Collection, duplicate_key
@@ -200,7 +201,7 @@ def write_collection(ctx: Context, ns: str) -> Collection:
 
 @command("insert")
 def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
-    ns = ns_of(ctx, cmd, "insert")
+    ns = writable_ns(ns_of(ctx, cmd, "insert"))
     docs = opt_list(cmd, "documents")
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
@@ -302,7 +303,7 @@ def bind_update(upd: Any, let: Doc) -> Any:
 
 @command("update")
 def cmd_update(ctx: Context, cmd: Doc) -> Doc:
-    ns = ns_of(ctx, cmd, "update")
+    ns = writable_ns(ns_of(ctx, cmd, "update"))
     statements = opt_list(cmd, "updates")
     ordered = opt_bool(cmd, "ordered", True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
@@ -339,7 +340,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
 
 @command("delete")
 def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
-    ns = ns_of(ctx, cmd, "delete")
+    ns = writable_ns(ns_of(ctx, cmd, "delete"))
     statements = opt_list(cmd, "deletes")
     ordered = opt_bool(cmd, "ordered", True)
     coll = ctx.engine.get_collection(ns, ctx.txn)
@@ -374,7 +375,7 @@ def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
 @command("findAndModify", "findandmodify")
 def cmd_find_and_modify(ctx: Context, cmd: Doc) -> Doc:
     name_field = "findAndModify" if "findAndModify" in cmd else "findandmodify"
-    ns = ns_of(ctx, cmd, name_field)
+    ns = writable_ns(ns_of(ctx, cmd, name_field))
     let = evaluate_let(cmd.get("let"))
     filt = bind_filter(opt_doc(cmd, "query"), let)
     sort = opt_doc(cmd, "sort") or None
@@ -429,7 +430,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
         db_part, coll_part = ns.split(".", 1)
         check_db_name(db_part)
         coll_name({"c": coll_part}, "c")
-        namespaces.append(ns)
+        namespaces.append(writable_ns(ns))
     counts = dict.fromkeys(
         ("nInserted", "nMatched", "nModified", "nUpserted", "nDeleted", "nErrors"), 0
     )
