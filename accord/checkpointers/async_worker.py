@@ -346,6 +346,9 @@ class AsyncWorker:
         try:
             await self._settle(active)
         except Exception as exc:  # its outcome cannot be recorded (a result the codec refuses)
+            logger.warning(
+                "accord worker: run %s: recording its outcome failed: %s", doc["_id"], exc
+            )
             if not active.lost:
                 await self.queue.failed(
                     doc, f"recording its outcome failed: {type(exc).__name__}: {exc}"

@@ -447,6 +447,9 @@ class Worker:
         try:
             self._settle(active)
         except Exception as exc:  # its outcome cannot be recorded (a result the codec refuses)
+            logger.warning(
+                "accord worker: run %s: recording its outcome failed: %s", doc["_id"], exc
+            )
             if not active.lost:
                 self.queue.failed(doc, f"recording its outcome failed: {type(exc).__name__}: {exc}")
 

@@ -306,3 +306,13 @@ def test_write_concerns_a_single_node_cannot_honour_are_refused(client: MongoCli
         assert info.value.code == 72
         s.abort_transaction()
     assert db["wc"].count_documents({}) == 2
+
+
+def test_start_transaction_without_autocommit_is_refused(client: MongoClient, db) -> None:
+    """It ran as a plain, autocommitted command."""
+    with client.start_session() as s:
+        cmd = {"insert": "st", "documents": [{"_id": 1}], "txnNumber": 1, "startTransaction": True}
+        with pytest.raises(OperationFailure) as info:
+            db.command(cmd, session=s)
+        assert info.value.code == 72
+    assert db["st"].count_documents({}) == 0

@@ -313,10 +313,10 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
                 extra: list[Group] = []
                 if key == "checkpoints":
                     docs = [d for d in docs if d["_id"] in listed]
+                    if not docs:
+                        continue
                     extra = self._copy_checks(src, dst, registry, first=not pinned)
                     pinned = True
-                if not docs:
-                    continue
                 copies = [maintenance.rekey(key, d, dst.thread_id) for d in docs]
                 guard = self._guard(dst, None, runs.new_version(), what)
                 plan = plans.maintenance_plan(

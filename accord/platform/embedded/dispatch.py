@@ -362,6 +362,11 @@ class Dispatcher:
         ):
             raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
         autocommit = cmd.get("autocommit")
+        if cmd.get("startTransaction") is not None and autocommit is None:
+            # it ran as a plain command: the caller believed it was in a transaction
+            raise EngineError(
+                Code.InvalidOptions, "startTransaction needs autocommit: false beside it"
+            )
         read_concern = _read_concern(cmd)
         _check_write_concern(name, cmd, in_transaction=autocommit is not None)
         if autocommit is not None:
