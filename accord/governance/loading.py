@@ -39,9 +39,10 @@ from accord.governance.policy import (
     PolicyFile,
     Retention,
     RetentionFile,
+    check_collection_name,
     class_of,
 )
-from accord.governance.retention import FINISHED
+from accord.governance.retention import FINISHED, THREAD_CLASSES
 from accord.governance.toml_lines import KeyPath, key_lines, line_of
 from accord.platform.artifacts import CLASSES
 from accord.platform.context import SERVICE_ROLES
@@ -185,6 +186,12 @@ def _effective(
             continue
         start = classes.get(name) or (classes.get(BUSINESS) if registry == BUSINESS else None)
         collection = name.partition(":")[2] if registry == BUSINESS and name != BUSINESS else None
+        if collection is not None:
+            try:
+                check_collection_name(collection)
+            except ValueError as exc:
+                problems.append((("classes", name), f"business class {name!r}: {exc}"))
+                continue
         fields: dict[str, Any] = (
             {key: getattr(start, key) for key in ClassPolicy.model_fields}
             if start is not None
@@ -256,7 +263,35 @@ def _contradictions(policy: Policy, parsed: PolicyFile) -> list[Problem]:
                         f"(declare your own in custom_roles = [...])",
                     )
                 )
-        if registry == "audit":
+        if registry in _ALWAYS_AUDITED and cls.audit == "off":
+            problems.append(
+                (
+                    (*at, "audit"),
+                    f"{name} changes are evidence (who placed a hold, destroyed a key, "
+                    f"applied a policy): their audit cannot be off (metadata at least)",
+                )
+            )
+        if registry in _NO_RETENTION or registry == "audit":
+            default_collection = CLASSES[registry].default_collection
+            if cls.collection != default_collection:
+                problems.append(
+                    (
+                        (*at, "collection"),
+                        f"{name} is accord's own; its collection is {default_collection!r} "
+                        f"(accord reads it there: holds, keys or digests moved elsewhere "
+                        f"would be lost from sight)",
+                    )
+                )
+        reserved = sorted(set(cls.subject_fields) & _NOT_SUBJECT_FIELDS)
+        if reserved:
+            problems.append(
+                (
+                    (*at, "subject_fields"),
+                    f"{', '.join(reserved)} cannot name a data subject (an erasure by it "
+                    f"would reach a whole tenant, or accord's bookkeeping)",
+                )
+            )
+        if registry in ("audit", "audit_digest"):
             for table, grants in (("roles", cls.roles), ("principals", cls.principals)):
                 for who, actions in grants.items():
                     bad = [a for a in ("update", "remove") if a in actions]
@@ -264,8 +299,8 @@ def _contradictions(policy: Policy, parsed: PolicyFile) -> list[Problem]:
                         problems.append(
                             (
                                 (*at, table, who),
-                                f"grants {' and '.join(bad)} on audit records to {who!r}; "
-                                f"audit records are append-only, nobody may update or "
+                                f"grants {' and '.join(bad)} on {name} records to {who!r}; "
+                                f"{name} records are append-only, nobody may update or "
                                 f"remove them (find and insert only)",
                             )
                         )
@@ -342,11 +377,47 @@ def _side_collection_problems(
     return []
 
 
+#: accord's own classes, kept until accord itself removes them (with what removes them):
+#: a TTL on them would lift holds, shred keys or revert the policy with no one asking.
+_NO_RETENTION = {
+    "catalog": "the catalog lives as long as the collections it names",
+    "migration": "a migration's record lives as long as what it migrated",
+    "policy": "the applied policy's versions are what every process enforces",
+    "hold": "a hold lasts until it is released",
+    "encryption_key": "a data key lasts until an erasure or a shredding destroys it",
+    "audit_digest": "digests are what later digests are proved against",
+}
+#: The classes whose audit cannot be turned off (each change of them is evidence).
+_ALWAYS_AUDITED = ("hold", "encryption_key", "policy")
+#: Fields a subject cannot be found by (they name tenants, ids or accord's bookkeeping).
+_NOT_SUBJECT_FIELDS = frozenset({"_id", "tenant_id", "expire_at", "held_expire_at", "_version"})
+
+
 def _retention_problems(
     name: str, registry: str, retention: Retention, at: KeyPath
 ) -> list[Problem]:
     problems: list[Problem] = []
     here = (*at, "retention")
+    given = retention.expire_after is not None or retention.keep_latest is not None
+    if registry in _NO_RETENTION and given:
+        return [(here, f"{name} takes no retention: {_NO_RETENTION[registry]}")]
+    registered = CLASSES.get(registry)
+    if (
+        given
+        and registry not in DEPENDENT  # (said below, naming the class it goes with)
+        and registered is not None
+        and registered.thread_scoped
+        and registry not in THREAD_CLASSES
+        and registry not in FINISHED
+    ):
+        return [
+            (
+                here,
+                f"{name} goes with its thread (it is deleted when the thread is): set "
+                f"retention on [classes.checkpoint], [classes.short_term_memory] or "
+                f"[classes.run] instead",
+            )
+        ]
     parent = DEPENDENT.get(registry)
     if parent is not None and (retention.expire_after is not None or retention.keep_latest):
         problems.append(

@@ -35,6 +35,7 @@ and line live in :mod:`accord.governance.loading`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -82,14 +83,17 @@ DEPENDENT: Mapping[str, str] = {
 #: Classes whose documents carry no ``tenant_id`` (accord's own bookkeeping).
 UNTENANTED = frozenset({"catalog", "migration", "policy", "hold"})
 
+#: The longest retention period (100 years).
+MAX_PERIOD_S = 100 * 365 * 86400
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(-?)\s*(\d+(?:\.\d+)?)\s*([smhdwy])\s*$")
 
 
 def parse_duration(value: Any) -> Any:
     """A duration: seconds as an integer, or ``"<number><unit>"`` with unit ``s``, ``m``,
-    ``h``, ``d``, ``w`` or ``y`` (365 days): ``"30d"``, ``"12h"``, ``"1.5h"``. Negative
-    durations are refused (they would expire documents before they are written)."""
+    ``h``, ``d``, ``w`` or ``y`` (365 days): ``"30d"``, ``"12h"``, ``"1.5h"``. Zero or
+    negative durations are refused (they would expire documents as they are written), and
+    so are durations past 100 years (dates past year 9999 overflowed when stamped)."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, bool):
@@ -107,8 +111,17 @@ def parse_duration(value: Any) -> Any:
         seconds = float(number) * _UNITS[unit] * (-1 if sign else 1)
     else:
         raise ValueError(f"a duration is a number of seconds or a string like '30d', not {value!r}")
+    if not math.isfinite(seconds) or seconds > MAX_PERIOD_S:
+        raise ValueError(
+            f"duration {value!r} is too long: at most 100 years (a date past it is no date)"
+        )
     if seconds < 0:
-        raise ValueError(f"negative duration {value!r}: a retention period must be 0 or more")
+        raise ValueError(f"negative duration {value!r}: a retention period must be more than 0")
+    if seconds == 0:
+        raise ValueError(
+            f"duration {value!r}: a retention period must be more than 0 (without one, "
+            f"documents are kept until erased: drop expire_after)"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -130,7 +143,7 @@ def _field_path(value: str) -> str:
 FieldPath = Annotated[str, AfterValidator(_field_path)]
 
 
-def _collection_name(value: str) -> str:
+def check_collection_name(value: str) -> str:
     if (
         not value
         or len(value) > 120
@@ -148,7 +161,7 @@ def _collection_name(value: str) -> str:
     return value
 
 
-CollectionName = Annotated[str, AfterValidator(_collection_name)]
+CollectionName = Annotated[str, AfterValidator(check_collection_name)]
 Grants = dict[Name, list[Action]]
 
 
@@ -166,7 +179,7 @@ class RetentionFile(_Strict):
 
     expire_after: Duration | None = None
     after: Event | None = None
-    keep_latest: Annotated[int, Field(gt=0, le=1_000_000)] | None = None
+    keep_latest: Annotated[int, Field(gt=0, le=1_000_000, strict=True)] | None = None
 
 
 class Retention(RetentionFile):
@@ -205,7 +218,7 @@ class ClassPolicyFile(_Strict):
 class PolicyFile(_Strict):
     """A policy file: ``version``, ``custom_roles`` and ``[classes.NAME]`` tables."""
 
-    version: Annotated[int, Field(ge=1)] = 1
+    version: Annotated[int, Field(ge=1, strict=True)] = 1
     custom_roles: list[RoleName] = Field(default_factory=list)
     classes: dict[str, ClassPolicyFile] = Field(default_factory=dict)
 

@@ -99,6 +99,31 @@ BAD: list[tuple[str, str, int, str]] = [
      "audit = 'full'\n", 4, "names starting with 'accord_' are accord's own"),
     ("a collection MongoDB refuses", "[classes.run]\ncollection = '.runs'\n", 5,
      "not starting or ending with '.'"),
+    # accord's own classes (2026-12-07): a TTL lifted holds, shredded keys, reverted the
+    # policy; a moved collection lost the holds from sight; their audit could be off
+    ("holds that expire", "[classes.hold.retention]\nexpire_after = '1s'\n", 4,
+     "hold takes no retention"),
+    ("keys that expire", "[classes.encryption_key.retention]\nexpire_after = '1d'\n", 4,
+     "a data key lasts until"),
+    ("a policy that expires", "[classes.policy]\nretention = { expire_after = '1d' }\n", 5,
+     "policy takes no retention"),
+    ("artifacts expiring apart from their thread", "[classes.artifact.retention]\n"
+     "expire_after = '1d'\n", 4, "artifact goes with its thread"),
+    ("holds moved to another collection", "[classes.hold]\ncollection = 'accord_holds_v2'\n",
+     5, "its collection is 'accord_holds'"),
+    ("the audit of holds off", "[classes.hold]\naudit = 'off'\n", 5, "cannot be off"),
+    ("update granted on digests", "[classes.audit_digest.roles]\nauditor = ['find', 'update']\n",
+     5, "grants update on audit_digest records"),
+    ("a period past 100 years", "[classes.outbox.retention]\nafter = 'done'\n"
+     "expire_after = '10000y'\n", 6, "too long"),
+    ("a period of zero", "[classes.outbox.retention]\nafter = 'done'\nexpire_after = 0\n", 6,
+     "must be more than 0"),
+    ("keep_latest = true", "[classes.checkpoint.retention]\nkeep_latest = true\n", 5,
+     "valid integer"),
+    ("a business class named after a system collection", "[classes.\"business:system.users\"]\n"
+     "audit = 'full'\n", 4, "system.* collections"),
+    ("a subject found by tenant", "[classes.long_term_memory]\nsubject_fields = ['tenant_id']\n",
+     5, "cannot name a data subject"),
 ]  # fmt: skip
 
 
@@ -214,13 +239,17 @@ def test_retention_none_means_kept_until_erased() -> None:
 @pytest.mark.parametrize(
     ("given", "seconds"),
     [(60, 60), ("45s", 45), ("90m", 5400), ("1.5h", 5400), ("30d", 30 * 86400),
-     ("2w", 14 * 86400), ("1y", 365 * 86400), ("0d", 0)],
+     ("2w", 14 * 86400), ("1y", 365 * 86400), ("100y", 100 * 365 * 86400)],
 )  # fmt: skip
 def test_durations(given: object, seconds: int) -> None:
     assert parse_duration(given) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("given", [-1, "-1s", "10 parsecs", True, "d", [3]])
+@pytest.mark.parametrize(
+    "given",  # zero (expired as written), past 100 years (stamping overflowed), not finite
+    [-1, "-1s", "10 parsecs", True, "d", [3], 0, "0d", "101y", "10000y", 1e300,
+     float("inf"), float("nan")],
+)  # fmt: skip
 def test_bad_durations(given: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(given)

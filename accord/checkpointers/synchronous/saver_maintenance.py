@@ -82,7 +82,11 @@ class SaverMaintenance(SaverArtifacts):
         if isinstance(pause, bool) or not isinstance(pause, int | float) or not pause >= 0:
             raise InvalidInputError(f"pause must be a number of seconds >= 0, got {pause!r}.")
         scopes = [  # (a saver pinned to a tenant refuses another tenant's threads)
-            Scope(self.tenant_named(t), validation.identifier(h, "thread_id"), "")
+            Scope(
+                self.tenant_named(validation.identifier(t, "tenant_id")),
+                validation.identifier(h, "thread_id"),
+                "",
+            )
             for t, h in _pairs(threads)
         ]
         self._ensure_setup()
