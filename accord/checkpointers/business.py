@@ -51,7 +51,7 @@ from bson.errors import InvalidDocument
 from langgraph.config import get_config
 
 from accord.checkpointers import langgraph_internals
-from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, version_problem
+from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, bookkeeping_problem
 from accord.checkpointers.staged import tenancy_problem
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.checkpointers.validation import collection_name, identifier
@@ -291,10 +291,11 @@ def _send(
     if "filter" in op:
         op["filter"]["tenant_id"] = tenant
     identifier(tenant, "tenant_id")
-    if version_problem(op):
+    if bookkeeping_problem(op):
         raise InvalidInputError(
-            f"business {kind} on {name!r} refused: {version_problem(op)}. "
-            f"{VERSION_FIELD!r} is kept by accord (pass expect_version= to check it)."
+            f"business {kind} on {name!r} refused: {bookkeeping_problem(op)}. "
+            f"{VERSION_FIELD!r} and 'held_expire_at' are kept by accord (pass "
+            f"expect_version= to check the version; a legal hold keeps the expiry)."
         )
     # refused here, in the node, rather than when the task's writes are committed
     problem = tenancy_problem(op, tenant)

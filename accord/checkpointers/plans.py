@@ -323,33 +323,48 @@ VERSION_FIELD = "_version"
 _NEXT_VERSION = {"$set": {VERSION_FIELD: {"$add": [{"$ifNull": ["$" + VERSION_FIELD, 0]}, 1]}}}
 
 
-def _names_version(path: Any) -> bool:
-    return isinstance(path, str) and path.split(".", 1)[0] == VERSION_FIELD
+#: The fields of a business record that are accord's: its version, and the expiry a legal
+#: hold set aside (``held_expire_at``: a write moving it back would lift the hold).
+BOOKKEEPING_FIELDS = (VERSION_FIELD, "held_expire_at")
 
 
-def version_problem(spec: Mapping[str, Any]) -> str | None:
-    """Why a staged op would set accord's ``_version`` itself (or filter on it beside
-    ``expect_version``), or None."""
+def _bookkeeping(path: Any) -> str | None:
+    """The bookkeeping field ``path`` names (itself or inside it), or None."""
+    head = path.split(".", 1)[0] if isinstance(path, str) else None
+    return head if head in BOOKKEEPING_FIELDS else None
+
+
+def bookkeeping_problem(spec: Mapping[str, Any]) -> str | None:
+    """Why a staged op would set one of accord's bookkeeping fields itself (``_version``,
+    ``held_expire_at``), or filter on ``_version`` beside ``expect_version``, or None."""
     doc = spec.get("document")
-    if isinstance(doc, Mapping) and VERSION_FIELD in doc:
-        return f"the document sets {VERSION_FIELD!r}"
+    if isinstance(doc, Mapping):
+        for name in BOOKKEEPING_FIELDS:
+            if name in doc:
+                return f"the document sets {name!r}"
     update = spec.get("update")
     if isinstance(update, Mapping):
         for operator, arg in update.items():
             if not isinstance(arg, Mapping):
                 continue
             for path, value in arg.items():
-                if _names_version(path) or (operator == "$rename" and _names_version(value)):
-                    return f"{operator} names {VERSION_FIELD!r}"
+                named = _bookkeeping(path) or (
+                    _bookkeeping(value) if operator == "$rename" else None
+                )
+                if named:
+                    return f"{operator} names {named!r}"
     elif isinstance(update, Sequence) and not isinstance(update, str | bytes):
         for stage in update:
             for name, arg in stage.items() if isinstance(stage, Mapping) else ():
                 paths = [arg] if isinstance(arg, str) else arg
                 if name == "$unset" and isinstance(paths, list | tuple):
-                    if any(_names_version(p) for p in paths):
-                        return f"$unset names {VERSION_FIELD!r}"
-                elif isinstance(arg, Mapping) and any(_names_version(p) for p in arg):
-                    return f"{name} names {VERSION_FIELD!r}"
+                    named = next((n for p in paths if (n := _bookkeeping(p))), None)
+                    if named:
+                        return f"$unset names {named!r}"
+                elif isinstance(arg, Mapping):
+                    named = next((n for p in arg if (n := _bookkeeping(p))), None)
+                    if named:
+                        return f"{name} names {named!r}"
     filt = spec.get("filter")
     versioned = spec.get("expect_version") is not None
     if versioned and isinstance(filt, Mapping) and VERSION_FIELD in filt:

@@ -26,8 +26,8 @@ from accord.checkpointers import validation
 from accord.checkpointers.plans import (
     APPEND_EVENT,
     COMMIT_ARTIFACT,
+    bookkeeping_problem,
     business_op,
-    version_problem,
 )
 from accord.checkpointers.storage import BUSINESS_CHANNEL
 from accord.errors import InvalidInputError
@@ -111,9 +111,9 @@ def _write_problem(spec: Mapping[str, Any], kind: str, tenant: str) -> str | Non
         return "'expect_version' must be a non-negative int"
     if version is not None and spec.get("upsert"):
         return "expect_version and upsert=True do not go together"
-    problem = version_problem(spec)
+    problem = bookkeeping_problem(spec)
     if problem is not None:
-        return f"{problem} ('_version' is kept by accord)"
+        return f"{problem} ('_version' and 'held_expire_at' are kept by accord)"
     return tenancy_problem(spec, tenant)
 
 

@@ -301,6 +301,16 @@ class _Rules:
                         f"{principal.describe()}: a read may not write ({name} stage)"
                     )
                 key = _READS_OTHER.get(name)
+                if key is not None and principal.tenant_id is not None:
+                    # its read is narrowed to its tenant by a leading $match; what a join
+                    # or union brings in is not
+                    self.denials.add(principal.name, "read", name)
+                    raise PermissionDenied(
+                        f"{principal.describe()} acts for tenant {principal.tenant_id!r} "
+                        f"only: a read may not bring in other documents ({name} stage)"
+                    )
+                if key is not None and isinstance(spec, str):  # {$unionWith: "coll"}
+                    spec = {key: spec}
                 if key is None or not isinstance(spec, Mapping):
                     if name == "$facet" and isinstance(spec, Mapping):
                         for sub in spec.values():

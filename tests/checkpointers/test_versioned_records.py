@@ -198,6 +198,12 @@ def test_concurrent_agents_never_lose_an_update(
         (lambda: business.replace_one("a", {"_id": 1}, {"_version": 2}), "_version"),
         (lambda: business.update_one("a", {"_id": 1, "_version": 2}, {"$set": {"x": 1}},
                                      expect_version=2), "beside expect_version"),
+        # the expiry a legal hold set aside: moving it back lifted the hold
+        (lambda: business.update_one("a", {"_id": 1}, {"$unset": {"held_expire_at": ""}}),
+         "held_expire_at"),
+        (lambda: business.update_one("a", {"_id": 1}, {"$rename": {"held_expire_at": "x"}}),
+         "held_expire_at"),
+        (lambda: business.insert_one("a", {"_id": 1, "held_expire_at": None}), "held_expire_at"),
     ],
 )  # fmt: skip
 def test_bad_versioned_writes_are_refused_in_the_node(

@@ -169,11 +169,19 @@ def test_the_memory_api_cannot_read_checkpoints_or_messages(
         kernel.find(ReadContext("default"), "short_term_memory", db_name, "short_term_memory",
                     {"tenant_id": "default", "thread_id": "t1"})  # fmt: skip
     # nor through a pipeline that reaches checkpoints from memories
-    lookup = [{"$lookup": {"from": "accord_checkpoints", "localField": "thread_id",
-                           "foreignField": "thread_id", "as": "state"}}]  # fmt: skip
-    with pytest.raises(PermissionDenied, match="may not find checkpoint"):
-        kernel.aggregate(ReadContext("default"), "long_term_memory", db_name, "long_term_memory",
-                         lookup)  # fmt: skip
+    # (nor through any stage that brings in other documents: the tenant's $match narrows
+    # the read, not what a join or union adds; a same-class $lookup returned another
+    # tenant's memories, and $unionWith's string form was never checked)
+    ltm = ("default", "long_term_memory")
+    for stage in (
+        {"$lookup": {"from": "accord_checkpoints", "localField": "thread_id",
+                     "foreignField": "thread_id", "as": "state"}},
+        {"$lookup": {"from": "long_term_memory", "pipeline": [], "as": "everyone"}},
+        {"$unionWith": "accord_checkpoints"},
+        {"$facet": {"a": [{"$unionWith": {"coll": "long_term_memory"}}]}},
+    ):  # fmt: skip
+        with pytest.raises(PermissionDenied, match="may not bring in other documents"):
+            kernel.aggregate(ReadContext(ltm[0]), ltm[1], db_name, ltm[1], [stage])
     with pytest.raises(PermissionDenied, match=r"a read may not write \(\$out stage\)"):
         kernel.aggregate(ReadContext("default"), "long_term_memory", db_name, "long_term_memory",
                          [{"$out": "stolen"}])  # fmt: skip
