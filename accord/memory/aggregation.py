@@ -10,6 +10,7 @@ The aggregator itself (claim, read, extract, consolidate, commit; the module doc
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import string
@@ -69,7 +70,10 @@ class AggregatorConfig:
         kinds: event kinds consumed (``writes`` events carry no messages: they are
             completed at once, so retention removes them).
         lease: seconds an event stays claimed before another worker may take it over.
-        max_attempts: claims before an event is dead-lettered.
+        max_attempts: claims before an event is dead-lettered (a failing event: once it
+            has also been failing for ``failing_for`` seconds).
+        failing_for: seconds an event must have been failing before its failures
+            dead-letter it (600): an outage of the embedder or the model is retried.
         threshold: cosine similarity from which two memories of one kind in one
             namespace are merged.
         namespaces: kind -> namespace template (see :data:`DEFAULT_NAMESPACES`).
@@ -86,6 +90,7 @@ class AggregatorConfig:
     kinds: tuple[str, ...] = (events.CHECKPOINT, events.WRITES, events.THREAD_DELETED)
     lease: float = 60.0
     max_attempts: int = 5
+    failing_for: float = 600.0
     threshold: float = DEFAULT_THRESHOLD
     namespaces: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: DEFAULT_NAMESPACES)
     poll_interval: float = 0.1
@@ -99,12 +104,30 @@ class AggregatorConfig:
                 raise ConfigurationError(
                     f"{name} must be a collection/database name, got {value!r}"
                 )
-        if not self.kinds or not all(isinstance(k, str) and k for k in self.kinds):
-            raise ConfigurationError(f"kinds must be non-empty strings, got {self.kinds!r}")
-        for name, low in (("lease", 0.01), ("poll_interval", 0.0), ("retention", 0.0)):
+        if (
+            not isinstance(self.kinds, tuple | list)
+            or not self.kinds
+            or not all(isinstance(k, str) and k for k in self.kinds)
+        ):  # (a string would be taken letter by letter)
+            raise ConfigurationError(
+                f"kinds must be a list of non-empty strings, got {self.kinds!r}"
+            )
+        for name, low, high in (
+            ("lease", 0.01, 86_400.0),
+            ("poll_interval", 0.0, 3_600.0),
+            ("retention", 0.0, 36_500.0),
+            ("failing_for", 0.0, 30 * 86_400.0),
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < low:
-                raise ConfigurationError(f"{name} must be a number >= {low}, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not low <= value <= high
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a number from {low:g} to {high:g}, got {value!r}"
+                )
         for name in ("max_attempts", "conflict_retries"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -228,7 +228,8 @@ def dead(
     table = Table(whole("id", [str(d["_id"]) for d in docs]), "kind", "tenant", "thread",
                   "attempts", "error")  # fmt: skip
     for d in docs:
-        table.add_row(str(d["_id"]), d.get("kind", ""), d.get("tenant_id", ""),
+        # (every cell a string: a dead-lettered event is often one whose fields are not)
+        table.add_row(str(d["_id"]), str(d.get("kind", "")), str(d.get("tenant_id", "")),
                       str(d.get("thread_id", "")), str(d.get("attempts", "")),
                       str(d.get("error", ""))[:200])  # fmt: skip
     print_whole(out, table)  # values whole: commands take them back

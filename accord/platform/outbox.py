@@ -144,6 +144,9 @@ UNCLAIMABLE: dict[str, Any] = {
     "$or": [
         {"status": {"$in": ["pending", "claimed"]}, "attempts": _NOT_A_COUNT},
         {"status": "claimed", "lease_until": {"$not": {"$type": "date"}}},
+        # a claim takes its kinds by name: an event whose kind is no string is never
+        # claimed, nor counted in a status
+        {"status": {"$in": ["pending", "claimed"]}, "kind": {"$not": {"$type": "string"}}},
     ]
 }
 
@@ -151,7 +154,12 @@ UNCLAIMABLE: dict[str, Any] = {
 def unclaimable_reason(doc: Mapping[str, Any]) -> str:
     """Why an :data:`UNCLAIMABLE` event cannot be claimed, for its dead letter."""
     attempts = doc.get("attempts")
-    if "attempts" in doc and (isinstance(attempts, bool) or not isinstance(attempts, int | float)):
+    kind = doc.get("kind")
+    if not isinstance(kind, str):
+        what = f"kind is {_describe(kind)}, not a string, so no consumer claims it"
+    elif "attempts" in doc and (
+        isinstance(attempts, bool) or not isinstance(attempts, int | float)
+    ):
         what = f"attempts is {_describe(attempts)}, not a count, so no claim can count it"
     else:
         what = (
@@ -250,6 +258,8 @@ class ClaimedEvent:
     attempts: int
     created_at: datetime | None
     document: Mapping[str, Any]
+    #: when its first failure of the current streak was recorded (None: none yet)
+    failing_since: datetime | None = None
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ClaimedEvent:
@@ -266,6 +276,9 @@ class ClaimedEvent:
             attempts=int(attempts) if isinstance(attempts, int | float) else 0,
             created_at=created if isinstance(created, datetime) else None,
             document=doc,
+            failing_since=failing
+            if isinstance(failing := doc.get("failing_since"), datetime)
+            else None,
         )
 
     def problems(self) -> list[str]:
@@ -434,6 +447,23 @@ def exhausted(event: ClaimedEvent, max_attempts: int) -> bool:
     return event.attempts > max_attempts
 
 
+#: How long an event must have been failing before its failures dead-letter it: an outage
+#: of the embedder or the model (a minute of HTTP 503) must not dead-letter the backlog.
+MIN_FAILING = timedelta(minutes=10)
+
+
+def given_up(
+    event: ClaimedEvent, max_attempts: int, at: datetime, *, min_failing: timedelta = MIN_FAILING
+) -> bool:
+    """Whether a failure of ``event`` at ``at`` dead-letters it: tried ``max_attempts``
+    times, and failing for ``min_failing`` at least (a poison event goes dead after
+    about ``min_failing``; one that only met an outage is retried, its backoff capped)."""
+    since = event.failing_since or at
+    if since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    return event.attempts >= max_attempts and at - since >= min_failing
+
+
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> timedelta:
     """Delay before attempt ``attempts + 1``: exponential, capped."""
     return timedelta(seconds=min(cap, base * 2 ** max(0, attempts - 1)))
@@ -448,21 +478,30 @@ def release_plan(
     max_attempts: int,
     at: datetime | None = None,
     dead: bool = False,
+    min_failing: timedelta = MIN_FAILING,
 ) -> Plan:
     """Give ``event`` back after a failure: available again after a backoff, or dead
-    (with the error) once it has been tried ``max_attempts`` times, or at once with
-    ``dead`` (an event no retry can help: malformed, or exhausted)."""
+    (with the error) once it has been tried ``max_attempts`` times over at least
+    :data:`MIN_FAILING` (:func:`given_up`), or at once with ``dead`` (an event no retry
+    can help: malformed, or exhausted). Tried that often but not failing for that long
+    yet, its count stays one short, so the next claim does not take it for a crash loop."""
     at = at or now()
-    dead = dead or event.attempts >= max_attempts
+    dead = dead or given_up(event, max_attempts, at, min_failing=min_failing)
     fields: dict[str, Any] = {"error": error_text(error), "failed_at": at}
     if dead:
         fields["status"] = DEAD
     else:
         fields.update(status=PENDING, available_at=at + backoff(event.attempts))
+        if event.attempts >= max_attempts:
+            fields["attempts"] = max_attempts - 1
     op = Op(
         "update",
         _held(event),
-        {"$set": fields, "$unset": {"owner": "", "lease_until": "", "claim_id": ""}},
+        {
+            "$set": fields,
+            "$min": {"failing_since": at},
+            "$unset": {"owner": "", "lease_until": "", "claim_id": ""},
+        },
     )
     return Plan(
         PlanContext(tenant_id=event.tenant_id, operation="outbox.release"),

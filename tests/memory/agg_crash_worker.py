@@ -101,7 +101,11 @@ def main() -> int:
         "dims": DIMS,
         "extractor": PoisonAware(),
         "config": AggregatorConfig(
-            db_name=db, lease=LEASE, max_attempts=MAX_ATTEMPTS, poll_interval=0.05
+            db_name=db,
+            lease=LEASE,
+            max_attempts=MAX_ATTEMPTS,
+            poll_interval=0.05,
+            failing_for=0,  # POISON events go dead after max_attempts, not minutes later
         ),
         "on_stage": killer.on_stage if point else None,
     }

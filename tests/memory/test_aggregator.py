@@ -30,6 +30,7 @@ from accord.memory.aggregator import (
 from accord.memory.extraction import Change, Conversation, RuleExtractor
 from accord.memory.llm_extractor import LLMExtractor
 from accord.memory.synchronous.service import MemoryService
+from accord.platform import outbox
 from accord.platform.synchronous.unit_of_work import UnitOfWork
 from tests.memory.fakes import FakeChatModel
 from tests.memory.steps import commit_step
@@ -146,19 +147,29 @@ def test_failures_back_off_then_dead_letter(
 
     agg = make(db_name, extractor=Broken(), max_attempts=3)
     commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer tea.")])
+    outbox_ = client[db_name].outbox
     outcomes = []
     for attempt in range(1, 4):
         outcome = agg.run_once()
         assert outcome is not None
         outcomes.append(outcome.status)
-        event = client[db_name].outbox.find_one()
-        assert event["attempts"] == attempt and "model unavailable" in event["error"]
+        event = outbox_.find_one()
+        kept = attempt if attempt < 3 else 2  # (below)
+        assert event["attempts"] == kept and "model unavailable" in event["error"]
         if attempt < 3:
             assert event["status"] == "pending" and agg.run_once() is None  # backing off
             delay = (event["available_at"] - event["failed_at"]).total_seconds()
             assert delay == pytest.approx(2 ** (attempt - 1))
-            client[db_name].outbox.update_one({}, {"$set": {"available_at": event["failed_at"]}})
-    assert outcomes == ["retry", "retry", "dead"]
+            outbox_.update_one({}, {"$set": {"available_at": event["failed_at"]}})
+    # tried 3 times within seconds: an outage of the model, not a poison event; retried,
+    # its count one short of the limit (before, an outage of 15 s dead-lettered a backlog)
+    assert outcomes == ["retry", "retry", "retry"]
+    event = outbox_.find_one()
+    assert event["status"] == "pending" and event["attempts"] == 2
+    # failing for longer than MIN_FAILING: the next failure dead-letters it
+    since = event["failing_since"] - outbox.MIN_FAILING
+    outbox_.update_one({}, {"$set": {"available_at": event["failed_at"], "failing_since": since}})
+    assert agg.run_once().status == "dead"  # type: ignore[union-attr]
     assert client[db_name].outbox.find_one()["status"] == "dead"
     assert memories(client, db_name) == {}
     assert agg.stats().dead == 1
@@ -290,6 +301,13 @@ def test_configuration_is_validated() -> None:
         AggregatorConfig(namespaces={"*": ("a.b",)})
     with pytest.raises(ConfigurationError, match="collection"):
         AggregatorConfig(outbox="$bad")
+    # each was accepted: drain() never returned (a NaN lease), every event went dead (a
+    # NaN retention), a string of kinds consumed nothing
+    for bad in ({"lease": float("nan")}, {"lease": float("inf")}, {"lease": 1e12},
+                {"retention": float("nan")}, {"retention": 1e9}, {"poll_interval": float("nan")},
+                {"failing_for": -1}, {"kinds": "checkpoint"}, {"lease": True}):  # fmt: skip
+        with pytest.raises(ConfigurationError, match=next(iter(bad))):
+            AggregatorConfig(**bad)  # type: ignore[arg-type]
 
 
 def test_rule_extractor_is_the_default(client: MongoClient, db_name: str) -> None:

@@ -80,7 +80,8 @@ def test_release_backs_off_then_dead_letters(
                 event,
                 f"boom {attempt}",
                 max_attempts=3,
-                at=outbox.now() - timedelta(hours=1),
+                # ten minutes apart: the third failure is MIN_FAILING after the first
+                at=outbox.now() - timedelta(hours=1) + (attempt - 1) * outbox.MIN_FAILING / 2,
             )  # fmt: skip
         )
     doc = client[db_name].outbox.find_one()

@@ -44,8 +44,14 @@ async def aggregation_stats(
     if kinds:
         base["kind"] = {"$in": list(kinds)}
     ctx = ReadContext(tenant_id or "*", operation="outbox.stats")
+    # events whose kind is no string belong to no consumer's kinds: counted here (dead
+    # letters, once the aggregator found them) so that they are not invisible
+    counted = dict(base)
+    if kinds:
+        del counted["kind"]
+        counted["$or"] = [{"kind": {"$in": list(kinds)}}, {"kind": {"$not": {"$type": "string"}}}]
     count = {
-        s: await uow.count(ctx, OUTBOX.name, db, collection, {**base, "status": s})
+        s: await uow.count(ctx, OUTBOX.name, db, collection, {**counted, "status": s})
         for s in (outbox.PENDING, outbox.CLAIMED, outbox.DEAD)
     }
     now = datetime.now(UTC)

@@ -262,7 +262,8 @@ class Aggregator:
         before it was applied."""
         found = self.uow.find(
             ReadContext("*", operation="outbox.dead_letter"), OUTBOX.name, self.config.db_name,
-            self.config.outbox, outbox.UNCLAIMABLE, projection={"attempts": 1, "lease_until": 1},
+            self.config.outbox, outbox.UNCLAIMABLE,
+            projection={"attempts": 1, "lease_until": 1, "kind": 1},
             limit=100,
         )  # fmt: skip
         if not found:
@@ -367,7 +368,9 @@ class Aggregator:
                        dead: bool = False) -> Outcome:  # fmt: skip
         """Give the event back (backoff) or dead-letter it, with ``message``."""
         message = outbox.error_text(message)  # what is logged is what is stored
-        dead = dead or event.attempts >= self.config.max_attempts
+        at = outbox.now()
+        failing = timedelta(seconds=self.config.failing_for)
+        dead = dead or outbox.given_up(event, self.config.max_attempts, at, min_failing=failing)
         log.warning(
             "aggregator %s: event %r (%s, attempt %d) failed%s: %s",
             self.worker_id, event.id, event.kind, event.attempts,
@@ -377,7 +380,8 @@ class Aggregator:
             self.uow.execute(
                 outbox.release_plan(
                     self.config.db_name, self.config.outbox, event, message,
-                    max_attempts=self.config.max_attempts, dead=dead,
+                    max_attempts=self.config.max_attempts, dead=dead, at=at,
+                    min_failing=failing,
                 )
             )  # fmt: skip
         except Exception as release_error:  # its lease runs out; it is claimed again
@@ -402,6 +406,8 @@ class Aggregator:
             found.append(f"messages is a {type(messages).__name__}, not a list of message keys")
         elif messages and not isinstance(doc.get("thread_id"), str):
             found.append("it has messages but no thread_id string")
+        if event.kind == events.THREAD_DELETED and not isinstance(doc.get("thread_id"), str):
+            found.append("it deletes a thread but names no thread_id string")
         return found
 
     def _stage(self, stage: str, event: outbox.ClaimedEvent) -> None:
