@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from accord.memory import model
@@ -62,10 +62,13 @@ def decide(
     history documents (any order)."""
     out = Forgetting()
     for doc in memories:
-        kept = sorted(
-            (h for h in history.get(doc["_id"], ()) if thread_of(h) != thread_id),
-            key=lambda h: h["version"],
-        )
+        # the memory's current life: the versions since it was last deleted (a memory
+        # deleted, then added again, starts again at version 1; the deleted one must never
+        # come back)
+        ordered = sorted(history.get(doc["_id"], ()), key=_replaced)
+        deletions = [i for i, h in enumerate(ordered) if h.get("change") == "delete"]
+        life = ordered[deletions[-1] + 1 :] if deletions else ordered
+        kept = [h for h in life if thread_of(h) != thread_id]
         if thread_of(doc) != thread_id:
             out.prune.append(doc["_id"])
         elif kept:
@@ -73,6 +76,13 @@ def decide(
         else:
             out.delete.append(doc)
     return out
+
+
+def _replaced(version: Mapping[str, Any]) -> tuple[datetime, Any]:
+    """When a history version stopped being current (its ``_id`` breaks ties: ObjectIds
+    grow with time)."""
+    at = model.aware(version.get("replaced_at")) or datetime.min.replace(tzinfo=UTC)
+    return at, str(version.get("_id"))
 
 
 def restored_document(current: Doc, version: Doc, embedding: Sequence[float] | None) -> Doc:

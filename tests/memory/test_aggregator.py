@@ -128,12 +128,19 @@ def test_replayed_statements_make_no_new_version(
     client: MongoClient, db_name: str, uow: UnitOfWork, make: Callable[..., Any]
 ) -> None:
     agg = make(db_name)
-    for i in range(3):
-        commit_step(uow, db_name, "acme", f"t{i}", "c1", [("human", "I prefer aisle seats.")])
+    for step in ("c1", "c2", "c3"):  # one thread saying it again, or a step replayed
+        commit_step(uow, db_name, "acme", "t0", step, [("human", "I prefer aisle seats.")])
     agg.drain()
     prefs = [m for k, m in memories(client, db_name).items() if k.startswith("preference:")]
     assert len(prefs) == 1 and prefs[0]["version"] == 1
     assert client[db_name].memory_history.count_documents({"key": prefs[0]["key"]}) == 0
+    # another thread stating it: the same memory, a version of its own (from that
+    # thread), so that deleting the first thread keeps what the second states too
+    commit_step(uow, db_name, "acme", "t1", "c1", [("human", "I prefer aisle seats.")])
+    agg.drain()
+    (pref,) = [m for k, m in memories(client, db_name).items() if k.startswith("preference:")]
+    assert pref["version"] == 2 and pref["provenance"]["thread_id"] == "t1"
+    assert pref["text"] == prefs[0]["text"]
 
 
 def test_failures_back_off_then_dead_letter(

@@ -169,6 +169,48 @@ def test_delete_thread_forgets_what_only_that_thread_gave(
     assert saver.get_tuple(_cfg("a-3")) is None
 
 
+def test_a_thread_deleted_keeps_what_another_thread_states_too(
+    client: MongoClient, db_name: str
+) -> None:
+    """Two threads said the same things: the second made no version (nothing new), so
+    deleting the first deleted the memories, though the second still states them."""
+    accord = Accord(client=client, db_name=db_name)
+    saver = accord.checkpointer()
+    graph = _chat().compile(checkpointer=saver)
+    agg = accord.aggregator()
+    for thread in ("a", "b"):
+        graph.invoke({"messages": [HumanMessage("My name is Alice. I prefer window seats.")]},
+                     _cfg(thread, "alice"))  # fmt: skip
+        agg.drain()
+    saver.delete_thread("a")
+    agg.drain()
+    texts = {d["text"]: d for (n, _), d in _memories(client, db_name).items()
+             if n == ("memories", "alice")}  # fmt: skip
+    assert {"User's name is Alice", "User prefers window seats"} <= set(texts)
+    assert {d["provenance"]["thread_id"] for d in texts.values()} == {"b"}
+
+
+def test_a_thread_deleted_never_brings_back_a_memory_the_user_deleted(
+    client: MongoClient, db_name: str
+) -> None:
+    """B's name was deleted by the user, then A stated another: deleting A restored B's
+    (the history's highest version, across the deletion)."""
+    accord = Accord(client=client, db_name=db_name)
+    saver = accord.checkpointer()
+    graph = _chat().compile(checkpointer=saver)
+    agg = accord.aggregator()
+    ns = ("memories", "alice")
+    graph.invoke({"messages": [HumanMessage("My name is Bob.")]}, _cfg("b", "alice"))
+    agg.drain()
+    assert accord.memory("default").delete(ns, "profile:name")  # the user deletes it
+    graph.invoke({"messages": [HumanMessage("My name is Alice.")]}, _cfg("a", "alice"))
+    agg.drain()
+    assert _memories(client, db_name)[(ns, "profile:name")]["text"] == "User's name is Alice"
+    saver.delete_thread("a")
+    agg.drain()
+    assert (ns, "profile:name") not in _memories(client, db_name)
+
+
 def test_async_saver_and_aggregator_forget_a_thread(
     mongo_uri: str, client: MongoClient, db_name: str
 ) -> None:

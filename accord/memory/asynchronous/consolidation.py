@@ -107,7 +107,12 @@ class AsyncConsolidator:
         own = p.key or own_key(c)
         _id = model.memory_id(self.tenant_id, p.namespace, own)
         current = self._current(_id)
-        if current is not None and p.key is None and c.action == "add":
+        if (
+            current is not None
+            and p.key is None
+            and c.action == "add"
+            and self._same_thread(current, c)
+        ):
             return  # the same statement (same normalised text) again: nothing new
         if current is not None or p.key is not None or c.action == "update" or not c.merge:
             self._write(_id, p, own, current, "update" if current is not None else "add")
@@ -158,8 +163,11 @@ class AsyncConsolidator:
             and current.get("text") == text
             and current.get("value") == value
             and current.get("kind") == c.kind
+            and self._same_thread(current, c)
         ):
             return  # nothing new: the same memory again (a replayed step, a repeated fact)
+        # (stated again by another thread: a version of its own, so that forgetting the
+        # first thread keeps the memory, which the other thread states too)
         original = self.decisions.before.get(_id)
         req = model.PutRequest(
             tuple(current["namespace"]) if current is not None else p.namespace,
@@ -171,6 +179,11 @@ class AsyncConsolidator:
         )
         doc = model.new_document(self.tenant_id, req, self.now, original)
         self._set(_id, doc, label)
+
+    def _same_thread(self, current: Doc, change: Any) -> bool:
+        """Whether ``current``'s version came from the thread ``change`` comes from."""
+        stated = (current.get("provenance") or {}).get("thread_id")
+        return bool(stated == self.provenance(change).thread_id)
 
     def _set(self, _id: str, doc: Doc | None, label: str) -> None:
         self.decisions.after[_id] = doc
