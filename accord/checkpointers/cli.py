@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -38,6 +37,7 @@ from rich.progress import (
 
 from accord.checkpointers import schema
 from accord.errors import AccordError
+from accord.platform.cli_output import SafeConsole, database_name
 
 if TYPE_CHECKING:
     from accord.platform.synchronous.leases import RunLeases
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 checkpoints_app = typer.Typer(
     help="The LangGraph checkpointer: migrate threads from MongoDBSaver.", no_args_is_help=True
 )
-console = Console(stderr=True, soft_wrap=True)  # errors and progress; lines never cut
-out = Console(soft_wrap=True)  # results
+console = SafeConsole(stderr=True, soft_wrap=True)  # errors and progress; lines never cut
+out = SafeConsole(soft_wrap=True)  # results
 
 URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
 DBPATH = typer.Option(
@@ -62,7 +62,10 @@ THREADS = typer.Option(
 @checkpoints_app.command("migrate")
 def migrate(
     db: str = typer.Option(
-        "checkpointing_db", "--db", help="MongoDBSaver's database (its default)."
+        "checkpointing_db",
+        "--db",
+        help="MongoDBSaver's database (its default).",
+        callback=database_name,
     ),
     to_db: str | None = typer.Option(
         None, "--to-db", help="accord's database (default: the same as --db)."
@@ -155,7 +158,7 @@ threads_app = typer.Typer(
     help="Inspect and take over threads held by runs (leases).", no_args_is_help=True
 )
 
-DB = typer.Option("accord", "--db", help="Database of the checkpointer.")
+DB = typer.Option("accord", "--db", help="Database of the checkpointer.", callback=database_name)
 TENANT = typer.Option(schema.DEFAULT_TENANT, "--tenant", help="Tenant of the thread.")
 RUNS = typer.Option(
     schema.CollectionNames().runs, "--runs-collection", help="The run registry's collection."

@@ -18,20 +18,20 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from accord.checkpointers import schema
 from accord.errors import AccordError
+from accord.platform.cli_output import SafeConsole, database_name
 
 runs_app = typer.Typer(
     help="Runs: the queue of runs (submit, ls, show, approve, reject, resume, cancel, fork) "
     "and recorded calls waiting for a human.",
     no_args_is_help=True,
 )
-out = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+out = SafeConsole(soft_wrap=True)
+err_console = SafeConsole(stderr=True, soft_wrap=True)
 
-DB = typer.Option("accord", "--db", help="Database of the checkpointer.")
+DB = typer.Option("accord", "--db", help="Database of the checkpointer.", callback=database_name)
 TENANT = typer.Option(schema.DEFAULT_TENANT, "--tenant", help="Tenant of the threads.")
 
 

@@ -31,24 +31,29 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from accord.errors import AccordError
+from accord.platform.cli_output import SafeConsole, database_name
 
 audit_app = typer.Typer(
     help="The audit trail: verify its hash chains, digest, prove, export.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = SafeConsole(stderr=True, soft_wrap=True)
+out = SafeConsole(soft_wrap=True)
 
 DBPATH = typer.Option(
     None, "--dbpath", help="Data directory of the embedded engine (default .accord/data)."
 )
 
 
-DB = typer.Option(None, "--db", help="The database (default ACCORD_DATABASE, else accord).")
+DB = typer.Option(
+    None,
+    "--db",
+    help="The database (default ACCORD_DATABASE, else accord).",
+    callback=database_name,
+)
 URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
 KEY = typer.Option(None, "--key", help="Sign with this Ed25519 private key (PEM file).")
 KEY_ENV = typer.Option(

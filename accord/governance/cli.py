@@ -26,25 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError
-from accord.platform.cli_output import print_whole, whole
+from accord.platform.cli_output import SafeConsole, database_name, print_whole, whole
 
 governance_app = typer.Typer(
     help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
     "data subjects' export and erasure.",
     no_args_is_help=True,
 )
-console = Console(stderr=True, soft_wrap=True)  # lines a script may parse are never cut
-out = Console(soft_wrap=True)
+console = SafeConsole(stderr=True, soft_wrap=True)  # lines a script may parse are never cut
+out = SafeConsole(soft_wrap=True)
 
 POLICY = typer.Option(
     None, "--policy", help="A policy file (default: ACCORD_POLICY, else the built-in default)."
 )
-DB = typer.Option("accord", "--db", help="The database the policy governs.")
+DB = typer.Option("accord", "--db", help="The database the policy governs.", callback=database_name)
 URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else the engine).")
 ATLAS_ROLES = typer.Option(
     None, "--atlas-roles", help="Write the roles as Atlas custom role JSON files here."

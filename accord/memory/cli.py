@@ -26,24 +26,24 @@ from typing import Any
 
 import typer
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from rich.console import Console
+from pydantic_settings import SettingsConfigDict
 from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
-from accord.platform.cli_output import print_whole, whole
+from accord.platform.cli_output import SafeConsole, database_name, print_whole, whole
+from accord.platform.settings import EnvironmentSettings
 
 memory_app = typer.Typer(
     help="Long-term memory: the aggregator worker, its outbox, API keys.",
     no_args_is_help=True,
     rich_markup_mode=None,  # as the platform's app: flags shown as flags
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+console = SafeConsole(stderr=True, soft_wrap=True)
+out = SafeConsole(soft_wrap=True)
 
 
-class MemorySettings(BaseSettings):
+class MemorySettings(EnvironmentSettings):
     """Memory configuration from the environment (``ACCORD_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="ACCORD_", extra="ignore")
@@ -57,7 +57,9 @@ URI = typer.Option(None, "--uri", help="MongoDB URI (default: MONGODB_URI, else 
 DBPATH = typer.Option(
     None, "--dbpath", help="Data directory of the embedded engine (default .accord/data)."
 )
-DB = typer.Option(None, "--db", help="Database (default: ACCORD_DATABASE or 'accord').")
+DB = typer.Option(
+    None, "--db", help="Database (default: ACCORD_DATABASE or 'accord').", callback=database_name
+)
 EVENT_IDS = typer.Argument(None, help="Dead events to retry.")
 KEYS_FILE = typer.Option(
     None, "--keys-file", help="API keys (default: ACCORD_API_KEYS_FILE / ACCORD_API_KEYS)."

@@ -10,11 +10,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from accord.errors import AccordError
 from accord.platform import connection
+from accord.platform.cli_output import SafeConsole
 from accord.platform.embedded.discovery import DEFAULT_PORT
 from accord.platform.settings import Settings
 
@@ -27,8 +27,8 @@ engine_app = typer.Typer(
     help="Run the embedded MongoDB-compatible engine.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(engine_app, name="engine")
-console = Console(soft_wrap=True)  # lines a script may parse are never cut
-err_console = Console(stderr=True, soft_wrap=True)  # errors: stderr, as the engine's own
+console = SafeConsole(soft_wrap=True)  # lines a script may parse are never cut
+err_console = SafeConsole(stderr=True, soft_wrap=True)  # errors: stderr, as the engine's own
 
 
 def _version(value: bool) -> None:
@@ -219,7 +219,7 @@ def load_plugins(target: typer.Typer) -> list[str]:
         try:
             ep.load()(target)
         except Exception as exc:  # a broken optional part must not break `accord engine`
-            Console(stderr=True).print(
+            SafeConsole(stderr=True).print(
                 f"[yellow]accord: {ep.name} commands unavailable:[/yellow] {exc}"
             )
             continue

@@ -1,4 +1,7 @@
-"""Printing tables in the CLI without cutting what a user copies from them.
+"""Printing in the CLI: messages that quote any value, tables that cut none.
+
+:class:`SafeConsole` is the console every command prints with: a message quoting a user's
+value (an id, a tenant, an error) prints that value as it is, whatever it holds.
 
 Rich fits a table to the terminal by wrapping and cutting cells ("12fa8a0e2ae4…"); an id
 or a hold's value cut that way cannot be passed back to a command. Give such columns
@@ -9,11 +12,32 @@ with nothing cut.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from typing import Any
 
+import typer
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.measure import Measurement
 from rich.table import Column, Table
+
+
+class SafeConsole(Console):
+    """A rich console that never mangles nor fails on what a message quotes: no emoji
+    codes (a thread id ``a:x:b`` stayed ``a❌b``), and a message whose quoted values are
+    not valid markup (``[/red]x``) is printed as plain text instead of raising
+    ``MarkupError`` (which came after a command had done its work)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(**kwargs)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        try:
+            super().print(*objects, **kwargs)
+        except MarkupError:
+            super().print(*objects, **{**kwargs, "markup": False})
 
 
 def whole(title: str, values: Iterable[str]) -> Column:
@@ -34,3 +58,19 @@ def print_whole(console: Console, table: Table) -> None:
         console.print(table)
     finally:
         console.width = width
+
+
+_DB_BAD = re.compile(r'[/\\. "$\x00]')
+
+
+def database_name(value: str | None) -> str | None:
+    """The ``--db`` options' check: a MongoDB database name, else exit 2 naming it
+    (``a.b`` failed deep inside the driver, after some commands had written)."""
+    if value is None:
+        return None
+    if not value or len(value) > 63 or _DB_BAD.search(value):
+        raise typer.BadParameter(
+            f"{value!r} is not a MongoDB database name (1 to 63 characters, none of "
+            f'/ \\ . space " $ or NUL)'
+        )
+    return value

@@ -133,3 +133,27 @@ def test_the_queue_from_the_cli(
         assert forked.exit_code == 0, forked.output
         assert "queued" in forked.output
     assert run("runs", "show", "run-missing").exit_code == 1
+
+
+def test_what_a_message_quotes_is_printed_as_it_is(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run id ``[/red]x`` was a MarkupError traceback (after ``threads release`` had
+    moved the fence); ``run:x:1`` printed as ``run❌1``; ``--db a.b`` failed in the
+    driver; a bad ``ACCORD_*`` value was pydantic's traceback."""
+    monkeypatch.setenv("MONGODB_URI", mongo_uri)
+    app = typer.Typer()
+    app.command("noop")(lambda: None)
+    register(app)
+    cli = CliRunner()
+    for run_id in ("[/red]x", "run:x:1"):
+        shown = cli.invoke(app, ["runs", "show", run_id, "--db", db_name])
+        assert shown.exit_code == 1 and f"no run {run_id!r}" in shown.output, shown.output
+        assert shown.exception is None or isinstance(shown.exception, SystemExit)
+    for bad in ("a.b", "", "a b", "x$y"):
+        refused = cli.invoke(app, ["runs", "ls", "--db", bad])
+        assert refused.exit_code == 2 and "not a MongoDB database name" in refused.output
+    monkeypatch.setenv("ACCORD_SERVER_SELECTION_TIMEOUT", "-1")
+    monkeypatch.delenv("MONGODB_URI")
+    env = cli.invoke(app, ["runs", "ls", "--db", db_name])
+    assert env.exit_code == 1 and "ACCORD_SERVER_SELECTION_TIMEOUT" in env.output, env.output
