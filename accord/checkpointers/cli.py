@@ -91,7 +91,8 @@ def migrate(
 
     client: MongoClient[Any] | None = None
     try:
-        client = MongoClient(connection.resolve_uri(uri, dbpath))
+        # checked at once: an unreachable host or a bad URI is one line within seconds
+        client = connection.connect(uri, data_dir=dbpath)
         migration = MongoDBSaverMigration(
             client, db, target_db=to_db, tenant_id=tenant, checkpoint_collection_name=checkpoints,
             writes_collection_name=writes, threads=thread or None,
@@ -177,9 +178,23 @@ def _leases(db: str, runs_collection: str) -> tuple[Any, RunLeases]:
     return client, RunLeases(uow, db, runs_collection)
 
 
+def _checked_ids(thread: str, tenant: str) -> None:
+    """Refuse a thread or tenant id the saver would refuse (exit 2; before, ``release ''``
+    wrote a registry document for the empty thread)."""
+    from accord.checkpointers.validation import identifier
+
+    try:
+        identifier(thread, "thread")
+        identifier(tenant, "tenant")
+    except AccordError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+
+
 @threads_app.command("show")
 def show(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -> None:
     """Who holds THREAD now."""
+    _checked_ids(thread, tenant)
     try:
         client, leases = _leases(db, runs)
         holder = leases.holder(tenant, thread)
@@ -200,6 +215,7 @@ def release(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -
     The next run takes the thread at once. Use it when a worker is gone and its lease
     has not expired yet.
     """
+    _checked_ids(thread, tenant)
     try:
         client, leases = _leases(db, runs)
         before = leases.take_over(tenant, thread)
@@ -235,17 +251,11 @@ def delete(
     a run working on the thread loses it."""
     from accord import runtime
     from accord.checkpointers import AccordSaver
-    from accord.checkpointers.validation import identifier
     from accord.errors import LegalHoldError
     from accord.platform import connect
     from accord.platform.context import Principal
 
-    try:
-        identifier(thread, "thread")
-        identifier(tenant, "tenant")
-    except AccordError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+    _checked_ids(thread, tenant)
     if not yes and not typer.confirm(
         f"Delete thread {thread!r} of tenant {tenant!r} in {db} (this cannot be undone)?"
     ):

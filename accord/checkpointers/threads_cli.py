@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from accord.checkpointers.cli import DB, TENANT, console, out, threads_app
+from accord.checkpointers.validation import MAX_ARTIFACT_GRACE
 from accord.errors import AccordError
 
 
@@ -59,7 +60,11 @@ def rollback(
 @threads_app.command("gc-artifacts")
 def gc_artifacts(
     grace: float = typer.Option(
-        3600.0, "--grace", help="Seconds a pending artifact is kept (longer than any task)."
+        3600.0,
+        "--grace",
+        min=0,
+        max=MAX_ARTIFACT_GRACE,
+        help="Seconds a pending artifact is kept (longer than any task).",
     ),
     db: str = DB,
 ) -> None:

@@ -16,6 +16,8 @@ from langchain_core.runnables import RunnableConfig
 from accord.errors import InvalidInputError
 
 MAX_ID_LENGTH = 1024
+# longest grace `gc_artifacts` takes (no task runs a year; inf overflowed the cutoff)
+MAX_ARTIFACT_GRACE = 365 * 86_400.0
 _SCALARS = (str, int, float, bool, type(None))
 
 

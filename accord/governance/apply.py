@@ -282,7 +282,12 @@ def atlas_files(policy: Policy, db: str, directory: str | Path) -> list[Path]:
     ``directory`` (``atlas customDbRoles create ROLE --file FILE``, or the Admin API's
     ``customDBRoles/roles``). Returns the files written."""
     target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"cannot write the role files into {target}: {exc.strerror}"
+        ) from None
     written = []
     for spec in role_specs(policy, db):
         path = target / f"{spec.name}.json"

@@ -156,7 +156,18 @@ def _digest_arg(uow: Any, db: str, value: str) -> Mapping[str, Any]:
 
     path = Path(value)
     if path.exists():
-        return _load_json(path, "a digest")
+        doc = _load_json(path, "a digest")
+        if (
+            not isinstance(doc, Mapping)
+            or isinstance(doc.get("seq"), bool)
+            or not isinstance(doc.get("seq"), int)
+            or not isinstance(doc.get("hash"), str)
+        ):  # (a KeyError traceback before)
+            raise InvalidInputError(
+                f"{path} is not an audit digest: it needs seq and hash, as `accord audit "
+                f"digest` writes them"
+            )
+        return doc
     if not value.isdigit():
         raise InvalidInputError(f"{value!r} is neither a digest file nor a digest number")
     found = [d for d in list_digests(uow, db, upto=int(value)) if d["seq"] == int(value)]
@@ -200,13 +211,16 @@ def digest(
 
     try:
         signing = load_private(key, key_env)
-        try:
-            interval = parse_duration(every).total_seconds() if every is not None else None
+        try:  # (seconds as digits: '60', as the message says)
+            given: str | int | None = int(every) if every is not None and every.isdigit() else every
+            interval = parse_duration(given).total_seconds() if given is not None else None
         except ValueError as exc:
             raise InvalidInputError(f"--every: {exc}") from None
         folder = Path(out_file).parent if out_file is not None else None
         if folder is not None and not folder.is_dir():  # before a digest is taken
             raise InvalidInputError(f"--out: no directory {folder}; no digest was taken")
+        if out_file is not None and Path(out_file).is_dir():
+            raise InvalidInputError(f"--out: {out_file} is a directory; no digest was taken")
         with _kernel(uri, dbpath, db, setup=True) as (uow, name):
             taken = 0
             while True:
@@ -235,11 +249,15 @@ def _write_whole(path: Path, text: str) -> None:
     fixed ``--out`` name must keep the previous digest until the next one is complete (a
     process killed mid-write left an empty file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # (a directory named --out left the temporary file)
+        raise
 
 
 @audit_app.command("prove")

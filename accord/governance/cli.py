@@ -303,7 +303,7 @@ def sweep_command(
     db: str = DB,
     uri: str | None = URI,
     limit: int = typer.Option(
-        1000, "--limit", min=1, help="Threads per rule per pass (sweep_limit)."
+        1000, "--limit", min=1, max=1_000_000, help="Threads per rule per pass (sweep_limit)."
     ),
     batch: int = typer.Option(
         1000, "--batch", min=1, max=100_000, help="Documents per transaction."
@@ -312,7 +312,7 @@ def sweep_command(
         0.0, "--pause", min=0, max=3600, help="Seconds between transactions (pacing)."
     ),
     interval: float = typer.Option(
-        0, "--interval", min=0, help="Run a pass every this many seconds (0: once)."
+        0, "--interval", min=0, max=7 * 86_400, help="Run a pass every this many seconds (0: once)."
     ),
 ) -> None:
     """Keep the latest N checkpoints per thread and delete expired threads (held ones are

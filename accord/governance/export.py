@@ -385,7 +385,10 @@ def export(
         "until": _iso(until) if until else None, "class": artifact, "records_format": fmt,
         "digest": {"seq": upto, "hash": covering["hash"]}, "part_size": part_size,
     }  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, no permission, a read-only place
+        raise InvalidInputError(f"cannot write the export into {out}: {exc.strerror}") from None
     finished = _finished(out, params)
     if finished is not None:  # run again after it ended (killed before it said so)
         return finished

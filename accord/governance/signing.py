@@ -48,7 +48,10 @@ def generate(path: Path) -> tuple[Path, Path]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )  # fmt: skip
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the key to {path}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as f:
         f.write(private)
     pub.write_bytes(

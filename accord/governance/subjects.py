@@ -279,7 +279,10 @@ def export_subject(uow: Any, db: str, policy: Policy, subject: str, out: str | o
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise InvalidInputError(f"{root} exists and is not an empty directory; name a new one")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the export into {root}: {exc.strerror}") from None
     files: dict[str, dict[str, Any]] = {}
 
     def write(name: str, artifact: str, collection: str, batches: Iterator[list[dict[str, Any]]]) -> None:  # fmt: skip

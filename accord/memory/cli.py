@@ -214,7 +214,7 @@ def dead(
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
     db: str | None = DB,
-    limit: int = typer.Option(20, min=1),
+    limit: int = typer.Option(20, min=1, max=100_000),
 ) -> None:
     """List dead-lettered events with their last error."""
     from accord.platform.artifacts import OUTBOX
@@ -269,7 +269,11 @@ def api_key(
     read_only: bool = typer.Option(False, "--read-only", help="Only read."),
     keys_file: Path | None = ADD_TO_KEYS_FILE,
     expires_in_days: float | None = typer.Option(
-        None, "--expires-in-days", min=0.001, help="Refuse the key from this many days on."
+        None,
+        "--expires-in-days",
+        min=0.001,
+        max=36_500,
+        help="Refuse the key from this many days on.",
     ),
 ) -> None:
     """Create an API key for 'accord serve'. Prints the key once (give it to the client);

@@ -6,6 +6,7 @@ show every flag, ``--help`` included, as taking a ``<bool>`` value.
 
 from __future__ import annotations
 
+import math
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -54,8 +55,11 @@ DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of 
 
 
 def _positive(value: float) -> float:
-    if value <= 0:
-        raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+    # (NaN passed `value <= 0`: TTL passes that never ran; inf: transactions never aborted)
+    if not math.isfinite(value) or value <= 0 or value > 86_400:
+        raise typer.BadParameter(
+            f"must be a number of seconds above 0 and at most a day, got {value}"
+        )
     return value
 
 

@@ -250,8 +250,11 @@ def test_the_cli_collects_orphans(
     done = CliRunner().invoke(cli, [*args, "--grace", "0"], env=env)
     assert done.exit_code == 0 and "1 orphaned" in done.output, done.output
     assert _files(client, db_name) == []
-    bad = CliRunner().invoke(cli, [*args, "--grace", "-1"], env=env)
-    assert bad.exit_code == 1 and "grace" in bad.output
+    for grace in ("-1", "inf", "nan"):  # usage errors (inf overflowed, nan passed `< 0`)
+        bad = CliRunner().invoke(cli, [*args, "--grace", grace], env=env)
+        assert bad.exit_code == 2 and "grace" in bad.output, bad.output
+    with pytest.raises(InvalidInputError, match="grace must be"):
+        saver.gc_artifacts(grace=float("inf"))
 
 
 def test_async_node_and_saver(mongo_uri: str, client: MongoClient, db_name: str) -> None:

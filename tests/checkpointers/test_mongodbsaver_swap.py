@@ -217,6 +217,19 @@ def test_threads_migrated_into_another_database_are_still_refused_beside_their_s
         client.drop_database(target + "2")
 
 
+def test_a_migration_of_nothing_is_refused_and_writes_nothing(client: MongoClient) -> None:
+    """A typo in --db "migrated 0 threads", created accord's collections in that
+    database and recorded it as migrated; '$x' as a collection left a running record."""
+    from accord.errors import InvalidInputError
+
+    missing = "nothere_" + uuid.uuid4().hex[:8]
+    with pytest.raises(InvalidInputError, match="does not exist: nothing to migrate"):
+        MongoDBSaverMigration(client, missing).run()
+    assert missing not in client.list_database_names()
+    with pytest.raises(InvalidInputError, match="is not a collection name"):
+        MongoDBSaverMigration(client, missing, checkpoint_collection_name="$x")
+
+
 def test_an_interrupted_migration_resumes(client: MongoClient, legacy_db: str) -> None:
     expected = _write_mongodbsaver_threads(client, legacy_db)
     seen: list[int] = []

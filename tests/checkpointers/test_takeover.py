@@ -209,6 +209,11 @@ def test_threads_release_takes_a_live_holders_thread(
     released = CliRunner().invoke(app, ["threads", "release", "stuck", "--db", db_name])
     assert released.exit_code == 0, released.output
     assert "released thread 'stuck'" in released.output
+    # an id no saver accepts is refused, not written (release '' stored a registry entry)
+    for command in ("show", "release"):
+        refused = CliRunner().invoke(app, ["threads", command, "", "--db", db_name])
+        assert refused.exit_code == 2 and "thread" in refused.output, refused.output
+    assert client[db_name][CollectionNames().runs].count_documents({"thread_id": ""}) == 0
     state = _finishing_graph(client, db_name).invoke(
         {"n": 5}, {"configurable": {"thread_id": "stuck"}}
     )

@@ -134,7 +134,7 @@ def test_queued_run_retention_must_start_when_a_run_ended() -> None:
         text = _policy("30d").replace('after = "done"', f'after = "{after}"')
         with pytest.raises(PolicyError, match="queued runs expire only once they ended"):
             parse_policy(text, "bad.toml")
-    text = '[classes.artifact]\nretention = { expire_after = "1d", after = "done" }\n'
+    text = '[classes.long_term_memory]\nretention = { expire_after = "1d", after = "done" }\n'
     with pytest.raises(PolicyError, match="only outbox events and queued runs are 'done'"):
         parse_policy(text, "bad.toml")
 

@@ -277,3 +277,23 @@ def test_digests_at_intervals_each_to_its_own_file(
                                 env=env)  # fmt: skip
     assert result.exit_code == 2 and "no directory" in result.output, result.output
     assert client[db_name].accord_audit_digests.count_documents({}) == 3
+    # --out a directory: refused before a digest is taken (it stored one, then left a
+    # temporary file beside the directory)
+    result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--out",
+                                      str(tmp_path)], env=env)  # fmt: skip
+    assert result.exit_code == 2 and "is a directory" in result.output, result.output
+    assert client[db_name].accord_audit_digests.count_documents({}) == 3
+    assert not list(tmp_path.parent.glob(f".{tmp_path.name}.tmp"))
+    # a file that is no digest (a KeyError traceback); an export into a file
+    fake = tmp_path / "fake.json"
+    fake.write_text('{"not": "a digest"}')
+    result = CliRunner().invoke(cli, ["audit", "verify", "--db", db_name, "--from", str(fake),
+                                      "--to", "2"], env=env)  # fmt: skip
+    assert result.exit_code == 2 and "is not an audit digest" in result.output, result.output
+    result = CliRunner().invoke(cli, ["audit", "export", "--db", db_name, "--tenant", "acme",
+                                      "--out", str(fake)], env=env)  # fmt: skip
+    assert result.exit_code == 2 and "cannot write the export" in result.output, result.output
+    # seconds as digits, as the message about a bad --every says they may be
+    result = CliRunner().invoke(cli, ["audit", "digest", "--db", db_name, "--every", "60",
+                                      "--count", "1"], env=env)  # fmt: skip
+    assert result.exit_code == 0, result.output

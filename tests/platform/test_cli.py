@@ -48,7 +48,18 @@ def test_engine_start_status_stop(tmp_path: Path) -> None:
     assert run("engine", "status", "--dbpath", dbpath).returncode == 1
 
 
-@pytest.mark.parametrize("args", [["--port", "70000"], ["--port", "abc"], ["--bogus"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--port", "70000"],
+        ["--port", "abc"],
+        ["--bogus"],
+        # NaN passed `<= 0` (TTL passes that never ran); inf never aborted a transaction
+        ["--ttl-interval", "nan"],
+        ["--transaction-lifetime", "inf"],
+        ["--transaction-lifetime", "0"],
+    ],
+)
 def test_engine_start_rejects_bad_flags(tmp_path: Path, args: list[str]) -> None:
     result = run("engine", "start", "--dbpath", str(tmp_path), *args)
     assert result.returncode == 2

@@ -41,7 +41,7 @@ from pymongo import ASCENDING
 from accord.checkpointers import layout, migrate, schema, validation
 from accord.checkpointers.asynchronous.saver import AsyncAccordSaver
 from accord.checkpointers.migrate import MigrationProgress, MigrationReport
-from accord.errors import ConfigurationError
+from accord.errors import ConfigurationError, InvalidInputError
 from accord.platform.artifacts import CATALOG_COLLECTION, MIGRATION
 from accord.platform.asynchronous.catalog import AsyncCatalog
 from accord.platform.plan import Group, Op, Plan, PlanContext
@@ -102,6 +102,10 @@ class AsyncMongoDBSaverMigration:
             checkpoint_collection_name, "checkpoint_collection_name"
         )
         self.writes = validation.identifier(writes_collection_name, "writes_collection_name")
+        for name, value in (("checkpoint_collection_name", self.checkpoints),
+                            ("writes_collection_name", self.writes)):  # fmt: skip
+            if "$" in value or value.startswith(("system.", ".")) or value.endswith("."):
+                raise InvalidInputError(f"{name} {value!r} is not a collection name")
         self.threads = None if threads is None else validation.thread_ids(threads, "threads")
         self.serde = serde or JsonPlusSerializer()
         for forced in ("unmigrated", "outbox_events", "tenant_id"):
@@ -143,6 +147,13 @@ class AsyncMongoDBSaverMigration:
         first thread and after each one."""
         full = self.threads is None
         self.diverged: list[str] = []
+        if not await self._source.list_collection_names(filter={"name": self.checkpoints}):
+            # (a typo in --db "migrated 0 threads" and recorded the database as migrated)
+            raise InvalidInputError(
+                f"{self.db_name}.{self.checkpoints} does not exist: nothing to migrate, "
+                f"nothing was written; check the database (--db) and the collection "
+                f"(--checkpoints)"
+            )
         separated = await self.separate()
         await AsyncCatalog(self.saver.uow, self.db_name).setup(
             COMPONENT, {layout.MIGRATIONS_COLLECTION: MIGRATION.name}

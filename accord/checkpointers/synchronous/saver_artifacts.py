@@ -181,8 +181,15 @@ class SaverArtifacts(SaverWrites):
         ``grace`` seconds ago, whose step never committed; returns how many. The grace
         must exceed the longest task (a task still running past it loses its artifacts,
         and its commit then fails with ``ArtifactNotFound``)."""
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
-            raise InvalidInputError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not 0 <= grace <= validation.MAX_ARTIFACT_GRACE
+        ):  # (inf overflowed the cutoff's timedelta)
+            raise InvalidInputError(
+                f"grace must be a number of seconds from 0 to {validation.MAX_ARTIFACT_GRACE:.0f} "
+                f"(a year), got {grace!r}"
+            )
         self._artifact_setup()
         cutoff = datetime.now(UTC) - timedelta(seconds=float(grace))
         collected = 0
