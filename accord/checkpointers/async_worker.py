@@ -38,6 +38,7 @@ from accord.checkpointers.worker import (
     BUSY_BACKOFF_S,
     ActiveRun,
     bind,
+    check_graph_name,
     interrupt_value,
     load_graph,
 )
@@ -75,7 +76,7 @@ class AsyncWorker:
         saver_kwargs: dict[str, Any] | None = None,
         max_attempts: int = 5,
     ) -> None:
-        self.graph_name = queued_runs.check_graph(graph)
+        self.graph_name = check_graph_name(graph)
         for name, value in (
             ("concurrency", concurrency),
             ("tenant_limit", tenant_limit),

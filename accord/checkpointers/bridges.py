@@ -169,6 +169,15 @@ class AnswersSyncCalls:
     def sweep(self) -> int:
         return self._on_loop(self.asweep())  # type: ignore[attr-defined,no-any-return]
 
+    def delete_expired(self, threads: Sequence[tuple[str, str]], **kwargs: Any) -> tuple[int, int]:
+        return self._on_loop(self.adelete_expired(threads, **kwargs))  # type: ignore[attr-defined,no-any-return]
+
+    def collect_garbage(self, thread_ids: Sequence[str], **kwargs: Any) -> int:
+        return self._on_loop(self.acollect_garbage(thread_ids, **kwargs))  # type: ignore[attr-defined,no-any-return]
+
+    def pending_collection(self, **kwargs: Any) -> builtins.list[tuple[str, str]]:
+        return self._on_loop(self.apending_collection(**kwargs))  # type: ignore[attr-defined,no-any-return]
+
     def put_artifact(self, config: RunnableConfig, data: Any, **kwargs: Any) -> Any:
         return self._on_loop(self.aput_artifact(config, data, **kwargs))  # type: ignore[attr-defined]
 
@@ -283,6 +292,17 @@ class AnswersAsyncCalls:
 
     async def asweep(self) -> int:
         return await in_thread(self.sweep)  # type: ignore[attr-defined,no-any-return]
+
+    async def adelete_expired(
+        self, threads: Sequence[tuple[str, str]], **kwargs: Any
+    ) -> tuple[int, int]:
+        return await in_thread(self.delete_expired, threads, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def acollect_garbage(self, thread_ids: Sequence[str], **kwargs: Any) -> int:
+        return await in_thread(self.collect_garbage, thread_ids, **kwargs)  # type: ignore[attr-defined,no-any-return]
+
+    async def apending_collection(self, **kwargs: Any) -> builtins.list[tuple[str, str]]:
+        return await in_thread(self.pending_collection, **kwargs)  # type: ignore[attr-defined,no-any-return]
 
     async def aput_artifact(self, config: RunnableConfig, data: Any, **kwargs: Any) -> Any:
         return await in_thread(self.put_artifact, config, data, **kwargs)  # type: ignore[attr-defined]

@@ -216,6 +216,11 @@ def _copy(value: Any, name: str) -> Any:
             stack.extend((child, depth + 1) for child in children)
     try:
         bson.encode({"v": value})
+    except UnicodeEncodeError:  # BSON strings are UTF-8: no lone surrogate ("\ud800")
+        raise InvalidInputError(
+            f"{name} cannot be stored by MongoDB: a string in it holds a lone surrogate "
+            f"(strings must be valid Unicode); nothing was staged."
+        ) from None
     except (InvalidDocument, TypeError, OverflowError) as exc:
         raise InvalidInputError(
             f"{name} cannot be stored by MongoDB ({str(exc)[:200]}); nothing was staged."

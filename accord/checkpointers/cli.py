@@ -99,7 +99,8 @@ def migrate(
         )  # fmt: skip
         console.print(
             f"migrating MongoDBSaver threads of {db}.{checkpoints} into accord "
-            f"({migration.target_db}, tenant {tenant!r})"
+            f"({migration.target_db}, tenant {tenant!r})",
+            markup=False,
         )
         with Progress(
             TextColumn("[bold]threads"), BarColumn(), MofNCompleteColumn(),
@@ -117,7 +118,7 @@ def migrate(
 
             report = migration.run(on_progress=shown)
     except AccordError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.error(exc)
         raise typer.Exit(2) from exc
     finally:
         if client is not None:
@@ -187,7 +188,7 @@ def _checked_ids(thread: str, tenant: str) -> None:
         identifier(thread, "thread")
         identifier(tenant, "tenant")
     except AccordError as err:
-        console.print(f"[red]error:[/red] {err}")
+        console.error(err)
         raise typer.Exit(2) from None
 
 
@@ -200,12 +201,14 @@ def show(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -> N
         holder = leases.holder(tenant, thread)
         client.close()
     except AccordError as err:
-        console.print(f"[red]{err}[/red]")
+        console.error(err, prefix="")
         raise typer.Exit(1) from None
     if holder.run_id is None:
-        out.print(f"thread {thread!r} (tenant {tenant!r}) is held by no run")
+        out.print(f"thread {thread!r} (tenant {tenant!r}) is held by no run", markup=False)
     else:
-        out.print(f"thread {thread!r} (tenant {tenant!r}) is held by {holder.describe()}")
+        out.print(
+            f"thread {thread!r} (tenant {tenant!r}) is held by {holder.describe()}", markup=False
+        )
 
 
 @threads_app.command("release")
@@ -221,17 +224,19 @@ def release(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -
         before = leases.take_over(tenant, thread)
         client.close()
     except AccordError as err:
-        console.print(f"[red]{err}[/red]")
+        console.error(err, prefix="")
         raise typer.Exit(1) from None
     if before.run_id is None:
         out.print(
             f"thread {thread!r} (tenant {tenant!r}) was held by no run; it is free, and its "
-            f"fence moved on"
+            f"fence moved on",
+            markup=False,
         )
     else:
         out.print(
             f"released thread {thread!r} (tenant {tenant!r}) from {before.describe()}; that "
-            f"run's next commit will be refused"
+            f"run's next commit will be refused",
+            markup=False,
         )
 
 
@@ -268,13 +273,13 @@ def delete(
         saver.delete_thread(thread, tenant_id=tenant, keep_memories=keep_memories)
         client.close()
     except LegalHoldError as err:
-        console.print(f"[red]refused:[/red] {err}")
+        console.error(err, prefix="refused: ")
         raise typer.Exit(1) from None
     except AccordError as err:
-        console.print(f"[red]error:[/red] {err}")
+        console.error(err)
         raise typer.Exit(1) from None
     kept = "; its long-term memories are kept" if keep_memories else ""
-    out.print(f"deleted thread {thread!r} (tenant {tenant!r}) in {db}{kept}")
+    out.print(f"deleted thread {thread!r} (tenant {tenant!r}) in {db}{kept}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

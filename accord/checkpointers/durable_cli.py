@@ -62,7 +62,7 @@ def list_calls(
         finally:
             client.close()
     except AccordError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        err_console.error(exc, prefix="")
         raise typer.Exit(1) from None
     if not found:
         out.print(f"no unsettled recorded calls (tenant {tenant!r})")
@@ -94,7 +94,7 @@ def resolve(
     try:
         value = json.loads(result)
     except json.JSONDecodeError as exc:
-        err_console.print(f"[red]--result is not JSON ({exc}); nothing was written[/red]")
+        err_console.error(f"--result is not JSON ({exc}); nothing was written", prefix="")
         raise typer.Exit(2) from None
     kind, data = JsonPlusSerializer().dumps_typed(value)
     try:
@@ -106,7 +106,7 @@ def resolve(
         finally:
             client.close()
     except AccordError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        err_console.error(exc, prefix="")
         raise typer.Exit(1) from None
     out.print(f"settled call {key} of thread {thread!r}; its task replays the result")
 
@@ -134,7 +134,7 @@ def _json(text: str | None, option: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        err_console.print(f"[red]{option} is not JSON ({exc}); nothing was written[/red]")
+        err_console.error(f"{option} is not JSON ({exc}); nothing was written", prefix="")
         raise typer.Exit(2) from None
 
 
@@ -147,7 +147,7 @@ def _on_queue(db: str, action: Any) -> Any:
         finally:
             client.close()
     except AccordError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        err_console.error(exc, prefix="")
         raise typer.Exit(1) from None
 
 
@@ -170,8 +170,8 @@ def _credentials(values: list[str] | None) -> dict[str, Any] | None:
                 raise ValueError("no '='")
             parsed[name] = datetime.fromisoformat(when)
         except ValueError as exc:
-            err_console.print(f"[red]--credential {value!r}: expected NAME=ISO-8601 ({exc}); "
-                              f"nothing was written[/red]")  # fmt: skip
+            err_console.error(f"--credential {value!r}: expected NAME=ISO-8601 ({exc}); "
+                              f"nothing was written", prefix="")  # fmt: skip
             raise typer.Exit(2) from None
     return parsed
 
@@ -202,7 +202,8 @@ def submit(
     db: str = DB,
     tenant: str = TENANT,
 ) -> None:
-    """Queue a run of GRAPH; prints its run id."""
+    """Queue a run of GRAPH; prints its run id (alone on stdout: R=$(accord runs submit
+    ...) works; its status and thread go to stderr)."""
     value = _json(input, "--input")
     fallback = _json(timeout_value, "--timeout-value")
     held = _credentials(credential)
@@ -211,8 +212,8 @@ def submit(
         idempotency_key=key, wait_timeout=wait_timeout, on_timeout=on_timeout,
         timeout_value=fallback, credentials=held,
     ))  # fmt: skip
-    out.print(f"{run.run_id}  {run.status}  thread={run.thread_id}", markup=False,
-              highlight=False)  # fmt: skip
+    out.print(run.run_id, markup=False, highlight=False)
+    err_console.print(f"{run.status}  thread={run.thread_id}", markup=False, highlight=False)
 
 
 @runs_app.command("ls")
@@ -392,7 +393,7 @@ def worker_command(
                              poll=poll, grace=grace, lease=lease, until_idle=until_idle,
                              max_attempts=max_attempts)  # fmt: skip
     except AccordError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        err_console.error(exc, prefix="")
         raise typer.Exit(1) from None
     err_console.print(f"accord worker: executed {executed} run(s); exiting")
 

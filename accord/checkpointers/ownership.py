@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from accord.checkpointers import langgraph_internals
+from accord.checkpointers import langgraph_internals, validation
 from accord.errors import ConcurrentRunError
 from accord.platform.runs import Holder, Lease
 
@@ -51,11 +51,16 @@ WHAT_TO_DO = (
 
 
 def langgraph_run_id(config: Mapping[str, Any] | None) -> str | None:
-    """The run id the caller gave LangGraph (``config["run_id"]`` or metadata), if any."""
+    """The run id the caller gave LangGraph (``config["run_id"]`` or metadata), if any;
+    InvalidInputError when it is no usable identifier (NUL, over 1,024 characters, a
+    lone surrogate): it is written to the run registry and named in errors."""
     config = config or {}
-    for value in (config.get("run_id"), (config.get("metadata") or {}).get("run_id")):
+    for where, value in (
+        ("config['run_id']", config.get("run_id")),
+        ("config['metadata']['run_id']", (config.get("metadata") or {}).get("run_id")),
+    ):
         if value is not None and str(value):
-            return str(value)
+            return validation.identifier(str(value), where)
     return None
 
 

@@ -369,6 +369,32 @@ def bookkeeping_problem(spec: Mapping[str, Any]) -> str | None:
     versioned = spec.get("expect_version") is not None
     if versioned and isinstance(filt, Mapping) and VERSION_FIELD in filt:
         return f"the filter names {VERSION_FIELD!r} beside expect_version"
+    if spec.get("upsert") and isinstance(filt, Mapping):
+        # an upsert that creates a record copies the filter's equalities into it
+        named = _filter_bookkeeping(filt)
+        if named:
+            return f"the filter of an upsert names {named!r} (a record it creates would get it)"
+    return None
+
+
+#: The query operators whose clauses an upsert may copy into the record it creates.
+_LOGICAL = ("$and", "$or", "$nor")
+
+
+def _filter_bookkeeping(filt: Mapping[str, Any]) -> str | None:
+    """The bookkeeping field a filter names, at its top level or in the clauses of
+    ``$and`` / ``$or`` / ``$nor`` at any depth, or None."""
+    stack: list[Any] = [filt]
+    while stack:  # iterative: a put_writes caller's filter may nest without bound
+        clause = stack.pop()
+        if not isinstance(clause, Mapping):
+            continue
+        for path, value in clause.items():
+            named = _bookkeeping(path)
+            if named:
+                return named
+            if path in _LOGICAL and isinstance(value, list | tuple):
+                stack.extend(value)
     return None
 
 

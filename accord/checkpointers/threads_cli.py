@@ -45,7 +45,7 @@ def rollback(
         client, saver = _saver(db)
         done = saver.rollback({"configurable": {"thread_id": thread, "tenant_id": tenant}}, to=to)
     except AccordError as err:
-        console.print(f"[red]{err}[/red]")
+        console.error(err, prefix="")
         raise typer.Exit(1) from None
     finally:
         if client is not None:
@@ -53,7 +53,8 @@ def rollback(
     out.print(
         f"thread {thread!r} (tenant {tenant!r}) is back at checkpoint {done.checkpoint_id}: "
         f"{done.checkpoints_removed} later checkpoints removed, {done.records_restored} "
-        f"business records restored ({done.writes_undone} writes undone)"
+        f"business records restored ({done.writes_undone} writes undone)",
+        markup=False,
     )
 
 
@@ -75,7 +76,7 @@ def gc_artifacts(
         client, saver = _saver(db)
         collected = saver.gc_artifacts(grace=grace)
     except AccordError as err:
-        console.print(f"[red]{err}[/red]")
+        console.error(err, prefix="")
         raise typer.Exit(1) from None
     finally:
         if client is not None:

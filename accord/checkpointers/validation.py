@@ -19,6 +19,21 @@ MAX_ID_LENGTH = 1024
 # longest grace `gc_artifacts` takes (no task runs a year; inf overflowed the cutoff)
 MAX_ARTIFACT_GRACE = 365 * 86_400.0
 _SCALARS = (str, int, float, bool, type(None))
+#: Nesting of a metadata filter value, at most: what MongoDB stores (deeper never matches,
+#: and would exhaust Python's stack when checked).
+MAX_DEPTH = 180
+
+
+def unicode_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent to MongoDB as UTF-8 (a lone surrogate such as
+    ``"\\ud800"``, what a JSON ``"\\ud800"`` decodes to), or None."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate at character {exc.start}; strings must be valid Unicode"
+    return None
 
 
 def identifier(value: Any, name: str, *, allow_empty: bool = False) -> str:
@@ -36,6 +51,9 @@ def identifier(value: Any, name: str, *, allow_empty: bool = False) -> str:
         )
     if "\x00" in value:
         raise InvalidInputError(f"{name} must not contain NUL characters.")
+    problem = unicode_problem(value)
+    if problem:
+        raise InvalidInputError(f"{name} {problem}.")
     return value
 
 
@@ -80,21 +98,37 @@ def _field_name(key: Any, where: str) -> str:
         )
     if "." in key or "\x00" in key:
         raise InvalidInputError(f"{where}: key {key!r:.80} must not contain '.' or NUL.")
+    problem = unicode_problem(key)
+    if problem:
+        raise InvalidInputError(f"{where}: key {key!r:.80} {problem}.")
     return key
 
 
-def _filter_value(value: Any, where: str) -> Any:
+def _filter_value(value: Any, where: str, depth: int = 1) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         raise InvalidInputError(
             f"{where}: integers must fit in 64 bits (what MongoDB stores), got one of "
-            f"{len(str(abs(value)))} digits."
+            f"{value.bit_length()} bits."  # not str(): it raises past 4,300 digits
         )
+    if isinstance(value, str):
+        problem = unicode_problem(value)
+        if problem:
+            raise InvalidInputError(f"{where}: the value {problem}.")
     if isinstance(value, _SCALARS):
         return value
+    if isinstance(value, Mapping | list | tuple) and depth > MAX_DEPTH:
+        # checked before recursing: the recursion stays MAX_DEPTH frames deep
+        raise InvalidInputError(
+            f"{where}: the value is nested more than {MAX_DEPTH} levels deep (MongoDB "
+            f"stores no deeper metadata, so it could match nothing)."
+        )
     if isinstance(value, Mapping):
-        return {_field_name(k, where): _filter_value(v, f"{where}.{k}") for k, v in value.items()}
+        return {
+            _field_name(k, where): _filter_value(v, f"{where}.{k}", depth + 1)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [_filter_value(v, where) for v in value]
+        return [_filter_value(v, where, depth + 1) for v in value]
     raise InvalidInputError(
         f"{where}: filter values must be JSON-like (str, int, float, bool, None, list, dict), "
         f"got {type(value).__name__}."
@@ -133,14 +167,20 @@ def metadata_filter(filter: Any) -> dict[str, Any]:
     return out
 
 
-def bson_safe(value: Any) -> bool:
-    """Whether ``value`` can be stored as a plain, queryable BSON value."""
-    if isinstance(value, bool | str | float | type(None)):
+def bson_safe(value: Any, depth: int = 1) -> bool:
+    """Whether ``value`` can be stored as a plain, queryable BSON value in a checkpoint's
+    ``meta.<key>``: valid Unicode, nested so that the document stays within
+    :data:`MAX_DEPTH` levels (``meta.<key>`` is two levels down)."""
+    if isinstance(value, str):
+        return unicode_problem(value) is None
+    if isinstance(value, bool | float | type(None)):
         return True
     if isinstance(value, int):
         return -(2**63) <= value < 2**63
+    if depth > MAX_DEPTH - 2:
+        return False
     if isinstance(value, list | tuple):
-        return all(bson_safe(v) for v in value)
+        return all(bson_safe(v, depth + 1) for v in value)
     if isinstance(value, Mapping):
         return all(
             isinstance(k, str)
@@ -148,7 +188,8 @@ def bson_safe(value: Any) -> bool:
             and not k.startswith("$")
             and "." not in k
             and "\x00" not in k
-            and bson_safe(v)
+            and unicode_problem(k) is None
+            and bson_safe(v, depth + 1)
             for k, v in value.items()
         )
     return False

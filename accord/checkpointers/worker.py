@@ -84,6 +84,17 @@ def load_graph(name: str) -> Any:
     return target
 
 
+def check_graph_name(graph: Any) -> str:
+    """A worker's ``graph``: the name runs are submitted with; a graph object there is
+    refused saying where it goes (the docs showed ``Worker(graph, ...)`` until 2026-12-07)."""
+    if not isinstance(graph, str) and (hasattr(graph, "stream") or hasattr(graph, "compile")):
+        raise InvalidInputError(
+            "a worker's first argument is the graph's name as runs are submitted with it "
+            "('module.path:attribute'); give the graph itself as graph_object="
+        )
+    return queued_runs.check_graph(graph)
+
+
 def bind(graph: Any, saver: AccordSaver) -> Any:
     """``graph`` running on ``saver``: a builder is compiled with it, a compiled graph
     copied with it, a function called with it."""
@@ -159,7 +170,7 @@ class Worker:
         saver_kwargs: dict[str, Any] | None = None,
         max_attempts: int = 5,
     ) -> None:
-        self.graph_name = queued_runs.check_graph(graph)
+        self.graph_name = check_graph_name(graph)
         for name, value in (
             ("concurrency", concurrency),
             ("tenant_limit", tenant_limit),

@@ -328,6 +328,7 @@ def serve(
     """Serve the memory HTTP API (FastAPI on uvicorn; OpenAPI at /docs). Needs the
     server extra: pip install 'accord[server]'."""
     from accord.extras import require
+    from accord.memory.embedders import resolve_embedder
     from accord.memory.principals import ApiKeys
 
     settings = MemorySettings()
@@ -335,8 +336,10 @@ def serve(
         uvicorn = require("uvicorn", "accord serve")
         create_app = require("accord.memory.http_api", "accord serve").create_app
         keys = ApiKeys.from_file(keys_file) if keys_file else ApiKeys.from_env()
+        # resolved here: a bad ACCORD_EMBEDDER is one line, not the server's traceback
+        embedder = resolve_embedder(settings.embedder, settings.embedding_dims)
         resolved, database = _connect(uri, dbpath, db)
-        app = create_app(resolved, keys=keys, db_name=database, embedder=settings.embedder,
+        app = create_app(resolved, keys=keys, db_name=database, embedder=embedder,
                          dims=settings.embedding_dims)  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
@@ -357,6 +360,7 @@ def mcp(
     pip install 'accord[server]'."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout is the protocol
     from accord.extras import require
+    from accord.memory.embedders import resolve_embedder
 
     settings = MemorySettings()
     tenant = tenant or settings.mcp_tenant
@@ -365,9 +369,10 @@ def mcp(
         anyio = require("anyio", "accord mcp")
         if not tenant:
             raise ConfigurationError("give the tenant: --tenant or ACCORD_MCP_TENANT")
+        embedder = resolve_embedder(settings.embedder, settings.embedding_dims)
         resolved, database = _connect(uri, dbpath, db)
         server = mcp_server.create_server(resolved, tenant_id=tenant, db_name=database,
-                               embedder=settings.embedder, dims=settings.embedding_dims)  # fmt: skip
+                               embedder=embedder, dims=settings.embedding_dims)  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
     anyio.run(mcp_server.serve_stdio, server)

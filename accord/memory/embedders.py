@@ -410,7 +410,15 @@ def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
                 f"embedder {spec!r}: provider strings other than 'voyage:<model>', 'local' "
                 "and 'hashing' need the langchain package; pass an Embeddings object instead"
             ) from exc
-        return LangChainEmbedder(init_embeddings(spec), dims=dims, name=spec)
+        try:
+            embeddings = init_embeddings(spec)
+        except (ValueError, ImportError) as exc:  # an unknown provider, its package missing
+            raise ConfigurationError(
+                f"embedder {spec!r} (ACCORD_EMBEDDER or embedder=) cannot be used: {exc}; "
+                "use 'voyage:<model>', 'local', 'hashing', or '<provider>:<model>' with the "
+                "provider's LangChain package installed"
+            ) from None
+        return LangChainEmbedder(embeddings, dims=dims, name=spec)
     if hasattr(spec, "embed_documents") or callable(spec):
         return LangChainEmbedder(spec, dims=dims)
     raise ConfigurationError(

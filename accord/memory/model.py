@@ -396,6 +396,23 @@ def best_per_memory(hits: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return dict(sorted(best.items(), key=lambda kv: -kv[1]))
 
 
+def joint_pattern(patterns: Sequence[Sequence[str]]) -> tuple[str, ...] | None:
+    """The one prefix pattern (``*``: any one label) that a namespace matches exactly when
+    it matches every one of ``patterns`` (the longest length; at each position the literal
+    label any of them names), or None when no namespace can (two different literal labels
+    at one position). For suffixes, pass the patterns reversed and reverse the result."""
+    joint: list[str] = []
+    for pattern in patterns:
+        for i, label in enumerate(pattern):
+            if i == len(joint):
+                joint.append(label)
+            elif joint[i] == "*":
+                joint[i] = label
+            elif label not in ("*", joint[i]):
+                return None
+    return tuple(joint)
+
+
 def namespace_matches(ns: Sequence[str], prefix: Sequence[str] | None,
                       suffix: Sequence[str] | None) -> bool:  # fmt: skip
     for path, reverse in ((prefix, False), (suffix, True)):

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.errors import MarkupError
 from rich.measure import Measurement
 from rich.table import Column, Table
+from rich.text import Text
 
 
 class SafeConsole(Console):
@@ -38,6 +39,14 @@ class SafeConsole(Console):
             super().print(*objects, **kwargs)
         except MarkupError:
             super().print(*objects, **{**kwargs, "markup": False})
+
+    def error(self, message: object, *, prefix: str = "error: ") -> None:
+        """Print ``message`` as it is (``[x]`` in it is no markup tag: valid tags were
+        dropped, ``'accord[export]'`` printed as ``'accord'``), after ``prefix`` in red
+        (no prefix: the message in red)."""
+        text = Text(prefix, style="red")
+        text.append(str(message), style=None if prefix else "red")
+        super().print(text, highlight=False)
 
 
 def whole(title: str, values: Iterable[str]) -> Column:

@@ -97,7 +97,9 @@ def ensure_engine(
         options=["--auth"] if auth else [],
     )
     found = read_lock(directory)
-    log.info(
+    # WARNING, not INFO: Python shows only warnings unless logging is configured, and a
+    # process left running must never be unannounced
+    log.warning(
         "accord: started the embedded engine for %s on %s (pid %s); it keeps running after "
         "this process exits. Stop it with: accord engine stop --dbpath %s",
         directory, uri.split("//", 1)[1].split("/", 1)[0], found[0] if found else "?",

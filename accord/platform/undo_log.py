@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import bson
-from bson import Binary, ObjectId
+from bson import Binary
 from pymongo import ASCENDING, IndexModel
 
 from accord.platform.artifacts import BUSINESS, BUSINESS_UNDO
@@ -87,10 +87,27 @@ def _recorded(batch: SealBatch) -> list[tuple[int, Group]]:
     ]
 
 
+def _record_key(db: str, collection: str, record_id: Any) -> tuple[str, str, Any]:
+    """A hashable key naming one record: a compound ``_id`` (a document or an array)
+    by its BSON encoding, which tells apart ids that differ in a field, its order or a
+    value's type as MongoDB does."""
+    if isinstance(record_id, Mapping | list | tuple):
+        return (db, collection, ("bson", bson.encode({"_id": record_id})))
+    return (db, collection, record_id)
+
+
+def _exact_id(value: Any) -> bool:
+    """Whether a filter's ``_id`` value names one record by equality (not an operator
+    document such as ``{"$in": [...]}``)."""
+    if isinstance(value, Mapping):
+        return not any(isinstance(k, str) and k.startswith("$") for k in value)
+    return value is not None and not isinstance(value, list | tuple)
+
+
 def _upserted_id(op: Op) -> Any:
     """The ``_id`` an upsert gives a record it creates, when the write names it."""
     filt = op.filter or {}
-    if "_id" in filt and not isinstance(filt["_id"], Mapping):
+    if "_id" in filt and _exact_id(filt["_id"]):
         return filt["_id"]
     doc = op.doc
     if isinstance(doc, Mapping):
@@ -143,6 +160,7 @@ class UndoLogHook:
         at = datetime.now(UTC)
         # a record written twice in one batch: the reads all saw it before the batch, so
         # the second write's before-image is not known (a rollback uses the first's)
+        # (keyed by _record_key: a compound _id is a dict, not hashable)
         seen: dict[tuple[str, str, Any], int | None] = {}
         n = 0
         for i, group in _recorded(batch):
@@ -159,9 +177,7 @@ class UndoLogHook:
                     tenant = (op.filter or {}).get("tenant_id")
                     named = (op.filter or {}).get("_id")
                     earlier = (
-                        (group.db, group.collection, named)
-                        if isinstance(named, str | int | ObjectId)
-                        else None
+                        _record_key(group.db, group.collection, named) if _exact_id(named) else None
                     )
                     if hits:
                         before = hits[0]
@@ -174,7 +190,7 @@ class UndoLogHook:
                             locate = encode(op.filter)
                     else:
                         continue  # matches nothing: writes nothing
-                key = (group.db, group.collection, record_id)
+                key = _record_key(group.db, group.collection, record_id)
                 first = record_id is None or key not in seen
                 if not first:
                     previous = seen[key]

@@ -55,12 +55,19 @@ _MAX_NAME = 200
 
 def workflow_name(value: Any) -> str:
     """``value`` if it names a workflow (a non-empty string of at most 200 characters,
-    without NUL), else ``InvalidInputError`` naming the problem."""
+    without NUL, valid Unicode), else ``InvalidInputError`` naming the problem."""
     if not isinstance(value, str) or not value or len(value) > _MAX_NAME or "\x00" in value:
         raise InvalidInputError(
             f"workflow must be a non-empty string of at most {_MAX_NAME} characters without "
             f"NUL, got {value!r:.80}"
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: MongoDB stores UTF-8 only
+        raise InvalidInputError(
+            f"workflow holds a lone surrogate at character {exc.start}; names must be valid "
+            f"Unicode, got {value!r:.80}"
+        ) from None
     return value
 
 
@@ -103,8 +110,14 @@ def event_doc(
 
 def read_filter(tenant_id: str, workflow: str, after: int = 0) -> dict[str, Any]:
     """Filter of a workflow's events after ``seq`` ``after`` (sort by ``seq``)."""
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise InvalidInputError(f"after must be a non-negative int (a seq), got {after!r}")
+    if isinstance(after, bool) or not isinstance(after, int):
+        raise InvalidInputError(f"after must be a non-negative int (a seq), got {after!r:.80}")
+    if not 0 <= after < 2**63:  # a seq is a 64-bit int; the driver raised OverflowError
+        # (named by its size: repr() of a huge int raises ValueError)
+        got = "a negative int" if after < 0 else f"an int of {after.bit_length()} bits"
+        raise InvalidInputError(
+            f"after must be a non-negative int of at most 64 bits (a seq), got {got}"
+        )
     return {"tenant_id": tenant_id, "workflow": workflow, "seq": {"$gt": after}}
 
 

@@ -291,3 +291,40 @@ def test_a_record_written_twice_in_one_step(client: MongoClient, saver: Any, db_
     done = saver.rollback(config("a"), to=first)
     assert done.writes_undone == 2 and done.records_restored == 1
     assert client[db_name].carts.count_documents({}) == 0
+
+
+def test_records_with_compound_ids(client: MongoClient, saver: Any, db_name: str) -> None:
+    """A record whose ``_id`` is a document (a compound key): before, every business
+    write on one failed the task with "unhashable type: 'dict'" from the undo log."""
+    line = {"order": 1, "line": 2}
+    other = {"order": 1, "line": 3}  # differs in one field: another record
+    db = client[db_name]
+    db.lines.insert_many([
+        {"_id": line, "tenant_id": "default", "qty": 1, "_version": 1},
+        {"_id": other, "tenant_id": "default", "qty": 5, "_version": 1},
+    ])  # fmt: skip
+    before = sorted(db.lines.find(), key=str)
+
+    def edit(state: State) -> dict[str, Any]:
+        business.insert_one("lines", {"_id": {"order": 7, "line": 1}, "qty": 1})
+        business.update_one("lines", {"_id": {"order": 7, "line": 1}}, {"$inc": {"qty": 1}})
+        business.update_one("lines", {"_id": line}, {"$inc": {"qty": 1}})
+        business.replace_one("lines", {"_id": line}, {"qty": 9})
+        business.delete_one("lines", {"_id": other})
+        business.update_one("lines", {"_id": {"order": 8, "line": 1}}, {"$set": {"qty": 3}},
+                            upsert=True)  # fmt: skip
+        return {"n": 1}
+
+    g = StateGraph(State)
+    g.add_node("edit", edit)
+    g.add_edge(START, "edit")
+    graph = g.compile(checkpointer=saver)
+    graph.invoke({"n": 0}, config("a"))
+    assert db.lines.find_one({"_id": line})["qty"] == 9
+    assert db.lines.find_one({"_id": {"order": 7, "line": 1}})["qty"] == 2
+    assert db.lines.count_documents({"_id": other}) == 0
+    assert db[undo_log.COLLECTION].count_documents({"thread_id": "a"}) == 6
+    first = [h.config["configurable"]["checkpoint_id"] for h in graph.get_state_history(
+        config("a"))][-1]  # fmt: skip
+    saver.rollback(config("a"), to=first)
+    assert sorted(db.lines.find(), key=str) == before

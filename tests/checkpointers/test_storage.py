@@ -194,6 +194,54 @@ def test_prune_and_delete_for_runs_collect_garbage(client: MongoClient, saver: A
     ]
 
 
+def test_a_saver_pinned_to_a_tenant_lists_only_its_own_threads_pending_collection(
+    client: MongoClient, saver: Any, saver_factory: Any
+) -> None:
+    """Before: a saver built with tenant_id= listed other tenants' (tenant, thread) pairs
+    (their thread ids) from pending_collection()."""
+    for tenant, thread in (("victim", "secret"), ("acme", "own")):
+        saver.put(config(thread, tenant_id=tenant), generate_checkpoint(), generate_metadata(), {})
+    # the mark an interrupted prune leaves
+    client[saver.db_name][saver.collections.runs].update_many(
+        {}, {"$set": {maintenance.COLLECT_PENDING: datetime.now(UTC)}}
+    )
+    acme = saver_factory(tenant_id="acme")
+    assert acme.pending_collection() == [("acme", "own")]
+    assert acme.collect_garbage(["own"]) == 1 and acme.pending_collection() == []
+    assert saver.pending_collection() == [("victim", "secret")]  # an unpinned saver: all
+
+
+def test_both_savers_answer_both_conventions(saver: Any) -> None:
+    """Every public method has its twin of the other convention on both savers (before:
+    collect_garbage, delete_expired and pending_collection were the sync saver's only,
+    their a-versions the async saver's only)."""
+    names = {
+        n
+        for cls in (AccordSaver, AsyncAccordSaver)
+        for n, v in inspect.getmembers(cls, callable)
+        if not n.startswith("_")
+    }
+    twins = {n for n in names if f"a{n}" in names}
+    assert {"collect_garbage", "delete_expired", "pending_collection", "sweep"} <= twins
+    for cls in (AccordSaver, AsyncAccordSaver):
+        missing = sorted(m for n in twins for m in (n, f"a{n}") if not hasattr(cls, m))
+        assert missing == [], (cls.__name__, missing)
+    # each answers: the async saver's sync twins here (the fixture drives it through them)
+    assert saver.pending_collection() == []
+    assert saver.collect_garbage(["nothing"]) == 0
+    assert saver.delete_expired([]) == (0, 0)
+    if isinstance(saver, AccordSaver):  # the sync saver's async twins
+
+        async def answers() -> tuple[Any, ...]:
+            return (
+                await saver.apending_collection(),
+                await saver.acollect_garbage(["nothing"]),
+                await saver.adelete_expired([]),
+            )
+
+        assert asyncio.run(answers()) == ([], 0, (0, 0))
+
+
 def test_copy_thread_copies_messages_and_head(client: MongoClient, saver: Any) -> None:
     ids = _chain(saver, "src", [{"messages": [HumanMessage("hi", id="1")]}])
     saver.copy_thread("src", "dst")
@@ -434,6 +482,27 @@ def test_mongodbsaver_signatures(saver_class: Any) -> None:
     constructor's and ``from_conn_string``'s parameters, in its order."""
     assert _params(saver_class.__init__)[:6] == _params(MongoDBSaver.__init__)[:6]
     assert _params(saver_class.from_conn_string)[:5] == _params(MongoDBSaver.from_conn_string)[:5]
+
+
+def test_from_conn_string_waits_for_an_absent_server_as_connect_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It built a plain client: 30 s (pymongo's default) before an unreachable host was
+    reported, whatever ACCORD_SERVER_SELECTION_TIMEOUT said."""
+    import socket
+    import time
+
+    from accord.errors import DatabaseUnreachable
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("ACCORD_SERVER_SELECTION_TIMEOUT", "1")
+    started = time.monotonic()
+    absent = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    with pytest.raises(DatabaseUnreachable), AccordSaver.from_conn_string(absent):
+        pass
+    assert time.monotonic() - started < 10
 
 
 def test_mongodbsaver_calls_work_unchanged(client: MongoClient, mongo_uri: str) -> None:

@@ -295,8 +295,15 @@ class _NotBson:
         (lambda b: b.insert_one("orders", {"_id": "p", 1: "x"}), "only string keys"),
         (lambda b: b.delete_one("orders", {b"k": 1}), "only string keys"),
         (lambda b: b.append_event("w", {"x": _NotBson()}), "cannot be stored"),
+        # before: a raw UnicodeEncodeError from the node, or the task failing at commit
+        (lambda b: b.insert_one("orders", {"_id": "p", "x": "\ud800"}), "lone surrogate"),
+        (lambda b: b.insert_one("orders", {"_id": "p", "\ud800": 1}), "lone surrogate"),
+        (lambda b: b.update_one("orders", {"_id": "\ud800"}, {"$set": {"x": 1}}),
+         "lone surrogate"),
+        (lambda b: b.insert_one("a\ud800", {"_id": "p"}), "collection holds a lone surrogate"),
     ],
-    ids=["deep-insert", "deep-update", "no-bson-type", "int-key", "bytes-key-filter", "event"],
+    ids=["deep-insert", "deep-update", "no-bson-type", "int-key", "bytes-key-filter", "event",
+         "surrogate-value", "surrogate-key", "surrogate-filter", "surrogate-collection"],
 )  # fmt: skip
 def test_business_input_mongodb_cannot_store_is_refused_when_staged(
     client: MongoClient, saver: Any, call: Any, words: str
@@ -432,3 +439,95 @@ def test_a_saver_built_for_one_tenant_serves_no_other(
     acme.put(mine, generate_checkpoint(), generate_metadata(), {})
     assert acme.get_tuple(config("t")) is not None
     assert saver.get_tuple(mine) is not None
+
+
+S = "\ud800"  # a lone surrogate: what a JSON "\ud800" decodes to, and no UTF-8
+
+
+def test_lone_surrogates_are_refused_before_any_query(client: MongoClient, saver: Any) -> None:
+    """Before: a raw UnicodeEncodeError from the driver (the memory store refused the
+    same input cleanly)."""
+    cp = generate_checkpoint()
+    for call, words in (
+        (lambda: saver.get_tuple(config("a" + S)), "thread_id holds"),
+        (lambda: saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": S}}),
+         "checkpoint_ns"),
+        (lambda: saver.get_tuple(config("t", tenant_id=S)), "tenant_id"),
+        (lambda: saver.get_tuple(config("t", S)), "checkpoint_id"),
+        (lambda: saver.put(config(S), cp, generate_metadata(), {}), "thread_id"),
+        (lambda: list(saver.list(config("t"), filter={"source": S})), "value holds"),
+        (lambda: list(saver.list(config("t"), filter={"n": {"m": ["x", S]}})), "value holds"),
+        (lambda: list(saver.list(config("t"), filter={S: 1})), "key"),
+        (lambda: list(saver.list(config("t"), filter={"n": {S: 1}})), "key"),
+        (lambda: list(saver.list(config("t"), before=config("t", S))), "checkpoint_id"),
+        (lambda: saver.put_writes(config("t", "c"), [("v", 1)], S), "task_id"),
+        (lambda: saver.put_writes(config("t", "c"), [(S, 1)], "task"), "channel"),
+        (lambda: saver.delete_thread(S), "thread_id"),
+        (lambda: saver.prune([S]), "thread_ids"),
+    ):  # fmt: skip
+        with pytest.raises(InvalidInputError, match=f"{words}.*lone surrogate"):
+            call()
+    assert _total(client, saver.db_name) == 0
+
+
+def test_metadata_that_no_filter_can_match_is_stored_but_not_indexed(
+    client: MongoClient, saver: Any
+) -> None:
+    """Metadata a filter could not match (a lone surrogate, nested past what MongoDB
+    stores in the checkpoint document) stays in the serialized metadata only: before,
+    the put failed (UnicodeEncodeError, or the server's nesting limit)."""
+    deep: Any = 1
+    for _ in range(179):
+        deep = {"a": deep}
+    stored = saver.put(config("m"), generate_checkpoint(),
+                       generate_metadata(odd=S, deep=deep, plain="p"), {})  # fmt: skip
+    doc = client[saver.db_name].accord_checkpoints.find_one({"thread_id": "m"})
+    assert doc is not None and doc["meta"]["plain"] == "p"
+    assert "odd" not in doc["meta"] and "deep" not in doc["meta"]
+    tup = saver.get_tuple(stored)
+    # (LangGraph's serializer itself stores the surrogate as "?")
+    assert tup is not None and "odd" in tup.metadata and tup.metadata["deep"] == deep
+
+
+@pytest.mark.parametrize("shape", ["dict", "list"])
+def test_deeply_nested_metadata_filters_are_refused(saver: Any, shape: str) -> None:
+    """Before: a raw RecursionError. MongoDB stores nothing nested that deep, so such a
+    filter could match nothing; one within the limit still matches."""
+
+    def nest(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = {"a": value} if shape == "dict" else [value]
+        return value
+
+    for levels in (181, 3000):
+        with pytest.raises(InvalidInputError, match="nested more than 180 levels"):
+            list(saver.list(None, filter={"x": nest(levels)}))
+    # and an integer too large to quote (before: a raw ValueError from str())
+    with pytest.raises(InvalidInputError, match="got one of 16610 bits"):
+        list(saver.list(None, filter={"x": 10**5000}))
+    saver.put(config("d"), generate_checkpoint(), generate_metadata(x=nest(100)), {})
+    assert len(list(saver.list(None, filter={"x": nest(100)}))) == 1
+
+
+@pytest.mark.parametrize(
+    "run_id", ["a\x00b", "x" * 20_000, "r" + S], ids=["nul", "long", "surrogate"]
+)
+def test_run_ids_are_validated_before_the_run_claims_the_thread(
+    client: MongoClient, saver: Any, run_id: str
+) -> None:
+    """The run id a caller gives LangGraph (config["run_id"]) names the run in the run
+    registry: before, NUL and 20,000 characters were written there, and a lone surrogate
+    was a raw UnicodeEncodeError."""
+    from langgraph.graph import START, StateGraph
+
+    g = StateGraph(dict)
+    g.add_node("node", lambda state: {"n": 1})
+    g.add_edge(START, "node")
+    graph = g.compile(checkpointer=saver)
+    with pytest.raises(InvalidInputError, match=r"config\['run_id'\]"):
+        graph.invoke({"n": 0}, {**config("r"), "run_id": run_id})
+    assert _total(client, saver.db_name) == 0
+    graph.invoke({"n": 0}, {**config("r"), "run_id": "run-1"})  # a good one, as before
+    doc = client[saver.db_name][saver.collections.runs].find_one({"thread_id": "r"})
+    assert doc is not None and doc["run_id"] == "run-1"

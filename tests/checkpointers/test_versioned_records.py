@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import threading
+from datetime import datetime
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -218,3 +219,77 @@ def test_bad_versioned_writes_are_refused_in_the_node(
     with pytest.raises(InvalidInputError, match=problem):
         _graph(node).compile(checkpointer=saver).invoke({"log": []}, config("bad"))
     assert client[db_name].a.count_documents({}) == 0
+
+
+_HELD = datetime(2099, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        lambda: business.update_one("a", {"_id": "n", "_version": 999}, {"$set": {"x": 1}},
+                                    upsert=True),
+        lambda: business.update_one("a", {"_id": "n", "$and": [{"_version": 41}]},
+                                    {"$set": {"x": 1}}, upsert=True),
+        lambda: business.update_one("a", {"$or": [{"$and": [{"_version.x": 1}]}]},
+                                    {"$set": {"x": 1}}, upsert=True),
+        lambda: business.update_one("a", {"$nor": [{"_version": {"$gt": 1}}]},
+                                    [{"$set": {"x": 1}}], upsert=True),
+        lambda: business.update_one("a", {"_id": "n", "held_expire_at": _HELD},
+                                    {"$set": {"x": 1}}, upsert=True),
+        lambda: business.replace_one("a", {"_id": "n", "_version": 5}, {"x": 1}, upsert=True),
+    ],
+    ids=["version", "version-in-and", "nested-or-and", "nor-pipeline", "held", "replace"],
+)  # fmt: skip
+def test_an_upsert_filter_may_not_set_bookkeeping_fields(
+    client: MongoClient, saver: Any, db_name: str, stage: Any
+) -> None:
+    """An upsert copies its filter's equalities into the record it creates: before, a
+    filter with ``_version: 999`` created the record at version 1000 (so the thread's
+    rollback was refused as if another writer had changed it), and one with
+    ``held_expire_at`` set the hold's field."""
+
+    def node(state: State) -> dict[str, Any]:
+        stage()
+        return {"log": ["x"]}
+
+    with pytest.raises(InvalidInputError, match="the filter of an upsert names"):
+        _graph(node).compile(checkpointer=saver).invoke({"log": []}, config("bad"))
+    assert client[db_name].a.count_documents({}) == 0
+
+
+def test_put_writes_refuses_an_upsert_filter_setting_the_version(
+    client: MongoClient, saver: Any, db_name: str
+) -> None:
+    """The same rule where staged writes arrive without ``business.*`` (put_writes)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    from accord.checkpointers.storage import BUSINESS_CHANNEL
+
+    stored = saver.put(config("pw"), generate_checkpoint(), generate_metadata(), {})
+    forged = {
+        "op": "update_one", "collection": "a", "update": {"$set": {"x": 1}}, "upsert": True,
+        "filter": {"_id": "n", "tenant_id": "default", "$and": [{"_version": 41}]},
+    }  # fmt: skip
+    with pytest.raises(InvalidInputError, match="the filter of an upsert names '_version'"):
+        saver.put_writes(stored, [(BUSINESS_CHANNEL, forged)], "task-1")
+    assert client[db_name].a.count_documents({}) == 0
+
+
+def test_a_filter_on_bookkeeping_fields_without_upsert_still_matches(
+    client: MongoClient, saver: Any, db_name: str
+) -> None:
+    """Only an upsert is refused: a plain update may select records by them."""
+    client[db_name].a.insert_one(
+        {"_id": "n", "tenant_id": "default", "_version": 3, "held_expire_at": _HELD}
+    )
+
+    def node(state: State) -> dict[str, Any]:
+        business.update_one("a", {"_id": "n", "_version": 3, "held_expire_at": _HELD},
+                            {"$set": {"x": 1}})  # fmt: skip
+        return {"log": ["x"]}
+
+    _graph(node).compile(checkpointer=saver).invoke({"log": []}, config("ok"))
+    assert client[db_name].a.find_one({"_id": "n"}) == {
+        "_id": "n", "tenant_id": "default", "_version": 4, "held_expire_at": _HELD, "x": 1,
+    }  # fmt: skip

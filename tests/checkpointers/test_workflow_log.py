@@ -159,6 +159,14 @@ def test_a_tenant_never_reads_another_tenants_log(
         (lambda: business.append_event("w", ["not", "a", "dict"]), "event must be a dict"),
         (lambda: business.append_event("w", {"blob": "x" * 70_000}), "at most 65536 bytes"),
         (lambda: business.read_events("w", after=-1), "after must be"),
+        # before: a raw OverflowError from the driver
+        (lambda: business.read_events("w", after=2**70), "at most 64 bits"),
+        (lambda: business.read_events("w", after=2**63), "at most 64 bits"),
+        (lambda: business.read_events("w", after=10**5000), "an int of 16610 bits"),
+        # before: a raw UnicodeEncodeError (a lone surrogate is no UTF-8)
+        (lambda: business.read_events("w\ud800"), "lone surrogate"),
+        (lambda: business.append_event("w\ud800", {"a": 1}), "lone surrogate"),
+        (lambda: business.append_event("w", {"a": "\ud800"}), "lone surrogate"),
         (lambda: business.read_events("w", limit=0), "limit must be"),
         (lambda: business.read_events("w", limit=5000), "limit must be"),
     ],

@@ -686,3 +686,13 @@ def test_a_retried_run_does_not_take_another_runs_checkpoints_for_its_progress(
     assert queue.wait(second.run_id)["done"] == ["a", "b", "c"]
     again = queue.wait(first.run_id)  # its input ran, after the second run's turn
     assert again["run"] == "first" and again["done"] == ["a", "b", "c"] * 2
+
+
+def test_a_worker_given_a_graph_object_for_its_name_says_where_it_goes(app: Accord) -> None:
+    """The docs showed Worker(graph, ...): the message was only "graph must name a graph
+    as 'module.path:attribute'"."""
+    from tests.durable.queue_graphs import compiled_steps, steps
+
+    for graph in (steps, compiled_steps):
+        with pytest.raises(InvalidInputError, match="graph_object="):
+            Worker(graph, client=app.client, uow=app.uow, db=app.db_name)

@@ -33,6 +33,14 @@ def test_resolve_defaults_to_hashing_and_says_so(caplog):
     assert "hashing embedder" in caplog.text
 
 
+def test_an_unknown_provider_string_is_a_configuration_error():
+    """ACCORD_EMBEDDER=bogus was LangChain's ValueError (a traceback from every command,
+    the MCP server's an ExceptionGroup); a provider whose package is missing, ImportError."""
+    for spec in ("bogus", "nosuchprovider:model-x"):
+        with pytest.raises(ConfigurationError, match=f"embedder '{spec}'"):
+            resolve_embedder(spec)
+
+
 def test_langchain_wrapper_checks_dimensions():
     class Fixed:
         def embed_documents(self, texts):

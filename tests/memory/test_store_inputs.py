@@ -199,3 +199,39 @@ def test_good_values_still_read_back_exactly(store: Twin) -> None:
              "n": None, "l": [1, "two", [3.0]], "d": deep(30), "$dollar": "ok", "a.b": "ok"}  # fmt: skip
     store.put(("ns",), "good", value)
     assert store.get(("ns",), "good").value == value
+
+
+def test_list_namespaces_holds_every_match_condition_as_in_memory_store(store: Twin) -> None:
+    """Before: only the last prefix (and the last suffix) counted, so an application's own
+    scope (prefix ("users", uid)) and a caller's condition gave the caller's scope."""
+    from langgraph.store.base import ListNamespacesOp, MatchCondition
+
+    reference = InMemoryStore()
+    spaces = [("users", "alice", "notes"), ("users", "bob", "notes"), ("users", "bob", "todo"),
+              ("teams", "bob", "notes"), ("users", "alice")]  # fmt: skip
+    for s in (reference, store):
+        for ns in spaces:
+            s.put(ns, "k", {"v": 1})
+    cases: list[tuple[tuple[str, tuple[str, ...]], ...]] = [
+        (("prefix", ("users", "alice")), ("prefix", ("users", "bob"))),
+        (("prefix", ("users", "bob")), ("prefix", ("users",))),
+        (("prefix", ("*", "bob")), ("prefix", ("users", "*", "notes"))),
+        (("prefix", ("users",)), ("suffix", ("notes",)), ("suffix", ("bob", "*"))),
+        (("suffix", ("notes",)), ("suffix", ("todo",))),
+        (("suffix", ("alice", "notes")), ("suffix", ("*", "*", "notes"))),
+        (("prefix", ()), ("suffix", ())),
+    ]  # fmt: skip
+    for conds in cases:
+        op = ListNamespacesOp(
+            match_conditions=tuple(MatchCondition(kind, path) for kind, path in conds),  # type: ignore[arg-type]
+            limit=10, offset=0,
+        )  # fmt: skip
+        expected = reference.batch([op])[0]
+        assert sorted(store.batch([op])[0]) == sorted(expected), conds
+    assert store.batch([ListNamespacesOp(match_conditions=(
+        MatchCondition("prefix", ("users", "alice")), MatchCondition("prefix", ("users", "bob")),
+    ), limit=10, offset=0)])[0] == []  # fmt: skip
+    with pytest.raises(InvalidInputError, match="limit"):  # refused as before, even then
+        store.batch([ListNamespacesOp(match_conditions=(
+            MatchCondition("prefix", ("a",)), MatchCondition("prefix", ("b",)),
+        ), limit=-1, offset=0)])  # fmt: skip

@@ -27,6 +27,7 @@ from pymongo import AsyncMongoClient
 
 from accord.checkpointers import bridges
 from accord.checkpointers.asynchronous.saver_rollback import AsyncSaverRollback
+from accord.platform.connection import client_options
 
 _IS_SYNC = False
 
@@ -61,7 +62,9 @@ class AsyncAccordSaver(_Bridge, AsyncSaverRollback):  # type: ignore[misc,valid-
         """Connect, run :meth:`setup`, yield the saver, close the client on exit. The
         arguments are MongoDBSaver.from_conn_string's, in its order, plus the saver's
         keywords."""
-        client: AsyncMongoClient[Any] = AsyncMongoClient(conn_string)
+        client: AsyncMongoClient[Any] = AsyncMongoClient(
+            conn_string, **client_options(conn_string, {})
+        )  # (a typo'd host: ACCORD_SERVER_SELECTION_TIMEOUT, not 30 s)
         try:
             saver = cls(
                 client,

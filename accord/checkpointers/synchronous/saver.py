@@ -27,6 +27,7 @@ from pymongo import MongoClient
 
 from accord.checkpointers import bridges
 from accord.checkpointers.synchronous.saver_rollback import SaverRollback
+from accord.platform.connection import client_options
 
 _IS_SYNC = True
 
@@ -61,7 +62,9 @@ class AccordSaver(_Bridge, SaverRollback):  # type: ignore[misc,valid-type]
         """Connect, run :meth:`setup`, yield the saver, close the client on exit. The
         arguments are MongoDBSaver.from_conn_string's, in its order, plus the saver's
         keywords."""
-        client: MongoClient[Any] = MongoClient(conn_string)
+        client: MongoClient[Any] = MongoClient(
+            conn_string, **client_options(conn_string, {})
+        )  # (a typo'd host: ACCORD_SERVER_SELECTION_TIMEOUT, not 30 s)
         try:
             saver = cls(
                 client,

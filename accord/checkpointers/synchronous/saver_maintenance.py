@@ -502,10 +502,12 @@ class SaverMaintenance(SaverArtifacts):
 
     def pending_collection(self, *, limit: int = maintenance.BATCH) -> list[tuple[str, str]]:
         """(tenant, thread) of at most ``limit`` threads whose values are still to be
-        collected after an interrupted ``prune`` or ``delete_for_runs`` (:meth:`collect_garbage`)."""
+        collected after an interrupted ``prune`` or ``delete_for_runs`` (:meth:`collect_garbage`);
+        a saver pinned to a tenant lists that tenant's threads only."""
         self._ensure_setup()
+        mine = {"tenant_id": self.tenant_id} if self.pinned else {}  # not other tenants' ids
         docs = self._find_all(
-            self.collections.runs, {maintenance.COLLECT_PENDING: {"$exists": True}},
+            self.collections.runs, {maintenance.COLLECT_PENDING: {"$exists": True}, **mine},
             projection={"tenant_id": 1, "thread_id": 1}, sort=[("_id", 1)], limit=limit,
         )  # fmt: skip
         return [(d["tenant_id"], d["thread_id"]) for d in docs]

@@ -52,6 +52,7 @@ from accord.memory.conventions import RunTenants, ServesAsyncCalls, ServesSyncCa
 from accord.memory.embedders import LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
 from accord.memory.synchronous.service import MemoryService
+from accord.platform.connection import client_options
 
 log = logging.getLogger("accord.memory.store")
 _IS_SYNC = True
@@ -139,7 +140,9 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
         tenant_id: str | None = None, db_name: str = "accord",
     ) -> Iterator[AccordStore]:  # fmt: skip
         """A store on a new client for ``conn_string``, set up, closed on exit."""
-        client: MongoClient[Any] = MongoClient(conn_string)
+        client: MongoClient[Any] = MongoClient(
+            conn_string, **client_options(conn_string, {})
+        )  # (a typo'd host: ACCORD_SERVER_SELECTION_TIMEOUT, not 30 s)
         try:
             store = cls(
                 client,
@@ -203,15 +206,23 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
         return [_search_item(h) for h in hits]
 
     def _list(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        prefix = suffix = None
+        # every condition must hold, as in InMemoryStore (an application's own scope and a
+        # caller's condition): several prefixes (suffixes) are merged into one pattern
+        paths: dict[str, list[tuple[str, ...]]] = {"prefix": [], "suffix": []}
         for cond in op.match_conditions or ():
-            if cond.match_type == "prefix":
-                prefix = tuple(cond.path)
-            elif cond.match_type == "suffix":
-                suffix = tuple(cond.path)
+            if cond.match_type in paths:
+                path = model.check_namespace(cond.path, allow_empty=True, field=cond.match_type)
+                paths[cond.match_type].append(path if cond.match_type == "prefix" else path[::-1])
+        prefix = model.joint_pattern(paths["prefix"]) if paths["prefix"] else ()
+        suffix = model.joint_pattern(paths["suffix"]) if paths["suffix"] else ()
+        if prefix is None or suffix is None:  # two conditions no namespace meets together
+            validation.check_page(op.limit, op.offset)
+            if op.max_depth is not None:
+                validation.check_int(op.max_depth, "max_depth", low=1)
+            return []
         return self.service.list_namespaces(
-            prefix=prefix, suffix=suffix, max_depth=op.max_depth, limit=op.limit,
-            offset=op.offset,
+            prefix=prefix or None, suffix=suffix[::-1] or None, max_depth=op.max_depth,
+            limit=op.limit, offset=op.offset,
         )  # fmt: skip
 
     def _request(self, op: PutOp) -> tuple[PutRequest, bool]:
