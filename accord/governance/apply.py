@@ -40,7 +40,13 @@ from pymongo.errors import OperationFailure, PyMongoError
 from accord.errors import AccordError, ConfigurationError, DatabaseError, InvalidInputError
 from accord.governance.loading import parse_policy
 from accord.governance.policy import Policy, to_toml
-from accord.governance.recompute import BATCH, PENDING, recompute, ttl_index_commands
+from accord.governance.recompute import (
+    BATCH,
+    PENDING,
+    check_allowed,
+    recompute,
+    ttl_index_commands,
+)
 from accord.governance.roles import RoleSpec, atlas_role, normalised, privileges_of, role_specs
 from accord.governance.validators import validator_commands
 from accord.platform.artifacts import HOLD, POLICY
@@ -184,6 +190,11 @@ def apply(
     a crash finishes it first (from where it stopped)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 100_000:
         raise InvalidInputError(f"apply batch must be a whole number 1 to 100000, got {batch!r}")
+    # before any change: a recompute the principal may not finish would leave the stored
+    # version pending and every later apply failing
+    if changes.version:
+        check_allowed(uow, changes.db, _stored(uow, changes.db, changes.version - 1),
+                      changes.policy)  # fmt: skip
     done: list[Change] = []
     client = uow.client
     for change in changes.changes:

@@ -99,7 +99,7 @@ KEPT_DIGEST = typer.Option(
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    err.error(exc)
     return typer.Exit(2)
 
 
@@ -168,12 +168,26 @@ def _digest_arg(uow: Any, db: str, value: str) -> Mapping[str, Any]:
                 f"digest` writes them"
             )
         return doc
-    if not value.isdigit():
+    seq = _digest_number(value)
+    if seq is None:
         raise InvalidInputError(f"{value!r} is neither a digest file nor a digest number")
-    found = [d for d in list_digests(uow, db, upto=int(value)) if d["seq"] == int(value)]
+    found = [d for d in list_digests(uow, db, upto=seq) if d["seq"] == seq]
     if not found:
         raise InvalidInputError(f"no audit digest {value} in {db}")
     return external(found[0])
+
+
+#: Digest numbers are BSON int64s: a larger one is no digest (and MongoDB refuses it).
+MAX_DIGEST = 2**63 - 1
+
+
+def _digest_number(value: str) -> int | None:
+    """``value`` as a digest number: ASCII digits ('²'.isdigit() is true, int() refuses
+    it), within int64; else None."""
+    if not value.isascii() or not value.isdigit():
+        return None
+    seq = int(value)
+    return seq if 1 <= seq <= MAX_DIGEST else None
 
 
 @audit_app.command("keygen")
@@ -270,9 +284,14 @@ def prove(
 ) -> None:
     """Print an inclusion proof of one record against a digest (JSON; check it with
     `accord audit verify --proof FILE`)."""
+    from accord.errors import InvalidInputError
     from accord.governance.proofs import prove as build
 
     try:
+        if digest_seq is not None and not 1 <= digest_seq <= MAX_DIGEST:
+            raise InvalidInputError(
+                f"--digest {digest_seq} is no digest number (1 to {MAX_DIGEST})"
+            )
         with _kernel(uri, dbpath, db) as (uow, name):
             proof = build(uow, name, record_id, digest=digest_seq)
     except AccordError as exc:
@@ -361,9 +380,12 @@ def _verify_extension(
 
 
 def _verify_export(directory: Path, kept: Any, pinned: Any, as_json: bool) -> None:
+    from accord.errors import InvalidInputError
     from accord.governance.export_verify import verify_export
 
     try:
+        if not directory.is_dir():  # nothing to check: the check could not run (2), not fail (1)
+            raise InvalidInputError(f"{directory} is not a directory (an export to verify)")
         report = verify_export(directory, kept=kept, pinned=pinned)
     except AccordError as exc:
         raise _fail(exc) from exc
@@ -372,11 +394,7 @@ def _verify_export(directory: Path, kept: Any, pinned: Any, as_json: bool) -> No
     else:
         for found in report.problems:
             out.print(found.describe(), highlight=False, markup=False)
-        verdict = "verified" if report.ok else f"{len(report.problems)} problem(s)"
-        out.print(
-            f"export {directory}: {report.records} records in {report.streams} streams, "
-            f"{report.digests} digests: {verdict}", highlight=False, markup=False,
-        )  # fmt: skip
+        out.print(report.summary(directory), highlight=False, markup=False)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -444,7 +462,7 @@ def _verify_live(
                 report.breaks.extend(
                     b for b in check_live_against(uow, name, kept, pinned=pinned)
                     if b.stream not in broken
-                    and (tenant is None or b.stream.startswith(f'["{tenant}",') or not b.stream)
+                    and (tenant is None or not b.stream or _tenant_of(b.stream) == tenant)
                 )  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
@@ -461,6 +479,16 @@ def _verify_live(
         )  # fmt: skip
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _tenant_of(stream: str) -> Any:
+    """The tenant a stream's name says: its first part, as JSON (a tenant with a quote or
+    a backslash is escaped in the name, so no prefix of the raw text matches it)."""
+    try:
+        parts = json.loads(stream)
+    except ValueError:
+        return None
+    return parts[0] if isinstance(parts, list) and parts else None
 
 
 def register(app: typer.Typer) -> None:

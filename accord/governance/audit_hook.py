@@ -81,7 +81,7 @@ from accord.governance.digests import (
     DIGESTS,
 )
 from accord.governance.redaction import is_image_erasure
-from accord.platform.artifacts import AUDIT, AUDIT_DIGEST, CLASSES
+from accord.platform.artifacts import AUDIT, AUDIT_DIGEST, CLASSES, ENCRYPTION_KEY
 from accord.platform.context import WriteContext
 from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
 from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
@@ -361,6 +361,10 @@ class AuditHook:
         declared: str = cls.audit if cls is not None else "metadata"
         if self.mode != "policy" and _RANK[self.mode] > _RANK[declared]:
             declared = self.mode  # the explicit setting is a floor
+        if artifact == ENCRYPTION_KEY.name and declared == "full":
+            # a key's image is the key, wrapped under a master key that still unwraps it
+            # after the key is destroyed: hashes only, so shredding leaves no copy here
+            declared = "metadata"
         found: Mode | None = None if declared == "off" else declared  # type: ignore[assignment]
         if len(self._modes) > 4096:  # policy versions come and go: rebuilt when asked
             self._modes.clear()

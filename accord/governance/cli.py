@@ -65,12 +65,36 @@ def _fail(err: AccordError) -> None:
 
 
 @governance_app.command("show")
-def show(policy: Path | None = POLICY, toml: bool = typer.Option(False, "--toml")) -> None:
-    """The effective policy."""
+def show(
+    policy: Path | None = POLICY,
+    toml: bool = typer.Option(False, "--toml"),
+    db: str | None = typer.Option(
+        None, "--db", callback=database_name,
+        help="Show the policy stored in this database: what its processes enforce.",
+    ),
+    uri: str | None = URI,
+) -> None:  # fmt: skip
+    """The policy of the file (--policy, ACCORD_POLICY, else the built-in default), or
+    with --db the one a database's processes enforce (its stored policy)."""
     from accord.governance.policy import DEPENDENT, class_of, to_toml
 
+    if db is not None and policy is not None:
+        console.print("[red]error:[/red] give --policy or --db, not both")
+        raise typer.Exit(2)
     try:
-        effective = _policy(policy)
+        if db is None:
+            effective = _policy(policy)
+        else:
+            from accord import runtime
+            from accord.platform import connect
+            from accord.platform.context import Principal
+
+            client = connect(uri)
+            try:
+                admin = runtime.kernel(client, principal=Principal.os_user())
+                effective = runtime.effective_policy(admin, db)
+            finally:
+                client.close()
     except AccordError as err:
         _fail(err)
     if toml:

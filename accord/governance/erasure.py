@@ -41,24 +41,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from accord.errors import SubjectHeld
+from accord.errors import InvalidInputError, SubjectHeld
 from accord.governance.audit_records import RECORDS, stream_of
+from accord.governance.canonical import canonical
 from accord.governance.holding import list_holds
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
-from accord.governance.redaction import ERASE_OPERATION, image_erasure_op
+from accord.governance.redaction import ERASE_OPERATION, erase_images
 from accord.governance.shredding import destroy_subject_keys
 from accord.governance.subjects import (
     PAGE,
     THREAD_CLASSES,
     SubjectData,
     find_subject,
-    pages,
     subject_hash,
 )
 from accord.platform.artifacts import (
     AUDIT,
     CHECKPOINT,
+    ENCRYPTION_KEY,
     LONG_TERM_MEMORY,
     MEMORY_HISTORY,
     MEMORY_VECTOR,
@@ -68,7 +69,7 @@ from accord.platform.artifacts import (
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["ErasureReport", "covering_holds", "erase_subject", "redact_audit_images"]
+__all__ = ["ErasureReport", "covering_holds", "erase_subject", "overlap", "redact_audit_images"]
 
 Progress = Callable[[str, int], None]
 
@@ -121,6 +122,8 @@ def covering_holds(holds: Iterable[Hold], found: SubjectData) -> list[Hold]:
             hit = hold.value in tenants
         elif hold.kind == "thread":
             hit = (hold.tenant_id, hold.value) in found.threads
+        elif hold.value in (AUDIT.name, ENCRYPTION_KEY.name):
+            hit = True  # every erasure erases audit images and destroys data keys
         else:
             hit = (bool(found.threads) and hold.value in THREAD_CLASSES) or any(
                 t.count() and hold.value in (t.name, t.artifact, f"{t.artifact}:{t.collection}")
@@ -129,6 +132,31 @@ def covering_holds(holds: Iterable[Hold], found: SubjectData) -> list[Hold]:
         if hit:
             out.append(hold)
     return out
+
+
+def overlap(a: SubjectData, b: SubjectData) -> bool:
+    """Whether two subjects' data share a thread or a document."""
+    if a.threads & b.threads:
+        return True
+    for name, target in a.targets.items():
+        other = b.targets.get(name)
+        if other is None:
+            continue
+        for tenant, ids in target.ids.items():
+            theirs = {repr(i) for i in other.ids.get(tenant, ())}  # (ids may be documents)
+            if any(repr(i) in theirs for i in ids):
+                return True
+    return False
+
+
+def _shares(uow: Any, db: str, policy: Policy, hold: Hold, found: SubjectData) -> bool:
+    """Whether the data of subject ``hold`` holds shares a thread or document with
+    ``found`` (a value that is no identifier any more counts as shared: refused)."""
+    try:
+        theirs = find_subject(uow, db, policy, hold.value, hold.tenant_id)
+    except InvalidInputError:
+        return True
+    return overlap(theirs, found)
 
 
 def _refuse(held: list[Hold], db: str) -> SubjectHeld:
@@ -222,37 +250,22 @@ def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str =
                 either.append({"tenant_id": tenant, "collection": target.collection,
                                "ops.doc_id": {"$in": ids[start : start + PAGE]}})  # fmt: skip
     if mentions:
-        mention = {"$regex": re.escape(found.subject)}
+        # the identifier as a whole string value, as the images' canonical JSON writes it
+        # (quoted and escaped): subjects are found by equality, and a substring erased
+        # "u-42"'s records for "u-4" (and every record for "e"), and missed "CORP\\alice"
+        mention = {"$regex": re.escape(canonical(found.subject).decode())}
         naming: dict[str, Any] = {
             "$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]
+            # and the erasures' own records, whose filters list ids that may hold the
+            # identifier inside them ("order-u-7-1")
+            + [{"action": ERASE_OPERATION}]
         }
         if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs,
             # accord's own work across tenants (outbox and run-queue claims) is not
             naming["tenant_id"] = {"$in": [found.tenant_id, "*"]}
         either.append(naming)
     at = datetime.now(UTC)
-    changed = 0
-    for part in either:
-        filt = {"images": {"$exists": True}, **part}
-        for docs in pages(uow, AUDIT.name, db, records, filt,
-                          projection={"images.erased": 1, "tenant_id": 1},
-                          operation=ERASE_OPERATION):  # fmt: skip
-            by_tenant: dict[str, list[Op]] = {}
-            for d in docs:
-                images = d.get("images") or []  # one {} (or {erased}) per image entry
-                if all(isinstance(i, dict) and "erased" in i for i in images):
-                    continue  # erased already
-                by_tenant.setdefault(str(d.get("tenant_id")), []).append(
-                    image_erasure_op(d["_id"], len(images), at)
-                )
-            for tenant, ops in sorted(by_tenant.items()):
-                uow.execute(Plan(_context(uow, tenant), [
-                    Group("erase:audit-images", db, records, AUDIT.name, ops),
-                ]))  # fmt: skip
-                changed += len(ops)
-                if progress is not None:
-                    progress("audit images", len(ops))
-    return changed
+    return sum(erase_images(uow, db, records, part, at, progress) for part in either)
 
 
 def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
@@ -263,7 +276,13 @@ def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
     (nothing erased) when a legal hold covers any of it."""
     started = time.monotonic()
     found = find_subject(uow, db, policy, subject, tenant_id)
-    held = covering_holds(list_holds(uow, db, policy), found)
+    holds = list_holds(uow, db, policy)
+    held = covering_holds(holds, found)
+    # another subject's hold covers what this erasure would delete with it: a thread
+    # both are in (it goes whole), a memory derived from it (delete_thread refuses such
+    # a thread; erasing the other subject must too)
+    held += [h for h in holds if h.kind == "subject" and h not in held
+             and _shares(uow, db, policy, h, found)]  # fmt: skip
     if held:
         raise _refuse(held, db)
     report = ErasureReport(subject_hash(found.subject), db, threads=len(found.threads))

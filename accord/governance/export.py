@@ -77,13 +77,16 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
-    "COLUMNS", "EXPORT_FORMAT", "PART_SIZE", "PROGRESS", "Format", "columns_of",
+    "COLUMNS", "DIGEST_VERSION", "EXPORT_FORMAT", "EXPORT_VERSION", "PART_SIZE", "PROGRESS", "Format", "columns_of",
     "digest_entries", "export", "pyarrow_modules",
 ]  # fmt: skip
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: tuple[Format, ...] = ("jsonl", "csv", "parquet")
 EXPORT_FORMAT = "accord-audit-export"
+#: The manifest's ``v``, and the digests' ``v`` this code writes: a verifier refuses others.
+EXPORT_VERSION = 1
+DIGEST_VERSION = 1
 PART_SIZE = 100_000
 PROGRESS = ".export-progress.json"
 #: CSV and Parquet columns (each a field of the record; ``record`` is all of it).
@@ -249,6 +252,9 @@ class _Stream:
     def as_dict(self) -> dict[str, Any]:
         return {"first_seq": self.first_seq, "first_prev": self.first_prev,
                 "last_seq": self.last_seq, "last_hash": self.last_hash, "count": self.count}  # fmt: skip
+
+
+_STREAM_FIELDS = {"first_seq", "first_prev", "last_seq", "last_hash", "count"}
 
 
 def _covering(uow: Any, db: str, until: datetime | None) -> dict[str, Any]:
@@ -550,7 +556,7 @@ def _resume(out: Path, params: Mapping[str, Any]) -> dict[str, Any]:
                 f"unfinished export: export into a new directory"
             )
         return fresh
-    state = json.loads(marker.read_text())
+    state = _progress(marker)
     if state.get("params") != dict(params):
         raise InvalidInputError(
             f"{out} holds an unfinished export with other arguments ({state.get('params')}); "
@@ -558,13 +564,46 @@ def _resume(out: Path, params: Mapping[str, Any]) -> dict[str, Any]:
         )
     kept = {p["name"] for p in state["parts"]}
     for p in state["parts"]:
-        sha, _ = _file_sha(out / p["name"])
+        try:
+            sha, _ = _file_sha(out / p["name"])
+        except OSError as exc:  # a finished part removed (or unreadable) since
+            raise InvalidInputError(f"{out / p['name']}, a finished part of the unfinished "
+                                    f"export, cannot be read ({exc.strerror}); export into a "
+                                    f"new directory") from None  # fmt: skip
         if sha.hexdigest() != p["sha256"]:
             raise InvalidInputError(f"{out / p['name']} changed since it was written; "
                                     f"export into a new directory")  # fmt: skip
     for leftover in out.iterdir():
         if leftover.name != PROGRESS and leftover.name not in kept:
             leftover.unlink()  # the part being written when the export stopped
+    return state
+
+
+def _progress(marker: Path) -> dict[str, Any]:
+    """The progress file's state, or an error saying it cannot be resumed: a torn or
+    hand-edited file is not guessed at (its parts could not be trusted)."""
+    try:
+        state = json.loads(marker.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InvalidInputError(
+            f"{marker} cannot be read ({exc}): the unfinished export in {marker.parent} "
+            f"cannot be resumed; export into a new directory"
+        ) from None
+    parts = state.get("parts") if isinstance(state, dict) else None
+    if (
+        not isinstance(parts, list)
+        or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                   and isinstance(p.get("sha256"), str) and isinstance(p.get("records"), int)
+                   for p in parts)
+        or not isinstance(state.get("streams"), dict)
+        or not all(isinstance(v, dict) and set(v) == _STREAM_FIELDS
+                   for v in state["streams"].values())
+        or not (state.get("after") is None or isinstance(state.get("after"), list))
+    ):  # fmt: skip
+        raise InvalidInputError(
+            f"{marker} is not an export's progress: the unfinished export in "
+            f"{marker.parent} cannot be resumed; export into a new directory"
+        )
     return state
 
 
@@ -583,7 +622,7 @@ def _finish(
     digest_bytes = json.dumps(digests, indent=1, sort_keys=True).encode() + b"\n"
     (out / "digests.json").write_bytes(digest_bytes)
     manifest: dict[str, Any] = {
-        "format": EXPORT_FORMAT, "v": 1, "generator": f"accord {__version__}",
+        "format": EXPORT_FORMAT, "v": EXPORT_VERSION, "generator": f"accord {__version__}",
         "generated_at": _iso(datetime.now(UTC)), **params,
         "records": sum(p["records"] for p in parts), "files": parts,
         "digests_file": {"name": "digests.json",

@@ -15,7 +15,14 @@
    and Parquet columns agree with the record they show;
 4. at the end of each stream, that it reaches the covering digest's head; that no
    stream of the digest is missing (an export without filters) and none is unknown to
-   it.
+   it; that a stream starting at an audit cut holds the record of the cut's insert.
+
+Before its chain, each record must be the manifest tenant's (its ``tenant_id`` and its
+stream's name; the digest entries' ``tenant`` too), and its line the record's canonical
+JSON byte for byte (a duplicate key is another text); a stream met again after another
+is a break; the covering digest must carry the tenant's heads; unknown versions of the
+manifest or of a digest are refused. A record, line or file of a shape no export writes
+is a problem naming it, and the rest is still checked.
 
 Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
 and what was expected. An attacker who edits records and recomputes the manifest
@@ -35,11 +42,19 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accord.governance.audit_cuts import cut_hash
+from accord.governance.audit_cuts import cut_hash, image_hash, is_cut_record
 from accord.governance.audit_records import GENESIS
-from accord.governance.canonical import Double
+from accord.governance.canonical import Double, canonical_read
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
-from accord.governance.export import COLUMNS, EXPORT_FORMAT, PROGRESS, columns_of, pyarrow_modules
+from accord.governance.export import (
+    COLUMNS,
+    DIGEST_VERSION,
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    PROGRESS,
+    columns_of,
+    pyarrow_modules,
+)
 from accord.governance.verify import ChainChecker, read_chain_hash
 
 if TYPE_CHECKING:
@@ -84,6 +99,11 @@ class ExportReport:
     records: int = 0
     streams: int = 0
     digests: int = 0
+    #: the tenant the manifest names (every record, stream and digest entry must be its)
+    tenant: str | None = None
+    #: the manifest's filters (``since``, ``class``) of a filtered export: what they left
+    #: out is outside the export's proof, and that it was rightly left out rests on them
+    filters: dict[str, Any] = field(default_factory=dict)
     problems: list[ExportProblem] = field(default_factory=list)
 
     @property
@@ -91,12 +111,29 @@ class ExportReport:
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "records": self.records, "streams": self.streams,
-                "digests": self.digests, "problems": [asdict(p) for p in self.problems]}  # fmt: skip
+        return {"ok": self.ok, "tenant": self.tenant, "records": self.records,
+                "streams": self.streams, "digests": self.digests, "filters": self.filters,
+                "problems": [asdict(p) for p in self.problems]}  # fmt: skip
+
+    def summary(self, directory: Path | str) -> str:
+        """One line: the tenant, the counts, any filter, the verdict."""
+        verdict = "verified" if self.ok else f"{len(self.problems)} problem(s)"
+        who = f" of tenant {self.tenant!r}" if self.tenant is not None else ""
+        text = (f"export {directory}{who}: {self.records} records in {self.streams} streams, "
+                f"{self.digests} digests")  # fmt: skip
+        if self.filters:
+            shown = ", ".join(f"--{k} {v}" for k, v in self.filters.items())
+            text += (f" (filtered: {shown}; what the filter left out is not proved, only "
+                     "the manifest says it was)")  # fmt: skip
+        return f"{text}: {verdict}"
 
 
 def _load(path: Path) -> Any:
-    return json.loads(path.read_text())
+    """``path``'s JSON; a RecursionError (nesting too deep) as the ValueError it means."""
+    try:
+        return json.loads(path.read_text())
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def _sha(path: Path) -> tuple[str, int]:
@@ -119,7 +156,8 @@ def verify_export(
     report = ExportReport()
     try:
         _verify(directory, kept, pinned, report)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            OSError) as exc:  # fmt: skip
         report.problems.append(ExportProblem(
             f"the export is malformed, so it cannot be verified ({type(exc).__name__}: {exc})"
         ))  # fmt: skip
@@ -139,13 +177,23 @@ def _verify(
     if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
         add(ExportProblem(f"{directory / 'manifest.json'} is not an accord audit export manifest"))
         return
+    if manifest.get("v") != EXPORT_VERSION:  # a format this code cannot vouch for
+        add(ExportProblem(f"manifest.json is of export format version {manifest.get('v')!r}, "
+                          f"which this verifier does not know (it knows {EXPORT_VERSION})"))  # fmt: skip
+        return
+    tenant = manifest.get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        add(ExportProblem("manifest.json names no tenant"))
+        return
+    report.tenant = tenant
+    report.filters = {k: manifest[k] for k in ("since", "class") if manifest.get(k)}
     _check_manifest_signature(manifest, pinned, add)
     listed = {f.get("name") for f in manifest.get("files", [])}
     listed.add((manifest.get("digests_file") or {}).get("name"))
     for path in sorted(directory.iterdir()):
         if path.name not in listed and path.name not in ("manifest.json", PROGRESS):
             add(ExportProblem(f"file {path.name} is not in the manifest (added)"))
-    digests = _check_digests(directory, manifest, kept, pinned, report)
+    digests = _check_digests(directory, manifest, tenant, kept, pinned, report)
     heads = {s: (seq, h) for s, seq, h in digests[-1].get("heads") or ()} if digests else {}
     checkpoints: dict[str, dict[int, tuple[int, str]]] = {}
     for entry in digests:
@@ -170,12 +218,24 @@ def _verify(
     seen: set[str] = set()
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
     dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
-    for location, record, columns in _records(directory, manifest, report.problems):
+    owned: dict[str, bool] = {}  # stream -> whether its name is the tenant's
+    recorded: dict[str, list[tuple[Any, Any]]] = {}  # stream -> its cut records' inserts
+    for location, record, columns, raw in _records(directory, manifest, report.problems):
         report.records += 1
         stream = str(record.get("stream"))
-        rid = (record.get("_id") or {}).get("$oid") if isinstance(record.get("_id"), dict) else None
+        rid = _record_id(record)
         seq = record.get("seq")
-        seen.add(stream)  # a stream met again restarts the checker there: a break
+        seen.add(stream)
+        if stream in dead:
+            continue
+        try:
+            wrong = _record_problem(record, raw, stream, tenant, owned)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            wrong = f"the record cannot be checked ({type(exc).__name__}: {exc}): altered"
+        if wrong is not None:
+            add(ExportProblem(wrong, stream, seq if _is_int(seq) else None, rid, location))
+            dead.add(stream)
+            continue
         breaks = len(checker.report.breaks)
         checker.feed(record)
         if len(checker.report.breaks) > breaks:
@@ -193,17 +253,24 @@ def _verify(
             add(ExportProblem(problem, stream, b.seq, rid, location, b.expected, b.found))
             continue
         previous[stream] = (rid, location)
-        if checker.broken(stream) or stream in dead:
+        if checker.broken(stream):
             continue
         if columns is not None:
-            shown = columns_of(record, columns["record"])
-            wrong = [c for c in COLUMNS
-                     if str(columns.get(c, "")) != str(shown.get(c, ""))]  # fmt: skip
-            if wrong:
-                add(ExportProblem(f"its {', '.join(wrong)} column(s) disagree with the record "
+            try:
+                shown = columns_of(record, columns["record"])
+                differ = [c for c in COLUMNS
+                          if str(columns.get(c, "")) != str(shown.get(c, ""))]  # fmt: skip
+            except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type
+                differ = [f"(unreadable: {type(exc).__name__})"]
+            if differ:
+                add(ExportProblem(f"its {', '.join(differ)} column(s) disagree with the record "
                                   "(altered)", stream, seq, rid, location))  # fmt: skip
                 dead.add(stream)
                 continue
+        if is_cut_record(record):  # where its audit cut is recorded (checked at the end)
+            for op in record.get("ops") or ():
+                if isinstance(op, Mapping) and op.get("op") == "insert":
+                    recorded.setdefault(stream, []).append((op.get("doc_id"), op.get("image_hash")))
         mark = checkpoints.get(stream, {}).get(int(seq)) if isinstance(seq, int) else None
         if mark is not None and mark[1] != record.get("hash"):
             add(ExportProblem(f"digest {mark[0]} holds another hash for this seq (the chain "
@@ -233,6 +300,19 @@ def _verify(
                               last[0], None, located.get(stream, (0, None, None))[2], head,
                               last))  # fmt: skip
     broken = {p.stream for p in report.problems if p.stream is not None}
+    for stream, cut in (manifest.get("cuts") or {}).items():
+        if stream in broken or stream not in streams:
+            continue
+        # as verify --live: the cut must be the one the stream's chain recorded, or a cut
+        # forged in the manifest would vouch for any records deleted before it
+        if (cut.get("_id"), image_hash(cut)) not in recorded.get(stream, ()):
+            add(ExportProblem(
+                "the stream's audit cut is not recorded in its exported records (forged in "
+                "the manifest, or the covering digest predates the cut's record: take a "
+                "digest and export again)", stream, int(streams[stream].get("first_seq", 1)),
+                expected=image_hash(cut), found="no record of its insert",
+            ))  # fmt: skip
+    broken = {p.stream for p in report.problems if p.stream is not None}
     for stream, info in streams.items():
         last = checker.last(stream)
         if stream in broken or last is None:
@@ -244,6 +324,44 @@ def _verify(
     if manifest.get("records") != report.records:
         add(ExportProblem("the manifest's record count disagrees with the files",
                           expected=manifest.get("records"), found=report.records))  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _record_id(record: Mapping[str, Any]) -> str | None:
+    rid = record.get("_id")
+    found = rid.get("$oid") if isinstance(rid, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def _tenant_of(stream: str) -> Any:
+    """The tenant a stream's name says (its first part), or None."""
+    try:
+        parts = json.loads(stream)
+    except (ValueError, RecursionError):
+        return None
+    return parts[0] if isinstance(parts, list) and parts else None
+
+
+def _record_problem(
+    record: Mapping[str, Any], raw: bytes | str, stream: str, tenant: str, owned: dict[str, bool]
+) -> str | None:
+    """Why ``record`` (``raw``, its text in the file) is not one of ``tenant``'s records
+    as the export writes them, before its chain is checked; None when it is."""
+    if owned.setdefault(stream, _tenant_of(stream) == tenant) is False:
+        return f"the stream is not of tenant {tenant!r} (another tenant's records)"
+    if record.get("tenant_id") != tenant:
+        return (f"the record is of tenant {record.get('tenant_id')!r}, not {tenant!r} "
+                "(another tenant's records)")  # fmt: skip
+    # the export writes each record's RFC 8785 JSON: any other text (a duplicate key,
+    # whose value the parser drops, another spelling) says what the hash does not cover
+    text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if canonical_read(record) != text:
+        return ("the line is not the record's canonical JSON as the export writes it (a "
+                "duplicate key, or another spelling): altered")  # fmt: skip
+    return None
 
 
 def _cut_problem(cut: Any, first: int, info: Mapping[str, Any]) -> str | None:
@@ -273,7 +391,7 @@ def _check_manifest_signature(
 
 
 def _check_digests(
-    directory: Path, manifest: Mapping[str, Any], kept: Mapping[str, Any] | None,
+    directory: Path, manifest: Mapping[str, Any], tenant: str, kept: Mapping[str, Any] | None,
     pinned: Ed25519PublicKey | None, report: ExportReport,
 ) -> list[dict[str, Any]]:  # fmt: skip
     add = report.problems.append
@@ -293,14 +411,30 @@ def _check_digests(
     for n, entry in enumerate(digests, start=1):
         digest = entry["digest"]
         problem = digest_problem(digest, pinned)
+        if problem is None and digest.get("v") != DIGEST_VERSION:
+            problem = (f"digest {digest.get('seq')} is of version {digest.get('v')!r}, which "
+                       f"this verifier does not know (it knows {DIGEST_VERSION})")  # fmt: skip
         if problem is None and (digest.get("seq") != n or digest.get("prev") != prev):
             problem = f"digest {digest.get('seq')} does not link to digest {n - 1}"
+        if problem is None and entry.get("tenant") != tenant:
+            problem = (f"digest {n}'s entry is of tenant {entry.get('tenant')!r}, not the "
+                       f"manifest's {tenant!r} (another tenant's export)")  # fmt: skip
         if problem is None:
             problem = _tenant_problem(entry)
         if problem:
             add(ExportProblem(problem))
             return []  # a digest that does not hold proves nothing
         prev = digest["hash"]
+    if not digests:
+        add(ExportProblem(f"file {path.name} holds no digest: nothing proves the records"))
+        return []
+    if not digests[-1].get("heads"):
+        # an export holds at least one stream, which its covering digest must commit to;
+        # without heads there the records could all be gone and nothing would say so
+        add(ExportProblem(f"the covering digest {digests[-1]['digest'].get('seq')} lists none "
+                          f"of the stream heads of tenant {tenant!r} (removed): the export "
+                          "cannot be proved complete"))  # fmt: skip
+        return []
     covering = manifest.get("digest") or {}
     if digests and (digests[-1]["digest"]["seq"], digests[-1]["digest"]["hash"]) != (
         covering.get("seq"),
@@ -337,26 +471,41 @@ def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: One (file:line, record, its CSV/Parquet columns or None, its text as in the file).
+Row = tuple[str, dict[str, Any], dict[str, Any] | None, bytes | str]
+
+#: The largest CSV field read: a record is at most 16 MiB of BSON, and its JSON (its
+#: images escaped twice) can be several times that; csv's default is 128 KiB.
+CSV_FIELD_LIMIT = 1 << 30
+
+
 def _records(
     directory: Path, manifest: Mapping[str, Any], problems: list[ExportProblem]
-) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
-    """(file:line, record, its CSV/Parquet columns or None) of every records file the
-    manifest lists, in order; files that do not hash to the manifest are named (before
-    what their records say), and still read (the records say which one changed). A JSONL
-    file is hashed as it is read: one pass."""
+) -> Iterator[Row]:
+    """Every record of every records file the manifest lists, in order; files that do not
+    hash to the manifest are named (before what their records say), and still read (the
+    records say which one changed). A JSONL file is hashed as it is read: one pass. A
+    file that cannot be read (not a file, corrupt) is named, and the others still read."""
     add = problems.append
     for info in manifest.get("files", []):
         path = directory / str(info.get("name"))
         if not path.exists():
             add(ExportProblem(f"file {path.name} is missing (removed)"))
             continue
+        if not path.is_file():
+            add(ExportProblem(f"file {path.name} is not a regular file (replaced)"))
+            continue
         at = len(problems)
-        if path.suffix == ".jsonl":
-            hashed = hashlib.sha256()
-            size = yield from _jsonl(path, hashed, add)
-            found = hashed.hexdigest()
-        else:
-            found, size = _sha(path)
+        try:
+            if path.suffix == ".jsonl":
+                hashed = hashlib.sha256()
+                size = yield from _jsonl(path, hashed, add)
+                found = hashed.hexdigest()
+            else:
+                found, size = _sha(path)
+        except OSError as exc:
+            add(ExportProblem(f"file {path.name} cannot be read ({exc.strerror or exc})"))
+            continue
         if found != info.get("sha256") or size != info.get("bytes"):
             problems.insert(at, ExportProblem(
                 f"file {path.name} does not hash to the manifest's SHA-256 (altered)",
@@ -366,9 +515,7 @@ def _records(
             yield from _read(path, add)
 
 
-def _jsonl(
-    path: Path, hashed: Any, add: Any
-) -> Generator[tuple[str, dict[str, Any], None], None, int]:
+def _jsonl(path: Path, hashed: Any, add: Any) -> Generator[Row, None, int]:
     """The records of a JSONL file, read in large blocks that are hashed (``hashed``) as
     they are split into lines; returns the file's size."""
     name, n, size, rest = path.name, 0, 0, b""
@@ -387,7 +534,7 @@ def _jsonl(
                 where = f"{name}:line {n}"
                 record = _parse(line.decode("utf-8", "replace"), where, add)
                 if record is not None:
-                    yield where, record, None
+                    yield where, record, None, line
             if not block:
                 return size
 
@@ -414,38 +561,70 @@ def _parse(text: str, location: str, add: Any) -> dict[str, Any] | None:
     except ValueError as exc:
         add(ExportProblem(f"the record is not JSON ({exc}): altered", location=location))
         return None
+    except RecursionError:  # nested deeper than any record
+        add(ExportProblem("the record is not JSON (nested too deep): altered", location=location))
+        return None
     if not isinstance(record, dict):
         add(ExportProblem("the record is not a JSON object: altered", location=location))
         return None
     return record
 
 
-def _read(path: Path, add: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+def _read(path: Path, add: Any) -> Iterator[Row]:
+    """The records of a CSV or Parquet file; a file that cannot be read on is named where
+    it stops (its other records were read)."""
     if path.suffix == ".parquet":
-        _, pq = pyarrow_modules()
-        line = 0
-        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=2_000):
-            columns = batch.to_pydict()
-            names = list(columns)
-            for values in zip(*columns.values(), strict=True):
-                row = dict(zip(names, values, strict=True))
-                line += 1
-                where = f"{path.name}:row {line}"
-                record = _parse(str(row.get("record")), where, add)
-                if record is not None:
-                    yield where, record, row
+        yield from _parquet(path, add)
         return
+    if path.suffix != ".csv":
+        add(ExportProblem(f"file {path.name} is not a records file (.jsonl, .csv, .parquet)"))
+        return
+    # the process-wide limit, only ever raised: a record is far larger than csv's default
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        if path.suffix == ".csv":
-            reader = csv.DictReader(f)
-            for row in reader:
-                where = f"{path.name}:line {reader.line_num}"
-                record = _parse(row.get("record") or "", where, add)
-                if record is not None:
-                    yield where, record, row
-            return
-        for n, text in enumerate(f, start=1):
-            where = f"{path.name}:line {n}"
+        reader = csv.DictReader(f)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                add(ExportProblem(f"file {path.name} cannot be read on ({exc}): altered",
+                                  location=f"{path.name}:line {reader.line_num}"))  # fmt: skip
+                return
+            where = f"{path.name}:line {reader.line_num}"
+            text = row.get("record") or ""
+            if not isinstance(text, str):  # more fields than the header: a list
+                text = ""
             record = _parse(text, where, add)
             if record is not None:
-                yield where, record, None
+                yield where, record, row, text
+
+
+def _parquet(path: Path, add: Any) -> Iterator[Row]:
+    _, pq = pyarrow_modules()
+    line = 0
+    try:
+        batches = pq.ParquetFile(str(path)).iter_batches(batch_size=2_000)
+    except (OSError, ValueError) as exc:  # pyarrow's errors: ArrowInvalid is a ValueError
+        add(ExportProblem(f"file {path.name} is not a readable Parquet file ({exc}): altered"))
+        return
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, ValueError) as exc:  # a corrupt page: the rest cannot be read
+            add(ExportProblem(f"file {path.name} cannot be read past row {line} ({exc}): "
+                              "altered", location=f"{path.name}:row {line + 1}"))  # fmt: skip
+            return
+        columns = batch.to_pydict()
+        names = list(columns)
+        for values in zip(*columns.values(), strict=True):
+            row = dict(zip(names, values, strict=True))
+            line += 1
+            where = f"{path.name}:row {line}"
+            text = str(row.get("record"))
+            record = _parse(text, where, add)
+            if record is not None:
+                yield where, record, row, text

@@ -72,6 +72,8 @@ def _hashed(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _stored_digest(uow: Any, db: str, seq: int | None) -> dict[str, Any]:
+    if seq is not None and not 1 <= seq < 2**63:  # beyond BSON's int64: no digest
+        raise InvalidInputError(f"no audit digest {seq} in {db} (digests are numbered from 1)")
     where: dict[str, Any] = {} if seq is None else {"_id": seq}
     found = list(uow.find(_reader(), AUDIT_DIGEST.name, db, DIGESTS, where,
                           sort=[("_id", -1)], limit=1))  # fmt: skip
@@ -117,7 +119,7 @@ def prove(uow: Any, db: str, record_id: str, *, digest: int | None = None) -> di
     s_index, s_size, s_path = tree.stream_path(stream)
     t_index, t_size, t_path = tree.tenant_path(head.tenant)
     return {
-        "format": PROOF_FORMAT, "record_id": record_id, "record": _hashed(record),
+        "format": PROOF_FORMAT, "record_id": str(oid), "record": _hashed(record),
         "chain": chain, "stream": stream, "head": {"seq": head.seq, "hash": head.hash},
         "tenant": head.tenant, "stream_index": s_index, "streams": s_size,
         "stream_path": s_path, "tenant_index": t_index, "tenants": t_size,
@@ -153,6 +155,12 @@ def _proof_problem(
     if problem:
         return problem
     stream, record = proof["stream"], proof["record"]
+    # the _id is outside the hash: a proof naming one record while carrying another
+    # would otherwise hold, for the record it names
+    carried, named = record.get("_id"), str(proof.get("record_id")).lower()
+    if not isinstance(carried, Mapping) or str(carried.get("$oid")).lower() != named:
+        return (f"the proof is for record {proof.get('record_id')!r} but carries record "
+                f"{carried.get('$oid') if isinstance(carried, Mapping) else carried!r}")  # fmt: skip
     if record.get("stream") != stream:
         return f"the record is of stream {record.get('stream')}, not {stream}"
     if chain_hash(record) != record.get("hash"):

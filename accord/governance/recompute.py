@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from accord.errors import PermissionDenied
 from accord.governance.holding import BATCH, hold_filters, list_holds, runs_collection
 from accord.governance.policy import Policy
 from accord.governance.retention import (
@@ -36,7 +37,7 @@ from accord.platform.artifacts import POLICY, RUN
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["DONE", "PENDING", "recompute", "ttl_index_commands"]
+__all__ = ["DONE", "PENDING", "check_allowed", "recompute", "ttl_index_commands"]
 
 POLICIES = POLICY.default_collection or "accord_policies"
 
@@ -119,6 +120,36 @@ def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
             steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
                           _shift(HELD_EXPIRE_AT, delta)))  # fmt: skip
     return steps
+
+
+def check_allowed(uow: Any, db: str, old: Policy | None, new: Policy) -> None:
+    """Refuse, before anything is written, a recompute the principal of ``uow`` could
+    not finish under ``new``: it reads and updates each class whose expiry changes (a
+    policy granting the admin ``find`` only on ``business:orders`` stored its version,
+    then failed at the first batch, and every apply after it failed the same way)."""
+    principal = uow.principal
+    for collection, artifact, which, _ in _steps(uow, db, old, new):
+        cls = new.of(artifact, collection)
+        granted = frozenset() if cls is None else cls.allowed(principal.role, principal.name)
+        missing = sorted({"find", "update"} - granted)
+        if missing == ["update"] and not uow.find(
+            ReadContext("*", operation=OPERATION), artifact, db, collection, which,
+            projection={"_id": 1}, limit=1,
+        ):  # fmt: skip
+            continue  # nothing to update
+        if missing:
+            name = cls.name if cls is not None else artifact
+            raise PermissionDenied(
+                f"this policy changes the expiry of {name} ({db}.{collection}), which apply "
+                f"recomputes as {principal.name} (role {principal.role}), but it does not "
+                f"grant that role {' and '.join(repr(m) for m in missing)} on {name}: add "
+                f"them to [classes.{_quoted(name)}] roles.{principal.role}; nothing was "
+                f"applied"
+            )
+
+
+def _quoted(name: str) -> str:
+    return f'"{name}"' if ":" in name else name
 
 
 def recompute(

@@ -13,15 +13,19 @@ do this) and the audit hook (which refuses every other write to its collections)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
-from accord.platform.plan import Group, Op
+from accord.platform.artifacts import AUDIT
+from accord.platform.context import WriteContext
+from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["ERASE_OPERATION", "erased_images", "image_erasure_op", "is_image_erasure"]
+__all__ = [
+    "ERASE_OPERATION", "erase_images", "erased_images", "image_erasure_op", "is_image_erasure",
+]  # fmt: skip
 
 #: The operation of every plan of an erasure (``WriteContext.operation``).
 ERASE_OPERATION = "governance.erase"
@@ -68,3 +72,34 @@ def is_image_erasure(operation: str, group: Group) -> bool:
         if not all(_erased_entry(e) for e in change["images"]):
             return False
     return True
+
+
+def erase_images(
+    uow: Any, db: str, records: str, filt: Mapping[str, Any], at: datetime,
+    progress: Callable[[str, int], None] | None = None,
+) -> int:  # fmt: skip
+    """Erase the images of the audit records of ``db`` (collection ``records``) matching
+    ``filt`` that still have any, a page at a time, per tenant, through ``uow`` (a sync
+    kernel acting as an admin, operation :data:`ERASE_OPERATION`). Returns how many
+    records changed."""
+    from accord.governance.subjects import pages  # (subjects -> policy; no cycle at import)
+
+    changed = 0
+    for docs in pages(uow, AUDIT.name, db, records, {"images": {"$exists": True}, **filt},
+                      projection={"images.erased": 1, "tenant_id": 1},
+                      operation=ERASE_OPERATION):  # fmt: skip
+        by_tenant: dict[str, list[Op]] = {}
+        for d in docs:
+            images = d.get("images") or []  # one {} (or {erased}) per image entry
+            if all(isinstance(i, dict) and "erased" in i for i in images):
+                continue  # erased already
+            by_tenant.setdefault(str(d.get("tenant_id")), []).append(
+                image_erasure_op(d["_id"], len(images), at)
+            )
+        for tenant, ops in sorted(by_tenant.items()):
+            context = WriteContext(tenant, principal=uow.principal, operation=ERASE_OPERATION)
+            uow.execute(Plan(context, [Group("erase:audit-images", db, records, AUDIT.name, ops)]))
+            changed += len(ops)
+            if progress is not None:
+                progress("audit images", len(ops))
+    return changed

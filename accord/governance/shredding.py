@@ -17,14 +17,18 @@ cache's lifetime (10 s by default; :class:`~accord.governance.encryption.Encrypt
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from accord.errors import LegalHoldError
+from accord.errors import InvalidInputError, LegalHoldError
+from accord.governance.audit_records import RECORDS
 from accord.governance.crypto import MasterKey
 from accord.governance.encryption import keys_collection
 from accord.governance.holding import list_holds
+from accord.governance.holds import Hold
 from accord.governance.policy import Policy
-from accord.governance.redaction import ERASE_OPERATION
+from accord.governance.redaction import ERASE_OPERATION, erase_images
+from accord.governance.subjects import find_subject
 from accord.platform.artifacts import ENCRYPTION_KEY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
@@ -36,9 +40,13 @@ _PAGE = 1000
 
 def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) -> int:
     """Delete the key documents of ``db`` matching ``where`` (read through the kernel,
-    deleted by ``_id``, per tenant, in pages). Returns how many were destroyed."""
+    deleted by ``_id``, per tenant, in pages), and the audit images of every record of
+    theirs (a ``full`` trail kept a wrapped key there, which the master key still
+    unwraps; the audit records keys in ``metadata`` at most since 2026-12-07). Returns
+    how many were destroyed."""
     coll = keys_collection(policy)
     destroyed = 0
+    at = datetime.now(UTC)
     while True:
         docs = uow.find(ReadContext("*", operation=ERASE_OPERATION), ENCRYPTION_KEY.name, db,
                         coll, dict(where), projection={"_id": 1, "tenant_id": 1},
@@ -53,6 +61,8 @@ def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) ->
                           [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": ids}})])  # fmt: skip
             uow.execute(Plan(WriteContext(tenant, principal=uow.principal,
                                           operation=ERASE_OPERATION), [group]))  # fmt: skip
+            erase_images(uow, db, RECORDS, {"tenant_id": tenant, "collection": coll,
+                                            "ops.doc_id": {"$in": ids}}, at)  # fmt: skip
             destroyed += len(ids)
         if len(docs) < _PAGE:
             return destroyed
@@ -90,7 +100,7 @@ def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:
     Refused with :class:`~accord.errors.LegalHoldError`, nothing destroyed, while a legal
     hold covers the tenant or anything in it."""
     for hold in list_holds(uow, db, policy):
-        if (hold.kind == "tenant" and hold.value == tenant_id) or hold.tenant_id == tenant_id:
+        if _covers_tenant(uow, db, policy, hold, tenant_id):
             raise LegalHoldError(
                 f"tenant {tenant_id!r} is under legal hold in {db}: {hold.describe()}"
                 + (f" (reason {hold.reason!r})" if hold.reason else "")
@@ -100,6 +110,26 @@ def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:
                 hold_id=hold.id,
             )
     return destroy_keys(uow, db, policy, {"tenant_id": tenant_id})
+
+
+def _covers_tenant(uow: Any, db: str, policy: Policy, hold: Hold, tenant_id: str) -> bool:
+    """Whether ``hold`` covers anything a shredding of ``tenant_id`` makes unreadable:
+    the tenant, anything in it, and the holds of every tenant (no ``tenant_id``) on an
+    encrypted class, on the keys, or on a subject with data in the tenant."""
+    if (hold.kind == "tenant" and hold.value == tenant_id) or hold.tenant_id == tenant_id:
+        return True
+    if hold.tenant_id is not None:
+        return False
+    if hold.kind == "class":
+        cls = policy.classes.get(hold.value)
+        return hold.value == ENCRYPTION_KEY.name or (cls is not None and cls.encryption != "off")
+    if hold.kind == "subject":
+        try:
+            found = find_subject(uow, db, policy, hold.value, tenant_id)
+        except InvalidInputError:  # a value that is no identifier any more: held
+            return True
+        return bool(found.threads) or any(t.count() for t in found.targets.values())
+    return False
 
 
 def rewrap_keys(uow: Any, db: str, policy: Policy, master: MasterKey) -> int:

@@ -63,6 +63,11 @@ THREAD_CLASSES = tuple(c.name for c in CLASSES.values() if c.thread_scoped)
 #: Classes whose documents go with a thread, a memory or a hold, not found by fields.
 _FOUND_OTHERWISE = {*THREAD_CLASSES, LONG_TERM_MEMORY.name, MEMORY_HISTORY.name,
                     MEMORY_VECTOR.name}  # fmt: skip
+#: The fixed labels of accord's own memory namespaces (the aggregator's
+#: ``("memories", "{user_id}")`` and ``("episodes", "{thread_id}")``, the MCP server's
+#: ``("memories",)``): any element of a namespace names a subject, so these would name
+#: everybody.
+RESERVED_SUBJECTS = frozenset({"memories", "episodes"})
 #: accord's own bookkeeping and the audit trail: never a subject's data as a class.
 _NOT_SUBJECT_DATA = {"audit", "audit_digest", "catalog", "migration", "policy", "hold"}
 
@@ -81,15 +86,36 @@ def validate_subject(subject: Any, tenant_id: Any = None) -> tuple[str, str | No
             f"a data subject's identifier must be 1 to {MAX_SUBJECT} characters and not "
             f"blank, got {subject!r}"
         )
+    if not _encodes(subject):
+        raise InvalidInputError(
+            f"{subject!r} is not a data subject's identifier: it is not valid Unicode text "
+            "(a lone surrogate, as a non-UTF-8 byte in a command line becomes); nothing "
+            "was read or changed"
+        )
+    if subject in RESERVED_SUBJECTS:
+        raise InvalidInputError(
+            f"{subject!r} is a label of accord's own memory namespaces (the aggregator's "
+            f"and the MCP server's {sorted(RESERVED_SUBJECTS)}), not a data subject: an "
+            f"erasure of it would take every user's memories; nothing was read or changed"
+        )
     if subject.startswith("$") or "\x00" in subject:
         raise InvalidInputError(
             f"{subject!r} is not a data subject's identifier: it starts with '$' (a query "
             "operator) or holds a NUL; nothing was read or changed"
         )
     if tenant_id is not None and (not isinstance(tenant_id, str) or not tenant_id.strip()
-                                  or tenant_id.startswith("$")):  # fmt: skip
+                                  or tenant_id.startswith("$")
+                                  or not _encodes(tenant_id)):  # fmt: skip
         raise InvalidInputError(f"a tenant is a non-empty string, got {tenant_id!r}")
     return subject, tenant_id
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def subject_hash(subject: str) -> str:

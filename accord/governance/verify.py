@@ -109,30 +109,48 @@ class ChainChecker:
         self._hash = GENESIS
         self._broken: set[str] = set()
         self._last: dict[str, tuple[int, str]] = {}
+        self._met: set[str] = set()  # every stream fed so far
 
     def feed(self, record: Mapping[str, Any]) -> None:
         """Check the next record."""
         stream = str(record.get("stream"))
+        seq = record.get("seq")
+        self.report.records += 1
         if stream != self._stream:
             self._stream = stream
+            if stream in self._met:
+                # restarting it would let a stream's records be repeated (or split) later
+                if stream not in self._broken:
+                    self._fail(ChainBreak(
+                        stream, seq if _is_int(seq) else None, "the stream's records appear "
+                        "again after another stream's (repeated or out of order)", None, seq,
+                    ))  # fmt: skip
+                return
+            self._met.add(stream)
             self._seq, self._hash = self.starts.get(stream, (0, GENESIS))
             self.report.streams += 1
-        self.report.records += 1
         if stream in self._broken:
             return
-        seq = record.get("seq")
-        problem = self._problem(record, stream, seq)
+        try:
+            problem = self._problem(record, stream, seq)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # a record of a shape no writer makes: this stream's break, not the whole check's
+            problem = ChainBreak(stream, seq if _is_int(seq) else None, "the record cannot be "
+                                 f"checked ({type(exc).__name__}: {exc}): altered", None, None)  # fmt: skip
         if problem is not None:
-            self._broken.add(stream)
-            self.report.breaks.append(problem)
+            self._fail(problem)
             return
         self._seq, self._hash = int(seq), str(record["hash"])  # type: ignore[arg-type]
         self._last[stream] = (self._seq, self._hash)
 
+    def _fail(self, problem: ChainBreak) -> None:
+        self._broken.add(problem.stream)
+        self.report.breaks.append(problem)
+
     def _problem(self, record: Mapping[str, Any], stream: str, seq: Any) -> ChainBreak | None:
         expected_seq = self._seq + 1
-        if not isinstance(seq, int) or seq != expected_seq:
-            what = "a record is missing" if isinstance(seq, int) and seq > expected_seq else (
+        if not _is_int(seq) or seq != expected_seq:
+            what = "a record is missing" if _is_int(seq) and seq > expected_seq else (
                 "a record is out of place (inserted or reordered)"
             )  # fmt: skip
             return ChainBreak(stream, expected_seq, what, expected_seq, seq)
@@ -143,8 +161,13 @@ class ChainChecker:
         if record.get("hash") != computed:
             return ChainBreak(stream, seq, "its content does not hash to its hash (altered)",
                               computed, record.get("hash"))  # fmt: skip
-        ops = record.get("ops") or []
-        for i, images in enumerate(record.get("images") or []):
+        ops = record.get("ops")
+        ops = ops if isinstance(ops, list) else []
+        kept = record.get("images")
+        if kept is not None and not isinstance(kept, list):  # outside the hash: any value
+            return ChainBreak(stream, seq, "its images are not a list (altered)", "a list",
+                              type(kept).__name__)  # fmt: skip
+        for i, images in enumerate(kept or []):
             entry = ops[i] if i < len(ops) and isinstance(ops[i], Mapping) else {}
             for name in IMAGE_FIELDS:
                 text = images.get(name) if isinstance(images, Mapping) else None
@@ -177,6 +200,10 @@ class ChainChecker:
                 continue
             last = self._last.get(stream, (0, GENESIS))
             found = (head.get("seq") or 0, head.get("hash") or GENESIS)
+            if not _is_int(found[0]) or not isinstance(found[1], str):
+                self._fail(ChainBreak(stream, None, "its head is malformed (altered)", last,
+                                      found))  # fmt: skip
+                continue
             if found != last:
                 self._broken.add(stream)
                 # the first record missing from the end, or the first one past the head
@@ -189,6 +216,11 @@ class ChainChecker:
             self.report.breaks.append(ChainBreak(
                 stream, None, "the stream has no head", self._last[stream], None
             ))  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, not a bool (JSON's true is no seq)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_chain_hash(record: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,36 @@ def test_the_runtime_cannot_apply_a_policy(client: MongoClient, db_name: str) ->
         apply(uow, changes)
 
 
+def test_a_policy_whose_expiry_recompute_the_admin_may_not_make_is_refused_whole(
+    client: MongoClient, db_name: str
+) -> None:
+    """The docs' example policy (admin = ["find"] on business:orders, a retention) on a
+    database with orders: roles, validators and the version were written, then the
+    recompute was refused, and every apply after it failed the same way."""
+    uow = _admin(client)
+    text = (
+        '[classes."business:orders"]\nretention = { expire_after = "7y", after = "created" }\n'
+        'roles = { runtime = ["find", "insert", "update"], admin = ["find"] }\n'
+    )
+    policy = parse_policy(text, "p.toml")
+    apply(uow, plan(uow, db_name, parse_policy(text.replace('"find"]', '"find", "update"]'),
+                                               "empty.toml")))  # fmt: skip
+    client[db_name].orders.insert_one(
+        {"_id": "o1", "tenant_id": "acme", "expire_at": datetime.now(UTC)}  # as stamped
+    )
+    roles = client[db_name].command("rolesInfo", 1)["roles"]
+    versions = client[db_name].accord_policies.count_documents({})
+    changes = plan(uow, db_name, parse_policy(text.replace("7y", "8y"), "p.toml"))
+    with pytest.raises(PermissionDenied, match=r"roles\.admin.*nothing was applied"):
+        apply(uow, changes)
+    assert client[db_name].command("rolesInfo", 1)["roles"] == roles
+    assert client[db_name].accord_policies.count_documents({}) == versions  # no new version
+    # with no document to update, the same grants are fine
+    client[db_name].orders.delete_many({})
+    apply(uow, plan(uow, db_name, policy))
+    assert client[db_name].accord_policies.count_documents({}) == versions + 1
+
+
 def test_the_cli_shows_checks_and_plans(
     client: MongoClient, mongo_uri: str, db_name: str, tmp_path: Path
 ) -> None:
@@ -136,6 +167,15 @@ def test_the_cli_shows_checks_and_plans(
     assert applied.exit_code == 0, applied.output
     again = runner.invoke(cli, ["governance", "apply", "--db", db_name], env=env)
     assert "nothing to change" in again.output
+    # what the database's processes enforce: the stored policy (show read the file only)
+    stored = runner.invoke(cli, ["governance", "apply", "--db", db_name, "--policy", str(good)],
+                           env=env)  # fmt: skip
+    assert stored.exit_code == 0, stored.output
+    shown = runner.invoke(cli, ["governance", "show", "--db", db_name, "--toml"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert parse_policy(shown.output, "shown", base=None).classes["checkpoint"].audit == "full"
+    both = runner.invoke(cli, ["governance", "show", "--db", db_name, "--policy", str(good)])
+    assert both.exit_code == 2
     atlas = tmp_path / "atlas"
     written = runner.invoke(cli, ["governance", "plan", "--db", "app", "--atlas-roles",
                                   str(atlas)])  # fmt: skip

@@ -449,6 +449,69 @@ def test_key_rotation_and_shredding_are_recorded_even_with_the_audit_setting_off
     assert verify_chain(auditor, db_name).ok
 
 
+def test_no_copy_of_a_destroyed_key_stays_in_the_audit_trail(
+    client: MongoClient, db_name: str, master: MasterKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``full`` trail kept each key's wrapped bytes in its records' images (the insert,
+    and a rotation's ``$set``), which the master key still unwrapped after the key was
+    destroyed: a backup of the erased subject decrypted. Keys are recorded in hashes
+    only, and a destruction erases the images of its key's records made before."""
+    from bson import ObjectId
+
+    from accord.governance.crypto import PREVIOUS_MASTER_KEY_ENV
+
+    _populate(client, db_name)
+    db = client[db_name]
+    monkeypatch.setenv(MASTER_KEY_ENV, MasterKey.generate().text())
+    monkeypatch.setenv(PREVIOUS_MASTER_KEY_ENV, master.text())
+    assert runtime.rewrap_data_keys(client, db_name) == 4
+    key_records = {"collection": "accord_keys"}
+    assert db[RECORDS].count_documents(key_records) > 0
+    assert db[RECORDS].count_documents({**key_records, "images": {"$exists": True}}) == 0
+    # a record as a full trail wrote it before (raw: the trail refuses such a write)
+    key = db.accord_keys.find_one({"tenant_id": "default", "scope": "subject", "subject": A})
+    assert key is not None
+    record = db[RECORDS].find_one({**key_records, "ops.doc_id": key["_id"]})
+    assert record is not None
+    forged = ObjectId()
+    record.update(_id=forged, images=[
+        {"filter": None, "change": None, "image": '{"wrapped": "..."}'} for _ in record["ops"]
+    ])  # fmt: skip
+    db[RECORDS].insert_one(record, bypass_document_validation=True)
+    runtime.erase_subject_data(client, A, db_name, compact=False)
+    erased = db[RECORDS].find_one({"_id": forged})
+    assert erased is not None and erased["images"][0]["image"] is None
+    assert "erased" in erased["images"][0]
+
+
+def test_a_shredding_is_refused_while_a_hold_for_every_tenant_covers_its_data(
+    client: MongoClient, db_name: str, master: MasterKey
+) -> None:
+    """Holds without a tenant (a class, a subject) cover every tenant: shredding one
+    destroyed the keys of held data (only a tenant's own holds were asked)."""
+    from accord.errors import LegalHoldError
+    from accord.governance.holding import place, release
+    from accord.governance.holds import Hold
+    from accord.platform.context import Principal
+
+    _populate(client, db_name)
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    policy = runtime.effective_policy(admin, db_name)
+    keys = client[db_name]["accord_keys"]
+    for kind, value in (("class", "long_term_memory"), ("subject", A),
+                        ("class", "encryption_key")):  # fmt: skip
+        hold = Hold(kind, value, reason="case 9")  # type: ignore[arg-type]
+        place(admin, db_name, hold, policy)
+        with pytest.raises(LegalHoldError, match="case 9"):
+            runtime.shred_tenant_keys(client, "default", db_name)
+        assert keys.count_documents({}) == 4
+        release(admin, db_name, hold, policy)
+    # a class that is not encrypted, a subject with nothing in the tenant: no cover
+    place(admin, db_name, Hold("class", "outbox"), policy)
+    place(admin, db_name, Hold("subject", "u-nobody"), policy)
+    assert runtime.shred_tenant_keys(client, "default", db_name) == 4
+
+
 def test_writes_that_cannot_be_encrypted_field_by_field_are_refused(
     client: MongoClient, db_name: str, master: MasterKey
 ) -> None:
