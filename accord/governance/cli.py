@@ -234,8 +234,11 @@ def _progress() -> Any:
 
 
 def _hold(kind: str, value: str, tenant: str | None, reason: str = "") -> Any:
+    from accord.errors import InvalidInputError
     from accord.governance.holds import Hold
 
+    if kind == "tenant" and tenant not in (None, value):  # (it was dropped without a word)
+        raise InvalidInputError(f"a tenant hold names its tenant once: {value!r}, no --tenant")
     return Hold(kind, value, tenant if kind != "tenant" else None, reason=reason)  # type: ignore[arg-type]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from accord.errors import InvalidInputError
 from accord.governance.hold_guard import FENCES, checkpoint_subject_fields, hold_fence_ops
 from accord.governance.holds import Hold, Holds
-from accord.governance.policy import DEPENDENT, Policy
+from accord.governance.policy import DEPENDENT, Policy, check_collection_name
 from accord.governance.retention import (
     EXPIRE_AT,
     HELD_EXPIRE_AT,
@@ -30,7 +30,7 @@ from accord.governance.retention import (
     ttl_targets,
 )
 from accord.platform import runs
-from accord.platform.artifacts import CHECKPOINT, HOLD, RUN
+from accord.platform.artifacts import CHECKPOINT, CLASSES, HOLD, RUN
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan, insert_once
 
@@ -155,9 +155,28 @@ def _covers(
     return {link: {"$in": ids}}
 
 
+def _known_class(policy: Policy, name: str) -> bool:
+    if name in CLASSES or name in policy.classes:
+        return True
+    if name.startswith("business:"):
+        try:
+            check_collection_name(name.split(":", 1)[1])
+        except ValueError:
+            return False
+        return True
+    return False
+
+
 def place(uow: Any, db: str, hold: Hold, policy: Policy, progress: Progress | None = None) -> int:
     """Store ``hold`` and take the expiry off what it covers; returns how many documents
-    it took it off (0 the second time)."""
+    it took it off (0 the second time). A class hold must name a class (a typo held
+    nothing, and said nothing)."""
+    if hold.kind == "class" and not _known_class(policy, hold.value):
+        known = sorted({*CLASSES, *policy.classes})
+        raise InvalidInputError(
+            f"{hold.value!r} is no artifact class: a class hold names one of "
+            f"{', '.join(known)}, or business:COLLECTION; nothing was held"
+        )
     doc = hold.document()
     doc["at"] = doc["at"] or datetime.now(UTC)
     doc["by"] = doc["by"] or uow.principal.name

@@ -27,6 +27,7 @@ from accord.governance.policy import Policy
 from accord.governance.retention import (
     EXPIRE_AT,
     HELD_EXPIRE_AT,
+    THREAD_CLASSES,
     TTL_INDEX,
     TtlRule,
     finished_filter,
@@ -102,17 +103,32 @@ def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
             steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
                           {"$unset": {HELD_EXPIRE_AT: ""}}))  # fmt: skip
         elif was is None or was.event != rule.event:  # starts, or from another event
-            if artifact == RUN.name:
-                continue  # threads get theirs at their next commit
+            at = now + rule.expire_after
+            if was is not None:
+                # from another event: the dates counted from the old one are no longer
+                # the document's (created+20s kept deleting orders now "30d after
+                # updated"); the new event's time is not known, so from now, as a class
+                # that starts expiring; not finished under "done": not yet
+                for field in (EXPIRE_AT, HELD_EXPIRE_AT):
+                    stamped: dict[str, Any] = {field: {"$exists": True}}
+                    if rule.event == "done":
+                        steps.append((collection, artifact,
+                                      {**stamped, "status": {"$nin": list(rule.finished)}},
+                                      {"$unset": {field: ""}}))  # fmt: skip
+                        stamped["status"] = finished_filter(rule)
+                    steps.append((collection, artifact, stamped, {"$set": {field: at}}))
+            if artifact == RUN.name and any(
+                h.kind == "class" and h.value in THREAD_CLASSES for h in holds
+            ):
+                continue  # every thread is held: each gets its expiry at the release
             unstamped: dict[str, Any] = {EXPIRE_AT: {"$exists": False},
                                          HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
             if rule.event == "done":
                 unstamped["status"] = finished_filter(rule)
             held = hold_filters(uow, db, new, holds, artifact, collection, fields)
             which = {"$and": [unstamped, {"$nor": held}]} if held else unstamped
-            steps.append(
-                (collection, artifact, which, {"$set": {EXPIRE_AT: now + rule.expire_after}})
-            )
+            # (threads too: one idle since, with no next commit, was never swept)
+            steps.append((collection, artifact, which, {"$set": {EXPIRE_AT: at}}))
         else:  # the same event, another period: NOT idempotent, so done exactly once
             delta = rule.expire_after - was.expire_after
             steps.append((collection, artifact, {EXPIRE_AT: {"$exists": True}},

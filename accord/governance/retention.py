@@ -167,6 +167,35 @@ def stamp(op: Op, rule: TtlRule, now: datetime) -> Op:
     return replace(op, doc={**doc, "$set": {**sets, EXPIRE_AT: at}})
 
 
+#: The operations of governance's own expiry moves (holding.py, recompute.py).
+EXPIRY_OPERATIONS = frozenset({"governance.hold", "governance.release",
+                               "governance.apply.retention"})  # fmt: skip
+
+
+def held_op(op: Op) -> Op:
+    """``op`` writing no ``expire_at`` of its own: one it sets (an outbox event marked
+    done with its consumer's retention) becomes ``held_expire_at``, as a hold's move
+    renames it, so the TTL monitor leaves the document alone until the release (before
+    2026-12-07, outbox events done during a class hold expired under it)."""
+    doc = op.doc
+    if not isinstance(doc, Mapping):
+        return op
+    if op.kind in ("insert", "replace"):
+        if EXPIRE_AT not in doc:
+            return op
+        moved = {k: v for k, v in doc.items() if k != EXPIRE_AT}
+        return replace(op, doc={**moved, HELD_EXPIRE_AT: doc[EXPIRE_AT]})
+    if op.kind not in ("update", "update_many", "find_one_and_update"):
+        return op
+    changed = dict(doc)
+    for operator in ("$set", "$setOnInsert"):
+        sets = doc.get(operator)
+        if isinstance(sets, Mapping) and EXPIRE_AT in sets:
+            rest = {k: v for k, v in sets.items() if k != EXPIRE_AT}
+            changed[operator] = {**rest, HELD_EXPIRE_AT: sets[EXPIRE_AT]}
+    return op if changed == doc else replace(op, doc=changed)
+
+
 def names_held_subject(plan: Plan, policy: Policy, held: Holds, tenant_id: str) -> bool:
     """Whether a checkpoint ``plan`` writes names, in its metadata, a subject a hold of
     ``held`` names (its thread is then held: its commits set no expiry)."""
@@ -259,18 +288,26 @@ class RetentionHook:
         now = self._clock()
         if guard is not None and guard.kind in ("owner", "free"):
             ttl = self._thread_ttl(policy)
-            thread_held = (
+            surely_held = (
                 held.holds_thread(guard.tenant_id, guard.thread_id)
                 or any(held.holds_class(name, None) for name in THREAD_CLASSES)
                 or names_held_subject(plan, policy, held, guard.tenant_id)
+            )
+            thread_held = surely_held or (
                 # a commit without a checkpoint (task writes alone, or before the put
                 # of a batch) cannot tell whether a subject hold reaches its thread:
                 # it leaves the thread's expiry as it is
-                or (not _writes_checkpoints(plan) and _subject_holds(held, guard.tenant_id))
+                not _writes_checkpoints(plan) and _subject_holds(held, guard.tenant_id)
             )
-            if thread_held and guard.expire_at is not None:
-                plan.context = replace(context, guard=replace(guard, expire_at=None))
-            elif ttl is not None and not thread_held:
+            if thread_held:
+                # a held thread's commit moves its held expiry on, which the release gives
+                # back (it gave back the expiry from before the hold: a thread used
+                # during the hold was swept at once)
+                moved = now + ttl if surely_held and ttl is not None else None
+                if guard.expire_at is not None or moved is not None:
+                    guard = replace(guard, expire_at=None, held_expire_at=moved)
+                    plan.context = replace(context, guard=guard)
+            elif ttl is not None:
                 at = now + ttl
                 if guard.expire_at is None or _aware(guard.expire_at) > at:  # the shorter one
                     plan.context = replace(context, guard=replace(guard, expire_at=at))
@@ -278,19 +315,28 @@ class RetentionHook:
             if not group.ops:
                 continue
             rule = self._rule(policy, group.artifact, group.collection)
-            if rule is None:
+            if rule is None and not held.holds and not held.unknown:
                 continue
             self._stamp(group, rule, now, held, context, policy)
 
     def _stamp(
         self,
         group: Group,
-        rule: TtlRule,
+        rule: TtlRule | None,
         now: datetime,
         held: Any,
         context: Any,
         policy: Policy,
     ) -> None:
+        """Stamp ``group``'s ops as ``rule`` says (None: the policy gives the class no
+        period); a held op gets no expiry, and one it sets itself (an outbox consumer's
+        retention) is kept as ``held_expire_at``, which a release gives back."""
+        if context.operation in EXPIRY_OPERATIONS:
+            # a hold, a release, a recompute: they say what becomes of the expiry
+            # themselves (a release runs while this process may still see the hold)
+            if rule is not None:
+                group.ops = [stamp(op, rule, now) for op in group.ops]
+            return
         tenant, thread = context.tenant_id, context.thread_id
         owner = DEPENDENT.get(group.artifact, group.artifact)  # a memory's, for its vectors
         cls = policy.of(owner, group.collection)
@@ -300,12 +346,17 @@ class RetentionHook:
             or held.holds_class(owner, None)
             or held.holds_thread(tenant, thread)
         ):
+            group.ops = [held_op(op) for op in group.ops]
             return
         subjects = held.subjects_in(subject_fields)
         out = []
         for op in group.ops:
             if subjects and not held.clear_of_subjects(op, subject_fields):
-                out.append(op)  # possibly a held subject's: no expiry
-            else:
+                # possibly a held subject's: no expiry; a document it surely names keeps
+                # its own as held (an update's is kept: its release could not find it)
+                out.append(held_op(op) if op.kind in ("insert", "replace") else op)
+            elif rule is not None:
                 out.append(stamp(op, rule, now))
+            else:
+                out.append(op)
         group.ops = out

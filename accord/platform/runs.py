@@ -233,6 +233,7 @@ def owner_guard(
     lease_seconds: float,
     expire_at: datetime | None = None,
     release: bool = False,
+    held_expire_at: datetime | None = None,
 ) -> Op:
     """The guard of a commit by the lease's run: first op of the transaction.
 
@@ -252,6 +253,8 @@ def owner_guard(
         fields.update(lease_expires=at + timedelta(seconds=lease_seconds), renewed_at=at)
     if expire_at is not None:
         fields["expire_at"] = expire_at
+    if held_expire_at is not None:  # a held thread's expiry, given back at its release
+        fields["held_expire_at"] = held_expire_at
     return Op(
         "update",
         _mine(lease),
@@ -270,15 +273,21 @@ def free_guard(
     *,
     at: datetime,
     expire_at: datetime | None = None,
+    held_expire_at: datetime | None = None,
 ) -> Op:
     """The guard of a commit that belongs to no run: it commits only while no live run
     holds the thread (then the upsert collides: ``DuplicateKey`` on the registry
     collection). Expect ``matched + upserted == 1``."""
+    fields: dict[str, Any] = {"version": version}
+    if expire_at is not None:
+        fields["expire_at"] = expire_at
+    if held_expire_at is not None:
+        fields["held_expire_at"] = held_expire_at
     return Op(
         "update",
         {"_id": run_doc_id(tenant_id, thread_id), "$or": _free(at, [])},
         {
-            "$set": {"version": version, **({"expire_at": expire_at} if expire_at else {})},
+            "$set": fields,
             "$setOnInsert": {"tenant_id": tenant_id, "thread_id": thread_id, "fence": 0},
         },
         upsert=True,
@@ -307,20 +316,25 @@ def expired(at: datetime) -> dict[str, Any]:
     return {"expire_at": {"$lt": at}, "$or": _free(at, [])}
 
 
-def expired_guard(tenant_id: str, thread_id: str, version: str, *, at: datetime) -> Op:
+def expired_guard(
+    tenant_id: str, thread_id: str, version: str, *, at: datetime, keep_expiry: bool = False
+) -> Op:
     """The guard of the deletion of an expired thread: it commits only while the thread
     is still expired (``expire_at`` passed: no commit since) and no live run holds it;
-    else the upsert collides (``DuplicateKey``). Expect ``matched == 1``."""
-    return Op(
-        "update",
-        {"_id": run_doc_id(tenant_id, thread_id), **expired(at)},
-        {
-            "$set": {"version": version, "lease_expires": None, "released_at": at},
-            "$unset": {"expire_at": ""},
-            "$inc": {"fence": 1},
-        },
-        upsert=True,
-    )
+    else the upsert collides (``DuplicateKey``). Expect ``matched == 1``.
+
+    It takes ``expire_at`` off (the thread is gone: no later sweep finds it again), but
+    not with ``keep_expiry``: a transaction of a thread deleted in several that is not
+    its last, so that a deletion killed half-way leaves the thread expired, and the next
+    sweep finds it and finishes the job."""
+    change: dict[str, Any] = {
+        "$set": {"version": version, "lease_expires": None, "released_at": at},
+        "$inc": {"fence": 1},
+    }
+    if not keep_expiry:
+        change["$unset"] = {"expire_at": ""}
+    return Op("update", {"_id": run_doc_id(tenant_id, thread_id), **expired(at)}, change,
+              upsert=True)  # fmt: skip
 
 
 def version_filter(tenant_id: str, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -371,6 +385,10 @@ class ThreadGuard:
     expire_at: datetime | None = None
     release: bool = False
     refused: Callable[[Counts], BaseException] | None = None
+    #: a held thread's commit: its expiry as it would be, kept for the hold's release
+    held_expire_at: datetime | None = None
+    #: an ``expired`` guard that leaves ``expire_at`` (:func:`expired_guard`)
+    keep_expiry: bool = False
 
     def op(self) -> Op:
         if self.kind == "owner":
@@ -383,13 +401,16 @@ class ThreadGuard:
                 lease_seconds=self.lease_seconds,
                 expire_at=self.expire_at,
                 release=self.release,
+                held_expire_at=self.held_expire_at,
             )
         if self.kind == "free":
             return free_guard(
-                self.tenant_id, self.thread_id, self.version, at=self.at, expire_at=self.expire_at
-            )
+                self.tenant_id, self.thread_id, self.version, at=self.at,
+                expire_at=self.expire_at, held_expire_at=self.held_expire_at,
+            )  # fmt: skip
         if self.kind == "expired":
-            return expired_guard(self.tenant_id, self.thread_id, self.version, at=self.at)
+            return expired_guard(self.tenant_id, self.thread_id, self.version, at=self.at,
+                                 keep_expiry=self.keep_expiry)  # fmt: skip
         return takeover(self.tenant_id, self.thread_id, self.version, at=self.at)
 
     def expect(self) -> Expect | None:

@@ -144,7 +144,7 @@ def test_every_door_is_recorded_and_the_chains_verify(
     actions = set(records.distinct("action"))
     assert {"checkpoint.put", "checkpoint.put_writes", "memory.aggregate", "store.put",
             "checkpointer.setup"} <= actions, actions  # fmt: skip
-    deleted = records.find_one({"action": "store.put", "ops.op": {"$regex": "^delete"}})
+    deleted = records.find_one({"action": "store.delete", "ops.op": {"$regex": "^delete"}})
     assert deleted is not None
     # a thread's writes chain in the thread's stream; a business collection has its own
     t1 = records.find_one({"thread_id": "t1", "artifact": "checkpoint"})

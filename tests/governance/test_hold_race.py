@@ -142,3 +142,86 @@ def test_deletions_without_a_hold_still_commit(client: MongoClient, db_name: str
         _seed(client, db_name, tenant, "t1")
         uow.execute(_delete(uow, db_name, tenant, "t1"))
     assert client[db_name].t_notes.count_documents({}) == 0
+
+
+# -- a class hold on any class of a thread's data holds every thread -------------------------
+
+
+def _held_saver(client: MongoClient, db: str, hold_class: str, turns: int = 4) -> Any:
+    import uuid
+
+    from langchain_core.messages import HumanMessage
+
+    from accord.checkpointers import AccordSaver
+    from tests.test_kernel_doors import _graph
+
+    saver = AccordSaver(client, db_name=db)
+    graph = _graph(saver)
+    for i in range(turns):
+        graph.invoke({"messages": [HumanMessage(f"turn {i}", id=uuid.uuid4().hex)], "log": []},
+                     {"configurable": {"thread_id": "t1"}, "metadata": {"run_id": f"r{i}"}})  # fmt: skip
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    place(admin, db, Hold("class", hold_class), runtime.effective_policy(admin, db))
+    return saver
+
+
+def _snapshot(client: MongoClient, db: str) -> dict[str, int]:
+    return {c: client[db][c].count_documents({"thread_id": "t1"}) for c in (
+        "accord_checkpoints", "accord_checkpoint_blobs", "accord_checkpoint_writes",
+        "short_term_memory",
+    )}  # fmt: skip
+
+
+@pytest.mark.parametrize("hold_class", ["short_term_memory", "run", "checkpoint_blob"])
+def test_prune_of_a_thread_held_by_a_thread_class_is_refused_at_once(
+    client: MongoClient, db_name: str, hold_class: str
+) -> None:
+    """prune's and delete_for_runs' first transaction deletes checkpoints and writes, no
+    messages or values: a hold on short_term_memory (or any class of a thread's data)
+    still refuses it, deleting nothing (before 2026-12-07 the checkpoints went)."""
+    saver = _held_saver(client, db_name, hold_class)
+    before = _snapshot(client, db_name)
+    with pytest.raises(LegalHoldError, match=f"class '{hold_class}'"):
+        saver.prune(["t1"], keep=1)
+    run_ids = [r for r in client[db_name].accord_checkpoints.distinct("run_id") if r]
+    assert run_ids
+    with pytest.raises(LegalHoldError, match="nothing was deleted"):
+        saver.delete_for_runs(run_ids[:1])
+    assert _snapshot(client, db_name) == before
+
+
+def test_a_big_thread_held_by_a_class_of_its_values_is_not_deleted_in_part(
+    client: MongoClient, db_name: str
+) -> None:
+    """A thread too big for one transaction is deleted checkpoints first, values later:
+    a hold on checkpoint_blob refuses the first transaction (the checkpoints went, and
+    the values' batches were refused, before 2026-12-07)."""
+    import uuid
+
+    from langchain_core.messages import HumanMessage
+
+    from accord.checkpointers import AccordSaver
+    from tests.test_kernel_doors import _graph
+
+    saver = AccordSaver(client, db_name=db_name)
+    _graph(saver).invoke(
+        {"messages": [HumanMessage(f"m{i}", id=uuid.uuid4().hex) for i in range(1100)],
+         "log": []}, {"configurable": {"thread_id": "t1"}},
+    )  # fmt: skip
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    place(
+        admin, db_name, Hold("class", "checkpoint_blob"), runtime.effective_policy(admin, db_name)
+    )
+    before = _snapshot(client, db_name)
+    with pytest.raises(LegalHoldError, match="checkpoint_blob"):
+        saver.delete_thread("t1")
+    assert _snapshot(client, db_name) == before
+
+
+def test_an_audit_cut_is_not_held_by_a_thread_class() -> None:
+    from accord.governance.hold_guard import covering_hold
+
+    hold = Hold("class", "short_term_memory")
+    assert covering_hold([hold], "acme", "t1") is hold
+    assert covering_hold([hold], "acme", "") is None  # an audit stream's cut
+    assert covering_hold([Hold("class", "queued_run")], "acme", "t1") is None

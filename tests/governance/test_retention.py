@@ -127,6 +127,17 @@ def test_apply_recomputes_expire_at_when_the_period_changes(
     assert third - datetime.now(UTC).replace(tzinfo=None) > timedelta(minutes=59)
 
 
+def test_apply_restamps_expire_at_when_the_event_changes(client: MongoClient, db_name: str) -> None:
+    """From "20s after created" to "30d after updated", every order kept created+20s and
+    was deleted by TTL."""
+    _apply(client, db_name, _orders(20))
+    uow = runtime.kernel(client)
+    _write(uow, db_name, "orders", "acme", "1")
+    _apply(client, db_name, _orders(20).replace('"20s" }', '"30d", after = "updated" }', 1))
+    left = client[db_name].orders.find_one()["expire_at"] - datetime.now(UTC).replace(tzinfo=None)
+    assert left > timedelta(days=29)
+
+
 def test_an_interrupted_recompute_is_finished_by_the_next_apply_moving_each_once(
     client: MongoClient, db_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

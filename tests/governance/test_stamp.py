@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from accord.governance.loading import default_policy, parse_policy
-from accord.governance.retention import TtlRule, stamp, thread_ttl, ttl_rule
+from accord.governance.retention import TtlRule, held_op, stamp, thread_ttl, ttl_rule
 from accord.platform.plan import Op, insert_once
 
 NOW = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
@@ -64,3 +64,18 @@ def test_rules_from_the_policy() -> None:
         '[classes.long_term_memory]\nretention = { expire_after = "2d" }\n', "m"
     )
     assert ttl_rule(memories, "memory_vector") == TtlRule(timedelta(days=2), "created")
+
+
+def test_a_held_op_keeps_its_own_expiry_as_held() -> None:
+    """An outbox event marked done during a hold set its consumer's expire_at itself,
+    which the hook left in place: the TTL monitor deleted held events."""
+    done = Op("update", {"_id": 1}, {"$set": {"status": "done", "expire_at": AT}})
+    assert held_op(done).doc == {"$set": {"status": "done", "held_expire_at": AT}}
+    assert held_op(Op("insert", doc={"a": 1, "expire_at": AT})).doc == {
+        "a": 1, "held_expire_at": AT,
+    }  # fmt: skip
+    upsert = Op("update", {"_id": 1}, {"$setOnInsert": {"expire_at": AT}}, upsert=True)
+    assert held_op(upsert).doc == {"$setOnInsert": {"held_expire_at": AT}}
+    plain = Op("update", {"_id": 1}, {"$set": {"a": 2}})
+    rename = Op("update_many", {}, {"$rename": {"expire_at": "held_expire_at"}})
+    assert held_op(plain) == plain and held_op(rename) == rename

@@ -186,3 +186,59 @@ def test_a_prune_stopped_before_its_values_went_is_finished_by_the_next_sweep(
 def _uri(client: MongoClient) -> str:
     host, port = client.address  # type: ignore[misc]
     return f"mongodb://{host}:{port}/?directConnection=true"
+
+
+_THREAD_DATA = ("accord_checkpoints", "accord_checkpoint_blobs", "accord_checkpoint_writes",
+                "short_term_memory", "accord_recorded_calls")  # fmt: skip
+
+
+def _left(client: MongoClient, db: str, thread: str) -> int:
+    return sum(client[db][c].count_documents({"thread_id": thread}) for c in _THREAD_DATA)
+
+
+def test_a_big_expired_thread_killed_between_batches_is_finished_by_the_next_sweep(
+    client: MongoClient, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread with more than BATCH (1,000) documents in a collection is deleted in
+    several transactions: a sweep killed after the first (its checkpoints gone) leaves the
+    thread expired, so the next sweep finds it and deletes the rest (before 2026-12-07
+    the first transaction took its expiry off: 1,101 messages stayed forever)."""
+    from accord.checkpointers.synchronous.saver_maintenance import SaverMaintenance
+
+    _apply(client, db_name, '[classes.checkpoint]\nretention = { expire_after = "1h", '
+                            'after = "last_activity" }\n')  # fmt: skip
+    saver = AccordSaver(client, db_name=db_name)
+    graph = _graph(saver)
+    graph.invoke({"messages": [HumanMessage(f"m{i}", id=uuid.uuid4().hex) for i in range(1100)],
+                  "log": []}, _config("big"))  # fmt: skip
+    assert client[db_name].short_term_memory.count_documents({"thread_id": "big"}) > 1000
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    client[db_name].runs.update_one({"thread_id": "big"}, {"$set": {"expire_at": past}})
+
+    class Killed(BaseException):  # (a SIGKILL: nothing catches it)
+        pass
+
+    original = SaverMaintenance._delete_in_batches
+    calls: list[str] = []
+
+    def killed_after_one_batch(self: Any, scope: Any, key: str, *args: Any, **kw: Any) -> int:
+        calls.append(key)
+        if len(calls) > 1:
+            raise Killed(key)
+        return original(self, scope, key, *args, **kw)
+
+    monkeypatch.setattr(SaverMaintenance, "_delete_in_batches", killed_after_one_batch)
+    with pytest.raises(Killed):
+        runtime.sweep(client, db_name)
+    monkeypatch.setattr(SaverMaintenance, "_delete_in_batches", original)
+    assert _checkpoints(client, db_name, "big") == 0  # the thread reads as empty
+    assert _left(client, db_name, "big") > 1000
+    registry = client[db_name].runs.find_one({"thread_id": "big"})
+    assert registry is not None and registry.get("expire_at") is not None  # still expired
+
+    report = runtime.sweep(client, db_name)
+    assert report.expired_threads == 1
+    assert _left(client, db_name, "big") == 0
+    registry = client[db_name].runs.find_one({"thread_id": "big"})
+    assert registry is not None and "expire_at" not in registry  # gone: not found again
+    assert runtime.sweep(client, db_name).expired_threads == 0

@@ -419,3 +419,58 @@ def test_keep_latest_deletes_the_recorded_calls_of_pruned_checkpoints_only(
     crash[0] = False
     again = graph.invoke(None, _config("t-calls"))
     assert again["out"][-2:] == ["done a", "done b"] and len(made) == 6
+
+
+# --- holds and policy changes keep expiries right (2026-12-07) -------------------------
+
+
+def test_a_thread_used_during_its_hold_expires_from_its_last_commit_after_the_release(
+    client: MongoClient, db_name: str
+) -> None:
+    """A commit during the hold stamped nothing, and the release gave back the expiry
+    from before the hold: the next sweep deleted a thread written a moment before."""
+    _apply(client, db_name, EXPIRING.replace('"1s"', '"3s"'))
+    saver = AccordSaver(client, db_name=db_name)
+    graph = _graph(saver)
+    _turns(graph, "t1", 1)
+    admin = _admin(client)
+    policy = runtime.effective_policy(admin, db_name)
+    hold = Hold("thread", "t1", tenant_id="default")
+    place(admin, db_name, hold, policy)
+    time.sleep(3.2)  # the expiry from before the hold has passed
+    _turns(graph, "t1", 1)  # written during the hold
+    release(admin, db_name, hold, policy)
+    report = runtime.sweep(client, db_name)
+    assert report.expired_threads == 0
+    assert _count(client, db_name, "t1")["accord_checkpoints"] > 0
+    time.sleep(3.2)
+    assert runtime.sweep(client, db_name).expired_threads == 1  # from the last commit
+
+
+def test_threads_that_start_expiring_under_a_new_policy_are_swept(
+    client: MongoClient, db_name: str
+) -> None:
+    """An idle thread waited for its next commit to be stamped: never, so never swept."""
+    kept = "".join(f"[classes.{c}]\nretention = {{}}\n"
+                   for c in ("checkpoint", "short_term_memory", "run"))  # fmt: skip
+    _apply(client, db_name, kept)  # threads do not expire
+    saver = AccordSaver(client, db_name=db_name)
+    _turns(_graph(saver), "idle", 1)
+    assert client[db_name].runs.find_one({"thread_id": "idle"}).get("expire_at") is None
+    _apply(client, db_name, kept.replace("retention = {}", EXPIRING.split("\n")[1], 1))
+    assert client[db_name].runs.find_one({"thread_id": "idle"}).get("expire_at") is not None
+    time.sleep(1.2)
+    assert runtime.sweep(client, db_name).expired_threads == 1
+
+
+def test_a_class_hold_must_name_a_class(client: MongoClient, db_name: str) -> None:
+    """`hold checkpoints --by class` (a typo) was a hold on nothing, listed as held."""
+    admin = _admin(client)
+    policy = runtime.effective_policy(admin, db_name)
+    with pytest.raises(InvalidInputError, match="no artifact class"):
+        place(admin, db_name, Hold("class", "checkpoints"), policy)
+    place(admin, db_name, Hold("class", "business:orders"), policy)  # any business collection
+    result = CliRunner().invoke(cli, ["governance", "hold", "acme", "--by", "tenant",
+                                      "--tenant", "other", "--db", db_name,
+                                      "--uri", _uri(client)])  # fmt: skip
+    assert result.exit_code == 1 and "no --tenant" in result.output, result.output

@@ -7,6 +7,7 @@ This module is the async source; its sync twin ``accord/checkpointers/synchronou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time  # noqa: F401  (the sync twin's time.sleep)
 from collections.abc import Sequence
 from typing import Any
@@ -200,6 +201,8 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
             kind, scope.tenant_id, scope.thread_id, version,
             refused=plans.gone if expired_only else None,
         )  # fmt: skip
+        if expired_only and not small:  # the thread stays expired until its last batch
+            guard = dataclasses.replace(guard, keep_expiry=True)
         # the thread's artifacts and undo log go with it, in the same transaction
         plan = plans.maintenance_plan(
             self.target, scope, guard, deletes, "checkpoint.delete_thread",
@@ -220,8 +223,23 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         if not small:
             for key in maintenance.THREAD_DATA[1:]:
                 docs += await self._delete_in_batches(
-                    scope, key, f, "checkpoint.delete_thread", takeover=True
-                )
+                    scope, key, f, "checkpoint.delete_thread", takeover=not expired_only,
+                    expired=expired_only,
+                )  # fmt: skip
+            if expired_only:
+                # the last transaction takes the expiry off (what is left, written by
+                # nothing since: the guard, goes with it); killed before it, the thread
+                # is still expired and the next sweep finishes the job
+                last = self.leases.guard(
+                    "expired", scope.tenant_id, scope.thread_id, runs.new_version(),
+                    refused=plans.gone,
+                )  # fmt: skip
+                result = await self.uow.execute(plans.maintenance_plan(
+                    self.target, scope, last, [(key, f) for key in maintenance.THREAD_DATA],
+                    "checkpoint.delete_thread",
+                ))  # fmt: skip
+                docs += sum(c.deleted for c in result.counts.values())
+                self.cache.drop(scope.tenant_id, scope.thread_id)
         return docs
 
     def _thread_undo(self, thread_filter: dict[str, Any]) -> Group:
@@ -233,8 +251,13 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
         )  # fmt: skip
 
     async def _delete_in_batches(
-        self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool
-    ) -> int:
+        self, scope: Scope, key: str, filt: dict[str, Any], operation: str, *, takeover: bool,
+        expired: bool = False,
+    ) -> int:  # fmt: skip
+        """Delete ``filt``'s documents of ``key``, :data:`maintenance.BATCH` per
+        transaction, each behind a guard: ``takeover`` (a deletion asked for: it ends any
+        run), ``expired`` (an expired thread's: only while it is still expired, which it
+        stays), else the saver's own (a run's or a free write)."""
         coll = getattr(self.collections, key)
         deleted = 0
         while True:
@@ -244,15 +267,18 @@ class AsyncSaverMaintenance(AsyncSaverArtifacts):
             deleted += len(docs)
             ids = [d["_id"] for d in docs]
             version = runs.new_version()
-            guard = (
-                self.leases.guard("takeover", scope.tenant_id, scope.thread_id, version)
-                if takeover
-                else self._guard(scope, None, version, operation)
-            )
+            if expired:
+                guard = dataclasses.replace(self.leases.guard(
+                    "expired", scope.tenant_id, scope.thread_id, version, refused=plans.gone,
+                ), keep_expiry=True)  # fmt: skip
+            elif takeover:
+                guard = self.leases.guard("takeover", scope.tenant_id, scope.thread_id, version)
+            else:
+                guard = self._guard(scope, None, version, operation)
             plan = plans.maintenance_plan(
                 self.target, scope, guard, [(key, {**filt, "_id": {"$in": ids}})], operation
             )
-            if takeover:
+            if takeover or expired:
                 await self.uow.execute(plan)
             else:
                 await self._commit(plan, scope, None, operation)

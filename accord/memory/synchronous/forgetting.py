@@ -13,8 +13,16 @@ transaction), and commits everything in ONE plan with the event's completion:
   commit if one of them completed since the memories were read (its memories were not
   seen): the event is decided again.
 
-So when the event is done nothing derived only from the thread is left, and nothing can
-appear later from the thread's steps before its deletion. Guarantee: eventual, like the
+A memory a **legal hold** covers is left as it is, with its history and vectors: a hold
+by its tenant, on the class ``long_term_memory``, ``memory_history`` or ``memory_vector``,
+or on a subject the memory's (or one of its history versions') ``subject_fields`` name
+(docs/governance.md, "Legal holds"). The holds are read with the memories; governance's
+hold guard reads them again in the commit's transaction and refuses (``LegalHoldError``)
+a plan that writes a memory a hold covers, one placed since the read: the event is then
+decided again with it. The event is then done: released later, the held memories stay.
+
+So when the event is done nothing derived only from the thread is left (but what a hold
+keeps), and nothing can appear later from the thread's steps before its deletion. Guarantee: eventual, like the
 aggregation itself: ``delete_thread`` returns when the thread is deleted; its memories go
 when the aggregator processes the event (``accord memory status`` shows the backlog).
 
@@ -27,13 +35,13 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from accord.errors import ExtractionError, MemoryConflictError
+from accord.errors import ExtractionError, LegalHoldError, MemoryConflictError
 from accord.memory import forgetting, model
 from accord.memory.aggregation import AggregatorConfig, Stage
 from accord.memory.synchronous.service import MemoryService
 from accord.memory.writepath import UnitOfWork
 from accord.platform import outbox
-from accord.platform.artifacts import LONG_TERM_MEMORY, MEMORY_HISTORY, OUTBOX
+from accord.platform.artifacts import HOLD, LONG_TERM_MEMORY, MEMORY_HISTORY, OUTBOX
 from accord.platform.context import ReadContext
 from accord.platform.plan import Plan, PlanContext
 
@@ -73,10 +81,11 @@ class ThreadForgetter:
             self._stage("commit", event)
             try:
                 self.uow.execute(plan)
-            except MemoryConflictError:
+            except (MemoryConflictError, LegalHoldError) as err:
                 if attempt == self.config.conflict_retries - 1:
                     raise
-                log.info("event %s: memories changed meanwhile; deciding again", event.id)
+                what = "a hold placed" if isinstance(err, LegalHoldError) else "memories changed"
+                log.info("event %s: %s meanwhile; deciding again", event.id, what)
                 continue
             if changed:
                 log.info(
@@ -99,7 +108,8 @@ class ThreadForgetter:
                 projection={"_id": 1},
             )
         ]  # fmt: skip
-        decided = self._decide(tenant, thread_id)
+        holds = self._holds(tenant, thread_id)
+        decided = self._decide(tenant, thread_id, holds)
         texts = {
             doc["_id"]: str(version["text"])
             for doc, version in decided.restore
@@ -135,7 +145,69 @@ class ThreadForgetter:
         if self.stage is not None:
             self.stage(name, event)
 
-    def _decide(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
+    def _hold_guard(self) -> Any:
+        """The kernel's legal-hold guard (governance's, which the runtime registers:
+        memory does not import governance), or None: no hold is honoured on this kernel."""
+        for hook in self.uow.hooks.seal:
+            if hasattr(hook, "memory_hold_filters"):
+                return hook
+        return None
+
+    def _holds(self, tenant: str, thread_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Per memory class, the filters of the tenant's documents a hold covers (the
+        hold guard re-reads the holds in the commit's transaction and refuses a plan that
+        writes a memory one placed since covers: then the event is decided again)."""
+        guard = self._hold_guard()
+        if guard is None:
+            return {}
+        ctx, db = self._context(tenant, thread_id), self.config.db_name
+        docs = self.uow.find(ctx, HOLD.name, db, guard.hold_collection(db), {})
+        collections = {LONG_TERM_MEMORY.name: self.service.memory_collection,
+                       MEMORY_HISTORY.name: self.service.history_collection}  # fmt: skip
+        return dict(guard.memory_hold_filters(db, tenant, docs, collections))
+
+    def _held(self, tenant: str, thread_id: str, ids: list[str],
+                    holds: dict[str, list[dict[str, Any]]]) -> set[str]:  # fmt: skip
+        """The memories among ``ids`` a hold covers: the memory, one of its history
+        versions, or its vectors (a class hold on ``memory_vector``; a subject hold on
+        its vectors is one on the memory)."""
+        if not holds or not ids:
+            return set()
+        ctx, db = self._context(tenant, thread_id), self.config.db_name
+        held: set[str] = set()
+        for artifact, coll, link in (
+            (LONG_TERM_MEMORY.name, self.service.memory_collection, "_id"),
+            (MEMORY_HISTORY.name, self.service.history_collection, "memory_id"),
+        ):
+            which = holds.get(artifact)
+            if not which:
+                continue
+            if any(not f for f in which):
+                return set(ids)  # a hold on every memory of the tenant
+            found = self.uow.find(
+                ctx, artifact, db, coll,
+                {"tenant_id": tenant, link: {"$in": ids}, "$or": which}, projection={link: 1},
+            )  # fmt: skip
+            held |= {d[link] for d in found}
+        return held
+
+    def _decide(
+        self, tenant: str, thread_id: str, holds: dict[str, list[dict[str, Any]]] | None = None
+    ) -> forgetting.Forgetting:
+        decided = self._decide_all(tenant, thread_id)
+        ids = [d["_id"] for d in decided.delete] + [d["_id"] for d, _ in decided.restore]
+        held = self._held(tenant, thread_id, sorted({*ids, *decided.prune}), holds or {})
+        if not held:
+            return decided
+        log.info("thread %s deleted: %d memories derived from it are under a legal hold and "
+                 "stay as they are", thread_id, len(held))  # fmt: skip
+        return forgetting.Forgetting(
+            delete=[d for d in decided.delete if d["_id"] not in held],
+            restore=[(d, v) for d, v in decided.restore if d["_id"] not in held],
+            prune=[i for i in decided.prune if i not in held],
+        )
+
+    def _decide_all(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
         ctx = self._context(tenant, thread_id)
         db = self.config.db_name
         memories, history = self.service.memory_collection, self.service.history_collection

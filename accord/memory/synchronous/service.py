@@ -208,7 +208,8 @@ class MemoryService:
         several deletes at once, exactly one answers True)."""
         req = PutRequest(model.check_namespace(namespace), model.check_key(key), None)
         gone: set[str] = set()
-        self.apply([req], embed=[False], deleted=gone)
+        # its own action in the audit trail (it was recorded as memory.put)
+        self.apply([req], embed=[False], operation="memory.delete", deleted=gone)
         return bool(gone)
 
     def apply(self, reqs: Sequence[PutRequest], embed: Sequence[bool] | None = None,

@@ -183,8 +183,10 @@ class AccordStore(_Conventions, BaseStore):  # type: ignore[misc,valid-type]
         puts = [op for op in ops if isinstance(op, PutOp)]
         if puts:
             reqs = [self._request(op) for op in puts]
+            # a batch of deletes only is recorded as such (a PutOp without value deletes)
+            action = "store.delete" if all(op.value is None for op in puts) else "store.put"
             self.service.apply([r for r, _ in reqs], [e for _, e in reqs],
-                                     operation="store.put")  # fmt: skip
+                                     operation=action)  # fmt: skip
         return results
 
     # -- ops ---------------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""Forgetting a deleted thread leaves the long-term memories a legal hold covers
+(docs/governance.md, "Legal holds"; accord/memory/asynchronous/forgetting.py): a hold by
+class (``long_term_memory``, ``memory_history``, ``memory_vector``), by tenant, or by a
+subject the memory's namespace names. The event is done all the same (not retried, not
+dead-lettered), and unheld memories of the thread are forgotten as before. A hold placed
+between the forgetter's read and its commit is seen by governance's hold guard in the
+commit's transaction: the forgetter decides again and leaves the memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.graph import START, MessagesState, StateGraph
+from pymongo import MongoClient
+
+from accord import runtime
+from accord.governance.holding import place
+from accord.governance.holds import Hold
+from accord.platform.context import Principal
+from accord.runtime import Accord
+
+
+def _chat() -> Any:
+    def reply(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("Noted.")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    return builder
+
+
+def _hold(client: MongoClient, db: str, hold: Hold) -> None:
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    place(admin, db, hold, runtime.effective_policy(admin, db))
+
+
+def _setup(client: MongoClient, db: str, on_stage: Any = None) -> tuple[Any, Any]:
+    acc = Accord(client=client, db_name=db)
+    saver = acc.checkpointer()
+    graph = _chat().compile(checkpointer=saver)
+    aggregator = acc.aggregator(on_stage=on_stage)
+    for thread, user, text in (
+        ("a-1", "alice", "Remember that I am vegetarian."),
+        ("b-1", "bob", "Remember that I live in Oslo."),
+    ):
+        graph.invoke(
+            {"messages": [HumanMessage(text)]},
+            {"configurable": {"thread_id": thread, "user_id": user}},
+        )
+    aggregator.drain()
+    return saver, aggregator
+
+
+def _texts(client: MongoClient, db: str) -> set[str]:
+    return {m["text"] for m in client[db].long_term_memory.find({}, {"text": 1})}
+
+
+def _events(client: MongoClient, db: str) -> list[str]:
+    return [e["status"] for e in client[db].outbox.find({"kind": "thread_deleted"})]
+
+
+@pytest.mark.parametrize(
+    "holds",
+    [
+        [Hold("class", "long_term_memory"), Hold("class", "memory_history")],
+        [Hold("class", "long_term_memory")],
+        [Hold("class", "memory_vector")],
+        [Hold("tenant", "default")],
+        [Hold("subject", "alice")],
+    ],
+    ids=["class-both", "class-memory", "class-vector", "tenant", "subject"],
+)
+def test_forgetting_a_deleted_thread_leaves_held_memories(
+    client: MongoClient, db: Any, holds: list[Hold]
+) -> None:
+    saver, aggregator = _setup(client, db.name)
+    before = _texts(client, db.name)
+    assert "I am vegetarian" in before
+    vectors = db.memory_vectors.count_documents({})
+    # a hold by tenant or subject holds the thread too (its checkpoints name alice):
+    # placed after its deletion; a class hold on memories does not hold the thread
+    after_deletion = holds[0].kind in ("tenant", "subject")
+    if not after_deletion:
+        for hold in holds:
+            _hold(client, db.name, hold)
+    saver.delete_thread("a-1")
+    if after_deletion:
+        for hold in holds:
+            _hold(client, db.name, hold)
+    aggregator.drain()
+    after = _texts(client, db.name)
+    assert "I am vegetarian" in after, "a held memory was forgotten"
+    # the event is done: not retried forever, not dead-lettered
+    assert _events(client, db.name) == ["done"]
+    if holds[0].kind == "subject":  # alice's memory is held; the thread's episode is not
+        assert not any(t.startswith("Conversation a-1") for t in after)
+        assert db.memory_vectors.count_documents({}) == vectors - 1
+    else:
+        assert after == before
+        assert db.memory_vectors.count_documents({}) == vectors
+
+
+def test_unheld_memories_are_still_forgotten(client: MongoClient, db: Any) -> None:
+    saver, aggregator = _setup(client, db.name)
+    _hold(client, db.name, Hold("subject", "bob"))  # another subject
+    saver.delete_thread("a-1")
+    aggregator.drain()
+    after = _texts(client, db.name)
+    assert "I am vegetarian" not in after
+    assert "I live in Oslo" in after
+    assert _events(client, db.name) == ["done"]
+
+
+def test_a_hold_placed_before_the_commit_is_seen_by_the_guard(client: MongoClient, db: Any) -> None:
+    """The hold lands after the forgetter read the holds and decided: governance's hold
+    guard reads it in the commit's transaction and refuses; the forgetter decides again."""
+    placed: list[str] = []
+
+    def stage(name: str, event: Any) -> None:
+        if name == "commit" and event.kind == "thread_deleted" and not placed:
+            placed.append(name)
+            _hold(client, db.name, Hold("subject", "alice"))
+
+    saver, aggregator = _setup(client, db.name, on_stage=stage)
+    saver.delete_thread("a-1")
+    aggregator.drain()
+    assert placed
+    assert "I am vegetarian" in _texts(client, db.name)
+    assert _events(client, db.name) == ["done"]
