@@ -49,7 +49,7 @@ from typing import Any
 
 from accord.errors import InvalidInputError, LegalHoldError
 from accord.governance.audit_cuts import CUT_ACTION
-from accord.governance.holds import Hold
+from accord.governance.holds import Hold, value_at
 from accord.governance.policy import Policy
 from accord.platform.artifacts import (
     CHECKPOINT,
@@ -208,9 +208,7 @@ def _named(docs: Sequence[Any], fields: Sequence[str]) -> set[str]:
     values: set[str] = set()
     for doc in docs:
         for field in fields:
-            value: Any = doc
-            for part in field.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else None
+            value = value_at(doc, field) if isinstance(doc, Mapping) else None
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, str):
                     values.add(v)

@@ -32,7 +32,7 @@ from accord.errors import InvalidInputError
 from accord.platform.hooks import RefreshRead
 from accord.platform.plan import Op
 
-__all__ = ["HOLD_KINDS", "Hold", "HoldKind", "HoldSet", "Holds", "hold_id"]
+__all__ = ["HOLD_KINDS", "Hold", "HoldKind", "HoldSet", "Holds", "hold_id", "value_at"]
 
 logger = logging.getLogger("accord.governance")
 
@@ -127,7 +127,8 @@ class Hold:
         return match
 
 
-def _get(doc: Mapping[str, Any], path: str) -> Any:
+def value_at(doc: Mapping[str, Any], path: str) -> Any:
+    """The value at dotted ``path`` of ``doc`` (None where it is not)."""
     value: Any = doc
     for part in path.split("."):
         if not isinstance(value, Mapping):
@@ -184,7 +185,7 @@ class Holds:
             return False
         held = {h.value for h in self.subjects_in(subject_fields)}
         for path in subject_fields:
-            value = _get(op.doc, path)
+            value = value_at(op.doc, path)
             values = value if isinstance(value, list | tuple) else [value]
             if any(v in held for v in values if isinstance(v, str)):
                 return False

@@ -271,6 +271,14 @@ def _contradictions(policy: Policy, parsed: PolicyFile) -> list[Problem]:
                     f"applied a policy): their audit cannot be off (metadata at least)",
                 )
             )
+        if registry == "encryption_key" and cls.audit == "full":
+            problems.append(
+                (
+                    (*at, "audit"),
+                    "a data key's image is the key itself (wrapped under the master key): "
+                    "its records keep hashes only, so its audit is metadata, not full",
+                )
+            )
         if registry in _NO_RETENTION or registry == "audit":
             default_collection = CLASSES[registry].default_collection
             if cls.collection != default_collection:

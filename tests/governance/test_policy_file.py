@@ -112,6 +112,8 @@ BAD: list[tuple[str, str, int, str]] = [
     ("holds moved to another collection", "[classes.hold]\ncollection = 'accord_holds_v2'\n",
      5, "its collection is 'accord_holds'"),
     ("the audit of holds off", "[classes.hold]\naudit = 'off'\n", 5, "cannot be off"),
+    ("keys audited with their images", "[classes.encryption_key]\naudit = 'full'\n", 5,
+     "hashes only"),
     ("update granted on digests", "[classes.audit_digest.roles]\nauditor = ['find', 'update']\n",
      5, "grants update on audit_digest records"),
     ("a period past 100 years", "[classes.outbox.retention]\nafter = 'done'\n"
