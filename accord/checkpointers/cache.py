@@ -23,6 +23,7 @@ at most ``max_threads`` threads, ``max_bytes`` of serialized payload (estimated)
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -53,8 +54,10 @@ class Value:
     #: message channels: the message objects a run's loop holds (see :func:`build_tuple`)
     objects: tuple[Any, ...] | None = None
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
+        """Bytes this value holds (computed once: a value is never changed, and a message
+        channel's is asked at every put of its thread, over all of its messages)."""
         if self.typed is not None:
             return len(self.typed[1])
         # bytes, and about as much again for the objects

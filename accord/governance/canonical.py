@@ -41,7 +41,7 @@ part) has the same RFC 8785 bytes as the standard library's C encoder with sorte
 no whitespace and no ASCII escaping (RFC 8785 escapes exactly what it escapes: ``"``,
 ``\\`` and the control characters, in the same spellings); such trees, nearly every
 record, take that path. tests/governance/test_canonical.py checks both paths against
-``rfc8785.dumps`` byte for byte on generated values.
+``rfc8785.dumps`` byte for byte on generated values. That is the reference path (``_exact``).
 
 Bulk reads (the compliance export and its verifier, a million records at a time) take a
 faster path still, :func:`canonical_read`: ``orjson`` serializes the tree in C (sorted
@@ -49,12 +49,20 @@ keys, RFC 8785's string escapes) with the BSON types spelled as above by its ``d
 for a tree read so that every double is a :class:`Double` (pymongo with
 :data:`READ_CODEC`; ``json.loads`` with ``parse_float=Double``): a tree with a double,
 an integer outside ±(2^53-1), a type other than the common ones (``ObjectId``,
-datetime, ``Int64``) or a character at or above U+E000 goes to :func:`canonical`
-instead, so the bytes are :func:`canonical`'s (the tests check both on generated
-values). A plain ``int`` in such a tree is in int32's range: pymongo reads every int64
+datetime, ``Int64``, bytes, ``Binary``) or a character at or above U+E000 goes to the
+reference path instead, so the bytes are the reference's (the tests check both on
+generated values). A plain ``int`` in such a tree is in int32's range: pymongo reads every int64
 as ``Int64``, and :func:`canonical` spells a wider ``int`` as ``$numberLong``, so a JSON
 line holds none either (a wider plain ``int`` would be spelled as a number here and
 fail verification, never pass it).
+
+:func:`canonical` itself (the audit hook hashes about 20 values per transaction with it)
+takes that path too: it encodes the value as pymongo would store it and decodes it as a
+bulk read reads it (both in C), so the bytes are those of what is stored; a value BSON
+cannot carry (a non-string key, an integer beyond int64, a lone surrogate, an unknown
+type) goes through :func:`to_json`, which spells it or refuses it. About 1.7x faster on
+a checkpoint's documents; ``tests/governance/test_canonical.py`` checks it against the
+reference path byte for byte on generated values of every type in the table.
 """
 
 from __future__ import annotations
@@ -69,11 +77,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
 import orjson
 import rfc8785
 from bson import Binary, Decimal128, Int64, ObjectId, json_util
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, TypeDecoder, TypeRegistry
+from bson.errors import InvalidDocument
 
 from accord.errors import InvalidInputError
 
@@ -104,7 +114,21 @@ def to_json(value: Any) -> Any:
 
 
 def canonical(value: Any) -> bytes:
-    """The RFC 8785 bytes of ``value`` (through :func:`to_json`)."""
+    """The RFC 8785 bytes of ``value`` (through :func:`to_json`).
+
+    A value BSON can carry takes the bulk read's path (module docstring, "Speed"): encoded
+    as pymongo would store it and decoded as a bulk read reads it back, so the bytes are
+    those of what is stored (the point of hashing a value before it is written); any other
+    value is converted in Python (:func:`to_json`) and may be refused there."""
+    try:
+        raw = bson.encode({"v": value}, codec_options=_WRITE_CODEC)
+    except _UNENCODABLE:
+        return _exact(value)
+    return _read_bytes(bson.decode(raw, codec_options=READ_CODEC)["v"])
+
+
+def _exact(value: Any) -> bytes:
+    """:func:`canonical` through :func:`to_json`, node by node (the reference path)."""
     convert = _Converter()
     tree = convert(value)
     if convert.plain:
@@ -172,8 +196,8 @@ class _Converter:
         return out
 
     def _other(self, value: Any) -> Any:
-        if isinstance(value, str):  # a str subclass (an enum's value)
-            return str(value)
+        if isinstance(value, str):  # a str subclass (an enum's value): the string BSON stores
+            return str.__str__(value)
         if isinstance(value, Int64) or (
             isinstance(value, int) and not _INT32_MIN <= value <= _INT32_MAX
         ):
@@ -220,7 +244,7 @@ def _date(value: datetime) -> str:
 
 class Double(float):
     """A double as a bulk read marks it (:data:`READ_CODEC`, ``parse_float``): the value
-    itself (a ``float``), which :func:`canonical_read` leaves to :func:`canonical`."""
+    itself (a ``float``), which :func:`canonical_read` leaves to the reference path."""
 
     __slots__ = ()
 
@@ -237,6 +261,14 @@ class _DoubleDecoder(TypeDecoder):
 READ_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
     type_registry=TypeRegistry([_DoubleDecoder()])
 )
+#: How :func:`canonical` encodes a value as pymongo would write it (a ``uuid.UUID`` as the
+#: standard binary subtype 4 the table spells).
+_WRITE_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD
+)
+#: What ``bson.encode`` raises for a value BSON cannot carry (a non-string key, an int
+#: beyond int64, a lone surrogate, a type it does not know, a tree too deep).
+_UNENCODABLE = (InvalidDocument, OverflowError, TypeError, ValueError, RecursionError)
 _READ_OPTIONS = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
@@ -249,7 +281,7 @@ _READ_OPTIONS = (
 
 
 class _Other(TypeError):
-    """A value :func:`canonical_read`'s ``orjson`` path leaves to :func:`canonical`."""
+    """A value :func:`canonical_read`'s ``orjson`` path leaves to the reference path."""
 
 
 def _spelled(value: Any) -> Any:
@@ -264,6 +296,10 @@ def _spelled(value: Any) -> Any:
         return {"$date": _date(value)}
     if kind is Int64:
         return {"$numberLong": str(int(value))}
+    if kind is bytes:  # BSON binary of subtype 0, as pymongo reads it
+        return {"$binary": base64.b64encode(value).decode(), "$type": "00"}
+    if kind is Binary:
+        return {"$binary": base64.b64encode(bytes(value)).decode(), "$type": f"{value.subtype:02x}"}
     raise _Other(kind.__name__)
 
 
@@ -273,12 +309,16 @@ def canonical_read(value: Any) -> bytes:
     ``float``, a ``UUID`` or an ``Enum`` would be spelled by ``orjson``, not as
     :func:`canonical` spells it; pymongo with :data:`READ_CODEC` and ``json.loads`` with
     ``parse_float=Double`` yield none)."""
+    return _read_bytes(value)
+
+
+def _read_bytes(value: Any) -> bytes:
     try:
         data = orjson.dumps(value, default=_spelled, option=_READ_OPTIONS)
     except orjson.JSONEncodeError:  # a Double, a wide integer, another type: the exact path
-        return canonical(value)
+        return _exact(value)
     if not data.isascii() and _BEYOND_ORDER_SAFE.search(data) is not None:  # U+E000 and up
-        return canonical(value)
+        return _exact(value)
     return data
 
 

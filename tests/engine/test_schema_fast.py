@@ -27,6 +27,12 @@ SCHEMAS: list[dict[str, Any]] = [
         "d": {"bsonType": "object", "properties": {"e": {"bsonType": "date"}}},
         "f": {"minimum": 0, "exclusiveMinimum": True},
     }}},
+    {"$jsonSchema": {"bsonType": "object", "properties": {  # the checker's shortcuts
+        "a": {"enum": ["x", "xy", "y"]},
+        "b": {"bsonType": "long", "minimum": 2.5, "maximum": 11, "exclusiveMaximum": True},
+        "c": {"bsonType": ["int", "long"], "maximum": Int64(9), "minimum": float("nan")},
+        "d": {"bsonType": ["long", "int"], "minimum": 3},
+    }}},
 ]  # fmt: skip
 
 _values = st.recursive(
@@ -73,6 +79,23 @@ def test_the_fast_checker_agrees_with_the_walk(
     check = compiled(validator)
     assert check is not None
     assert check(doc) == _walk_passes(doc, validator), doc
+
+
+@pytest.mark.parametrize("limit", [3, 3.0, 2.5, 3.5, Int64(3), float("nan")])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("value", [2, 3, 4, Int64(3), 3.0, True])
+@pytest.mark.parametrize("bound", ["minimum", "maximum"])
+def test_a_bound_at_its_edge_means_what_the_walk_says(
+    bound: str, value: Any, exclusive: bool, limit: Any
+) -> None:
+    exclusive_key = "exclusiveMinimum" if bound == "minimum" else "exclusiveMaximum"
+    validator = {"$jsonSchema": {"properties": {
+        "n": {bound: limit, exclusive_key: exclusive}, "s": {"enum": ["a", "b"]},
+    }}}  # fmt: skip
+    check = compiled(validator)
+    assert check is not None
+    for doc in ({"n": value}, {"n": value, "s": "a"}, {"n": value, "s": "c"}):
+        assert check(doc) == _walk_passes(doc, validator), doc
 
 
 def test_a_valid_audit_record_passes_and_a_broken_one_is_explained() -> None:

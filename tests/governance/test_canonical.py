@@ -8,6 +8,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from enum import Enum
 
 import bson
 import pytest
@@ -126,6 +127,35 @@ def test_the_bytes_are_the_rfc8785_packages_on_either_path(value: object) -> Non
 def test_keys_beyond_u_e000_sort_by_utf16_code_units() -> None:
     # code points: U+E000 < U+1F600; UTF-16: D83D (the surrogate) < E000
     assert canonical({"\ue000": 1, "\U0001f600": 2}) == '{"\U0001f600":2,"\ue000":1}'.encode()
+
+
+written_values = st.recursive(  # what a plan may carry: Python values and BSON types
+    st.none() | st.booleans() | st.integers() | st.text() | st.binary(max_size=8)
+    | st.floats() | st.datetimes() | st.datetimes(timezones=st.just(UTC))
+    | st.datetimes(timezones=st.just(timezone(timedelta(hours=-3))))
+    | st.integers(-(2**63), 2**63 - 1).map(Int64) | st.builds(ObjectId) | st.uuids()
+    | st.sampled_from([Decimal128("1.10"), Binary(b"\x01", 5), Timestamp(5, 1), Regex("^a")]),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=5) | st.sampled_from(["\ue000", "$set", "a.b"]),
+                      inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@given(written_values)
+def test_the_bytes_are_those_of_the_reference_conversion(value: object) -> None:
+    """:func:`canonical` takes a BSON round trip and ``orjson`` when it can; its bytes are
+    always the reference's: :func:`to_json` node by node, then the RFC 8785 package."""
+    assert canonical(value) == rfc8785.dumps(to_json(value))
+
+
+def test_a_string_enum_is_the_string_bson_stores() -> None:
+    class Color(str, Enum):  # noqa: UP042 (not StrEnum: str() of this one is "Color.RED")
+        RED = "red"
+
+    assert canonical({"c": Color.RED}) == canonical({"c": "red"}) == b'{"c":"red"}'
+    assert to_json(Color.RED) == "red"
+    assert bson.decode(bson.encode({"c": Color.RED})) == {"c": "red"}
 
 
 @given(json_values)

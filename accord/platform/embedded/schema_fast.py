@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from bson import DBRef, ObjectId
+from bson import DBRef, Int64, ObjectId
 from bson.code import Code as JavaScript
 
 from accord.platform.embedded.limits import regex_search
@@ -42,7 +42,7 @@ _cache: dict[int, tuple[Any, Check | None]] = {}
 _SURE: dict[str, tuple[type, ...]] = {
     "string": (str,), "object": (dict,), "array": (list,), "date": (dt.datetime,),
     "objectId": (ObjectId,), "bool": (bool,), "boolean": (bool,), "null": (type(None),),
-    "double": (float,),
+    "double": (float,), "long": (Int64,),
 }  # fmt: skip
 #: A pattern without groups and with at most one quantifier cannot backtrack
 #: catastrophically, and without escapes or nested sets it means the same to ``re`` as to
@@ -85,10 +85,12 @@ def _schema(schema: dict[str, Any]) -> Check:
         if keyword in schema:
             spec = schema[keyword]
             names = [spec] if isinstance(spec, str) else list(spec)
-            sure = frozenset(t for name in names for t in _SURE.get(name, ()))
-            types.append((sure, [table[name] for name in names]))
+            sure = {t for name in names for t in _SURE.get(name, ())}
+            if keyword == "bsonType" and {"int", "long"} <= set(names):
+                sure |= {int, Int64}  # an int is int32 or else long: either passes
+            types.append((frozenset(sure), [table[name] for name in names]))
     bounds = [
-        (schema[bound], bool(schema.get(exclusive, False)), sign)
+        (schema[bound], bool(schema.get(exclusive, False)), sign, _plain_number(schema[bound]))
         for bound, exclusive, sign in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1))
         if bound in schema
     ]  # fmt: skip
@@ -100,6 +102,12 @@ def _schema(schema: dict[str, Any]) -> Check:
     required = list(schema.get("required", ()))
     props = [(name, _schema(sub)) for name, sub in schema.get("properties", {}).items()]
     options = schema.get("enum")
+    # an enum of strings asked about a string: a set lookup (the same equality)
+    strings = (
+        frozenset(options)
+        if isinstance(options, list) and all(type(o) is str for o in options)
+        else None
+    )
 
     def check(value: Any) -> bool:
         kind = type(value)
@@ -121,8 +129,11 @@ def _schema(schema: dict[str, Any]) -> Check:
                 if name in value and not sub(value[name]):
                     return False
         elif is_number(value):
-            for limit, strict, sign in bounds:
-                c = compare_values(value, limit) * sign  # > 0: on the allowed side
+            for limit, strict, sign, plain in bounds:
+                if plain and kind is int:  # two plain numbers, neither NaN: as Python compares
+                    c = ((value > limit) - (value < limit)) * sign
+                else:
+                    c = compare_values(value, limit) * sign  # > 0: on the allowed side
                 if c < 0 or (c == 0 and strict):
                     return False
         elif isinstance(value, str) and not isinstance(value, JavaScript):
@@ -148,10 +159,17 @@ def _schema(schema: dict[str, Any]) -> Check:
                 if name in doc and not sub(doc[name]):
                     return False
         if options is not None:
+            if strings is not None and kind is str:
+                return value in strings
             return any(values_equal(value, o, ignore_field_order=True) for o in options)
         return True
 
     return check
+
+
+def _plain_number(limit: Any) -> bool:
+    """A bound Python compares with an ``int`` as mongod does: an int or a float, not NaN."""
+    return type(limit) is int or (type(limit) is float and limit == limit)
 
 
 def pattern_check(pattern: Any) -> Check:
