@@ -36,6 +36,7 @@ from accord.checkpointers.asynchronous.saver import AsyncAccordSaver
 from accord.checkpointers.worker import (
     BUNDLE_BACKOFF_S,
     BUSY_BACKOFF_S,
+    UPDATES_WALKED,
     ActiveRun,
     bind,
     check_graph_name,
@@ -266,6 +267,23 @@ class AsyncWorker:
             return None, None
         return found.config["configurable"]["checkpoint_id"], (found.metadata or {}).get("run_id")
 
+    async def _at_wait(self, doc: dict[str, Any], latest: str | None) -> bool:
+        waited = (doc.get("wait") or {}).get("checkpoint_id")
+        if latest == waited:
+            return True
+        at = latest
+        for _ in range(UPDATES_WALKED):
+            if at is None or waited is None:
+                return False
+            found = await self.saver.aget_tuple(self._config(doc, at))  # type: ignore[arg-type]
+            if found is None or (found.metadata or {}).get("source") != "update":
+                return False
+            parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+            if parent == waited:
+                return True
+            at = parent
+        return False
+
     async def _what_to_run(self, active: ActiveRun) -> tuple[Any, dict[str, Any]] | None:
         doc = active.doc
         fork = doc.get("fork")
@@ -284,13 +302,14 @@ class AsyncWorker:
             return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
         resume = doc.get("resume")
         wait = doc.get("wait") or {}
-        if resume is not None and latest == wait.get("checkpoint_id"):
+        at_wait = resume is not None and await self._at_wait(doc, latest)
+        if at_wait:
             expired = await self.queue.expired_credentials(doc)
             if expired is not None:
                 logger.warning("accord worker: %s", expired)
                 return None
         if resume is not None and wait.get("kind") != "reconcile":
-            if latest == wait.get("checkpoint_id"):
+            if at_wait:
                 value = queued_runs.decode(resume.get("value"), self.saver.serde)
                 return Command(resume=value), self._config(doc)
             return None, self._config(doc)
@@ -366,14 +385,16 @@ class AsyncWorker:
         doc = active.doc
         if active.lost:
             return
-        if active.cancel:
+        state = await self.graph.aget_state(self._config(doc))
+        if active.cancel and state.next:
+            # stopped at a step boundary; a cancel seen during the last step found none
+            # left: the graph ended and committed everything, so it is done (below)
             await self.queue.failed(doc, "cancelled on request at a step boundary",
                                     status=queued_runs.CANCELLED)  # fmt: skip
             return
         if active.stop:
             await self._give_back(active, "the worker is shutting down")
             return
-        state = await self.graph.aget_state(self._config(doc))
         if state.next:
             interrupts = [
                 {"id": getattr(i, "id", None), "value": interrupt_value(getattr(i, "value", i))}

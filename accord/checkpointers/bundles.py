@@ -138,6 +138,22 @@ def _carried(held: list[Any], before: Any, after: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _migration_config(config: Any, before: Any) -> Any:
+    """``config`` for a migration's state updates: the checkpoints they write are the
+    work of the run that wrote the checkpoint they migrate (its metadata's ``run_id``),
+    not of the run about to start. A queue worker passes its run's id as LangGraph's
+    ``run_id`` and takes a latest checkpoint of that run for the run's own progress
+    (it continues from it without the input): a migration checkpoint marked as the new
+    run's, left by a worker that died before its input was saved, made the next worker
+    skip the input (the run ended without running it)."""
+    writer = (getattr(before, "metadata", None) or {}).get("run_id")
+    metadata = {k: v for k, v in (config.get("metadata") or {}).items() if k != "run_id"}
+    if writer is not None:
+        metadata["run_id"] = writer
+    configurable = {k: v for k, v in (config.get("configurable") or {}).items() if k != "run_id"}
+    return {**config, "configurable": configurable, "metadata": metadata}
+
+
 def _subgraph_in_flight(thread: str, pinned: Bundle, current: Bundle, node: str) -> Any:
     error = bundles.mismatch(thread, pinned, current)
     error.args = (
@@ -228,10 +244,11 @@ class PinnedGraph:
         for task in before.tasks:
             if log.nested(tenant, thread, f"{task.name}:{task.id}"):
                 raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
+        migrating = _migration_config(config, before)
         for _, _, migrate in route:
             updates = migrate(dict(self.graph.get_state(config).values))
             if updates:
-                self.graph.update_state(config, dict(updates))
+                self.graph.update_state(migrating, dict(updates))
         log.carry(tenant, thread, _carried(held, before, self.graph.get_state(config)))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,
                                       steps=[f"{a}->{b}" for a, b, _ in route])  # fmt: skip
@@ -267,10 +284,11 @@ class PinnedGraph:
         for task in before.tasks:
             if await log.nested(tenant, thread, f"{task.name}:{task.id}"):
                 raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
+        migrating = _migration_config(config, before)
         for _, _, migrate in route:
             updates = migrate(dict((await self.graph.aget_state(config)).values))
             if updates:
-                await self.graph.aupdate_state(config, dict(updates))
+                await self.graph.aupdate_state(migrating, dict(updates))
         after = await self.graph.aget_state(config)
         await log.carry(tenant, thread, _carried(held, before, after))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,

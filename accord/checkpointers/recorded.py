@@ -64,7 +64,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 
-from accord.checkpointers import langgraph_internals, ownership
+from accord.checkpointers import langgraph_internals, ownership, schema
 from accord.errors import (
     ConcurrentRunError,
     ConfigurationError,
@@ -262,11 +262,14 @@ def _parked(here: _Here, name: str, doc: Mapping[str, Any]) -> NeedsReconciliati
     site = here.site
     state = doc.get("status")
     what = "raised" if state == calls.FAILED else "was in flight when its process stopped"
+    # the command must name the call's tenant: without it, it looks in the default one
+    # and answers that no such call exists
+    tenant = "" if site.tenant_id == schema.DEFAULT_TENANT else f" --tenant {site.tenant_id}"
     return NeedsReconciliation(
         f"{site.describe(name)} {what} and has no recorded result (idempotency key "
         f"{site.key}); it is not declared idempotent, so it was not made again. Check "
         f"with the provider whether it took effect, then settle it: `accord runs "
-        f"resolve {site.thread_id} {site.key} --result JSON` (or resolve_call), or "
+        f"resolve {site.thread_id} {site.key} --result JSON{tenant}` (or resolve_call), or "
         f"declare the call idempotent if the provider dedupes on the key.",
         key=site.key, name=name, thread_id=site.thread_id, task_id=site.task_id,
         position=site.position,

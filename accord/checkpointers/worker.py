@@ -67,6 +67,9 @@ BUSY_BACKOFF_S = 2.0
 #: How long a run pinned to another bundle than this worker's is not claimed again here
 #: (a worker on its bundle, e.g. the previous release during a rolling deploy, takes it).
 BUNDLE_BACKOFF_S = 30.0
+#: How many state updates (a chain of bundle migrations) a resumed run looks through for
+#: the checkpoint it waited at.
+UPDATES_WALKED = 32
 
 
 def load_graph(name: str) -> Any:
@@ -372,6 +375,27 @@ class Worker:
         writer = (found.metadata or {}).get("run_id")
         return found.config["configurable"]["checkpoint_id"], writer
 
+    def _at_wait(self, doc: dict[str, Any], latest: str | None) -> bool:
+        """Whether the thread is still where the run waited, its resume not applied: its
+        latest checkpoint is the wait's, or only state updates were made since (a bundle
+        migration's, :class:`~accord.checkpointers.bundles.PinnedGraph`: a worker that
+        migrated the thread may have died before it resumed the graph)."""
+        waited = (doc.get("wait") or {}).get("checkpoint_id")
+        if latest == waited:
+            return True
+        at = latest
+        for _ in range(UPDATES_WALKED):
+            if at is None or waited is None:
+                return False
+            found = self.saver.get_tuple(self._config(doc, at))  # type: ignore[arg-type]
+            if found is None or (found.metadata or {}).get("source") != "update":
+                return False
+            parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+            if parent == waited:
+                return True
+            at = parent
+        return False
+
     def _what_to_run(self, active: ActiveRun) -> tuple[Any, dict[str, Any]] | None:
         """(input, config) of this execution, or None when the claim was lost."""
         doc = active.doc
@@ -391,13 +415,14 @@ class Worker:
             return queued_runs.decode(doc.get("input"), self.saver.serde), self._config(doc)
         resume = doc.get("resume")
         wait = doc.get("wait") or {}
-        if resume is not None and latest == wait.get("checkpoint_id"):
+        at_wait = resume is not None and self._at_wait(doc, latest)
+        if at_wait:
             expired = self.queue.expired_credentials(doc)
             if expired is not None:  # back to waiting: a human refreshes them
                 logger.warning("accord worker: %s", expired)
                 return None
         if resume is not None and wait.get("kind") != "reconcile":
-            if latest == wait.get("checkpoint_id"):
+            if at_wait:
                 value = queued_runs.decode(resume.get("value"), self.saver.serde)
                 return Command(resume=value), self._config(doc)
             return None, self._config(doc)
@@ -476,14 +501,16 @@ class Worker:
         doc = active.doc
         if active.lost:
             return
-        if active.cancel:
+        state = self.graph.get_state(self._config(doc))
+        if active.cancel and state.next:
+            # stopped at a step boundary; a cancel seen during the last step found none
+            # left: the graph ended and committed everything, so it is done (below)
             self.queue.failed(doc, "cancelled on request at a step boundary",
                               status=queued_runs.CANCELLED)  # fmt: skip
             return
         if active.stop:
             self._give_back(active, "the worker is shutting down")
             return
-        state = self.graph.get_state(self._config(doc))
         if state.next:
             interrupts = [{"id": getattr(i, "id", None), "value": interrupt_value(getattr(i, "value", i))}
                           for i in (state.interrupts or ())]  # fmt: skip

@@ -178,3 +178,43 @@ async def test_until_idle_is_not_fooled_by_a_run_ending_during_a_refused_claim(
             gate.set()
         runs = await queue.list(tenant_id="a")
         assert {r.status for r in runs} == {queued_runs.DONE}
+
+
+def _async_approval_on(version: str) -> object:
+    """The async approval graph on bundle ``version``, with a migration v1 -> v2."""
+    from accord.checkpointers.bundles import PinnedGraph
+    from accord.platform.bundles import Bundle, Migrations
+    from tests.durable import queue_graphs
+
+    migrations = Migrations()
+    migrations.register("v1", "v2")(lambda values: {"n": values.get("n", 0) + 100})
+    return lambda saver: PinnedGraph(queue_graphs.async_approval.compile(checkpointer=saver),
+                                     Bundle(version, code=version), migrations=migrations)  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_an_approval_survives_an_async_worker_that_died_right_after_migrating(
+    mongo_uri: str, db_name: str
+) -> None:
+    """As test_run_queue's test of the sync worker: the thread migrated (a state update
+    after the checkpoint the run waited at) by a worker that died before resuming it is
+    still resumed with the human's value, not sent back to wait for a second approval."""
+    import asyncio
+
+    async with AsyncAccord(mongo_uri, db_name=db_name) as app:
+        queue = await app.runs()
+        run = await queue.submit(APPROVAL, {"run": "mig"})
+        v1 = _worker(app, APPROVAL, graph_object=_async_approval_on("v1"))
+        assert await v1.run(until_idle=True) == 1
+        await queue.approve(run.run_id, by="user:ops")
+        claim = await queue.claim([APPROVAL], "doomed", lease_seconds=0.05)
+        assert claim is not None and claim["_id"] == run.run_id
+        v2 = _worker(app, APPROVAL, graph_object=_async_approval_on("v2"))
+        config = {"configurable": {"thread_id": run.thread_id, "tenant_id": "default"},
+                  "metadata": {"run_id": run.run_id}}  # fmt: skip
+        assert await v2.graph.aprepare(config) == "migrated"
+        await asyncio.sleep(0.1)  # its lease runs out
+        assert await v2.run(until_idle=True) == 1
+        got = await queue.get(run.run_id)
+        assert got.status == queued_runs.DONE, (got.status, got.wait)
+        assert (await queue.result(run.run_id))["acted"] == "wired"

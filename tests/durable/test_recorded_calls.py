@@ -286,6 +286,9 @@ def test_a_call_is_settled_only_in_its_own_tenant_and_thread(
     with pytest.raises(NeedsReconciliation) as refused:
         graph.invoke(None, beta)
     key = refused.value.key
+    # the command it gives names the tenant (without it, `accord runs resolve` looks in
+    # the default tenant and finds no such call)
+    assert f"accord runs resolve t9 {key} --result JSON --tenant beta`" in str(refused.value)
     for tenant, thread, named in (("acme", "t9", key), ("beta", "other", key),
                                   (None, "t9", key)):  # fmt: skip
         with pytest.raises(ConcurrentRunError, match="is not unsettled"):

@@ -696,3 +696,134 @@ def test_a_worker_given_a_graph_object_for_its_name_says_where_it_goes(app: Acco
     for graph in (steps, compiled_steps):
         with pytest.raises(InvalidInputError, match="graph_object="):
             Worker(graph, client=app.client, uow=app.uow, db=app.db_name)
+
+
+def _steps_on(version: str) -> Any:
+    """A worker's ``graph_object``: the steps graph on bundle ``version``, with a
+    migration v1 -> v2 (it counts the migration in the state)."""
+    from accord.checkpointers.bundles import PinnedGraph
+    from accord.platform.bundles import Bundle, Migrations
+    from tests.durable import queue_graphs
+
+    migrations = Migrations()
+
+    @migrations.register("v1", "v2")
+    def bump(values: dict[str, Any]) -> dict[str, Any]:
+        return {"n": values.get("n", 0) + 100}
+
+    return lambda saver: PinnedGraph(queue_graphs.steps.compile(checkpointer=saver),
+                                     Bundle(version, code=version), migrations=migrations)  # fmt: skip
+
+
+def test_a_run_whose_worker_died_right_after_migrating_its_thread_still_runs_its_input(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    """A new turn on a thread pinned to v1, taken by a worker on v2: PinnedGraph migrates
+    the thread (a state update: a new checkpoint) before LangGraph runs the input. The
+    worker died there. The run's next worker must run its input, not take the
+    migration's checkpoint for the run's own progress (before 2026-12-08 it continued
+    from it with no input: the run ended `done` without its input ever running)."""
+    first = queue.submit(STEPS, {"run": "first"}, thread_id="chat")
+    assert work(app, STEPS, graph_object=_steps_on("v1")) == 1
+    assert queue.wait(first.run_id)["done"] == ["a", "b", "c"]
+    second = queue.submit(STEPS, {"run": "second"}, thread_id="chat")
+    # a worker on v2 claims it and gets as far as the migration, then dies
+    claim = queue.claim([STEPS], "doomed", lease_seconds=0.05)
+    assert claim is not None and claim["_id"] == second.run_id
+    saver = app.checkpointer()
+    config = {"configurable": {"thread_id": "chat", "tenant_id": "default"},
+              "metadata": {"run_id": second.run_id}}  # fmt: skip
+    latest = saver.get_tuple(config)
+    assert latest is not None and queue.started(
+        claim, latest.config["configurable"]["checkpoint_id"]
+    )
+    assert _steps_on("v2")(saver).prepare(config) == "migrated"
+    time.sleep(0.1)  # its lease runs out
+    assert work(app, STEPS, graph_object=_steps_on("v2")) == 1
+    result = queue.wait(second.run_id, timeout=5)
+    assert result["done"] == ["a", "b", "c"] * 2 and result["run"] == "second"
+    assert result["n"] == 106  # three steps, the migration, three steps
+    assert client[db_name]["fleet_writes"].count_documents({"_id": {"$regex": "^second:"}}) == 3
+
+
+def _approval_on(version: str) -> Any:
+    """The approval graph on bundle ``version``, with a migration v1 -> v2."""
+    from accord.checkpointers.bundles import PinnedGraph
+    from accord.platform.bundles import Bundle, Migrations
+    from tests.durable import queue_graphs
+
+    migrations = Migrations()
+
+    @migrations.register("v1", "v2")
+    def bump(values: dict[str, Any]) -> dict[str, Any]:
+        return {"n": values.get("n", 0) + 100}
+
+    return lambda saver: PinnedGraph(queue_graphs.approval.compile(checkpointer=saver),
+                                     Bundle(version, code=version), migrations=migrations)  # fmt: skip
+
+
+def test_an_approval_survives_a_worker_that_died_right_after_migrating_the_thread(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str
+) -> None:
+    """A run waiting in interrupt() on v1 is approved; a worker on v2 migrates its thread
+    (a new checkpoint after the one it waited at) and dies before it resumed the graph.
+    The next worker must still resume it with the human's value (before 2026-12-08 it
+    took the migration's checkpoint for "the resume was applied", ran the paused task
+    with no value, and the run waited for a second approval)."""
+    run = queue.submit(APPROVAL, {"run": "mig"})
+    assert work(app, APPROVAL, graph_object=_approval_on("v1")) == 1
+    assert queue.get(run.run_id).status == queued_runs.WAITING
+    queue.approve(run.run_id, by="user:ops")
+    claim = queue.claim([APPROVAL], "doomed", lease_seconds=0.05)
+    assert claim is not None and claim["_id"] == run.run_id
+    saver = app.checkpointer()
+    config = {"configurable": {"thread_id": run.thread_id, "tenant_id": "default"},
+              "metadata": {"run_id": run.run_id}}  # fmt: skip
+    assert _approval_on("v2")(saver).prepare(config) == "migrated"
+    time.sleep(0.1)  # its lease runs out
+    assert work(app, APPROVAL, graph_object=_approval_on("v2")) == 1
+    got = queue.get(run.run_id)
+    assert got.status == queued_runs.DONE, (got.status, got.wait)
+    assert queue.result(run.run_id)["acted"] == "wired"
+
+
+def test_a_cancel_that_comes_during_the_last_step_does_not_call_a_finished_run_cancelled(
+    app: Accord, queue: RunQueue, client: MongoClient, db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The cancel request is seen while the last step runs: there is no step boundary
+    left to stop at, the graph ends and every write of it is committed. The run is done
+    with its result (before 2026-12-08 it was recorded `cancelled`, its result dropped:
+    a caller resubmitting "the cancelled run" would have done it all twice)."""
+    import threading
+
+    from tests.durable import queue_graphs
+
+    gate = threading.Event()  # step c runs until the worker has seen the cancel request
+    monkeypatch.setitem(queue_graphs.GATES, "c", gate)
+    run = queue.submit(STEPS, {"run": "late"})
+    worker = Worker(STEPS, client=app.client, uow=app.uow, db=app.db_name, poll=0.05, lease=10)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while client[db_name]["fleet_writes"].count_documents({}) < 2:  # a and b committed
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queue.cancel(run.run_id, by="user:ops")
+        leased = queue.get(run.run_id).lease_expires
+        assert leased is not None
+        deadline = time.monotonic() + 30
+        while (queue.get(run.run_id).lease_expires or leased) <= leased:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        gate.set()
+        result = queue.wait(run.run_id, timeout=30)
+    finally:
+        gate.set()
+        worker.stop()
+        runner.join(timeout=30)
+    assert result["done"] == ["a", "b", "c"]
+    assert client[db_name]["fleet_writes"].count_documents({}) == 3
+    events = [e["event"] for e in queue.get(run.run_id).events]
+    assert events == ["submitted", "claimed", "cancel_requested", "done"]
