@@ -16,6 +16,7 @@ from accord.platform.embedded import limits, mongomock_bridge, query
 from accord.platform.embedded.errors import Code, EngineError, bad_value
 from accord.platform.embedded.mongomock_bridge import OperationFailure
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.values import bson_type_name
 from accord.platform.embedded.variables import bind_pipeline
 
 Doc = dict[str, Any]
@@ -70,6 +71,11 @@ class Pipeline:
         if name in ("$limit", "$skip"):
             if isinstance(spec, bool) or not isinstance(spec, int | float) or spec < 0:
                 raise EngineError(Code.Location15958, f"invalid argument to {name} stage: {spec!r}")
+            if isinstance(spec, float) and not spec.is_integer():  # NaN, infinities, 1.5
+                raise EngineError(
+                    Code.Location15958,
+                    f"invalid argument to {name} stage: Expected an integer: {name}: {spec!r}",
+                )
             if name == "$limit" and spec == 0:
                 raise EngineError(Code.Location15958, "the limit must be positive")
             return docs[: int(spec)] if name == "$limit" else docs[int(spec) :]
@@ -107,6 +113,13 @@ class Pipeline:
         if name == "$documents":
             if not isinstance(spec, list):
                 raise bad_value("$documents needs an array of documents")
+            for entry in spec:
+                if not isinstance(entry, dict):
+                    raise EngineError(
+                        Code.TypeMismatch,
+                        "$documents needs an array of documents, found an element of type "
+                        f"{bson_type_name(entry)}",
+                    )
             return copy.deepcopy(spec)
         handler = mongomock_bridge.pipeline_stage(name)
         if handler is None or name in ("$out", "$merge", "$graphLookup"):
@@ -123,6 +136,18 @@ class Pipeline:
     def _lookup(self, spec: Any, docs: list[Doc]) -> list[Doc]:
         if not isinstance(spec, dict) or "as" not in spec or not isinstance(spec["as"], str):
             raise EngineError(Code.Location40319, "$lookup requires an 'as' field")
+        for key in ("from", "localField", "foreignField"):
+            if key in spec and not isinstance(spec[key], str):
+                raise EngineError(
+                    Code.FailedToParse,
+                    f"$lookup argument '{key}' must be a string, found {spec[key]!r}: "
+                    f"{bson_type_name(spec[key])}",
+                )
+        if "let" in spec and not isinstance(spec["let"], dict):
+            raise EngineError(
+                Code.FailedToParse,
+                f"$lookup argument 'let' must be an object, is type {bson_type_name(spec['let'])}",
+            )
         foreign = self.reader(spec["from"]) if "from" in spec else []
         local_field, foreign_field = spec.get("localField"), spec.get("foreignField")
         if (local_field is None) != (foreign_field is None):
@@ -175,8 +200,29 @@ def _unwind(spec: Any, docs: list[Doc]) -> list[Doc]:
             Code.Location28818, "path option to $unwind stage should be prefixed with a '$'"
         )
     field_path = path[1:]
+    unknown = set(options) - {"path", "includeArrayIndex", "preserveNullAndEmptyArrays"}
+    if unknown:
+        raise EngineError(
+            Code.Location28811, f"unrecognized option to $unwind stage: {sorted(unknown)[0]}"
+        )
     index_field = options.get("includeArrayIndex")
-    preserve = bool(options.get("preserveNullAndEmptyArrays", False))
+    if index_field is not None and not isinstance(index_field, str):
+        raise EngineError(
+            Code.Location28810,
+            "expected a non-empty string for the includeArrayIndex option to $unwind stage",
+        )
+    if isinstance(index_field, str) and index_field.startswith("$"):
+        raise EngineError(
+            Code.Location28822,
+            "includeArrayIndex option to $unwind stage should not be prefixed with a '$': "
+            + index_field,
+        )
+    preserve = options.get("preserveNullAndEmptyArrays", False)
+    if not isinstance(preserve, bool):
+        raise EngineError(
+            Code.Location28809,
+            "expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage",
+        )
     out: list[Doc] = []
     for doc in docs:
         found, value = _get_dotted(doc, field_path)

@@ -98,6 +98,28 @@ class CursorManager:
         if found is not None:
             found.owner = owner
 
+    def check_session(self, cursor_id: int, session: bytes | None) -> None:
+        """Refuse a ``getMore`` from another session than the one that opened the cursor,
+        with mongod's codes (50736, 50737, 50738): a cursor's results (a transaction's
+        uncommitted writes among them) are its session's."""
+        found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
+        if found is None:
+            return
+        owner: bytes | None = found.session
+        if owner == session:
+            return
+        prefix = f"Cannot run getMore on cursor {cursor_id}, which was"
+        if owner is None:
+            message = f"{prefix} not created in a session, in session {_lsid_text(session)}"
+            raise EngineError(Code.Location50736, message)
+        if session is None:
+            message = f"{prefix} created in session {_lsid_text(owner)}, without an lsid"
+            raise EngineError(Code.Location50737, message)
+        message = (
+            f"{prefix} created in session {_lsid_text(owner)}, in session {_lsid_text(session)}"
+        )
+        raise EngineError(Code.Location50738, message)
+
     def new_id(self) -> int:
         return next(self._ids)
 
@@ -196,3 +218,17 @@ class CursorManager:
             size += doc_size
             cursor.pos += 1
         return batch
+
+
+def _lsid_text(key: bytes | None) -> str:
+    """A session key (the BSON of ``{id: UUID}``) as mongod prints an lsid."""
+    try:
+        value = bson.decode(key or b"").get("id")
+    except Exception:  # noqa: BLE001 (only for a message)
+        value = None
+    if isinstance(value, bson.Binary):
+        try:
+            return f'{{ id: UUID("{value.as_uuid()}") }}'
+        except ValueError:
+            pass
+    return repr(value)

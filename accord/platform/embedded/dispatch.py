@@ -167,6 +167,18 @@ def no_such_transaction(number: int) -> EngineError:
     )
 
 
+def _check_session_uuid(value: bson.Binary) -> None:
+    """An lsid's ``id`` is a UUID: binary subtype 4, 16 bytes (mongod's IDL ``uuid``)."""
+    if value.subtype != bson.binary.UUID_SUBTYPE:
+        raise EngineError(
+            Code.TypeMismatch,
+            f"BSON field 'lsid.id' is the wrong binData type (subtype {value.subtype}), "
+            "expected type 'UUID'",
+        )
+    if len(value) != 16:
+        raise EngineError(Code.InvalidUUID, "UUIDs must be exactly 16 bytes")
+
+
 class Dispatcher:
     """Executes one command document against the engine."""
 
@@ -355,6 +367,7 @@ class Dispatcher:
         if lsid is not None:
             if not isinstance(lsid, dict) or not isinstance(lsid.get("id"), bson.Binary):
                 raise EngineError(Code.BadValue, "lsid must be an object with a UUID 'id'")
+            _check_session_uuid(lsid["id"])
             session = engine.session(bson.encode({"id": lsid["id"]}))
         txn_number = cmd.get("txnNumber")
         if txn_number is not None and (
@@ -615,8 +628,10 @@ class Dispatcher:
         txn.yields = name in YIELDING_READS and not commands.writes_output(name, cmd)
         try:
             reply = handler(self._ctx(db, txn, True, session), cmd)
-        except EngineError:
-            # As in mongod, an error inside a transaction aborts it.
+        except BaseException:
+            # As in mongod, an error inside a transaction aborts it: any error, not only
+            # an EngineError (a RecursionError or a bug may come after some of the
+            # statement's writes, which a commit must never make durable).
             engine.abort(txn, "an operation in the transaction failed")
             raise
         finally:

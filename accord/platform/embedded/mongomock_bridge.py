@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bson.binary import Binary
+from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.regex import Regex
 from bson.timestamp import Timestamp
@@ -55,7 +56,21 @@ def _mod(doc_val: Any, spec: Any) -> bool:
     if not isinstance(spec, list) or len(spec) != 2:
         raise OperationFailure("malformed mod, needs to be an array of [divisor, remainder]")
     divisor, remainder = spec
+    for what, value in (("divisor", divisor), ("remainder", remainder)):
+        # mongod coerces both to a 64-bit integer: NaN, infinities and numbers past it
+        # are refused (int() of them raised OverflowError / ValueError here).
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise OperationFailure(f"malformed mod, {what} not a number")
+        if isinstance(value, float) and (
+            not math.isfinite(value) or not -(2.0**63) <= value < 2.0**63
+        ):
+            raise OperationFailure(
+                f"malformed mod, {what} value is invalid :: caused by :: "
+                f"Unable to coerce NaN/Inf or out-of-range value to integral type: {value}"
+            )
     if isinstance(doc_val, bool) or not isinstance(doc_val, int | float):
+        return False
+    if isinstance(doc_val, float) and not math.isfinite(doc_val):
         return False
     if int(divisor) == 0:
         raise OperationFailure("divisor cannot be 0")
@@ -172,6 +187,69 @@ def _rand(parser: Any, spec: Any) -> float:
     if spec != {}:
         raise OperationFailure("$rand does not currently accept arguments")
     return _RANDOM.random()
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_CONVERSIONS = {"$toInt", "$toLong", "$convert"}
+_ROUNDING = {"$floor", "$ceil", "$trunc"}
+
+
+def _non_finite(parser: Any, arg: Any) -> bool:
+    """Whether a rounding operator's argument evaluates to NaN or an infinity."""
+    value = arg[0] if isinstance(arg, list) and len(arg) == 1 else arg
+    try:
+        value = parser.parse(value)
+    except Exception:  # noqa: BLE001 (the operator itself reports it)
+        return False
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _mod_divisor_is_zero(parser: Any, arg: Any) -> bool:
+    if not isinstance(arg, list) or len(arg) != 2:
+        return False
+    try:
+        divisor = parser.parse(arg[1])
+    except Exception:  # noqa: BLE001 (the operator itself reports it)
+        return False
+    if isinstance(divisor, Decimal128):
+        return bool(divisor.to_decimal() == 0)
+    return isinstance(divisor, int | float) and not isinstance(divisor, bool) and divisor == 0
+
+
+def _arithmetic_failure(name: str | None, exc: ArithmeticError) -> OperationFailure:
+    """An expression's Python arithmetic error as the error mongod reports (never an
+    internal error)."""
+    if isinstance(exc, ZeroDivisionError):
+        if name == "$mod":
+            return OperationFailure("can't $mod by zero", code=16610)
+        if name == "$log":
+            return OperationFailure(
+                "$log's base must be a positive number not equal to 1", code=28759
+            )
+        if name == "$divide":
+            return OperationFailure("can't $divide by zero", code=Code.BadValue)
+    if name in _CONVERSIONS:
+        return OperationFailure(
+            f"Failed to convert the value in {name} with no onError value: {exc}",
+            code=Code.ConversionFailure,
+        )
+    return OperationFailure(f"{name or 'expression'} failed: {exc}", code=Code.BadValue)
+
+
+def _in_bson_range(name: str | None, value: Any) -> Any:
+    """An expression's integer result that BSON cannot hold: for a conversion mongod's
+    ConversionFailure, otherwise the double mongod's long arithmetic overflows to."""
+    if type(value) is not int and type(value) is not Int64:
+        return value
+    low, high = (-(2**31), 2**31 - 1) if name == "$toInt" else (_INT64_MIN, _INT64_MAX)
+    if low <= value <= high:
+        return value
+    if name in _CONVERSIONS:
+        raise OperationFailure(
+            f"Failed to convert the value in {name} with no onError value: Out of range",
+            code=Code.ConversionFailure,
+        )
+    return float(value)
 
 
 def _bounded_regex(doc_val: Any, rx: Any) -> bool:
@@ -307,6 +385,8 @@ def _apply() -> None:
     grouping = mm_aggregate._GROUPING_OPERATOR_MAP
     grouping["$min"] = lambda values: _extreme(values, -1)
     grouping["$max"] = lambda values: _extreme(values, 1)
+    original_sum = grouping["$sum"]
+    grouping["$sum"] = lambda values: _in_bson_range("$sum", original_sum(values))
 
     mm_aggregate.type_operators.append("$type")
     parser = mm_aggregate._Parser
@@ -360,11 +440,26 @@ def _apply() -> None:
     original_parse = parser.parse
 
     def parse(self: Any, expression: Any) -> Any:
+        name = None
         if isinstance(expression, dict) and len(expression) == 1:
             ((name, arg),) = expression.items()
             if name in _FIELD_OPERATORS:
                 return _FIELD_OPERATORS[name](self, arg)
-        return original_parse(self, expression)
+            if name in _ROUNDING and _non_finite(self, arg):
+                return self.parse(arg)  # mongod rounds NaN and infinities to themselves
+        try:
+            result = original_parse(self, expression)
+        except ArithmeticError as exc:  # ZeroDivisionError, OverflowError
+            raise _arithmetic_failure(name, exc) from exc
+        except ValueError as exc:
+            if name != "$mod":
+                raise
+            # math.fmod's "math domain error": a zero divisor (mongod's 16610) or an
+            # infinite dividend (NaN in mongod's fmod).
+            if _mod_divisor_is_zero(self, arg):
+                raise OperationFailure("can't $mod by zero", code=16610) from exc
+            return math.nan
+        return _in_bson_range(name, result)
 
     def handle_comparison(self: Any, operator: str, values: Any) -> Any:
         # BSON order with a missing operand below null (mongomock uses Python's == and

@@ -35,10 +35,24 @@ def _expiry_instant(values: list[Any]) -> dt.datetime | None:
     )
 
 
+def _cutoff(index: Index, now: dt.datetime) -> dt.datetime | None:
+    """The instant before which ``index``'s documents have expired; None when its
+    ``expireAfterSeconds`` is no usable number (NaN, which mongod accepts, or a value stored
+    by an older version), so one odd index never stops the pass for all the others."""
+    seconds = index.expire_after
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    try:
+        return now - dt.timedelta(seconds=float(seconds))
+    except (OverflowError, ValueError):  # NaN, infinities, past the calendar
+        return None
+
+
 def _expired(engine: Engine, coll: Collection, index: Index, now: dt.datetime) -> list[bytes]:
     """Id keys of documents ``index`` says have expired (lock held)."""
-    assert index.expire_after is not None
-    cutoff = now - dt.timedelta(seconds=float(index.expire_after))
+    cutoff = _cutoff(index, now)
+    if cutoff is None:
+        return []
     # Every date key from the first date up to the cutoff (dates form one type bracket).
     ranges = [(((DATE - 0.5,),), index.after((sort_key(cutoff),)))]
     view = engine.begin(explicit=False)
@@ -102,5 +116,5 @@ def _still_expired(index: Index, doc: dict[str, Any], now: dt.datetime) -> bool:
     if index.partial is not None and not query.matches(index.partial, doc):
         return False
     instant = _expiry_instant(query.path_values(doc, index.fields[0]))
-    assert index.expire_after is not None
-    return instant is not None and instant + dt.timedelta(seconds=float(index.expire_after)) <= now
+    cutoff = _cutoff(index, now)
+    return instant is not None and cutoff is not None and instant <= cutoff

@@ -11,6 +11,7 @@ from accord.platform.embedded.cursors import CursorManager
 from accord.platform.embedded.engine import Engine, Txn
 from accord.platform.embedded.errors import Code, EngineError, type_mismatch
 from accord.platform.embedded.failpoints import FailPoints
+from accord.platform.embedded.values import bson_type_name
 
 if TYPE_CHECKING:
     from accord.platform.embedded.auth.checks import Authorizer
@@ -143,6 +144,8 @@ def writable_ns(ns: str) -> str:
     name = ns.split(".", 1)[1] if "." in ns else ns
     if name.startswith("system.") and name not in _CLIENT_SYSTEM:
         raise EngineError(Code.InvalidNamespace, f"cannot write to '{ns[:300]}'")
+    if ns.startswith("local.oplog."):  # the replica set's oplog (the engine is one)
+        raise EngineError(Code.InvalidNamespace, f"cannot write to '{ns[:300]}'")
     return checked_ns(ns)
 
 
@@ -174,11 +177,16 @@ def opt_int(cmd: Doc, key: str, default: int | None = None) -> int | None:
     return int(value)
 
 
-def opt_bool(cmd: Doc, key: str, default: bool = False) -> bool:
+def opt_bool(cmd: Doc, key: str, default: bool = False, *, strict: bool = False) -> bool:
+    """A boolean flag. mongod's ``safeBool`` fields take a number too; its ``bool`` and
+    ``optionalBool`` fields (``strict``: ``ordered``, ``multi``, ``upsert``, find's flags)
+    only a boolean."""
     value = cmd.get(key, default)
-    if not isinstance(value, bool | int | float):
+    if value is None and strict:
+        return default
+    if not isinstance(value, bool) if strict else not isinstance(value, bool | int | float):
         raise type_mismatch(
-            f"BSON field '{key}' is the wrong type '{type(value).__name__}', expected type 'bool'"
+            f"BSON field '{key}' is the wrong type '{bson_type_name(value)}', expected type 'bool'"
         )
     return bool(value)
 

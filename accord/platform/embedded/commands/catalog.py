@@ -175,7 +175,12 @@ def _check_layout_options(options: Doc) -> str | None:
         options["timeseries"] = normal
     if "expireAfterSeconds" in options:
         eas = options["expireAfterSeconds"]
-        if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0 or eas != int(eas):
+        if (
+            isinstance(eas, bool)
+            or not isinstance(eas, int | float)
+            or not 0 <= eas < 2**63  # NaN and the infinities are not integers
+            or eas != int(eas)
+        ):
             raise EngineError(
                 Code.InvalidOptions, "expireAfterSeconds must be a non-negative integer"
             )
@@ -222,6 +227,7 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
         spec = opt_doc(cmd, "index")
         target = _find_index(coll, spec.get("name") if "name" in spec else spec.get("keyPattern"))
         if "expireAfterSeconds" in spec:
+            _check_ttl_seconds(spec["expireAfterSeconds"], Code.InvalidOptions)
             old = target.expire_after
             target.expire_after = spec["expireAfterSeconds"]
             target.spec["expireAfterSeconds"] = spec["expireAfterSeconds"]
@@ -234,6 +240,28 @@ def cmd_coll_mod(ctx: Context, cmd: Doc) -> Doc:
     coll.options.update(changes)
     ctx.engine.save_catalog(coll)
     return reply
+
+
+#: mongod's bound on a TTL index's ``expireAfterSeconds`` (an int32).
+_MAX_TTL_SECONDS = 2**31 - 1
+
+
+def _check_ttl_seconds(eas: Any, code: Code) -> None:
+    """A TTL index's ``expireAfterSeconds``: a number from 0 to 2**31 - 1. NaN is let
+    through, as by mongod (such an index never expires anything here)."""
+    if isinstance(eas, bool) or not isinstance(eas, int | float):
+        raise type_mismatch(
+            "TTL index 'expireAfterSeconds' option must be numeric, but received a type of "
+            f"'{type(eas).__name__}'"
+        )
+    if eas < 0:
+        raise EngineError(code, "TTL index 'expireAfterSeconds' option cannot be less than 0")
+    if eas > _MAX_TTL_SECONDS:
+        raise EngineError(
+            code,
+            "TTL index 'expireAfterSeconds' option must be within an acceptable range, "
+            "try a lower number",
+        )
 
 
 def _find_index(coll: Collection, name_or_key: Any) -> Index:
@@ -256,6 +284,14 @@ def cmd_drop(ctx: Context, cmd: Doc) -> Doc:
 
 @command("dropDatabase")
 def cmd_drop_database(ctx: Context, cmd: Doc) -> Doc:
+    # As mongod: admin holds the users and roles; local is the replica set's own.
+    if ctx.db == "admin":
+        raise EngineError(Code.IllegalOperation, "Dropping the 'admin' database is prohibited.")
+    if ctx.db == "local":
+        raise EngineError(
+            Code.IllegalOperation,
+            "Cannot drop 'local' database while replication is active",
+        )
     for coll in ctx.engine.collections_in(ctx.db):
         ctx.engine.drop_collection(coll.ns)
     return {"dropped": ctx.db, "ok": 1.0}
@@ -280,6 +316,8 @@ def cmd_rename(ctx: Context, cmd: Doc) -> Doc:
         check_db_name(db_part)
         coll_name({"renameCollection": coll_part}, "renameCollection")
     writable_ns(target)
+    if source == target:  # dropTarget would drop the very collection being renamed
+        raise EngineError(Code.IllegalOperation, "Can't rename a collection to itself")
     if views.is_view(ctx.engine.get_collection(source)):
         raise EngineError(Code.CommandNotSupportedOnView, f"cannot rename the view {source}")
     if ctx.engine.get_collection(source) is None:
@@ -343,6 +381,42 @@ def _check_partial_filter(expr: Any, depth: int = 0) -> None:
             ) from exc
 
 
+#: mongod's bounds: fields in one index key, indexes on one collection (the _id one counted).
+MAX_KEY_FIELDS = 32
+MAX_INDEXES = 64
+
+
+def _check_key_pattern(raw: Doc) -> None:
+    """What mongod's index spec validation refuses before looking at the key's values."""
+    key = raw["key"]
+    if len(key) > MAX_KEY_FIELDS:
+        raise EngineError(
+            Code.CannotCreateIndex,
+            f"Index key pattern has {len(key)} fields; an index key has at most {MAX_KEY_FIELDS}",
+        )
+    for field_name in key:
+        if field_name == "$**" or field_name.endswith(".$**"):
+            continue
+        if not field_name or "" in field_name.split("."):
+            raise EngineError(Code.CannotCreateIndex, "Index keys cannot contain an empty field.")
+        if any(part.startswith("$") for part in field_name.split(".")):
+            raise EngineError(
+                Code.CannotCreateIndex,
+                f"Index key contains an illegal field name: field name starts with '$'. "
+                f"Key: {field_name!r}",
+            )
+    if "hashed" in key.values() and raw.get("unique"):
+        raise EngineError(
+            Code.Location16764,
+            "Currently hashed indexes cannot guarantee uniqueness. Use a regular index.",
+        )
+    name = raw.get("name", "")
+    if "name" in raw and not isinstance(name, str):
+        raise type_mismatch(f"The field 'name' must be a string, but got {type(name).__name__}")
+    if "name" in raw and (not name or "\x00" in name or name == "*"):
+        raise EngineError(Code.CannotCreateIndex, f"The index name {name!r} is not valid")
+
+
 def _index_name(key: Doc) -> str:
     return "_".join(f"{k}_{v}" for k, v in key.items())
 
@@ -385,11 +459,13 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
                 Code.InvalidIndexSpecificationOption,
                 f"The field '{sorted(unknown)[0]}' is not valid for an index specification.",
             )
+        _check_key_pattern(raw)
         for field_name, direction in raw["key"].items():
             ok_number = (
                 isinstance(direction, int | float)
                 and not isinstance(direction, bool)
                 and direction != 0
+                and direction == direction  # NaN is neither > 0 nor < 0
             )
             if not (ok_number or direction in ("text", "2d", "2dsphere", "hashed")):
                 raise EngineError(
@@ -413,12 +489,7 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
         if index_collation is not None:
             spec["collation"] = index_collation.spec()
         if "expireAfterSeconds" in spec:
-            eas = spec["expireAfterSeconds"]
-            if isinstance(eas, bool) or not isinstance(eas, int | float) or eas < 0:
-                raise EngineError(
-                    Code.CannotCreateIndex,
-                    "TTL index 'expireAfterSeconds' option must be a non-negative number",
-                )
+            _check_ttl_seconds(spec["expireAfterSeconds"], Code.CannotCreateIndex)
             if len(raw["key"]) != 1:
                 raise EngineError(
                     Code.CannotCreateIndex,
@@ -451,6 +522,15 @@ def cmd_create_indexes(ctx: Context, cmd: Doc) -> Doc:
                 f"Index already exists with a different name: {same_key.name}",
             )
         new_specs.append(spec)
+    if len(coll.indexes) + len(new_specs) > MAX_INDEXES:
+        raise EngineError(
+            Code.CannotCreateIndex,
+            f"add index fails, too many indexes for {ns}: a collection has at most "
+            f"{MAX_INDEXES} indexes",
+        )
+    names = [spec["name"] for spec in new_specs]
+    if len(set(names)) != len(names):
+        raise EngineError(Code.IndexKeySpecsConflict, "createIndexes names two indexes the same")
     for spec in new_specs:
         index = Index.from_spec(spec)
         if index.unique:

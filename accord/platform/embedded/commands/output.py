@@ -33,6 +33,7 @@ from accord.platform.embedded.commands.write import insert_one, replace_one, wri
 from accord.platform.embedded.engine import Collection, duplicate_key
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.values import bson_type_name
 from accord.platform.embedded.variables import bind_pipeline
 
 
@@ -52,6 +53,10 @@ def _target(ctx: Context, spec: Any, stage: str) -> str:
     coll_name({"c": name}, "c")
     if name.startswith("system."):
         raise EngineError(Code.InvalidNamespace, f"{stage} cannot write to {db}.{name}")
+    if db in ("admin", "local", "config"):  # mongod's internal databases (31321, 31320)
+        if stage == "$out":
+            raise EngineError(Code.Location31321, f"Can't $out to internal database: {db}")
+        raise EngineError(Code.Location31320, f"Cannot $merge to internal database: {db}")
     return f"{db}.{name}"
 
 
@@ -106,6 +111,12 @@ def run_merge(ctx: Context, docs: list[Doc], spec: Any) -> None:
     if "let" in spec and not isinstance(when_matched, list):
         raise EngineError(
             Code.FailedToParse, "$merge 'let' may only be used with a whenMatched pipeline"
+        )
+    if "let" in spec and not isinstance(spec["let"], dict):
+        raise EngineError(
+            Code.TypeMismatch,
+            f"BSON field '$merge.let' is the wrong type '{bson_type_name(spec['let'])}', "
+            "expected type 'object'",
         )
     on = spec.get("on", "_id")
     fields = [on] if isinstance(on, str) else on

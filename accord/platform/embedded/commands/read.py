@@ -10,6 +10,7 @@ for that read only (``reader``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import hashlib
 import time
@@ -42,6 +43,7 @@ from accord.platform.embedded.errors import (
     type_mismatch,
 )
 from accord.platform.embedded.paths import MISSING
+from accord.platform.embedded.values import bson_type_name, compare_values
 from accord.platform.embedded.variables import (
     bind_expression,
     bind_filter,
@@ -127,7 +129,13 @@ def reply_doc(hit: planner.Hit) -> Any:
 def cmd_find(ctx: Context, cmd: Doc) -> Doc:
     ns = ns_of(ctx, cmd, "find")
     q, projection, batch_size, single_batch = parse_find(cmd)
-    run = run_query(ctx, ns, q)
+    bounds = _key_bounds(cmd)
+    if bounds is None:
+        run = run_query(ctx, ns, q)
+    else:  # the key bounds before skip and limit
+        run = _within(run_query(ctx, ns, dataclasses.replace(q, skip=0, limit=0)), *bounds)
+        hits = run.hits[q.skip :]
+        run = dataclasses.replace(run, hits=hits[: q.limit] if q.limit else hits)
     with ctx.engine.released(ctx.txn):
         # One result at a time, encoded at once: a cursor keeps bytes only (see cursors).
         docs = packed(_results(cmd, run, projection, q.filter))
@@ -140,11 +148,11 @@ def _results(cmd: Doc, run: planner.Execution, projection: Doc | None, filt: Doc
     """A find's results as its reply carries them, made one at a time (a hit's decoded
     document is not kept on the hit: 100,000 of them alive at once kept Python's garbage
     collector busy)."""
-    if opt_bool(cmd, "returnKey"):
+    if opt_bool(cmd, "returnKey", strict=True):
         for hit in run.hits:
             yield _index_key(run.plan, _fresh(hit))
         return
-    record_id = opt_bool(cmd, "showRecordId")
+    record_id = opt_bool(cmd, "showRecordId", strict=True)
     for hit in run.hits:
         doc: Any = reply_doc(hit)
         if projection is not None:
@@ -175,6 +183,54 @@ def _index_key(plan: planner.Plan, doc: Doc) -> Doc:
     return out
 
 
+def _key_bounds(cmd: Doc) -> tuple[Doc | None, Doc | None] | None:
+    """``min``/``max`` (index key bounds of the hinted index), or None without them.
+    Without a hint mongod refuses them (51173)."""
+    bounds = {k: opt_doc(cmd, k) for k in ("min", "max") if cmd.get(k) not in (None, {})}
+    if not bounds:
+        return None
+    if cmd.get("hint") in (None, {}, ""):
+        raise EngineError(
+            Code.Location51173,
+            "When using min()/max() a hint of which index to use must be provided",
+        )
+    return bounds.get("min"), bounds.get("max")
+
+
+def _within(run: planner.Execution, low: Doc | None, high: Doc | None) -> planner.Execution:
+    """``run``'s hits whose key in the hinted index is in ``[low, high)``, in index order
+    (each field's direction), as mongod's ``min`` (inclusive) and ``max`` (exclusive)."""
+    pattern = (
+        [("_id", 1)]
+        if run.plan.kind == "IDHACK"
+        else list(run.plan.index.key if run.plan.index is not None else [])
+    )
+    for bound in (low, high):
+        if bound is not None and list(bound) != [f for f, _ in pattern]:
+            raise EngineError(
+                Code.Location51174,
+                "The index chosen is not consistent with min/max: min and max must name "
+                f"the fields of the hinted index {dict(pattern)} in order",
+            )
+
+    def compare(key: Doc, bound: Doc) -> int:
+        for name, direction in pattern:
+            c = compare_values(key.get(name), bound[name])
+            if c:
+                return c if direction != -1 else -c
+        return 0
+
+    kept = []
+    for hit in run.hits:
+        key = _index_key(run.plan, _fresh(hit))
+        if low is not None and compare(key, low) < 0:
+            continue
+        if high is not None and compare(key, high) >= 0:
+            continue
+        kept.append(hit)
+    return dataclasses.replace(run, hits=planner.Hits(kept, keep_docs=False))
+
+
 def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
     """A find command's query, projection, batch size and single-batch flag."""
     let = evaluate_let(cmd.get("let"))
@@ -192,7 +248,9 @@ def parse_find(cmd: Doc) -> tuple[planner.Query, Doc | None, int | None, bool]:
         raise bad_value("tailable cursors are not supported by the embedded engine")
     if projection is not None and not isinstance(projection, dict):
         raise type_mismatch("projection must be an object")
-    single_batch = opt_bool(cmd, "singleBatch") or limit < 0
+    single_batch = opt_bool(cmd, "singleBatch", strict=True) or limit < 0
+    for flag in ("returnKey", "showRecordId", "allowDiskUse", "noCursorTimeout", "awaitData"):
+        opt_bool(cmd, flag, strict=True)  # mongod's optionalBool: a boolean or nothing
     if sort:
         planner.check_sort(sort)
     q = planner.Query(filt, sort or None, skip, abs(limit), cmd.get("hint"))
@@ -207,6 +265,8 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     name = cmd.get("collection")
     if not isinstance(name, str) or not name:
         raise type_mismatch("getMore needs the 'collection' the cursor belongs to, as a string")
+    # A cursor is read only in the session that opened it (mongod's 50736-50738).
+    ctx.cursors.check_session(int(cursor_id), ctx.session_key)
     # Command cursors (listCollections, client bulkWrite, ...) live on "$cmd.*" namespaces.
     stream = ctx.cursors.streams.get(int(cursor_id))
     if stream is not None:
@@ -223,6 +283,12 @@ def cmd_kill_cursors(ctx: Context, cmd: Doc) -> Doc:
     if not (isinstance(name, str) and name.startswith("$cmd.")):  # command cursors' namespace
         ns_of(ctx, cmd, "killCursors")
     ids = opt_list(cmd, "cursors")
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise type_mismatch(
+                f"BSON field 'killCursors.cursors' is the wrong type '{bson_type_name(i)}', "
+                "expected type 'long'"
+            )
     return ctx.cursors.kill([int(i) for i in ids])
 
 

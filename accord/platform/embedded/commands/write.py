@@ -203,7 +203,7 @@ def write_collection(ctx: Context, ns: str) -> Collection:
 def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "insert"))
     docs = opt_list(cmd, "documents")
-    ordered = opt_bool(cmd, "ordered", True)
+    ordered = opt_bool(cmd, "ordered", True, strict=True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
     n = 0
@@ -305,7 +305,7 @@ def bind_update(upd: Any, let: Doc) -> Any:
 def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "update"))
     statements = opt_list(cmd, "updates")
-    ordered = opt_bool(cmd, "ordered", True)
+    ordered = opt_bool(cmd, "ordered", True, strict=True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
     let = evaluate_let(cmd.get("let"))
@@ -322,8 +322,8 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
         filt = bind_filter(filt, let)
         with statement_collation(st):
             sn, sm, up_id, _, _ = update_docs(
-                ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi"),
-                upsert=opt_bool(st, "upsert"), array_filters=st.get("arrayFilters"),
+                ctx, coll, filt, bind_update(st["u"], let), multi=opt_bool(st, "multi", strict=True),
+                upsert=opt_bool(st, "upsert", strict=True), array_filters=st.get("arrayFilters"),
                 sort=opt_doc(st, "sort") or None, bypass=bypass,
             )  # fmt: skip
         n += sn
@@ -342,7 +342,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
 def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "delete"))
     statements = opt_list(cmd, "deletes")
-    ordered = opt_bool(cmd, "ordered", True)
+    ordered = opt_bool(cmd, "ordered", True, strict=True)
     coll = ctx.engine.get_collection(ns, ctx.txn)
     views.refuse_write(coll)
     let = evaluate_let(cmd.get("let"))
@@ -418,7 +418,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
         raise EngineError(Code.Unauthorized, "bulkWrite may only be run against the admin database")
     ops = opt_list(cmd, "ops")
     ns_info = opt_list(cmd, "nsInfo")
-    ordered = opt_bool(cmd, "ordered", True)
+    ordered = opt_bool(cmd, "ordered", True, strict=True)
     errors_only = opt_bool(cmd, "errorsOnly")
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     let = evaluate_let(cmd.get("let"))
@@ -457,7 +457,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 with statement_collation(op):
                     n, m, up_id, _, _ = update_docs(
                         ctx, write_collection(ctx, ns), filt, bind_update(op.get("updateMods"), let),
-                        multi=opt_bool(op, "multi"), upsert=opt_bool(op, "upsert"),
+                        multi=opt_bool(op, "multi", strict=True), upsert=opt_bool(op, "upsert", strict=True),
                         array_filters=op.get("arrayFilters"), sort=opt_doc(op, "sort") or None,
                         bypass=bypass,
                     )  # fmt: skip
@@ -474,7 +474,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
                 n = 0
                 if coll is not None:
                     with statement_collation(op):
-                        picked = _pick(ctx, ns, filt, opt_bool(op, "multi"), None)
+                        picked = _pick(ctx, ns, filt, opt_bool(op, "multi", strict=True), None)
                     for key, _ in picked:
                         ctx.engine.write(ctx.txn, coll, key, None)
                         n += 1
