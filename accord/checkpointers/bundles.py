@@ -24,7 +24,10 @@ A thread is pinned to the bundle of its first run (on the thread's run-registry
 document, :mod:`accord.platform.bundles`); every run through :class:`PinnedGraph` checks
 the pin first. A migration is applied as a LangGraph state update
 (``graph.update_state``), so it writes a new checkpoint (the history keeps the old one)
-before the pin moves on.
+before the pin moves on. The recorded calls of the tasks paused under it are carried over
+to the tasks LangGraph runs again from the new checkpoint; a process that dies between the
+update and the carry leaves checkpoints marked as a migration's (:data:`MIGRATION_KEY`),
+and the next prepare, whatever it does, carries the calls from behind them again.
 
 :func:`fingerprint` digests what a compiled graph is made of: its nodes, edges and
 branches, and the code of each node's and branch's function (bytecode, constants and
@@ -118,28 +121,64 @@ def _checkpoint_id(snapshot: Any) -> str:
     return str(snapshot.config["configurable"]["checkpoint_id"])
 
 
-def _carried(held: list[Any], before: Any, after: Any) -> list[dict[str, Any]]:
-    """The recorded calls of the tasks due at ``before`` (the checkpoint a migration
-    updated), moved to the same tasks at ``after`` (the migration's checkpoint, where
-    LangGraph runs them again under new ids): the resumed task replays them. A task is
-    the same when its node and path are."""
-    old = {t.id: (t.name, tuple(t.path)) for t in before.tasks}
+#: The metadata key marking a checkpoint written by a migration's state update (its
+#: value: the step, ``"v1->v2"``). A thread whose latest checkpoints carry it was
+#: migrated, and the calls of the checkpoints behind them are carried to it again
+#: (idempotent) until the thread moves on: a process that died between a migration's
+#: update and its carry-over left the calls behind.
+MIGRATION_KEY = "accord_migration"
+
+#: At most this many migration checkpoints walked back (a chain of crashed migrations).
+MIGRATIONS_WALKED = 32
+
+
+def _migrated_from(snapshot: Any) -> str | None:
+    """The checkpoint ``snapshot`` migrated (its parent), when it is a migration's."""
+    metadata = getattr(snapshot, "metadata", None) or {}
+    if not metadata.get(MIGRATION_KEY) or metadata.get("source") != "update":
+        return None
+    parent = (getattr(snapshot, "parent_config", None) or {}).get("configurable") or {}
+    found = parent.get("checkpoint_id")
+    return str(found) if found else None
+
+
+def _at_checkpoint(config: Any, checkpoint_id: str) -> Any:
+    """``config`` (its tenant, thread and namespace) at checkpoint ``checkpoint_id``."""
+    configurable = {**(config.get("configurable") or {}), "checkpoint_id": checkpoint_id}
+    return {**config, "configurable": configurable}
+
+
+def _carried(held: list[tuple[Any, list[Any]]], after: Any) -> list[dict[str, Any]]:
+    """The recorded calls of the tasks due at the checkpoints of ``held`` (pairs of a
+    checkpoint a migration updated and its calls, nearest first), moved to the same
+    tasks at ``after`` (the migration's checkpoint, where LangGraph runs them again
+    under new ids): the resumed task replays them. A task is the same when its node and
+    path are. A call found at several of them (carried before) is taken from the nearest,
+    whose record is the latest (retried, settled); a call already at ``after`` is left."""
     new = {(t.name, tuple(t.path)): t.id for t in after.tasks}
     checkpoint_id = _checkpoint_id(after)
-    out = []
-    for doc in held:
-        task_id = new.get(old.get(doc["task_id"], ("", ())))
-        ns = str(doc["checkpoint_ns"])
-        if task_id is None or not ns.endswith(":" + doc["task_id"]):
-            continue  # the task is no longer due after the migration
-        new_ns = ns[: -len(doc["task_id"])] + task_id
-        out.append(calls.carried(doc, checkpoint_ns=new_ns, checkpoint_id=checkpoint_id,
-                                 task_id=task_id))  # fmt: skip
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for before, docs in held:
+        old = {t.id: (t.name, tuple(t.path)) for t in before.tasks}
+        for doc in docs:
+            task_id = new.get(old.get(doc["task_id"], ("", ())))
+            ns = str(doc["checkpoint_ns"])
+            if task_id is None or not ns.endswith(":" + doc["task_id"]):
+                continue  # the task is no longer due after the migration
+            new_ns = ns[: -len(doc["task_id"])] + task_id
+            copy = calls.carried(doc, checkpoint_ns=new_ns, checkpoint_id=checkpoint_id,
+                                 task_id=task_id)  # fmt: skip
+            if copy["_id"] in seen or copy["_id"] == doc["_id"]:
+                continue
+            seen.add(copy["_id"])
+            out.append(copy)
     return out
 
 
-def _migration_config(config: Any, before: Any) -> Any:
-    """``config`` for a migration's state updates: the checkpoints they write are the
+def _migration_config(config: Any, before: Any, step: str) -> Any:
+    """``config`` for a migration's state update ``step`` (``"v1->v2"``, recorded in the
+    checkpoint's metadata as :data:`MIGRATION_KEY`): the checkpoints they write are the
     work of the run that wrote the checkpoint they migrate (its metadata's ``run_id``),
     not of the run about to start. A queue worker passes its run's id as LangGraph's
     ``run_id`` and takes a latest checkpoint of that run for the run's own progress
@@ -150,6 +189,7 @@ def _migration_config(config: Any, before: Any) -> Any:
     metadata = {k: v for k, v in (config.get("metadata") or {}).items() if k != "run_id"}
     if writer is not None:
         metadata["run_id"] = writer
+    metadata[MIGRATION_KEY] = step
     configurable = {k: v for k, v in (config.get("configurable") or {}).items() if k != "run_id"}
     return {**config, "configurable": configurable, "metadata": metadata}
 
@@ -226,6 +266,7 @@ class PinnedGraph:
             self.pins.pin(tenant, thread, self.bundle, entry, expected=None)
             return "pinned"
         if pinned.digest == self.bundle.digest:
+            self._finish_carry(config, tenant, thread)
             return "same"
         if override is None:
             route = self._route(thread, pinned)
@@ -233,6 +274,7 @@ class PinnedGraph:
         # that died (its worker was killed) is taken over here, as its next run would
         self.saver.leases.release(self.saver.leases.claim(tenant, thread, _mover()))
         if override is not None:
+            self._finish_carry(config, tenant, thread)
             entry = bundles.history_entry("override", at=at, old=pinned, new=self.bundle,
                                           by=override.by, reason=override.reason)  # fmt: skip
             self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
@@ -240,16 +282,13 @@ class PinnedGraph:
         before = self.graph.get_state(config)
         log = call_log(self.saver)
         log.setup()
-        held = log.of_checkpoint(tenant, thread, _checkpoint_id(before))
-        for task in before.tasks:
-            if log.nested(tenant, thread, f"{task.name}:{task.id}"):
-                raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
-        migrating = _migration_config(config, before)
-        for _, _, migrate in route:
+        held = self._held(log, tenant, thread, self._behind(config, before), pinned)
+        for step_from, step_to, migrate in route:
             updates = migrate(dict(self.graph.get_state(config).values))
             if updates:
-                self.graph.update_state(migrating, dict(updates))
-        log.carry(tenant, thread, _carried(held, before, self.graph.get_state(config)))
+                step = _migration_config(config, before, f"{step_from}->{step_to}")
+                self.graph.update_state(step, dict(updates))
+        log.carry(tenant, thread, _carried(held, self.graph.get_state(config)))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,
                                       steps=[f"{a}->{b}" for a, b, _ in route])  # fmt: skip
         self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
@@ -267,12 +306,14 @@ class PinnedGraph:
             await self.pins.pin(tenant, thread, self.bundle, entry, expected=None)
             return "pinned"
         if pinned.digest == self.bundle.digest:
+            await self._afinish_carry(config, tenant, thread)
             return "same"
         if override is None:
             route = self._route(thread, pinned)
         leases = self.saver.leases
         await leases.release(await leases.claim(tenant, thread, _mover()))
         if override is not None:
+            await self._afinish_carry(config, tenant, thread)
             entry = bundles.history_entry("override", at=at, old=pinned, new=self.bundle,
                                           by=override.by, reason=override.reason)  # fmt: skip
             await self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
@@ -280,21 +321,98 @@ class PinnedGraph:
         before = await self.graph.aget_state(config)
         log = call_log(self.saver)
         await log.setup()
-        held = await log.of_checkpoint(tenant, thread, _checkpoint_id(before))
-        for task in before.tasks:
-            if await log.nested(tenant, thread, f"{task.name}:{task.id}"):
-                raise _subgraph_in_flight(thread, pinned, self.bundle, task.name)
-        migrating = _migration_config(config, before)
-        for _, _, migrate in route:
+        held = await self._aheld(log, tenant, thread, await self._abehind(config, before), pinned)
+        for step_from, step_to, migrate in route:
             updates = migrate(dict((await self.graph.aget_state(config)).values))
             if updates:
-                await self.graph.aupdate_state(migrating, dict(updates))
+                step = _migration_config(config, before, f"{step_from}->{step_to}")
+                await self.graph.aupdate_state(step, dict(updates))
         after = await self.graph.aget_state(config)
-        await log.carry(tenant, thread, _carried(held, before, after))
+        await log.carry(tenant, thread, _carried(held, after))
         entry = bundles.history_entry("migrated", at=runs.now(), old=pinned, new=self.bundle,
                                       steps=[f"{a}->{b}" for a, b, _ in route])  # fmt: skip
         await self.pins.pin(tenant, thread, self.bundle, entry, expected=pinned.digest)
         return "migrated"
+
+    # --- the carry-over of recorded calls, crash-safe ------------------------------------
+    #
+    # A migration's state updates and the carry-over of the paused tasks' calls are
+    # separate transactions (LangGraph commits the updates; the new task ids exist only
+    # once they are). A process that dies between them leaves the thread at migration
+    # checkpoints (metadata MIGRATION_KEY) with no calls: the next prepare walks back
+    # from the thread's latest checkpoint through them to the checkpoints behind and
+    # carries those calls again (insert-once: a carry that was made changes nothing),
+    # whether it migrates again (a worker on the new bundle), runs the thread on its
+    # pin (the old bundle) or overrides it.
+
+    def _behind(self, config: Any, snapshot: Any) -> list[Any]:
+        """``snapshot`` and, while it is a migration's checkpoint, the ones behind it."""
+        chain = [snapshot]
+        for _ in range(MIGRATIONS_WALKED):
+            parent = _migrated_from(chain[-1])
+            if parent is None:
+                break
+            chain.append(self.graph.get_state(_at_checkpoint(config, parent)))
+        return chain
+
+    def _held(
+        self, log: Any, tenant: str, thread: str, chain: list[Any], pinned: Bundle | None = None
+    ) -> list[tuple[Any, list[Any]]]:
+        """The recorded calls of each checkpoint of ``chain``; with ``pinned`` (a
+        migration is about to run), refused when a due task made calls in a subgraph."""
+        held = []
+        for snapshot in chain:
+            for task in snapshot.tasks if pinned is not None else ():
+                if log.nested(tenant, thread, f"{task.name}:{task.id}"):
+                    raise _subgraph_in_flight(thread, cast(Bundle, pinned), self.bundle, task.name)
+            held.append((snapshot, log.of_checkpoint(tenant, thread, _checkpoint_id(snapshot))))
+        return held
+
+    def _finish_carry(self, config: Any, tenant: str, thread: str) -> None:
+        """Before a run that does not migrate: when the checkpoint it runs from is a
+        migration's (one read tells), carry the calls behind it over to it again."""
+        found = self.saver.get_tuple(config)
+        if found is None or _migrated_from(found) is None:
+            return
+        latest = self.graph.get_state(config)
+        log = call_log(self.saver)
+        log.setup()
+        held = self._held(log, tenant, thread, self._behind(config, latest))
+        log.carry(tenant, thread, _carried(held, latest))
+
+    async def _abehind(self, config: Any, snapshot: Any) -> list[Any]:
+        """:meth:`_behind` for an async saver."""
+        chain = [snapshot]
+        for _ in range(MIGRATIONS_WALKED):
+            parent = _migrated_from(chain[-1])
+            if parent is None:
+                break
+            chain.append(await self.graph.aget_state(_at_checkpoint(config, parent)))
+        return chain
+
+    async def _aheld(
+        self, log: Any, tenant: str, thread: str, chain: list[Any], pinned: Bundle | None = None
+    ) -> list[tuple[Any, list[Any]]]:
+        """:meth:`_held` for an async saver."""
+        held = []
+        for snapshot in chain:
+            for task in snapshot.tasks if pinned is not None else ():
+                if await log.nested(tenant, thread, f"{task.name}:{task.id}"):
+                    raise _subgraph_in_flight(thread, cast(Bundle, pinned), self.bundle, task.name)
+            docs = await log.of_checkpoint(tenant, thread, _checkpoint_id(snapshot))
+            held.append((snapshot, docs))
+        return held
+
+    async def _afinish_carry(self, config: Any, tenant: str, thread: str) -> None:
+        """:meth:`_finish_carry` for an async saver."""
+        found = await self.saver.aget_tuple(config)
+        if found is None or _migrated_from(found) is None:
+            return
+        latest = await self.graph.aget_state(config)
+        log = call_log(self.saver)
+        await log.setup()
+        held = await self._aheld(log, tenant, thread, await self._abehind(config, latest))
+        await log.carry(tenant, thread, _carried(held, latest))
 
     def history(self, config: Any) -> list[Any]:
         """The thread's pins, migrations and overrides, oldest first."""

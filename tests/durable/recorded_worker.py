@@ -26,7 +26,8 @@ fault point (the fault-point suite, ``test_fault_points.py``): ``node_start`` (F
 began), ``after_charge`` (F2: the bank call returned, before ``pay`` returned),
 ``put_writes_after`` (F3: the task's writes were handed to the saver, before the next
 ``put``), ``commit_start`` (F4: inside a transaction, ``commitTransaction`` about to be
-sent). ``--lease S``: the saver's lease (the zombie test pauses a worker past it).
+sent), ``carry_start`` (a bundle migration's state update committed, the carry-over of
+the paused task's recorded calls about to be written). ``--lease S``: the saver's lease (the zombie test pauses a worker past it).
 
 ``--hold-charge N``: this process's N-th bank request, once the money moved, waits until
 a file ``go`` exists in ``--dir`` (the zombie test pauses the worker there, whatever the
@@ -82,7 +83,7 @@ class State(TypedDict, total=False):
 
 #: seconds each fake call sleeps (``--pause``)
 PAUSE = [0.0]
-FAULT_POINTS = ("node_start", "after_charge", "put_writes_after", "commit_start")
+FAULT_POINTS = ("node_start", "after_charge", "put_writes_after", "commit_start", "carry_start")
 
 
 class KillSwitch:
@@ -280,6 +281,25 @@ class AsyncKillingSaver(AsyncAccordSaver):
         SWITCH.hit("put_writes_after")
 
 
+def _hook_carry() -> None:
+    """The ``carry_start`` fault point, at the start of both call logs' ``carry``."""
+    from accord.platform.asynchronous.call_log import AsyncCallLog
+    from accord.platform.synchronous.call_log import CallLog
+
+    sync_carry, async_carry = CallLog.carry, AsyncCallLog.carry
+
+    def carry(self: Any, *a: Any) -> None:
+        SWITCH.hit("carry_start")
+        sync_carry(self, *a)
+
+    async def acarry(self: Any, *a: Any) -> None:
+        SWITCH.hit("carry_start")
+        await async_carry(self, *a)
+
+    setattr(CallLog, "carry", carry)  # noqa: B010 (a fault point patched in)
+    setattr(AsyncCallLog, "carry", acarry)  # noqa: B010
+
+
 def run_sync(args: argparse.Namespace) -> dict[str, Any]:
     client: MongoClient[Any] = MongoClient(args.uri, event_listeners=_listeners(args))
     try:
@@ -330,6 +350,8 @@ def main(argv: list[str]) -> int:
     PAUSE[0] = args.pause
     global SWITCH
     SWITCH = KillSwitch(args.kill_at)
+    if SWITCH.point == "carry_start":
+        _hook_carry()
     try:
         state = run_sync(args) if args.saver == "sync" else asyncio.run(run_async(args))
     except AccordError as exc:

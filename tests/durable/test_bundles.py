@@ -258,3 +258,170 @@ def test_a_migration_under_a_paused_task_keeps_its_recorded_calls(
     assert len(docs) == 2 and {d["idempotency_key"] for d in docs if "carried_from" in d} == {
         d["_id"] for d in docs if "carried_from" not in d
     }
+
+
+class Crash(Exception):
+    """A process dying at a point of a migration (raised once by a patched step)."""
+
+
+V3 = Bundle("v3", code="code-3", prompts={"system": "Be brief."}, models={"chat": "model-c"})
+
+
+def _paying_graph(saver: Any, charges: list[int]) -> Any:
+    """``pay``: one recorded call (not idempotent), then ``interrupt()``."""
+
+    @recorded(name="fake.charge")
+    def charge(cents: int) -> str:
+        charges.append(cents)
+        return f"receipt-{len(charges)}"
+
+    def pay(state: State) -> State:
+        receipt = charge(500)
+        answer = interrupt("approve?")
+        return {"sent": f"{receipt} {answer} {state.get('greeting', '')} {state.get('name', '')}"}
+
+    g = StateGraph(State)
+    g.add_node("pay", pay)
+    g.add_edge(START, "pay")
+    g.add_edge("pay", END)
+    return g.compile(checkpointer=saver)
+
+
+def _chain() -> tuple[Migrations, list[int]]:
+    """v1 -> v2 -> v3, idempotent; the v2 -> v3 step raises Crash at its first call
+    when the returned list is given ``[1]``."""
+    migrations = Migrations()
+    fail_once: list[int] = []
+    migrations.register("v1", "v2")(lambda values: {"greeting": "migrated"})
+
+    def to_v3(values: dict[str, Any]) -> dict[str, Any]:
+        if fail_once:
+            fail_once.clear()
+            raise Crash("killed between two of the migration's state updates")
+        return {"name": "three"}
+
+    migrations.register("v2", "v3")(to_v3)
+    return migrations, fail_once
+
+
+def _crash_once(monkeypatch: pytest.MonkeyPatch, owner: Any, method: str, when: Any) -> None:
+    """Make ``owner.method`` raise Crash once, at its first call for which ``when(args)``."""
+    real = getattr(owner, method)
+    armed = [True]
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        if armed[0] and when(args, kwargs):
+            armed[0] = False
+            raise Crash(f"killed at {method}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, patched)
+
+
+@pytest.mark.parametrize("crash", ["carry", "between_updates", "pin"])
+@pytest.mark.parametrize("then", ["v3", "v1", "override"])
+def test_a_migration_killed_at_any_point_still_replays_the_paused_tasks_calls(
+    saver: Any,
+    client: MongoClient,
+    db_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    crash: str,
+    then: str,
+) -> None:
+    """The process dies during a migration under a task paused after a recorded call:
+    after its state update(s) and before the carry-over of the calls was committed
+    (``carry``), between two updates of a chained migration (``between_updates``), or
+    after the carry and before the pin moved (``pin``). Whatever runs the thread next (a
+    worker on the new bundle, which migrates again; one on the old bundle, still pinned;
+    an override), the call recorded before the migration is replayed, not made again
+    (before 2026-12-07, ``carry`` and ``between_updates`` charged twice)."""
+    from accord.platform.synchronous.bundle_pins import BundlePins
+    from accord.platform.synchronous.call_log import CallLog
+
+    charges: list[int] = []
+    graph = _paying_graph(saver, charges)
+    thread = f"crash-{crash}-{then}"
+    PinnedGraph(graph, V1).invoke({"name": "Gus"}, cfg(thread))
+    assert charges == [500]
+    migrations, fail_once = _chain()
+    if crash == "carry":
+        _crash_once(monkeypatch, CallLog, "carry", lambda a, k: True)
+    elif crash == "between_updates":
+        fail_once.append(1)
+    else:
+        _crash_once(monkeypatch, BundlePins, "pin",
+                    lambda a, k: a[4].get("kind") == "migrated")  # fmt: skip
+    with pytest.raises(Crash):
+        PinnedGraph(graph, V3, migrations=migrations).invoke(Command(resume="yes"), cfg(thread))
+    monkeypatch.undo()
+    assert charges == [500]
+    assert PinnedGraph(graph, V1).history(cfg(thread))[-1]["kind"] == "pinned"  # not moved
+
+    if then == "v3":
+        result = PinnedGraph(graph, V3, migrations=migrations).invoke(
+            Command(resume="yes"), cfg(thread)
+        )
+        assert result["sent"] == "receipt-1 yes migrated three"
+    elif then == "v1":  # still pinned to v1: its worker runs the (migrated) thread
+        result = PinnedGraph(graph, V1).invoke(Command(resume="yes"), cfg(thread))
+        assert result["sent"].startswith("receipt-1 yes migrated")
+    else:
+        result = PinnedGraph(graph, V3).invoke(
+            Command(resume="yes"), cfg(thread), override=Override("stuck", by="user:ops")
+        )
+        assert result["sent"].startswith("receipt-1 yes migrated")
+    assert charges == [500]  # replayed, never made again
+    docs = list(client[db_name]["accord_recorded_calls"].find({"name": "fake.charge"}))
+    original = [d for d in docs if "carried_from" not in d]
+    assert len(original) == 1
+    assert {d["idempotency_key"] for d in docs if "carried_from" in d} == {original[0]["_id"]}
+
+
+@pytest.mark.parametrize("then", ["v3", "v1"])
+def test_an_async_migration_killed_before_its_carry_still_replays(
+    mongo_uri: str, db_name: str, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """The same crash (after the updates, before the carry) with AsyncAccordSaver."""
+    from accord.platform.asynchronous.call_log import AsyncCallLog
+
+    charges: list[int] = []
+
+    @recorded(name="fake.charge")
+    async def charge(cents: int) -> str:
+        charges.append(cents)
+        return f"receipt-{len(charges)}"
+
+    async def pay(state: State) -> State:
+        receipt = await charge(500)
+        answer = interrupt("approve?")
+        return {"sent": f"{receipt} {answer} {state.get('greeting', '')}"}
+
+    async def scenario() -> None:
+        aclient: AsyncMongoClient[Any] = AsyncMongoClient(mongo_uri)
+        try:
+            async_saver = AsyncAccordSaver(aclient, db_name=db_name)
+            await async_saver.setup()
+            g = StateGraph(State)
+            g.add_node("pay", pay)
+            g.add_edge(START, "pay")
+            g.add_edge("pay", END)
+            graph = g.compile(checkpointer=async_saver)
+            await PinnedGraph(graph, V1).ainvoke({"name": "Hal"}, cfg("h"))
+            assert charges == [500]
+            migrations, _ = _chain()
+            _crash_once(monkeypatch, AsyncCallLog, "carry", lambda a, k: True)
+            with pytest.raises(Crash):
+                await PinnedGraph(graph, V3, migrations=migrations).ainvoke(
+                    Command(resume="yes"), cfg("h")
+                )
+            monkeypatch.undo()
+            bundle, extra = (V3, migrations) if then == "v3" else (V1, None)
+            result = await PinnedGraph(graph, bundle, migrations=extra).ainvoke(
+                Command(resume="yes"), cfg("h")
+            )
+            assert result["sent"] == "receipt-1 yes migrated"
+            assert charges == [500]
+        finally:
+            await aclient.close()
+
+    asyncio.run(scenario())

@@ -29,6 +29,8 @@ import pytest
 from bson import json_util
 from pymongo import MongoClient
 
+from accord.checkpointers import AccordSaver
+from accord.checkpointers.bundles import MIGRATION_KEY
 from accord.platform import calls
 
 pytestmark = pytest.mark.slow  # worker processes killed and restarted
@@ -194,6 +196,43 @@ def test_a_run_crashed_on_bundle_v1_is_refused_on_v2_and_resumes(
     pin = client[db_name]["runs"].find_one({"thread_id": f"pinned-b-{saver}"})
     assert pin is not None and pin["bundle"]["version"] == "v2"
     assert [e["kind"] for e in pin["bundle_history"]] == ["pinned", "migrated"]
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_a_worker_killed_between_a_migration_and_its_carry_charges_once(
+    mongo_uri: str, client: MongoClient, db_name: str, tmp_path: Path, saver: str
+) -> None:
+    """A run SIGKILLed on v1 after its bank call; a worker on v2 migrates the thread and
+    is SIGKILLed once the migration's state update committed, before the carry-over of
+    the paused task's calls was written (``carry_start``). The next worker on v2 migrates
+    again from the migration's checkpoint and carries the calls from behind it: the
+    model's decision and the bank's receipt are replayed, the bank is charged once
+    (before 2026-12-07 it was charged twice: the calls were not found under the task's
+    new id). Another thread, the same crash, then a worker on v1 (the pin had not moved):
+    charged once too."""
+    for thread, then in (("carry-v2", "v2"), ("carry-v1", "v1")):
+        name = f"{thread}-{saver}"
+        code, out, err = run_worker(mongo_uri, db_name, name, tmp_path, saver,
+                                    "--kill", "after_charge", "--bundle", "v1")  # fmt: skip
+        assert code == -9, (code, out, err)
+        code, out, err = run_worker(mongo_uri, db_name, name, tmp_path, saver, "--bundle", "v2",
+                                    "--migrate", "--kill-at", "carry_start:1")  # fmt: skip
+        assert code == -9, (code, out, err)
+        latest = AccordSaver(client, db_name=db_name).get_tuple(
+            {"configurable": {"thread_id": name}}
+        )  # the migration's update was committed before the kill
+        assert latest is not None and latest.metadata.get(MIGRATION_KEY) == "v1->v2"
+        pin = client[db_name]["runs"].find_one({"thread_id": name})
+        assert pin is not None and pin["bundle"]["version"] == "v1"  # the pin did not move
+        extra = ("--migrate",) if then == "v2" else ()
+        code, out, err = run_worker(mongo_uri, db_name, name, tmp_path, saver,
+                                    "--bundle", then, *extra)  # fmt: skip
+        assert code == 0, (out, err)
+        assert out is not None and out["state"]["confirmed"] and out["state"]["migrated"]
+        charges = [e for e in books(tmp_path / "bank.jsonl") if e["account"] == "acme"]
+        assert len(charges) == (1 if then == "v2" else 2), charges  # once per thread
+        assert len(books(tmp_path / "model.jsonl")) == len(charges)
+        assert client[db_name]["transfers"].count_documents({}) == len(charges)
 
 
 STEPS = 10

@@ -721,7 +721,7 @@ def test_a_run_whose_worker_died_right_after_migrating_its_thread_still_runs_its
     """A new turn on a thread pinned to v1, taken by a worker on v2: PinnedGraph migrates
     the thread (a state update: a new checkpoint) before LangGraph runs the input. The
     worker died there. The run's next worker must run its input, not take the
-    migration's checkpoint for the run's own progress (before 2026-12-08 it continued
+    migration's checkpoint for the run's own progress (before 2026-12-07 it continued
     from it with no input: the run ended `done` without its input ever running)."""
     first = queue.submit(STEPS, {"run": "first"}, thread_id="chat")
     assert work(app, STEPS, graph_object=_steps_on("v1")) == 1
@@ -767,7 +767,7 @@ def test_an_approval_survives_a_worker_that_died_right_after_migrating_the_threa
 ) -> None:
     """A run waiting in interrupt() on v1 is approved; a worker on v2 migrates its thread
     (a new checkpoint after the one it waited at) and dies before it resumed the graph.
-    The next worker must still resume it with the human's value (before 2026-12-08 it
+    The next worker must still resume it with the human's value (before 2026-12-07 it
     took the migration's checkpoint for "the resume was applied", ran the paused task
     with no value, and the run waited for a second approval)."""
     run = queue.submit(APPROVAL, {"run": "mig"})
@@ -793,7 +793,7 @@ def test_a_cancel_that_comes_during_the_last_step_does_not_call_a_finished_run_c
 ) -> None:  # fmt: skip
     """The cancel request is seen while the last step runs: there is no step boundary
     left to stop at, the graph ends and every write of it is committed. The run is done
-    with its result (before 2026-12-08 it was recorded `cancelled`, its result dropped:
+    with its result (before 2026-12-07 it was recorded `cancelled`, its result dropped:
     a caller resubmitting "the cancelled run" would have done it all twice)."""
     import threading
 
