@@ -37,6 +37,10 @@ DEFAULT_FIRST_BATCH = 101
 # Leave room for the reply envelope around the batch.
 BATCH_BYTES = MAX_BSON_SIZE - 64 * 1024
 CURSOR_TIMEOUT_S = 600.0
+# mongod's BSONObjMaxInternalSize: the largest document it builds (a result of a pipeline
+# or a projection included), 16 MB plus 16 KB of room; a larger one fails the command with
+# BSONObjectTooLarge (only stored documents are held to 16 MB).
+MAX_RESULT_SIZE = MAX_BSON_SIZE + 16 * 1024
 # ``Engine.released`` for one read (or None: the work stays under the lock).
 Release = Callable[[], AbstractContextManager[None]] | None
 
@@ -160,6 +164,11 @@ class CursorManager:
         try:
             with release() if release is not None else nullcontext():
                 batch = self._take(cursor, batch_size or None)
+        except EngineError:
+            # mongod kills a cursor whose getMore fails (a result too large).
+            if self.cursors.get(cursor_id) is cursor:
+                del self.cursors[cursor_id]
+            raise
         finally:
             cursor.pinned = False
         if self.cursors.get(cursor_id) is not cursor:
@@ -212,12 +221,37 @@ class CursorManager:
             elif not isinstance(doc, RawBSONDocument):
                 doc = RawBSONDocument(bson.encode(doc, codec_options=CODEC))
             doc_size = len(doc.raw)
+            if doc_size > MAX_RESULT_SIZE:
+                raise result_too_large(bytes(doc.raw))
             if batch and size + doc_size > BATCH_BYTES:
                 break
             batch.append(doc)
             size += doc_size
             cursor.pos += 1
         return batch
+
+
+def result_too_large(raw: bytes) -> EngineError:
+    """mongod's error for a result document over ``MAX_RESULT_SIZE`` (a ``$group`` that
+    ``$push``-ed too much, a ``$lookup`` that joined too much ...), instead of a reply no
+    driver should have to accept."""
+    size = len(raw)
+    first = ""
+    try:
+        name, value = next(iter(RawBSONDocument(raw).items()))
+        first = f" First element: {name}: {_short(value)}"
+    except Exception:  # noqa: BLE001, S110 (only for a message)
+        pass
+    return EngineError(
+        Code.BSONObjectTooLarge,
+        f"BSONObj size: {size} (0x{size:X}) is invalid. "
+        f"Size must be between 0 and {MAX_RESULT_SIZE}(16MB){first}",
+    )
+
+
+def _short(value: Any) -> str:
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _lsid_text(key: bytes | None) -> str:

@@ -30,6 +30,7 @@ class Code(IntEnum):
     TypeMismatch = 14
     ProtocolError = 17
     Overflow = 15
+    InvalidLength = 16
     AuthenticationFailed = 18
     IllegalOperation = 20
     LockTimeout = 24
@@ -121,9 +122,11 @@ class Code(IntEnum):
     Location15976 = 15976  # $sort: needs at least one key
     Location15981 = 15981  # $unwind: spec must be a string or an object
     Location16610 = 16610  # $mod: divisor is zero
+    Location16493 = 16493  # an expression made a string of 16 MB or more
     Location16764 = 16764  # a hashed index cannot be unique
     Location16410 = 16410  # field path references must be prefixed with '$' / not start with $
     Location17276 = 17276  # $$var use of an undefined variable
+    Location17420 = 17420  # an upsert would insert a document over 16 MB
     Location28809 = 28809  # $unwind: preserveNullAndEmptyArrays must be a boolean
     Location28810 = 28810  # $unwind: includeArrayIndex must be a non-empty string
     Location28811 = 28811  # $unwind: unrecognized option

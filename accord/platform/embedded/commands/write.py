@@ -118,16 +118,39 @@ def _check_depth(doc: Doc, data: bytes, *, updated: bool) -> None:
     raise EngineError(Code.Overflow, message)
 
 
-def _check_size(doc: Doc) -> bytes:
-    """``doc``'s BSON (what the commit stores), refused over MongoDB's 16 MB limit."""
+def _check_size(doc: Doc, write: str) -> bytes:
+    """``doc``'s BSON (what the commit stores), refused over MongoDB's 16 MB limit with the
+    error mongod gives for the ``write`` ("insert", "upsert" or "update"): an insert's
+    (fixDocumentForInsert), an upsert's (UpsertStage) or an update's (UpdateStage)."""
     data = encode(doc)
     size = len(data)
-    if size > MAX_BSON_SIZE:
+    if size <= MAX_BSON_SIZE:
+        return data
+    if write == "insert":
         raise EngineError(
-            Code.BSONObjectTooLarge,
-            f"BSONObj size: {size} is invalid. Size must be between 0 and 16793600(16MB)",
+            Code.BadValue,
+            f"object to insert too large. size in bytes: {size}, max size: {MAX_BSON_SIZE}",
         )
-    return data
+    if write == "upsert":
+        raise EngineError(Code.Location17420, f"Document to upsert is larger than {MAX_BSON_SIZE}")
+    raise EngineError(
+        Code.BSONObjectTooLarge, f"Resulting document after update is larger than {MAX_BSON_SIZE}"
+    )
+
+
+# mongod's write_ops::kMaxWriteBatchSize (the ``maxWriteBatchSize`` of ``hello``).
+MAX_WRITE_BATCH_SIZE = 100_000
+
+
+def check_batch_size(statements: list[Any]) -> None:
+    """A write command carries 1 to 100,000 statements (mongod's checkOpCountForCommand:
+    a driver splits larger batches, and mongod refuses an empty one)."""
+    if not 0 < len(statements) <= MAX_WRITE_BATCH_SIZE:
+        raise EngineError(
+            Code.InvalidLength,
+            f"Write batch sizes must be between 1 and {MAX_WRITE_BATCH_SIZE}. "
+            f"Got {len(statements)} operations.",
+        )
 
 
 def _validate(coll: Collection, doc: Doc, old: Doc | None, bypass: bool) -> None:
@@ -155,7 +178,7 @@ def insert_one(
 ) -> Doc:
     """Stage the insert of ``doc`` (``upsert``: made by an update, and refused as one)."""
     doc = prepare_new_doc(doc)
-    data = _check_size(doc)
+    data = _check_size(doc, "upsert" if upsert else "insert")
     _check_depth(doc, data, updated=upsert)
     _check_time_field(coll, doc)
     key = query.id_key(doc["_id"])
@@ -184,7 +207,7 @@ def replace_one(
             Code.ImmutableField,
             "Performing an update on the path '_id' would modify the immutable field '_id'",
         )
-    data = _check_size(new)
+    data = _check_size(new, "update")
     _check_depth(new, data, updated=True)
     _check_time_field(coll, new)
     _validate(coll, new, old, bypass)
@@ -203,6 +226,7 @@ def write_collection(ctx: Context, ns: str) -> Collection:
 def cmd_insert(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "insert"))
     docs = opt_list(cmd, "documents")
+    check_batch_size(docs)
     ordered = opt_bool(cmd, "ordered", True, strict=True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
@@ -305,6 +329,7 @@ def bind_update(upd: Any, let: Doc) -> Any:
 def cmd_update(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "update"))
     statements = opt_list(cmd, "updates")
+    check_batch_size(statements)
     ordered = opt_bool(cmd, "ordered", True, strict=True)
     bypass = opt_bool(cmd, "bypassDocumentValidation")
     coll = write_collection(ctx, ns)
@@ -342,6 +367,7 @@ def cmd_update(ctx: Context, cmd: Doc) -> Doc:
 def cmd_delete(ctx: Context, cmd: Doc) -> Doc:
     ns = writable_ns(ns_of(ctx, cmd, "delete"))
     statements = opt_list(cmd, "deletes")
+    check_batch_size(statements)
     ordered = opt_bool(cmd, "ordered", True, strict=True)
     coll = ctx.engine.get_collection(ns, ctx.txn)
     views.refuse_write(coll)
@@ -417,6 +443,7 @@ def cmd_bulk_write(ctx: Context, cmd: Doc) -> Doc:
     if ctx.db != "admin":
         raise EngineError(Code.Unauthorized, "bulkWrite may only be run against the admin database")
     ops = opt_list(cmd, "ops")
+    check_batch_size(ops)
     ns_info = opt_list(cmd, "nsInfo")
     ordered = opt_bool(cmd, "ordered", True, strict=True)
     errors_only = opt_bool(cmd, "errorsOnly")
