@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -315,22 +316,27 @@ def create_server(
 # -- stdio ---------------------------------------------------------------------------------------
 
 
-async def serve_stdio(server: MCPServer[Any]) -> None:
+async def serve_stdio(server: MCPServer[Any], stdin: AsyncIterable[bytes] | None = None) -> None:
     """Serve ``server`` over this process's stdin/stdout, as ``MCPServer.run("stdio")``
-    does, except that a line that is not a JSON-RPC message is answered with a JSON-RPC
-    error instead of being dropped (see the module docstring)."""
-    async with stdio_server() as (read_stream, write_stream):
+    does, except that every line is first read as strict JSON (:func:`read_message`) and a
+    line that is not a JSON-RPC message is answered with a JSON-RPC error instead of being
+    dropped (see the module docstring). ``stdin``: lines of bytes (default: this process's
+    standard input)."""
+    lines = stdin if stdin is not None else anyio.wrap_file(sys.stdin.buffer)
+    # The SDK's transport writes the answers; its reader gets no line (it would decode
+    # bytes that are not UTF-8 as U+FFFD and keep the last of a field given twice).
+    async with stdio_server(stdin=_NoLines()) as (_, write_stream):  # type: ignore[arg-type]
         relayed_in, relayed_out = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
         async def relay() -> None:
             async with relayed_in:
-                async for item in read_stream:
-                    if isinstance(item, Exception):
-                        answer = unreadable_message(item)
+                async for line in lines:
+                    answer, message = read_message(line)
+                    if answer is not None:
                         log.warning("answered an unreadable message: %s", answer.error.message)
                         await write_stream.send(SessionMessage(answer))
                     else:
-                        await relayed_in.send(item)
+                        await relayed_in.send(SessionMessage(message))
 
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(relay)
@@ -338,6 +344,35 @@ async def serve_stdio(server: MCPServer[Any]) -> None:
             lowlevel = server._lowlevel_server
             await lowlevel.run(relayed_out, write_stream, lowlevel.create_initialization_options())
             tasks.cancel_scope.cancel()
+
+
+class _NoLines:
+    """An input without lines, for the SDK's stdio reader (accord reads stdin itself)."""
+
+    def __aiter__(self) -> _NoLines:
+        return self
+
+    async def __anext__(self) -> str:
+        raise StopAsyncIteration
+
+
+def read_message(line: bytes | str) -> tuple[types.JSONRPCError | None, Any]:
+    """One line of the stdio transport: ``(None, message)``, or ``(error, None)`` to answer.
+    The line is read strictly first
+    (:func:`accord.memory.json_body.loads`, as HTTP bodies are): UTF-8, nested at most 36
+    levels, finite numbers, each field of an object once; the SDK's reader took the last
+    of a field given twice (a gateway that allows a call by its first ``name`` would let
+    another tool run), ``1e400`` as infinity and bytes that are not UTF-8 as U+FFFD. Those
+    are ``-32700`` parse errors with id null; then the SDK validates the message as its
+    reader does (:func:`unreadable_message` answers what it refuses)."""
+    try:
+        json_body.loads(line, field="message")
+    except validation.InvalidField as refused:
+        return _error(types.PARSE_ERROR, f"Parse error: {refused.reason}", None), None
+    try:
+        return None, types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception as exc:  # as the SDK's reader: any refusal is answered
+        return unreadable_message(exc), None
 
 
 def unreadable_message(exc: Exception) -> types.JSONRPCError:

@@ -249,6 +249,73 @@ def test_unreadable_lines_over_stdio_get_json_rpc_errors(mongo_uri: str, db_name
     assert init["id"] == 9 and init["result"]["serverInfo"]["name"] == "accord-memory"
 
 
+def test_stdio_reads_messages_strictly(mongo_uri: str, client: MongoClient, db_name: str) -> None:
+    """Every line, not only the ones the SDK cannot read, is read as strict JSON first
+    (docs/memory.md): a field name given twice (the SDK kept the last: a gateway that
+    allows ``get_memory`` by the first ``name`` let a ``delete_memory`` through, and a
+    second ``namespace`` chose where a memory was saved), a number beyond a double, and
+    bytes that are not UTF-8 (the SDK read them as U+FFFD and saved that) are parse
+    errors; nothing is done, and the server keeps serving."""
+    env = {**os.environ, "MONGODB_URI": mongo_uri, "ACCORD_DATABASE": db_name,
+           "ACCORD_EMBEDDING_DIMS": "32"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "accord.platform.cli", "mcp", "--tenant", "acme"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env)  # fmt: skip
+
+    def call(n: int, params: str) -> bytes:
+        return b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": %s}' % (
+            n,
+            params.encode(),
+        )
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    save = '{"name": "save_memory", "arguments": {"text": "kept", "key": "k", "namespace": ["a"]}}'
+    lines = [
+        json.dumps(init).encode(),
+        call(2, save),
+        call(
+            3,
+            '{"name": "get_memory", "arguments": {"namespace": ["a"], "key": "k"}, '
+            '"name": "delete_memory"}',
+        ),
+        call(
+            4,
+            '{"name": "save_memory", "arguments": {"text": "x", "key": "k2", '
+            '"namespace": ["a"], "namespace": ["b"]}}',
+        ),
+        call(5, '{"name": "search_memory", "arguments": {"query": "x", "limit": 1e400}}'),
+        call(6, '{"name": "save_memory", "arguments": {"text": "cafe", "key": "k3"}}').replace(
+            b"cafe", b"caf\xff"
+        ),
+        call(7, '{"name": "get_memory", "arguments": {"namespace": ["a"], "key": "k"}}'),
+    ]
+    notified = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
+    try:
+        answers = []
+        assert proc.stdin is not None and proc.stdout is not None
+        for i, line in enumerate(lines):
+            proc.stdin.write(line + b"\n")
+            proc.stdin.flush()
+            answers.append(json.loads(_read_line(proc)))  # type: ignore[arg-type]  # bytes
+            if i == 0:
+                proc.stdin.write(notified + b"\n")
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    _, saved, twice_name, twice_ns, huge, not_utf8, still = answers
+    assert saved["result"]["isError"] is False
+    for answer, why in ((twice_name, "given twice"), (twice_ns, "given twice"),
+                        (huge, "beyond"), (not_utf8, "UTF-8")):  # fmt: skip
+        assert answer["error"]["code"] == -32700, answer
+        assert why in answer["error"]["message"], answer
+    got = still["result"]["structuredContent"]
+    assert got.get("result", got)["key"] == "k", still  # not deleted
+    docs = client[db_name].long_term_memory
+    assert sorted(d["key"] for d in docs.find({}, {"key": 1})) == ["k"]
+
+
 def _read_line(proc: subprocess.Popen[str], timeout: float = 60) -> str:
     """One line of the server's stdout, or a failure after ``timeout`` seconds (a line
     that gets no answer would otherwise hang the test)."""
