@@ -27,6 +27,10 @@ INDEX_OPTIONS_CONFLICT = 85
 INDEX_KEY_SPECS_CONFLICT = 86
 #: The document to insert or update is larger than the 16 MiB BSON limit.
 BSON_OBJECT_TOO_LARGE = 10334
+#: mongod's other refusals of a document over 16 MiB: an update's result (17419), an
+#: upsert's document (17420); an insert's is ``BadValue`` (2, "object to insert too
+#: large"), told apart by its message (``write_errors.too_large``).
+DOCUMENT_TOO_LARGE_CODES = frozenset({BSON_OBJECT_TOO_LARGE, 17419, 17420})
 #: The document failed the collection's ``$jsonSchema`` validator.
 DOCUMENT_VALIDATION_FAILURE = 121
 #: An update operator was applied to a field of the wrong type (``$inc`` on a string).

@@ -86,6 +86,14 @@ def oversized(groups: Sequence[Group]) -> tuple[Group, int, int] | None:
     return None
 
 
+def too_large(code: Any, reason: str) -> bool:
+    """Whether a server's refusal says the document is over 16 MiB: mongod says so with
+    10334, 17419 or 17420, or, for an insert, with BadValue "object to insert too large"."""
+    if code in codes.DOCUMENT_TOO_LARGE_CODES:
+        return True
+    return code == codes.BAD_VALUE and "too large" in reason
+
+
 def refused(
     group: Group, index: int | None, info: Mapping[str, Any], cause: BaseException
 ) -> WriteRefused:
@@ -99,8 +107,9 @@ def refused(
             else "?"
         )
         what = f"duplicate key {shown}"
-    elif code == codes.BSON_OBJECT_TOO_LARGE:
+    elif too_large(code, reason):
         what = f"the document is over MongoDB's 16 MiB limit ({reason})"
+        code = codes.BSON_OBJECT_TOO_LARGE  # one code for every path mongod refuses it on
     elif code == codes.DOCUMENT_VALIDATION_FAILURE:
         what = "the document failed the collection's validation rules"
     else:

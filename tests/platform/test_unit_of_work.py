@@ -18,7 +18,7 @@ from accord.errors import (
     TransactionTimeout,
     WriteRefused,
 )
-from accord.platform import codes
+from accord.platform import codes, write_errors
 from accord.platform.plan import (
     Expect,
     Group,
@@ -235,6 +235,27 @@ def test_a_document_over_16_mib_is_refused_by_name(
     assert info.value.code == codes.BSON_OBJECT_TOO_LARGE
     assert "16 MiB" in str(info.value)
     assert client[db_name].small.count_documents({}) == 0
+
+
+@pytest.mark.parametrize(
+    ("code", "errmsg"),
+    [
+        (10334, "BSONObj size: 16777238 (0x1000016) is invalid."),
+        (2, "object to insert too large. size in bytes: 16777238, max size: 16777216"),
+        (10334, "Resulting document after update is larger than 16777216"),
+        (17419, "Resulting document after update is larger than 16777216"),
+        (17420, "Document to upsert is larger than 16777216"),
+    ],
+)
+def test_every_refusal_of_a_document_over_16_mib_reads_alike(code: int, errmsg: str) -> None:
+    """mongod refuses an oversized document with a different code per write path (an
+    insert's is BadValue): each is the same accord error, named as such."""
+    group = Group("cp", "db", "cps", "checkpoint", [Op("insert", doc={"_id": 1})])
+    err = write_errors.refused(group, 0, {"code": code, "errmsg": errmsg}, Exception(errmsg))
+    assert err.code == codes.BSON_OBJECT_TOO_LARGE
+    assert "16 MiB" in str(err) and errmsg in str(err)
+    other = write_errors.refused(group, 0, {"code": 2, "errmsg": "bad $set"}, Exception())
+    assert other.code == 2 and "16 MiB" not in str(other)
 
 
 def test_an_unreachable_server_fails_within_the_timeout(make_runner: Any) -> None:
