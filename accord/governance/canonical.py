@@ -60,7 +60,7 @@ fail verification, never pass it).
 takes that path too: it encodes the value as pymongo would store it and decodes it as a
 bulk read reads it (both in C), so the bytes are those of what is stored; a value BSON
 cannot carry (a non-string key, an integer beyond int64, a lone surrogate, an unknown
-type) goes through :func:`to_json`, which spells it or refuses it. About 1.7x faster on
+type) goes through :func:`to_json`, which spells it or refuses it. About 1.6x faster on
 a checkpoint's documents; ``tests/governance/test_canonical.py`` checks it against the
 reference path byte for byte on generated values of every type in the table.
 """

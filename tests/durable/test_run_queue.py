@@ -698,9 +698,9 @@ def test_a_worker_given_a_graph_object_for_its_name_says_where_it_goes(app: Acco
             Worker(graph, client=app.client, uow=app.uow, db=app.db_name)
 
 
-def _steps_on(version: str) -> Any:
-    """A worker's ``graph_object``: the steps graph on bundle ``version``, with a
-    migration v1 -> v2 (it counts the migration in the state)."""
+def _pinned_on(graph_name: str, version: str) -> Any:
+    """A worker's ``graph_object``: ``queue_graphs``' graph ``graph_name`` on bundle
+    ``version``, with a migration v1 -> v2 (it counts the migration in the state)."""
     from accord.checkpointers.bundles import PinnedGraph
     from accord.platform.bundles import Bundle, Migrations
     from tests.durable import queue_graphs
@@ -711,8 +711,13 @@ def _steps_on(version: str) -> Any:
     def bump(values: dict[str, Any]) -> dict[str, Any]:
         return {"n": values.get("n", 0) + 100}
 
-    return lambda saver: PinnedGraph(queue_graphs.steps.compile(checkpointer=saver),
+    graph = getattr(queue_graphs, graph_name)
+    return lambda saver: PinnedGraph(graph.compile(checkpointer=saver),
                                      Bundle(version, code=version), migrations=migrations)  # fmt: skip
+
+
+def _steps_on(version: str) -> Any:
+    return _pinned_on("steps", version)
 
 
 def test_a_run_whose_worker_died_right_after_migrating_its_thread_still_runs_its_input(
@@ -747,19 +752,7 @@ def test_a_run_whose_worker_died_right_after_migrating_its_thread_still_runs_its
 
 
 def _approval_on(version: str) -> Any:
-    """The approval graph on bundle ``version``, with a migration v1 -> v2."""
-    from accord.checkpointers.bundles import PinnedGraph
-    from accord.platform.bundles import Bundle, Migrations
-    from tests.durable import queue_graphs
-
-    migrations = Migrations()
-
-    @migrations.register("v1", "v2")
-    def bump(values: dict[str, Any]) -> dict[str, Any]:
-        return {"n": values.get("n", 0) + 100}
-
-    return lambda saver: PinnedGraph(queue_graphs.approval.compile(checkpointer=saver),
-                                     Bundle(version, code=version), migrations=migrations)  # fmt: skip
+    return _pinned_on("approval", version)
 
 
 def test_an_approval_survives_a_worker_that_died_right_after_migrating_the_thread(

@@ -19,7 +19,7 @@ from pymongo.errors import OperationFailure
 INTERNAL_ERROR = 1
 
 
-def _refused(db: Any, command: dict, **kwargs: Any) -> OperationFailure:
+def refused(db: Any, command: dict, **kwargs: Any) -> OperationFailure:
     """The error ``command`` gets; the engine stays up."""
     with pytest.raises(OperationFailure) as info:
         db.command(command, **kwargs)
@@ -60,12 +60,12 @@ def test_a_statement_failing_midway_aborts_its_transaction(client: MongoClient, 
 # -- cursors belong to their session ----------------------------------------------------------
 
 
-def test_get_more_in_another_session_is_refused(client: MongoClient, db) -> None:
+def test_get_more_in_another_session_isrefused(client: MongoClient, db) -> None:
     db.c.insert_many([{"_id": i} for i in range(5)])
     with client.start_session() as owner, client.start_session() as other:
         reply = db.command("find", "c", batchSize=1, session=owner)
         cursor_id = reply["cursor"]["id"]
-        error = _refused(db, {"getMore": cursor_id, "collection": "c"}, session=other)
+        error = refused(db, {"getMore": cursor_id, "collection": "c"}, session=other)
         assert error.code == 50738
         # The owner still reads it.
         more = db.command({"getMore": cursor_id, "collection": "c"}, session=owner)
@@ -81,16 +81,16 @@ def test_a_transactions_cursor_is_not_read_by_another_session(client: MongoClien
         db.c.insert_one({"_id": "uncommitted"}, session=owner)
         reply = db.command("find", "c", batchSize=1, session=owner)
         cursor_id = reply["cursor"]["id"]
-        error = _refused(db, {"getMore": cursor_id, "collection": "c"}, session=other)
+        error = refused(db, {"getMore": cursor_id, "collection": "c"}, session=other)
         assert error.code == 50738
         owner.abort_transaction()
     assert db.c.count_documents({}) == 3
 
 
 @pytest.mark.parametrize("bad", ["x", 1.5, None, {"id": 1}])
-def test_kill_cursors_with_ids_that_are_not_integers_is_refused(db, bad: Any) -> None:
+def test_kill_cursors_with_ids_that_are_not_integers_isrefused(db, bad: Any) -> None:
     db.c.insert_one({"_id": 1})
-    error = _refused(db, {"killCursors": "c", "cursors": [bad]})
+    error = refused(db, {"killCursors": "c", "cursors": [bad]})
     assert error.code == 14  # TypeMismatch
 
 
@@ -113,9 +113,9 @@ BIG = Int64(2**63 - 1)
 )
 def test_arithmetic_errors_in_expressions_are_clear_errors(db, expression: dict) -> None:
     db.c.insert_one({"_id": 1})
-    _refused(db, {"aggregate": "c", "pipeline": [{"$project": {"x": expression}}], "cursor": {}})
-    _refused(db, {"find": "c", "filter": {"$expr": {"$eq": [expression, 1]}}})
-    _refused(db, {"find": "c", "filter": {}, "let": {"v": expression}})
+    refused(db, {"aggregate": "c", "pipeline": [{"$project": {"x": expression}}], "cursor": {}})
+    refused(db, {"find": "c", "filter": {"$expr": {"$eq": [expression, 1]}}})
+    refused(db, {"find": "c", "filter": {}, "let": {"v": expression}})
     with pytest.raises(OperationFailure) as info:
         db.c.update_one({"_id": 1}, [{"$set": {"x": expression}}])
     assert info.value.code != INTERNAL_ERROR
@@ -125,7 +125,7 @@ def test_arithmetic_errors_in_expressions_are_clear_errors(db, expression: dict)
 def test_to_int_out_of_range_is_a_conversion_failure(db) -> None:
     db.c.insert_one({"_id": 1})
     pipeline = [{"$project": {"x": {"$toInt": "3000000000"}}}]
-    error = _refused(db, {"aggregate": "c", "pipeline": pipeline, "cursor": {}})
+    error = refused(db, {"aggregate": "c", "pipeline": pipeline, "cursor": {}})
     assert error.code == 241  # ConversionFailure
 
 
@@ -153,11 +153,11 @@ def test_long_arithmetic_that_overflows_becomes_a_double(db) -> None:
 
 
 @pytest.mark.parametrize("divisor", [float("inf"), float("-inf"), float("nan"), 1e300])
-def test_mod_with_a_divisor_no_integer_holds_is_refused(db, divisor: float) -> None:
+def test_mod_with_a_divisor_no_integer_holds_isrefused(db, divisor: float) -> None:
     db.c.insert_one({"_id": 1, "a": 4})
-    error = _refused(db, {"find": "c", "filter": {"a": {"$mod": [divisor, 0]}}})
+    error = refused(db, {"find": "c", "filter": {"a": {"$mod": [divisor, 0]}}})
     assert error.code == 2  # BadValue, as mongod
-    _refused(db, {"find": "c", "filter": {"a": {"$mod": [2, divisor]}}})
+    refused(db, {"find": "c", "filter": {"a": {"$mod": [2, divisor]}}})
 
 
 def test_mod_skips_stored_infinities(db) -> None:
@@ -172,7 +172,7 @@ def test_mod_skips_stored_infinities(db) -> None:
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1.5])
 def test_limit_and_skip_must_be_integers(db, stage: str, value: float) -> None:
     db.c.insert_one({"_id": 1})
-    _refused(db, {"aggregate": "c", "pipeline": [{stage: value}], "cursor": {}})
+    refused(db, {"aggregate": "c", "pipeline": [{stage: value}], "cursor": {}})
 
 
 @pytest.mark.parametrize(
@@ -192,21 +192,21 @@ def test_limit_and_skip_must_be_integers(db, stage: str, value: float) -> None:
     ],
     ids=lambda stage: repr(stage)[:60],
 )
-def test_stage_arguments_of_the_wrong_type_are_refused(db, stage: dict) -> None:
+def test_stage_arguments_of_the_wrong_type_arerefused(db, stage: dict) -> None:
     db.c.insert_one({"_id": 1, "a": 1, "arr": [1, 2]})
-    _refused(db, {"aggregate": "c", "pipeline": [stage], "cursor": {}})
+    refused(db, {"aggregate": "c", "pipeline": [stage], "cursor": {}})
     assert db.c.find_one({"_id": 1}) == {"_id": 1, "a": 1, "arr": [1, 2]}
 
 
 @pytest.mark.parametrize("target_db", ["local", "config", "admin"])
-def test_out_and_merge_to_internal_databases_are_refused(
+def test_out_and_merge_to_internal_databases_arerefused(
     client: MongoClient, db, target_db: str
 ) -> None:
     db.c.insert_one({"_id": 1})
     out = {"$out": {"db": target_db, "coll": "hostile_out"}}
-    error = _refused(db, {"aggregate": "c", "pipeline": [out], "cursor": {}})
+    error = refused(db, {"aggregate": "c", "pipeline": [out], "cursor": {}})
     assert error.code == 31321
     merge = {"$merge": {"into": {"db": target_db, "coll": "hostile_out"}}}
-    error = _refused(db, {"aggregate": "c", "pipeline": [merge], "cursor": {}})
+    error = refused(db, {"aggregate": "c", "pipeline": [merge], "cursor": {}})
     assert error.code == 31320
     assert "hostile_out" not in client[target_db].list_collection_names()

@@ -21,19 +21,9 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
+from tests.engine.test_hostile_commands import INTERNAL_ERROR
+from tests.engine.test_hostile_commands import refused as _refused
 from tests.engine.test_wire_fuzz import exchange, op_msg
-
-INTERNAL_ERROR = 1
-
-
-def _refused(db: Any, command: dict, **kwargs: Any) -> OperationFailure:
-    with pytest.raises(OperationFailure) as info:
-        db.command(command, **kwargs)
-    assert info.value.code != INTERNAL_ERROR, info.value.details
-    assert "internal error" not in str(info.value)
-    db.client.admin.command("ping")
-    return info.value
-
 
 # -- catalog commands that destroyed data -----------------------------------------------------
 
