@@ -200,6 +200,19 @@ def test_out_that_violates_the_target_index_leaves_it_unchanged(db) -> None:
     assert list(db["dst"].find()) == [{"_id": 0, "k": 0}]
 
 
+def test_a_failed_out_leaves_no_target_behind(db) -> None:
+    # mongod writes $out to a temporary collection and renames it at the end; before
+    # 2026-12-07 the engine left the target it had created, empty.
+    db["src"].insert_many([{"_id": 1, "k": 1}, {"_id": 2, "k": 1}])
+    pipeline = [{"$project": {"_id": "$k"}}, {"$out": "fresh"}]
+    with pytest.raises(OperationFailure) as info:
+        list(db["src"].aggregate(pipeline))
+    assert info.value.code == 11000
+    assert "fresh" not in db.list_collection_names()
+    list(db["src"].aggregate([{"$out": "fresh"}]))  # and the name is free for the next
+    assert db["fresh"].count_documents({}) == 2
+
+
 def test_merge_modes(db) -> None:
     db["src"].insert_many([{"_id": 1, "a": 10}, {"_id": 2, "a": 20}])
     db["dst"].insert_many([{"_id": 1, "a": 1, "b": 1}])

@@ -162,6 +162,20 @@ def test_create_existing_collection_is_namespace_exists(db) -> None:
     assert info.value.code == 48
 
 
+@pytest.mark.embedded_only
+@pytest.mark.parametrize("capped", [True, 1])
+def test_a_capped_collection_is_refused_by_the_engine(db, capped: object) -> None:
+    # The engine does not evict: before 2026-12-07 it created the collection, listed it as
+    # capped and let it grow without bound (docs/engine.md, "Not implemented").
+    with pytest.raises(OperationFailure) as info:
+        db.command("create", "ring", capped=capped, size=4096, max=10)
+    assert info.value.code == 115
+    assert "capped collections are not supported by the embedded engine" in str(info.value)
+    assert "ring" not in db.list_collection_names()
+    db.command("create", "plain", capped=False)  # an explicit false is a plain collection
+    assert "plain" in db.list_collection_names()
+
+
 def test_create_with_validator_options_are_listed(db) -> None:
     db.create_collection(
         "people", validator=SCHEMA, validationLevel="strict", validationAction="error"

@@ -144,3 +144,15 @@ def test_bulk_write_carries_1_to_100000_operations(client: MongoClient, db) -> N
     with pytest.raises(OperationFailure) as info:
         client.admin.command("bulkWrite", ops=[], nsInfo=[{"ns": f"{db.name}.c"}])
     assert info.value.code == 16
+
+
+def test_distinct_values_over_16mb_are_refused(client: MongoClient, db) -> None:
+    # mongod caps the values distinct gathers (17217); before, the engine built a reply
+    # of 20 MB.
+    db.c.insert_many([{"_id": i, "s": f"{i}" + "a" * (5 * MIB)} for i in range(4)])
+    with pytest.raises(OperationFailure) as info:
+        db.c.distinct("s")
+    assert info.value.code == 17217
+    assert "distinct too big, 16mb cap" in str(info.value)
+    assert len(db.c.distinct("s", {"_id": {"$lt": 3}})) == 3  # 15 MB: served
+    assert client.admin.command("ping")["ok"] == 1

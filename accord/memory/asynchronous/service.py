@@ -529,10 +529,13 @@ class AsyncMemoryService:
             literal.append(label)
         if literal:
             q["ns_prefixes"] = model.ns_path(literal)
-        found = {tuple(d["namespace"]) for d in await self._find(
-            self.memory_collection, LONG_TERM_MEMORY, q, "memory.list_namespaces",
-            projection={"namespace": 1})}  # fmt: skip
-        names = [ns for ns in found if model.namespace_matches(ns, prefix, suffix)]
+        # grouped by the server: one row per namespace, not one per memory of the tenant
+        found = await self.uow.aggregate(
+            self._context("memory.list_namespaces"), LONG_TERM_MEMORY, self.db_name,
+            self.memory_collection, [{"$match": q}, {"$group": {"_id": "$namespace"}}],
+        )  # fmt: skip
+        names = [tuple(d["_id"]) for d in found if isinstance(d["_id"], list)]
+        names = [ns for ns in names if model.namespace_matches(ns, prefix, suffix)]
         if max_depth is not None:
             names = list({ns[:max_depth] for ns in names})
         names.sort()

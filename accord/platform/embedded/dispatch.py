@@ -21,6 +21,7 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
+from accord.platform import logs
 from accord.platform.embedded import collation, commands, limits
 from accord.platform.embedded.auth import handshake
 from accord.platform.embedded.auth.catalog import AuthCatalog
@@ -295,7 +296,9 @@ class Dispatcher:
         except RecursionError:
             return EngineError(Code.BadValue, "document nested too deeply").to_reply()
         except Exception as exc:  # a bug must not kill the connection or the server
-            log.exception("internal error executing %r", next(iter(cmd), None))
+            logs.log_failure(
+                log, logging.ERROR, "internal error executing %r", next(iter(cmd), None), exc=exc
+            )
             return EngineError(
                 Code.InternalError, f"internal error: {type(exc).__name__}: {exc}"
             ).to_reply()

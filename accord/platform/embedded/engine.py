@@ -373,6 +373,9 @@ class Txn:
     # A read command's view: its queries may pause to let other commands run
     # (``Engine.read_pause``); never set for a command that writes.
     yields: bool = False
+    # An autocommitted write whose failure takes back the collections it created
+    # (``$out``/``$merge``: mongod leaves no target behind; an insert's stays).
+    drops_created_on_abort: bool = False
 
     def own(self, ns: str, key: bytes) -> tuple[bool, Doc | None]:
         w = self.writes.get(ns)
@@ -878,7 +881,7 @@ class Engine:
             coll = self.collections.get(ns)
             if coll is None or coll.pending_owner is not txn:
                 continue
-            if txn.explicit:
+            if txn.explicit or txn.drops_created_on_abort:
                 del self.collections[ns]  # created by the transaction: gone with it
             else:
                 # A write command's implicit creation outlives its failed write, as in mongod.

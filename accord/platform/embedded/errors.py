@@ -125,6 +125,7 @@ class Code(IntEnum):
     Location16493 = 16493  # an expression made a string of 16 MB or more
     Location16764 = 16764  # a hashed index cannot be unique
     Location16410 = 16410  # field path references must be prefixed with '$' / not start with $
+    Location17217 = 17217  # distinct: the values would exceed 16 MB
     Location17276 = 17276  # $$var use of an undefined variable
     Location17420 = 17420  # an upsert would insert a document over 16 MB
     Location28809 = 28809  # $unwind: preserveNullAndEmptyArrays must be a boolean

@@ -44,6 +44,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import collection as mm_collection
 from sentinels import NOTHING
 
+from accord.platform.embedded import arithmetic
 from accord.platform.embedded.bsonkey import InSet, sort_key
 from accord.platform.embedded.errors import Code, EngineError
 from accord.platform.embedded.limits import compile_pattern, regex_search
@@ -423,27 +424,31 @@ def _apply() -> None:
         return original_type(self, operator, values)
 
     def handle_arith(self: Any, operator: str, values: Any) -> Any:
-        if operator == "$add" and isinstance(values, list):
-            parsed = list(self.parse_many(values))
-            dates = [v for v in parsed if isinstance(v, dt.datetime)]
-            if dates:
-                if len(dates) > 1:
-                    raise OperationFailure("only one date allowed in an $add expression")
-                if any(v is None for v in parsed):
-                    return None
-                millis = sum(v for v in parsed if not isinstance(v, dt.datetime))
-                return dates[0] + dt.timedelta(milliseconds=millis)
-            if any(not isinstance(v, numbers.Number) and v is not None for v in parsed):
-                raise OperationFailure("$add only supports numeric or date types")
-            # from ``parsed``: handing ``values`` on parsed them again, at every level of
-            # a nested $add (2^depth evaluations: depth 17 froze the engine for 30 s)
-            if any(v is None for v in parsed):
-                return None
-            total = sum(parsed)
-            if isinstance(total, int) and not -(2**63) <= total < 2**63:
-                return float(total)  # mongod's long overflow becomes a double
-            return total
+        if operator == "$add":
+            # parsed once: handing ``values`` on parsed them again, at every level of a
+            # nested $add (2^depth evaluations: depth 17 froze the engine for 30 s)
+            values = values if isinstance(values, list) else [values]
+            return arithmetic.add([self._parse_or_none(v) for v in values])
+        if operator == "$multiply":
+            if not isinstance(values, list):
+                values = [values]
+            return arithmetic.multiply([self._parse_or_none(v) for v in values])
+        if operator in arithmetic.UNARY:
+            if operator == "$trunc" and isinstance(values, list) and len(values) == 2:
+                return original_arith(self, operator, values)  # $trunc to a place
+            (arg,) = arithmetic.arguments(operator, values, 1)
+            return arithmetic.unary(operator, self._parse_or_none(arg))
+        if operator in arithmetic.BINARY:
+            a, b = arithmetic.arguments(operator, values, 2)
+            return arithmetic.binary(operator, self._parse_or_none(a), self._parse_or_none(b))
         return original_arith(self, operator, values)
+
+    def parse_or_none(self: Any, expression: Any) -> Any:
+        """An operand's value; None for a missing field (arithmetic gives null)."""
+        try:
+            return self.parse(expression)
+        except KeyError:
+            return None
 
     def basic(self: Any, expression: Any) -> Any:
         if expression in ("$$NOW", "$$CLUSTER_TIME"):
@@ -499,6 +504,7 @@ def _apply() -> None:
     parser._handle_comparison_operator = handle_comparison  # type: ignore[method-assign]
     parser._handle_type_operator = handle_type  # type: ignore[method-assign]
     parser._handle_arithmetic_operator = handle_arith  # type: ignore[method-assign]
+    parser._parse_or_none = parse_or_none  # type: ignore[attr-defined]
     parser._parse_basic_expression = basic  # type: ignore[method-assign]
 
 

@@ -77,6 +77,7 @@ def cmd_create(ctx: Context, cmd: Doc) -> Doc:
                 Code.OperationNotSupportedInTransaction, "Cannot create a view in a transaction"
             )
     _check_validation_options(options)
+    _refuse_capped(options)
     if "collation" in options:
         default = collation.parse(options.pop("collation"))
         if default is not None:
@@ -193,6 +194,17 @@ def _check_layout_options(options: Doc) -> str | None:
             "expireAfterSeconds is only valid for time-series and clustered collections",
         )
     return None
+
+
+def _refuse_capped(options: Doc) -> None:
+    """A capped collection is refused: the engine would keep its options but never evict,
+    so a collection sized to stay small would grow without bound (docs/engine.md)."""
+    if opt_bool(options, "capped"):
+        raise EngineError(
+            Code.CommandNotSupported,
+            "capped collections are not supported by the embedded engine (their size and max "
+            "would not be enforced); use a TTL index, or a real MongoDB",
+        )
 
 
 def _check_validation_options(options: Doc) -> None:

@@ -2,7 +2,8 @@
 
 Both must be the last stage. The aggregate then runs as a write, in one autocommitted
 transaction (the dispatcher treats it like insert/update), so a failure part-way (a
-duplicate key, ``whenNotMatched: "fail"``) leaves the target as it was. Neither is
+duplicate key, ``whenNotMatched: "fail"``) leaves the target as it was, or absent if
+it did not exist. Neither is
 allowed inside a multi-document transaction, as in MongoDB.
 
 - ``$out: "coll"`` or ``{db, coll}`` replaces the target's documents with the results,
@@ -64,6 +65,8 @@ def _output_collection(ctx: Context, ns: str, stage: str) -> Collection:
     existing = ctx.engine.get_collection(ns)
     if existing is not None and existing.options.get("viewOn") is not None:
         raise EngineError(Code.CommandNotSupportedOnView, f"{stage} cannot write to the view {ns}")
+    # A failure leaves no target it created (mongod writes $out to a temporary collection).
+    ctx.txn.drops_created_on_abort = True
     return write_collection(ctx, ns)
 
 

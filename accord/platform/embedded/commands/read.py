@@ -51,6 +51,7 @@ from accord.platform.embedded.variables import (
     evaluate_let,
 )
 from accord.platform.embedded.versions import decode
+from accord.platform.embedded.wire import MAX_BSON_SIZE
 
 
 def find_hits(
@@ -311,13 +312,18 @@ def cmd_distinct(ctx: Context, cmd: Doc) -> Doc:
         raise type_mismatch("'key' must be a non-empty string")
     hits = find_hits(ctx, ns, opt_doc(cmd, "query")).hits
     seen: dict[bytes, Any] = {}
+    size = 0
     with ctx.engine.released(ctx.txn):
         for hit in hits:
             for value in query.path_values(hit.doc, key, empty_array_as_null=False):
                 if value is MISSING:
                     continue
                 dedupe = bson.encode({"": query.canonical(collation.key_values(value))})
-                seen.setdefault(dedupe, value)
+                if dedupe not in seen:
+                    seen[dedupe] = value
+                    size += len(bson.encode({"": value})) - 5  # the element, as in the array
+                    if size > MAX_BSON_SIZE:  # mongod caps the values, not the reply
+                        raise EngineError(Code.Location17217, "distinct too big, 16mb cap")
         values = query.sort_docs([{"v": v} for v in seen.values()], {"v": 1})
     return {"values": [d["v"] for d in values], "ok": 1.0}
 
