@@ -81,6 +81,9 @@ class AggregatorConfig:
         retention: days a done event is kept before the TTL index removes it.
         conflict_retries: times an event is decided again when its commit found the
             memories changed, before it is released for a later attempt.
+        hold_recheck: seconds a ``thread_deleted`` event waits, when a legal hold keeps
+            some of the thread's memories, before they are decided again (3600): they are
+            forgotten at the first recheck after the hold is released.
     """
 
     db_name: str = "accord"
@@ -96,6 +99,7 @@ class AggregatorConfig:
     poll_interval: float = 0.1
     retention: float = 7.0
     conflict_retries: int = 5
+    hold_recheck: float = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("db_name", "outbox", "messages", "heads"):
@@ -117,6 +121,7 @@ class AggregatorConfig:
             ("poll_interval", 0.0, 3_600.0),
             ("retention", 0.0, 36_500.0),
             ("failing_for", 0.0, 30 * 86_400.0),
+            ("hold_recheck", 1.0, 30 * 86_400.0),  # (0: a drain would never end)
         ):
             value = getattr(self, name)
             if (

@@ -117,6 +117,8 @@ VALIDATOR: dict[str, Any] = {
             "checkpoint_id": {"bsonType": "string"},
             "task_id": {"bsonType": "string"},
             "messages": {"bsonType": "array", "items": {"bsonType": "string"}},
+            # a thread_deleted event: memories a legal hold keeps it waiting for
+            "held_memories": {"bsonType": ["int", "long"], "minimum": 0},
         },
         # messages are a thread's: the keys of its short-term-memory documents
         "dependencies": {"messages": ["thread_id"]},
@@ -419,6 +421,35 @@ def complete_group(
     )
     return Group(
         "outbox:done",
+        db,
+        collection,
+        OUTBOX.name,
+        [op],
+        expect=Expect(matched=1, error=_lease_lost(event)),
+    )
+
+
+def defer_group(
+    db: str,
+    collection: str,
+    event: ClaimedEvent,
+    *,
+    until: datetime,
+    notes: Mapping[str, Any] | None = None,
+) -> Group:
+    """The group that gives ``event`` back, pending again from ``until``: its consumer did
+    what it could and must come back later (a legal hold keeps part of its work back).
+    Not a failure: its attempts start again from 0, so waiting never dead-letters it."""
+    op = Op(
+        "update",
+        _held(event),
+        {
+            "$set": {**(notes or {}), "status": PENDING, "available_at": until, "attempts": 0},
+            "$unset": {"owner": "", "lease_until": "", "claim_id": "", "failing_since": ""},
+        },
+    )
+    return Group(
+        "outbox:defer",
         db,
         collection,
         OUTBOX.name,

@@ -1,14 +1,16 @@
 """Forgetting a deleted thread leaves the long-term memories a legal hold covers
 (docs/governance.md, "Legal holds"; accord/memory/asynchronous/forgetting.py): a hold by
 class (``long_term_memory``, ``memory_history``, ``memory_vector``), by tenant, or by a
-subject the memory's namespace names. The event is done all the same (not retried, not
-dead-lettered), and unheld memories of the thread are forgotten as before. A hold placed
-between the forgetter's read and its commit is seen by governance's hold guard in the
-commit's transaction: the forgetter decides again and leaves the memory.
+subject the memory's namespace names. Unheld memories of the thread are forgotten as
+before; the event waits (pending again after ``hold_recheck``, never dead-lettered) and,
+once the hold is released, forgets what it kept. A hold placed between the forgetter's
+read and its commit is seen by governance's hold guard in the commit's transaction: the
+forgetter decides again and leaves the memory.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -17,8 +19,9 @@ from langgraph.graph import START, MessagesState, StateGraph
 from pymongo import MongoClient
 
 from accord import runtime
-from accord.governance.holding import place
+from accord.governance.holding import place, release
 from accord.governance.holds import Hold
+from accord.memory.aggregation import AggregatorConfig
 from accord.platform.context import Principal
 from accord.runtime import Accord
 
@@ -38,11 +41,21 @@ def _hold(client: MongoClient, db: str, hold: Hold) -> None:
     place(admin, db, hold, runtime.effective_policy(admin, db))
 
 
+def _release(client: MongoClient, db: str, hold: Hold) -> None:
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    release(admin, db, hold, runtime.effective_policy(admin, db))
+
+
+#: How long a thread_deleted event waits for a hold here (the default is an hour).
+RECHECK = 1.0
+
+
 def _setup(client: MongoClient, db: str, on_stage: Any = None) -> tuple[Any, Any]:
     acc = Accord(client=client, db_name=db)
     saver = acc.checkpointer()
     graph = _chat().compile(checkpointer=saver)
-    aggregator = acc.aggregator(on_stage=on_stage)
+    config = AggregatorConfig(db_name=db, hold_recheck=RECHECK)
+    aggregator = acc.aggregator(config, on_stage=on_stage)
     for thread, user, text in (
         ("a-1", "alice", "Remember that I am vegetarian."),
         ("b-1", "bob", "Remember that I live in Oslo."),
@@ -94,14 +107,33 @@ def test_forgetting_a_deleted_thread_leaves_held_memories(
     aggregator.drain()
     after = _texts(client, db.name)
     assert "I am vegetarian" in after, "a held memory was forgotten"
-    # the event is done: not retried forever, not dead-lettered
-    assert _events(client, db.name) == ["done"]
     if holds[0].kind == "subject":  # alice's memory is held; the thread's episode is not
         assert not any(t.startswith("Conversation a-1") for t in after)
         assert db.memory_vectors.count_documents({}) == vectors - 1
     else:
         assert after == before
         assert db.memory_vectors.count_documents({}) == vectors
+    # the event waits for the hold: pending again later, never dead-lettered
+    (event,) = db.outbox.find({"kind": "thread_deleted"})
+    assert event["status"] == "pending" and event["held_memories"] >= 1
+    time.sleep(RECHECK + 0.2)
+    aggregator.drain()  # decided again, still held: waits again, attempts from 0
+    (event,) = db.outbox.find({"kind": "thread_deleted"})
+    assert (event["status"], event["attempts"]) == ("pending", 0)
+    assert "I am vegetarian" in _texts(client, db.name)
+    # released: at the next recheck what the hold kept is forgotten, and the event done
+    for hold in holds:
+        _release(client, db.name, hold)
+    aggregator.drain()
+    assert "I am vegetarian" in _texts(client, db.name)  # (not before the recheck)
+    time.sleep(RECHECK + 0.2)
+    aggregator.drain()
+    final = _texts(client, db.name)
+    assert "I am vegetarian" not in final
+    assert not any(t.startswith("Conversation a-1") for t in final)
+    assert "I live in Oslo" in final
+    (event,) = db.outbox.find({"kind": "thread_deleted"})
+    assert (event["status"], event["held_memories"]) == ("done", 0)
 
 
 def test_unheld_memories_are_still_forgotten(client: MongoClient, db: Any) -> None:
@@ -130,4 +162,4 @@ def test_a_hold_placed_before_the_commit_is_seen_by_the_guard(client: MongoClien
     aggregator.drain()
     assert placed
     assert "I am vegetarian" in _texts(client, db.name)
-    assert _events(client, db.name) == ["done"]
+    assert _events(client, db.name) == ["pending"]  # waiting for the hold

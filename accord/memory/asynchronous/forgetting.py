@@ -18,10 +18,13 @@ or on a subject the memory's (or one of its history versions') ``subject_fields`
 (docs/governance.md, "Legal holds"). The holds are read with the memories; governance's
 hold guard reads them again in the commit's transaction and refuses (``LegalHoldError``)
 a plan that writes a memory a hold covers, one placed since the read: the event is then
-decided again with it. The event is then done: released later, the held memories stay.
+decided again with it. While a hold keeps some of the thread's memories the event is not
+done: it is given back, pending again after ``AggregatorConfig.hold_recheck`` seconds
+(``held_memories`` on it says how many wait), and decided again then; once the holds
+are released, the memories they kept are forgotten and the event is done. Until
+2026-12-07 the event was done at once and the held memories stayed after the release.
 
-So when the event is done nothing derived only from the thread is left (but what a hold
-keeps), and nothing can appear later from the thread's steps before its deletion. Guarantee: eventual, like the
+So when the event is done nothing derived only from the thread is left, and nothing can appear later from the thread's steps before its deletion. Guarantee: eventual, like the
 aggregation itself: ``delete_thread`` returns when the thread is deleted; its memories go
 when the aggregator processes the event (``accord memory status`` shows the backlog).
 
@@ -109,7 +112,7 @@ class AsyncThreadForgetter:
             )
         ]  # fmt: skip
         holds = await self._holds(tenant, thread_id)
-        decided = await self._decide(tenant, thread_id, holds)
+        decided, held = await self._decide(tenant, thread_id, holds)
         texts = {
             doc["_id"]: str(version["text"])
             for doc, version in decided.restore
@@ -131,9 +134,15 @@ class AsyncThreadForgetter:
             raise ExtractionError("a thread_deleted event without created_at cannot be applied")
         groups.append(forgetting.events_of_thread(db, box, tenant, thread_id, event.document,
                                                   event.created_at))  # fmt: skip
-        groups.append(
-            outbox.complete_group(db, box, event, retention=timedelta(days=self.config.retention))
-        )
+        if held:  # back when the holds may have been released: they are forgotten then
+            until = outbox.now() + timedelta(seconds=self.config.hold_recheck)
+            groups.append(outbox.defer_group(db, box, event, until=until,
+                                             notes={"held_memories": held}))  # fmt: skip
+        else:
+            notes = {"held_memories": 0} if event.document.get("held_memories") else None
+            groups.append(outbox.complete_group(
+                db, box, event, retention=timedelta(days=self.config.retention), notes=notes,
+            ))  # fmt: skip
         context = PlanContext(tenant, thread_id=thread_id, operation="memory.forget_thread")
         return Plan(context, groups), len(decided)
 
@@ -193,19 +202,22 @@ class AsyncThreadForgetter:
 
     async def _decide(
         self, tenant: str, thread_id: str, holds: dict[str, list[dict[str, Any]]] | None = None
-    ) -> forgetting.Forgetting:
+    ) -> tuple[forgetting.Forgetting, int]:
+        """What forgetting the thread changes, without the memories a hold covers; and
+        how many those are."""
         decided = await self._decide_all(tenant, thread_id)
         ids = [d["_id"] for d in decided.delete] + [d["_id"] for d, _ in decided.restore]
         held = await self._held(tenant, thread_id, sorted({*ids, *decided.prune}), holds or {})
         if not held:
-            return decided
-        log.info("thread %s deleted: %d memories derived from it are under a legal hold and "
-                 "stay as they are", thread_id, len(held))  # fmt: skip
+            return decided, 0
+        log.info("thread %s deleted: %d memories derived from it are under a legal hold; "
+                 "decided again in %g s", thread_id, len(held),
+                 self.config.hold_recheck)  # fmt: skip
         return forgetting.Forgetting(
             delete=[d for d in decided.delete if d["_id"] not in held],
             restore=[(d, v) for d, v in decided.restore if d["_id"] not in held],
             prune=[i for i in decided.prune if i not in held],
-        )
+        ), len(held)
 
     async def _decide_all(self, tenant: str, thread_id: str) -> forgetting.Forgetting:
         ctx = self._context(tenant, thread_id)
