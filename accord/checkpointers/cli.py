@@ -36,8 +36,9 @@ from rich.progress import (
 )
 
 from accord.checkpointers import schema
-from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name
+from accord.errors import AccordError, InvalidInputError
+from accord.platform.artifacts import RUN
+from accord.platform.cli_output import SafeConsole, database_name, server_uri
 
 if TYPE_CHECKING:
     from accord.platform.synchronous.leases import RunLeases
@@ -59,6 +60,82 @@ THREADS = typer.Option(
 )
 
 
+def _accords_collections() -> dict[str, str]:
+    """accord's own collections by their default names: collection name -> class."""
+    from accord.platform.artifacts import CLASSES
+
+    return {
+        c.default_collection: name
+        for name, c in CLASSES.items()
+        if c.default_collection and not c.tenant_writable
+    }
+
+
+def _collection_problem(value: str) -> str | None:
+    """Why ``value`` is no collection name MongoDB takes, or None."""
+    if not value or len(value.encode("utf-8", "surrogatepass")) > 255:
+        return "must be 1 to 255 bytes long"
+    if "$" in value or "\x00" in value:
+        return "may not hold '$' or NUL"
+    if value.startswith(("system.", ".")) or value.endswith("."):
+        return "may not start with 'system.' or '.', nor end with '.'"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    return None
+
+
+def not_accords(value: str) -> str:
+    """``migrate``'s --checkpoints/--writes check: a MongoDBSaver collection, never one of
+    accord's own (``--checkpoints accord_run_queue`` read the run queue as checkpoints and
+    recorded it as a migrated MongoDBSaver collection)."""
+    problem = _collection_problem(value)
+    if problem:
+        raise typer.BadParameter(f"{value!r} is not a collection name: it {problem}")
+    owner = _accords_collections().get(value)
+    if owner is not None:
+        raise typer.BadParameter(
+            f"{value!r} is accord's own {owner!r} collection, not MongoDBSaver's; nothing "
+            f"was read or written. Name MongoDBSaver's collection (its defaults: "
+            f"'checkpoints', 'checkpoint_writes')"
+        )
+    return value
+
+
+def runs_collection_name(value: str) -> str:
+    """``--runs-collection``'s check: a run registry, never another of accord's collections
+    (``threads release --runs-collection accord_policies`` wrote a lease document into the
+    policies)."""
+    problem = _collection_problem(value)
+    if problem:
+        raise typer.BadParameter(f"{value!r} is not a collection name: it {problem}")
+    owner = _accords_collections().get(value)
+    if owner is not None and owner != RUN.name:
+        raise typer.BadParameter(
+            f"{value!r} is accord's own {owner!r} collection, not a run registry; nothing "
+            f"was read or written. Name the registry (default {RUN.default_collection!r})"
+        )
+    return value
+
+
+def _registry_in_catalog(uow: Any, db: str, collection: str) -> None:
+    """Refuse ``collection`` when the database's catalog gives it to another class than the
+    run registry (an application may name accord's collections as it likes)."""
+    from accord.platform.artifacts import CATALOG, CATALOG_COLLECTION
+    from accord.platform.context import ReadContext
+
+    entry = uow.find_one(ReadContext("*", operation="threads.registry"), CATALOG.name, db,
+                         CATALOG_COLLECTION, {"_id": collection})  # fmt: skip
+    owner = entry.get("artifact") if entry else None
+    if owner is not None and owner != RUN.name:
+        raise InvalidInputError(
+            f"{db}.{collection} is accord's own {owner!r} collection (its catalog says so), "
+            f"not a run registry; nothing was read or written. Name the registry "
+            f"(--runs-collection, default {RUN.default_collection!r})"
+        )
+
+
 @checkpoints_app.command("migrate")
 def migrate(
     db: str = typer.Option(
@@ -68,14 +145,23 @@ def migrate(
         callback=database_name,
     ),
     to_db: str | None = typer.Option(
-        None, "--to-db", help="accord's database (default: the same as --db)."
+        None,
+        "--to-db",
+        help="accord's database (default: the same as --db).",
+        callback=database_name,
     ),
     tenant: str = typer.Option("default", "--tenant", help="Tenant of the migrated threads."),
     checkpoints: str = typer.Option(
-        "checkpoints", "--checkpoints", help="MongoDBSaver's checkpoint collection."
+        "checkpoints",
+        "--checkpoints",
+        help="MongoDBSaver's checkpoint collection.",
+        callback=not_accords,
     ),
     writes: str = typer.Option(
-        "checkpoint_writes", "--writes", help="MongoDBSaver's pending-writes collection."
+        "checkpoint_writes",
+        "--writes",
+        help="MongoDBSaver's pending-writes collection.",
+        callback=not_accords,
     ),
     thread: list[str] | None = THREADS,
     uri: str | None = URI,
@@ -92,7 +178,7 @@ def migrate(
     client: MongoClient[Any] | None = None
     try:
         # checked at once: an unreachable host or a bad URI is one line within seconds
-        client = connection.connect(uri, data_dir=dbpath)
+        client = connection.connect(server_uri(uri, dbpath))
         migration = MongoDBSaverMigration(
             client, db, target_db=to_db, tenant_id=tenant, checkpoint_collection_name=checkpoints,
             writes_collection_name=writes, threads=thread or None,
@@ -163,7 +249,10 @@ threads_app = typer.Typer(
 DB = typer.Option("accord", "--db", help="Database of the checkpointer.", callback=database_name)
 TENANT = typer.Option(schema.DEFAULT_TENANT, "--tenant", help="Tenant of the thread.")
 RUNS = typer.Option(
-    schema.CollectionNames().runs, "--runs-collection", help="The run registry's collection."
+    schema.CollectionNames().runs,
+    "--runs-collection",
+    help="The run registry's collection.",
+    callback=runs_collection_name,
 )
 
 
@@ -176,6 +265,11 @@ def _leases(db: str, runs_collection: str) -> tuple[Any, RunLeases]:
 
     client = connect()
     uow = runtime.kernel(client, principal=Principal.os_user())
+    try:
+        _registry_in_catalog(uow, db, runs_collection)
+    except AccordError:
+        client.close()
+        raise
     return client, RunLeases(uow, db, runs_collection)
 
 

@@ -21,7 +21,7 @@ import typer
 
 from accord.checkpointers import schema
 from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name
+from accord.platform.cli_output import SafeConsole, database_name, text
 
 runs_app = typer.Typer(
     help="Runs: the queue of runs (submit, ls, show, approve, reject, resume, cancel, fork) "
@@ -32,7 +32,11 @@ out = SafeConsole(soft_wrap=True)
 err_console = SafeConsole(stderr=True, soft_wrap=True)
 
 DB = typer.Option("accord", "--db", help="Database of the checkpointer.", callback=database_name)
-TENANT = typer.Option(schema.DEFAULT_TENANT, "--tenant", help="Tenant of the threads.")
+TENANT = typer.Option(
+    schema.DEFAULT_TENANT, "--tenant", help="Tenant of the threads.", callback=text
+)
+#: A run id argument (every text value is checked: ``text``).
+RUN_ID = typer.Argument(..., callback=text)
 
 
 def _log(db: str) -> tuple[Any, Any]:
@@ -51,7 +55,9 @@ def _log(db: str) -> tuple[Any, Any]:
 def list_calls(
     db: str = DB,
     tenant: str = TENANT,
-    thread: str | None = typer.Option(None, "--thread", help="Only this thread's calls."),
+    thread: str | None = typer.Option(
+        None, "--thread", help="Only this thread's calls.", callback=text
+    ),
     parked: bool = typer.Option(False, "--parked", help="Only calls parked for a human."),
 ) -> None:
     """The recorded calls whose effect is unknown (intent without result, raised, parked)."""
@@ -78,9 +84,9 @@ def list_calls(
 
 @runs_app.command("resolve")
 def resolve(
-    thread: str,
-    key: str,
-    result: str = typer.Option(..., "--result", help="The call's result, as JSON."),
+    thread: str = typer.Argument(..., callback=text),
+    key: str = typer.Argument(..., callback=text),
+    result: str = typer.Option(..., "--result", help="The call's result, as JSON.", callback=text),
     db: str = DB,
     tenant: str = TENANT,
 ) -> None:
@@ -91,11 +97,7 @@ def resolve(
 
     from accord.platform.context import Principal
 
-    try:
-        value = json.loads(result)
-    except json.JSONDecodeError as exc:
-        err_console.error(f"--result is not JSON ({exc}); nothing was written", prefix="")
-        raise typer.Exit(2) from None
+    value = _json(result, "--result")
     kind, data = JsonPlusSerializer().dumps_typed(value)
     try:
         client, log = _log(db)
@@ -128,14 +130,22 @@ def _queue(db: str) -> tuple[Any, Any]:
     return client, RunQueue(uow, db, codec=JsonPlusSerializer())
 
 
-def _json(text: str | None, option: str) -> Any:
-    if text is None:
+def _json(value: str | None, option: str) -> Any:
+    """``value`` parsed as JSON, else exit 2 naming ``option``."""
+    if value is None:
         return None
     try:
-        return json.loads(text)
+        parsed = json.loads(value)
+        # a "\ud800" escape decodes to a lone surrogate, which no store encodes
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
     except json.JSONDecodeError as exc:
-        err_console.error(f"{option} is not JSON ({exc}); nothing was written", prefix="")
-        raise typer.Exit(2) from None
+        problem = f"is not JSON ({exc})"
+    except UnicodeEncodeError:
+        problem = 'holds a lone surrogate (such as "\\ud800"): strings must be valid Unicode'
+    else:
+        return parsed
+    err_console.error(f"{option} {problem}; nothing was written", prefix="")
+    raise typer.Exit(2)
 
 
 def _on_queue(db: str, action: Any) -> Any:
@@ -154,6 +164,7 @@ def _on_queue(db: str, action: Any) -> Any:
 CREDENTIAL = typer.Option(
     None, "--credential",
     help="NAME=EXPIRY (ISO 8601 with a timezone): a token the run holds and when it expires.",
+    callback=text,
 )  # fmt: skip
 
 
@@ -186,17 +197,27 @@ def _line(run: Any) -> str:
 
 @runs_app.command("submit")
 def submit(
-    graph: str = typer.Argument(..., help="The graph, as module:attribute (what the worker runs)."),
-    input: str | None = typer.Option(None, "--input", help="The run's input, as JSON."),
-    thread: str | None = typer.Option(None, "--thread", help="Thread (default: a new one)."),
+    graph: str = typer.Argument(
+        ..., help="The graph, as module:attribute (what the worker runs).", callback=text
+    ),
+    input: str | None = typer.Option(
+        None, "--input", help="The run's input, as JSON.", callback=text
+    ),
+    thread: str | None = typer.Option(
+        None, "--thread", help="Thread (default: a new one).", callback=text
+    ),
     priority: int = typer.Option(0, "--priority", help="Higher runs first."),
-    key: str | None = typer.Option(None, "--key", help="Idempotency key: submitted once."),
+    key: str | None = typer.Option(
+        None, "--key", help="Idempotency key: submitted once.", callback=text
+    ),
     wait_timeout: float | None = typer.Option(
         None, "--wait-timeout", help="Seconds a wait in interrupt() may last."
     ),
-    on_timeout: str = typer.Option("fail", "--on-timeout", help="fail, cancel or resume."),
+    on_timeout: str = typer.Option(
+        "fail", "--on-timeout", help="fail, cancel or resume.", callback=text
+    ),
     timeout_value: str | None = typer.Option(
-        None, "--timeout-value", help="JSON value a resume on timeout gives."
+        None, "--timeout-value", help="JSON value a resume on timeout gives.", callback=text
     ),
     credential: list[str] | None = CREDENTIAL,
     db: str = DB,
@@ -218,8 +239,12 @@ def submit(
 
 @runs_app.command("ls")
 def list_runs(
-    status: str | None = typer.Option(None, "--status", help="Only runs with this status."),
-    thread: str | None = typer.Option(None, "--thread", help="Only this thread's runs."),
+    status: str | None = typer.Option(
+        None, "--status", help="Only runs with this status.", callback=text
+    ),
+    thread: str | None = typer.Option(
+        None, "--thread", help="Only this thread's runs.", callback=text
+    ),
     limit: int = typer.Option(100, "--limit", help="At most this many, newest first."),
     db: str = DB,
     tenant: str = TENANT,
@@ -235,7 +260,7 @@ def list_runs(
 
 
 @runs_app.command("show")
-def show(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
+def show(run_id: str = RUN_ID, db: str = DB, tenant: str = TENANT) -> None:
     """One run: status, owner, lease, what it waits for, its events, its result or error."""
     from bson import json_util
 
@@ -280,30 +305,36 @@ def _decide(run_id: str, value: str | None, db: str, tenant: str, decision: str)
     out.print(f"run {run_id} {decision} by {by}; queued for a worker", markup=False)
 
 
-VALUE = typer.Option(None, "--value", help="The value interrupt() returns, as JSON.")
+VALUE = typer.Option(None, "--value", help="The value interrupt() returns, as JSON.", callback=text)
 
 
 @runs_app.command("approve")
-def approve(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+def approve(
+    run_id: str = RUN_ID, value: str | None = VALUE, db: str = DB, tenant: str = TENANT
+) -> None:
     """Approve a waiting run: resumed with --value (default true)."""
     _decide(run_id, value, db, tenant, "approved")
 
 
 @runs_app.command("reject")
-def reject(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+def reject(
+    run_id: str = RUN_ID, value: str | None = VALUE, db: str = DB, tenant: str = TENANT
+) -> None:
     """Reject a waiting run: resumed with --value (default false)."""
     _decide(run_id, value, db, tenant, "rejected")
 
 
 @runs_app.command("resume")
-def resume(run_id: str, value: str | None = VALUE, db: str = DB, tenant: str = TENANT) -> None:
+def resume(
+    run_id: str = RUN_ID, value: str | None = VALUE, db: str = DB, tenant: str = TENANT
+) -> None:
     """Resume a waiting run with Command(resume=--value)."""
     _decide(run_id, value, db, tenant, "resumed")
 
 
 @runs_app.command("refresh")
 def refresh(
-    run_id: str,
+    run_id: str = RUN_ID,
     credential: list[str] | None = CREDENTIAL,
     db: str = DB,
     tenant: str = TENANT,
@@ -321,7 +352,7 @@ def refresh(
 
 
 @runs_app.command("cancel")
-def cancel(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
+def cancel(run_id: str = RUN_ID, db: str = DB, tenant: str = TENANT) -> None:
     """Cancel a run (a running one stops at its next step)."""
     from accord.platform.context import Principal
 
@@ -333,9 +364,11 @@ def cancel(run_id: str, db: str = DB, tenant: str = TENANT) -> None:
 
 @runs_app.command("fork")
 def fork(
-    run_id: str,
-    checkpoint: str | None = typer.Option(None, "--checkpoint", help="Default: the latest."),
-    thread: str | None = typer.Option(None, "--thread", help="The new thread's id."),
+    run_id: str = RUN_ID,
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="Default: the latest.", callback=text
+    ),
+    thread: str | None = typer.Option(None, "--thread", help="The new thread's id.", callback=text),
     db: str = DB,
     tenant: str = TENANT,
 ) -> None:
@@ -346,7 +379,9 @@ def fork(
 
 
 def worker_command(
-    graph: str = typer.Option(..., "--graph", help="The graph to serve, as module:attribute."),
+    graph: str = typer.Option(
+        ..., "--graph", help="The graph to serve, as module:attribute.", callback=text
+    ),
     concurrency: int = typer.Option(4, "--concurrency", help="Runs executed at once."),
     tenant_limit: int | None = typer.Option(
         None,

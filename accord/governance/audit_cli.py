@@ -33,7 +33,7 @@ from typing import Any
 import typer
 
 from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name
+from accord.platform.cli_output import SafeConsole, database_name, text
 
 audit_app = typer.Typer(
     help="The audit trail: verify its hash chains, digest, prove, export.",
@@ -63,7 +63,7 @@ PUBLIC_KEY = typer.Option(
     None, "--public-key", help="Require signatures by this public key (PEM, keygen's .pub)."
 )
 JSON_OUT = typer.Option(False, "--json", help="Print the report as JSON.")
-TENANT = typer.Option(None, "--tenant", help="Only this tenant's streams.")
+TENANT = typer.Option(None, "--tenant", help="Only this tenant's streams.", callback=text)
 KEY_PATH = typer.Argument(..., help="Where to write the private key.")
 DIGEST_OUT = typer.Option(
     None, "--out", help="Also write the digest (JSON) to this file, to keep outside; "
@@ -81,7 +81,9 @@ LIVE = typer.Option(False, "--live", help="Verify the database's chains (the def
 FROM = typer.Option(None, "--from", help="Digest A (a JSON file kept outside, or a digest number).")
 TO = typer.Option(None, "--to", help="Digest B, which must extend A.")
 PROOF = typer.Option(None, "--proof", help="Check this inclusion proof (JSON file).")
-EXPORT_TENANT = typer.Option(..., "--tenant", help="The tenant whose records to export.")
+EXPORT_TENANT = typer.Option(
+    ..., "--tenant", help="The tenant whose records to export.", callback=text
+)
 EXPORT_OUT = typer.Option(
     ..., "--out", help="The directory to write (new, or an unfinished export)."
 )
@@ -144,9 +146,32 @@ def _load_json(path: Path, what: str) -> dict[str, Any]:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise InvalidInputError(f"cannot read {what} {path}: {exc}") from None
+    except RecursionError:  # (a traceback before)
+        raise InvalidInputError(f"cannot read {what} {path}: nested too deep") from None
     if not isinstance(value, dict):
         raise InvalidInputError(f"{path} is not {what} (a JSON object)")
     return value
+
+
+def _load_digest(path: Path) -> dict[str, Any]:
+    """The digest kept outside in ``path``: a JSON object whose ``seq`` is a digest
+    number and whose ``hash`` is text, else a clear error (exit 2); a seq past int64
+    reached the database's query as an OverflowError traceback."""
+    from accord.errors import InvalidInputError
+
+    doc = _load_json(path, "a digest")
+    seq = doc.get("seq")
+    if (
+        isinstance(seq, bool)
+        or not isinstance(seq, int)
+        or not 1 <= seq <= MAX_DIGEST
+        or not isinstance(doc.get("hash"), str)
+    ):  # (a KeyError traceback before)
+        raise InvalidInputError(
+            f"{path} is not an audit digest: it needs seq (1 to {MAX_DIGEST}) and hash, as "
+            f"`accord audit digest` writes them"
+        )
+    return doc
 
 
 def _digest_arg(uow: Any, db: str, value: str) -> Mapping[str, Any]:
@@ -156,18 +181,7 @@ def _digest_arg(uow: Any, db: str, value: str) -> Mapping[str, Any]:
 
     path = Path(value)
     if path.exists():
-        doc = _load_json(path, "a digest")
-        if (
-            not isinstance(doc, Mapping)
-            or isinstance(doc.get("seq"), bool)
-            or not isinstance(doc.get("seq"), int)
-            or not isinstance(doc.get("hash"), str)
-        ):  # (a KeyError traceback before)
-            raise InvalidInputError(
-                f"{path} is not an audit digest: it needs seq and hash, as `accord audit "
-                f"digest` writes them"
-            )
-        return doc
+        return _load_digest(path)
     seq = _digest_number(value)
     if seq is None:
         raise InvalidInputError(f"{value!r} is neither a digest file nor a digest number")
@@ -320,7 +334,7 @@ def verify(
 
     try:
         pinned = load_public(public_key) if public_key is not None else None
-        kept = _load_json(digest_file, "a digest") if digest_file is not None else None
+        kept = _load_digest(digest_file) if digest_file is not None else None
     except AccordError as exc:
         raise _fail(exc) from exc
     if proof is not None:

@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name, print_whole, whole
+from accord.platform.cli_output import SafeConsole, database_name, print_whole, text, whole
 
 governance_app = typer.Typer(
     help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
@@ -213,8 +213,14 @@ def apply_command(
 
 
 KIND = typer.Option(..., "--by", help="What the hold names: tenant, thread, subject or class.")
-TENANT = typer.Option(None, "--tenant", help="The tenant (of a thread; optional for a subject).")
-REASON = typer.Option("", "--reason", help="Why (a case number): kept with the hold.")
+# text refused at the command line when it is not UTF-8 (cli_output.text): before, pymongo's
+# UnicodeEncodeError came after the command had connected
+HELD = typer.Argument(..., help="What the hold names (a tenant, thread, subject or class).",
+                      callback=text)  # fmt: skip
+TENANT = typer.Option(None, "--tenant", help="The tenant (of a thread; optional for a subject).",
+                      callback=text)  # fmt: skip
+REASON = typer.Option("", "--reason", help="Why (a case number): kept with the hold.",
+                      callback=text)  # fmt: skip
 
 
 def _kernel(uri: str | None) -> Any:
@@ -244,7 +250,7 @@ def _hold(kind: str, value: str, tenant: str | None, reason: str = "") -> Any:
 
 @governance_app.command("hold")
 def hold_command(
-    value: str, by: str = KIND, tenant: str | None = TENANT, reason: str = REASON,
+    value: str = HELD, by: str = KIND, tenant: str | None = TENANT, reason: str = REASON,
     db: str = DB, uri: str | None = URI,
 ) -> None:  # fmt: skip
     """Place a legal hold: what it names stops expiring and is not swept or erased."""
@@ -272,7 +278,7 @@ def hold_command(
 
 @governance_app.command("release")
 def release_command(
-    value: str, by: str = KIND, tenant: str | None = TENANT, db: str = DB,
+    value: str = HELD, by: str = KIND, tenant: str | None = TENANT, db: str = DB,
     uri: str | None = URI,
 ) -> None:  # fmt: skip
     """Release a legal hold: what no other hold covers expires again as the policy says."""
@@ -367,12 +373,15 @@ def sweep_command(
 YES = typer.Option(False, "--yes", help="Do not ask for confirmation.")
 NO_COMPACT = typer.Option(False, "--no-compact", help="Do not compact the storage afterwards.")
 OUT = typer.Option(..., "--out", help="A new (or empty) directory to write to.")
-SUBJECT_TENANT = typer.Option(None, "--tenant", help="Only this tenant's data of the subject.")
+SUBJECT_TENANT = typer.Option(None, "--tenant", help="Only this tenant's data of the subject.",
+                              callback=text)  # fmt: skip
+SUBJECT = typer.Argument(..., help="The data subject's identifier.", callback=text)
+SHREDDED = typer.Argument(..., help="The tenant whose keys to destroy.", callback=text)
 
 
 @governance_app.command("export-subject")
 def export_subject_command(
-    subject: str,
+    subject: str = SUBJECT,
     out: Path = OUT,
     tenant: str | None = SUBJECT_TENANT, db: str = DB, uri: str | None = URI,
 ) -> None:  # fmt: skip
@@ -397,7 +406,7 @@ def export_subject_command(
 
 @governance_app.command("erase")
 def erase_command(
-    subject: str,
+    subject: str = SUBJECT,
     tenant: str | None = SUBJECT_TENANT, db: str = DB, uri: str | None = URI,
     yes: bool = YES,
     no_compact: bool = NO_COMPACT,
@@ -425,7 +434,7 @@ def erase_command(
 
 @governance_app.command("shred-tenant")
 def shred_tenant_command(
-    tenant: str, db: str = DB, uri: str | None = URI, yes: bool = YES,
+    tenant: str = SHREDDED, db: str = DB, uri: str | None = URI, yes: bool = YES,
 ) -> None:  # fmt: skip
     """Destroy every data key of a tenant (crypto-shredding): its encrypted payloads become
     unreadable in the database and in every backup and export, unless a legal hold covers

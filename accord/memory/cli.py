@@ -25,13 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
-from accord.platform.cli_output import SafeConsole, database_name, print_whole, whole
+from accord.platform.cli_output import (
+    SafeConsole,
+    database_name,
+    print_whole,
+    server_uri,
+    text,
+    whole,
+)
 from accord.platform.settings import EnvironmentSettings
 
 memory_app = typer.Typer(
@@ -60,7 +67,7 @@ DBPATH = typer.Option(
 DB = typer.Option(
     None, "--db", help="Database (default: ACCORD_DATABASE or 'accord').", callback=database_name
 )
-EVENT_IDS = typer.Argument(None, help="Dead events to retry.")
+EVENT_IDS = typer.Argument(None, help="Dead events to retry.", callback=text)
 KEYS_FILE = typer.Option(
     None, "--keys-file", help="API keys (default: ACCORD_API_KEYS_FILE / ACCORD_API_KEYS)."
 )
@@ -77,12 +84,22 @@ def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str,
     from accord.platform import connection
     from accord.platform.settings import Settings
 
-    return connection.resolve_uri(uri, dbpath), db or Settings().database
+    return connection.resolve_uri(server_uri(uri, dbpath)), db or Settings().database
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    console.print(f"[red]error:[/red] {escape(_one_line(exc))}", highlight=False)
     return typer.Exit(2)
+
+
+def _one_line(exc: Exception) -> str:
+    """``exc`` as one line: pydantic's are four per problem, with a web address."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or exc.title}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+    return str(exc)
 
 
 def extractor_from(spec: str) -> Any:
@@ -131,7 +148,7 @@ def worker(
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
     db: str | None = DB,
-    extractor: str = typer.Option("rules", help="rules | llm:<provider:model>"),
+    extractor: str = typer.Option("rules", help="rules | llm:<provider:model>", callback=text),
     lease: float = typer.Option(60.0, min=0.1, help="Seconds an event stays claimed."),
     max_attempts: int = typer.Option(5, min=1, help="Claims before an event is dead."),
     threshold: float = typer.Option(0.85, min=0.01, max=1.0, help="Merge similarity."),
@@ -180,7 +197,7 @@ def status(
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
     db: str | None = DB,
-    tenant: str | None = typer.Option(None, help="Only this tenant's events."),
+    tenant: str | None = typer.Option(None, help="Only this tenant's events.", callback=text),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Backlog (pending, claimed, dead) and lag (step commit -> memories committed)."""
@@ -251,6 +268,12 @@ def requeue(
 
     if not event_ids and not all_dead:
         raise _fail(ConfigurationError("name the events to requeue, or pass --all-dead"))
+    if event_ids and all_dead:  # (the ids were ignored: every dead event was requeued)
+        raise _fail(
+            ConfigurationError(
+                "name the events to requeue or pass --all-dead, not both; nothing was requeued"
+            )
+        )
     try:
         app, database = _root(uri, dbpath, db)
         result = app.uow.execute(
@@ -264,8 +287,10 @@ def requeue(
 
 @memory_app.command("api-key")
 def api_key(
-    tenant: str = typer.Option(..., help="The tenant the key may read and write."),
-    name: str = typer.Option(..., help="Who uses the key (shown in logs and audit)."),
+    tenant: str = typer.Option(..., help="The tenant the key may read and write.", callback=text),
+    name: str = typer.Option(
+        ..., help="Who uses the key (shown in logs and audit).", callback=text
+    ),
     read_only: bool = typer.Option(False, "--read-only", help="Only read."),
     keys_file: Path | None = ADD_TO_KEYS_FILE,
     expires_in_days: float | None = typer.Option(
@@ -350,7 +375,9 @@ def serve(
 
 
 def mcp(
-    tenant: str | None = typer.Option(None, help="The tenant (default: ACCORD_MCP_TENANT)."),
+    tenant: str | None = typer.Option(
+        None, help="The tenant (default: ACCORD_MCP_TENANT).", callback=text
+    ),
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
     db: str | None = DB,

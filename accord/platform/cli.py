@@ -6,9 +6,11 @@ show every flag, ``--help`` included, as taking a ``<bool>`` value.
 
 from __future__ import annotations
 
+import logging
 import math
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -17,9 +19,32 @@ from accord.errors import AccordError
 from accord.platform import connection
 from accord.platform.cli_output import SafeConsole
 from accord.platform.embedded.discovery import DEFAULT_PORT
+from accord.platform.logs import describe
 from accord.platform.settings import Settings
 
-app = typer.Typer(
+logger = logging.getLogger("accord.cli")
+
+
+class _App(typer.Typer):
+    """The ``accord`` app: an exception no command turned into a message is one line on
+    stderr and exit 1, its traceback at DEBUG (``accord --debug``). Before, rich printed a
+    traceback of 40 lines (``MONGODB_URI=mongodb://h:99999 accord runs ls``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:  # SystemExit (click's exits, typer.Exit) passes
+            err_console.error(
+                f"{describe(exc)} (accord did not expect this; what the command did before "
+                f"it is not known: check before retrying; `accord --debug ...` shows the "
+                f"traceback)"
+            )
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("traceback of the failed command", exc_info=exc)
+            raise SystemExit(1) from None
+
+
+app = _App(
     help="accord: transactional state and memory for LangGraph agents on MongoDB.",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -47,8 +72,14 @@ def main(
     show_version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Log accord's DEBUG lines on stderr, tracebacks included."
+    ),
 ) -> None:
     """accord: transactional state and memory for LangGraph agents on MongoDB."""
+    if debug:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("accord").setLevel(logging.DEBUG)
 
 
 DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
@@ -59,6 +90,24 @@ def _positive(value: float) -> float:
     if not math.isfinite(value) or value <= 0 or value > 86_400:
         raise typer.BadParameter(
             f"must be a number of seconds above 0 and at most a day, got {value}"
+        )
+    return value
+
+
+def _window(value: float) -> float:
+    # (inf passed `min=0`: every snapshot read at a cluster time then failed with the
+    # engine's internal OverflowError; NaN was refused as "below 0")
+    if not math.isfinite(value) or value < 0 or value > 86_400:
+        raise typer.BadParameter(f"must be a number of seconds from 0 to a day, got {value}")
+    return value
+
+
+def _host(value: str) -> str:
+    # ('' bound every interface, 0.0.0.0, and printed the URI 'mongodb://:PORT')
+    if not value.strip() or value != value.strip():
+        raise typer.BadParameter(
+            f"{value!r} is no address; give a host name or IP (127.0.0.1 for this machine "
+            f"only, 0.0.0.0 for every interface)"
         )
     return value
 
@@ -75,7 +124,7 @@ def engine_start(
         "so that a local mongod and the engine never collide.",
     ),
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."
+        "127.0.0.1", "--host", callback=_host, help="Address to bind; 127.0.0.1 unless you mean it."
     ),
     foreground: bool = typer.Option(
         False, "--foreground", help="Run in this terminal until Ctrl-C."
@@ -93,7 +142,7 @@ def engine_start(
     snapshot_history_window: float = typer.Option(
         300.0,
         "--snapshot-history-window",
-        min=0.0,
+        callback=_window,
         help="Seconds of history kept for snapshot reads at a past cluster time "
         "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
     ),

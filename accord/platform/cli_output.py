@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -22,6 +23,8 @@ from rich.errors import MarkupError
 from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
+
+from accord.errors import ConfigurationError
 
 
 class SafeConsole(Console):
@@ -83,3 +86,51 @@ def database_name(value: str | None) -> str | None:
             f'/ \\ . space " $ or NUL)'
         )
     return value
+
+
+def _surrogate_at(value: str) -> int | None:
+    """Where ``value`` holds a lone surrogate (what Python makes of command-line bytes that
+    are not UTF-8), or None."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def text(value: Any) -> Any:
+    """Typer callback of a text argument or option (or a repeatable one): refuse a value
+    MongoDB cannot store, exit 2 naming it. Bytes that are not UTF-8 on the command line
+    became lone surrogates, and pymongo's ``UnicodeEncodeError`` traceback came after the
+    command had connected (``accord runs ls --thread $'\\xff'``)."""
+    for item in value if isinstance(value, list | tuple) else [value]:
+        if not isinstance(item, str):
+            continue
+        at = _surrogate_at(item)
+        if at is not None:
+            raise typer.BadParameter(
+                f"{item!r} is not valid UTF-8 (a byte that is not UTF-8 at character {at}); "
+                f"pass the value in UTF-8"
+            )
+    return value
+
+
+def server_uri(uri: str | None, dbpath: Path | None) -> str | None:
+    """The server a command's ``--uri`` / ``--dbpath`` name, for ``connection.connect``
+    or ``resolve_uri``: a flag wins over ``MONGODB_URI`` (before, ``--dbpath`` was
+    ignored while ``MONGODB_URI`` was set: the command ran on another server); None when
+    neither is given. Both at once, or an empty ``--uri``, is a ConfigurationError."""
+    from accord.platform import connection
+
+    if uri is not None and not uri.strip():
+        raise ConfigurationError("--uri is empty; give a MongoDB URI, or leave the option out")
+    if uri is not None and dbpath is not None:
+        raise ConfigurationError(
+            "--uri and --dbpath name two servers (a MongoDB, the embedded engine of a data "
+            "directory); give one of them; nothing was done"
+        )
+    if dbpath is not None:
+        return connection.ensure_engine(dbpath)
+    return uri
