@@ -154,7 +154,8 @@ class EncryptionHook:
         self.master = master
         self.cache_seconds = cache_seconds
         self._lock = threading.Lock()
-        self._by_scope: dict[tuple[str, str], tuple[str, bytes, float]] = {}
+        #: (db, key _id) -> (kid, key, read at, the subjects a thread's key names)
+        self._by_scope: dict[tuple[str, str], tuple[str, bytes, float, frozenset[Any]]] = {}
         self._by_kid: dict[tuple[str, str], tuple[bytes, float]] = {}
         #: per group (by id, checked by a weak reference): encrypted op id -> (encrypted
         #: op, the plan's op), so a retried attempt starts again from the plaintext
@@ -275,23 +276,33 @@ class EncryptionHook:
                 db = name[len("encryption:") :]
                 for d in docs:
                     key = master.unwrap(d)
+                    names = frozenset(_subject_values(d.get("subjects")))
                     with self._lock:
-                        self._by_scope[db, str(d["_id"])] = (str(d["kid"]), key, now)
+                        self._by_scope[db, str(d["_id"])] = (str(d["kid"]), key, now, names)
                         self._by_kid[db, str(d["kid"])] = (key, now)
         created: dict[str, dict[str, Op]] = {}
         fresh: dict[tuple[str, str], tuple[str, bytes]] = {}
+        named = self._thread_subjects(batch)
+        naming: dict[str, dict[str, set[Any]]] = {}  # db -> key _id -> subjects to add
 
         def key_for(db: str, scope: Scope) -> tuple[str, bytes]:
             key_id = master.key_id(scope.parts())
+            subjects = named.get((db, scope.tenant_id, str(scope.thread_id)), set())
+            if scope.kind != "thread":
+                subjects = set()
             if (db, key_id) in fresh:
                 return fresh[db, key_id]
             with self._lock:
                 hit = self._by_scope.get((db, key_id))
             if hit is not None and self._fresh(hit[2]):
+                if subjects - hit[3]:
+                    naming.setdefault(db, {}).setdefault(key_id, set()).update(subjects - hit[3])
                 return hit[0], hit[1]
             kid, key = new_data_key()  # not cached: cached once read back, committed
             doc = scope.document(key_id, kid, master.wrap(kid, scope.tenant_id, key),
                                  master.fingerprint)  # fmt: skip
+            if subjects:
+                doc["subjects"] = _sorted(subjects)
             created.setdefault(db, {})[key_id] = insert_once(doc)
             fresh[db, key_id] = (kid, key)
             return kid, key
@@ -308,7 +319,7 @@ class EncryptionHook:
             group.ops[:] = sealed
             with self._lock:
                 self._plain[id(group)] = (weakref.ref(group), done)
-        return [
+        groups = [
             Group(
                 f"encryption:keys:{db}",
                 db,
@@ -319,6 +330,40 @@ class EncryptionHook:
             )  # fmt: skip
             for db, ops in sorted(created.items())
         ]
+        for db, by_key in sorted(naming.items()):
+            with self._lock:  # read back (committed) by the next batch, not assumed
+                for key_id in by_key:
+                    self._by_scope.pop((db, key_id), None)
+            ops = [Op("update", {"_id": key_id}, {"$addToSet": {"subjects": {"$each": _sorted(v)}}})
+                   for key_id, v in sorted(by_key.items())]  # fmt: skip
+            groups.append(Group(f"encryption:subjects:{db}", db,
+                                keys_collection(self.policy_of(db)), ENCRYPTION_KEY.name, ops))  # fmt: skip
+        return groups
+
+    def _thread_subjects(self, batch: SealBatch) -> dict[tuple[str, str, str], set[Any]]:
+        """(db, tenant, thread) -> the subject values the batch's writes of thread-scoped
+        classes name (a checkpoint's ``meta.user_id``): recorded on the thread's data key,
+        so that erasing the subject destroys it even once the thread is deleted (no
+        document finds it then, and a backup of the thread would still decrypt)."""
+        out: dict[tuple[str, str, str], set[Any]] = {}
+        for plan, group in batch.groups():
+            registered = CLASSES.get(group.artifact)
+            if registered is None or not registered.thread_scoped:
+                continue
+            cls = self.policy_of(group.db).of(group.artifact, group.collection)
+            if cls is None or not cls.subject_fields:
+                continue
+            for op in group.ops:
+                written = _written(op)
+                if written is None:
+                    continue
+                tenant = str(written.get("tenant_id") or plan.context.tenant_id)
+                thread = written.get("thread_id") or plan.context.thread_id
+                values = {v for path in cls.subject_fields
+                          for v in _subject_values(_get(written, path))}  # fmt: skip
+                if thread and values:
+                    out.setdefault((group.db, tenant, str(thread)), set()).update(values)
+        return out
 
     # --- decode: decrypt --------------------------------------------------------------
 
@@ -405,6 +450,38 @@ class EncryptionHook:
         with self._lock:
             self._by_scope.clear()
             self._by_kid.clear()
+
+
+def _subject_values(value: Any) -> list[Any]:
+    """The identifiers a subject field's value holds (a string or an integer, or a list
+    of them), as a key document records them."""
+    items = value if isinstance(value, list) else [value]
+    return [v for v in items if isinstance(v, str | int) and not isinstance(v, bool) and v != ""]
+
+
+def _sorted(values: set[Any]) -> list[Any]:
+    return sorted(values, key=lambda v: (type(v).__name__, v))
+
+
+def _written(op: Op) -> Mapping[str, Any] | None:
+    """The fields an op writes (an insert's or a replacement's document, an update's
+    ``$set``/``$setOnInsert`` expanded, with the filter's ``tenant_id``/``thread_id``),
+    or None (a delete, a pipeline update)."""
+    doc = op.doc
+    if op.kind in ("delete", "delete_many") or not isinstance(doc, Mapping):
+        return None
+    if op.kind in ("insert", "replace"):
+        return doc
+    expanded: dict[str, Any] = {}
+    for name in ("$set", "$setOnInsert"):
+        body = doc.get(name)
+        for k, v in body.items() if isinstance(body, Mapping) else ():
+            expanded = _set(expanded, k, v)
+    filt = op.filter or {}
+    for k in ("tenant_id", "thread_id"):
+        if k not in expanded and isinstance(filt.get(k), str):
+            expanded[k] = filt[k]
+    return expanded
 
 
 def _raced(counts: Counts) -> SealConflict:

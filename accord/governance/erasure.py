@@ -54,6 +54,7 @@ from accord.governance.subjects import (
     THREAD_CLASSES,
     SubjectData,
     find_subject,
+    same_subject,
     subject_hash,
 )
 from accord.platform.artifacts import (
@@ -115,7 +116,7 @@ def covering_holds(holds: Iterable[Hold], found: SubjectData) -> list[Hold]:
     out = []
     for hold in holds:
         if hold.kind == "subject":
-            hit = hold.value == found.subject and (
+            hit = same_subject(hold.value, found.subject) and (
                 hold.tenant_id is None or found.tenant_id in (None, hold.tenant_id)
             )
         elif hold.kind == "tenant":
@@ -232,6 +233,27 @@ def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport
                     progress(name, len(batch))
 
 
+def _field_text(name: str, value: Any) -> str:
+    """``"name":value`` as an image's canonical JSON writes a field."""
+    return f"{canonical(name).decode()}:{canonical(value).decode()}"
+
+
+def _mention(found: SubjectData) -> str:
+    """A regular expression matching the canonical JSON of an image that holds the
+    subject as a whole value: any of its strings (quoted, escaped), and a numeric
+    identifier as the value of a subject field (``"user_id":42``; a bare number is too
+    common to erase every record that holds it)."""
+    texts = [v for v in found.values or (found.subject,) if isinstance(v, str)]
+    either = [re.escape(canonical(v).decode()) for v in texts]
+    numbers = [v for v in found.values if isinstance(v, int)]
+    for number in numbers:
+        spelled = re.escape(canonical(number).decode())
+        long = re.escape(canonical({"$numberLong": str(number)}).decode())
+        for leaf in sorted(found.leaves):
+            either.append(f"{re.escape(canonical(leaf).decode())}:(?:{spelled}|{long})[,}}\\]]")
+    return "|".join(either)
+
+
 def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str = RECORDS,
                         progress: Progress | None = None, of_found: bool = True,
                         mentions: bool = True) -> int:  # fmt: skip
@@ -253,16 +275,23 @@ def redact_audit_images(uow: Any, db: str, found: SubjectData, *, records: str =
         # the identifier as a whole string value, as the images' canonical JSON writes it
         # (quoted and escaped): subjects are found by equality, and a substring erased
         # "u-42"'s records for "u-4" (and every record for "e"), and missed "CORP\\alice"
-        mention = {"$regex": re.escape(canonical(found.subject).decode())}
+        mention = {"$regex": _mention(found)}
         naming: dict[str, Any] = {
             "$or": [{f"images.{name}": mention} for name in ("filter", "change", "image")]
             # and the erasures' own records, whose filters list ids that may hold the
             # identifier inside them ("order-u-7-1")
             + [{"action": ERASE_OPERATION}]
         }
-        if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs,
-            # accord's own work across tenants (outbox and run-queue claims) is not
-            naming["tenant_id"] = {"$in": [found.tenant_id, "*"]}
+        if found.tenant_id is not None:  # a tenant's erasure: other tenants' are theirs;
+            # of accord's own work across tenants (outbox and run-queue claims, tenant "*")
+            # the records of this tenant's documents, whose images name it (another
+            # tenant's claims of the same identifier's events are that tenant's evidence)
+            theirs = {"$regex": re.escape(_field_text("tenant_id", found.tenant_id))}
+            naming = {"$and": [naming, {"$or": [
+                {"tenant_id": found.tenant_id},
+                {"tenant_id": "*", "$or": [{f"images.{name}": theirs}
+                                           for name in ("filter", "change", "image")]},
+            ]}]}  # fmt: skip
         either.append(naming)
     at = datetime.now(UTC)
     return sum(erase_images(uow, db, records, part, at, progress) for part in either)

@@ -21,10 +21,11 @@ whole). Records written after the covering digest wait for the next one: take a 
     and Parquet: the columns of :data:`COLUMNS` for people and tools, and ``record``,
     the same JSON, which is what the verifier hashes (and each column must agree with).
 ``digests.json``
-    every digest up to the covering one (they link); the covering one and each that
-    moved one of the tenant's heads with the tenant's stream heads at it and the audit
-    path of the tenant's root in the digest's tree: enough to recompute the digest's
-    root from the export alone (the others carry ``heads: null``).
+    every digest up to the covering one (they link), each with the audit path of the
+    tenant's root in the digest's tree; the covering one and each that moved one of the
+    tenant's heads with the tenant's stream heads at it: enough to recompute every
+    digest's root from the export alone (the others carry ``heads: null``: theirs are
+    the last listed ones).
 ``manifest.json``
     counts, per stream its seq range, ``prev`` of its first record and its last hash,
     every file's SHA-256 and size, the covering digest, the generator and time;
@@ -67,9 +68,11 @@ from accord.governance.digests import (
     DIGEST_HEADS,
     DIGESTS,
     Head,
-    HeadTree,
     external,
+    tenant_leaf,
+    tenant_root_from,
 )
+from accord.governance.merkle import inclusion_path
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
 from accord.platform.context import AUDITOR, Principal, ReadContext
 
@@ -279,15 +282,66 @@ def _iso(when: datetime) -> str:
     return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+class _Heads:
+    """Every stream's head, digest after digest, and the top tree's leaf of each tenant
+    kept up to date (:mod:`~accord.governance.digests`' two levels): a tenant's root is
+    recomputed when one of its heads moves, the tenant's audit path when a tenant's leaf
+    changed, so a digest that moved nothing costs nothing and one that moved another
+    tenant costs a path over the tenants, not a tree over every stream."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, dict[str, Head]] = {}  # tenant -> stream -> head
+        self._leaves: dict[str, bytes] = {}  # tenant -> its leaf in the top tree
+        self._moved: set[str] = set()  # tenants whose leaf is stale
+        self._paths: dict[str, tuple[int, int, list[str]]] = {}  # tenant -> its path
+
+    def move(self, stream: str, head: Head) -> None:
+        self.streams.setdefault(head.tenant, {})[stream] = head
+        self._moved.add(head.tenant)
+
+    def listed(self, tenant: str) -> list[list[Any]]:
+        """``tenant``'s heads as an export lists them: [stream, seq, hash], by stream."""
+        heads = self.streams.get(tenant, {})
+        return [[s, heads[s].seq, heads[s].hash] for s in sorted(heads)]
+
+    def tenant_path(self, tenant: str) -> tuple[int, int, list[str]] | None:
+        """(index, size, path) of ``tenant``'s leaf in the top tree, as
+        :meth:`~accord.governance.digests.HeadTree.tenant_path`; None when it has no
+        stream yet."""
+        for moved in self._moved:
+            heads = self.listed(moved)
+            root = tenant_root_from([(s, seq, h) for s, seq, h in heads])
+            self._leaves[moved] = tenant_leaf(moved, root, len(heads))
+        if self._moved:
+            self._moved.clear()
+            self._paths.clear()
+        if tenant not in self._leaves:
+            return None
+        if tenant not in self._paths:
+            tenants = sorted(self._leaves)
+            index = tenants.index(tenant)
+            path = inclusion_path(index, [self._leaves[t] for t in tenants])
+            self._paths[tenant] = (index, len(tenants), [p.hex() for p in path])
+        return self._paths[tenant]
+
+    @property
+    def tenants(self) -> int:
+        return len(self.streams)
+
+
 def digest_entries(uow: Any, db: str, tenant: str, upto: int) -> list[dict[str, Any]]:
-    """Every digest 1..``upto``, each with ``tenant``'s heads at it and its tenant path."""
+    """Every digest 1..``upto``, each with ``tenant``'s audit path in its tree, and with
+    the tenant's heads at it when it moved one of them (or is the last): a digest that
+    left them alone lists none (``heads: null``; they are the last listed ones, which
+    its path proves: a tree over every stream per digest would cost the export O(digests
+    x streams) hashes)."""
     stored = {
         int(d["seq"]): d
         for d in uow.find(
             _reader("*"), AUDIT_DIGEST.name, db, DIGESTS, {"_id": {"$lte": upto}}, sort=[("_id", 1)]
         )  # fmt: skip
     }
-    state: dict[str, Head] = {}
+    state = _Heads()
     entries: list[dict[str, Any]] = []
     changes = uow.iterate(
         _reader("*"), AUDIT_DIGEST.name, db, DIGEST_HEADS, {"digest": {"$lte": upto}},
@@ -297,30 +351,23 @@ def digest_entries(uow: Any, db: str, tenant: str, upto: int) -> list[dict[str, 
     for n in range(1, upto + 1):
         moved = False  # whether this digest moved one of the tenant's heads
         while pending is not None and int(pending["digest"]) == n:
-            state[pending["stream"]] = Head(pending["tenant_id"], int(pending["seq"]),
-                                            pending["hash"])  # fmt: skip
+            state.move(pending["stream"], Head(pending["tenant_id"], int(pending["seq"]),
+                                               pending["hash"]))  # fmt: skip
             moved = moved or pending["tenant_id"] == tenant
             pending = next(changes, None)
         if n not in stored:
             continue  # a gap: the verifier names it (the digests must link)
         entry: dict[str, Any] = {"digest": external(stored[n]), "tenant": tenant}
-        if not moved and n != upto:
-            # the tenant's heads are an earlier entry's: the digest is here for its link
-            # only (a tree over every stream per digest would cost the export O(digests x
-            # streams) hashes)
-            entry.update(tenant_index=None, tenants=None, tenant_path=None, heads=None)
-            entries.append(entry)
-            continue
-        tree = HeadTree(state)
-        if tenant in tree.streams_of:
-            index, size, path = tree.tenant_path(tenant)
-            entry.update(
-                tenant_index=index, tenants=size, tenant_path=path,
-                heads=[[s, tree.heads[s].seq, tree.heads[s].hash]
-                       for s in tree.streams_of[tenant]],
-            )  # fmt: skip
+        listing = moved or n == upto
+        where = state.tenant_path(tenant)
+        if where is not None:
+            index, size, path = where
+            entry.update(tenant_index=index, tenants=size, tenant_path=path,
+                         heads=state.listed(tenant) if listing else None)  # fmt: skip
+        elif listing:  # the tenant has no stream yet
+            entry.update(tenant_index=None, tenants=state.tenants, tenant_path=[], heads=[])
         else:
-            entry.update(tenant_index=None, tenants=len(tree.tenants), tenant_path=[], heads=[])
+            entry.update(tenant_index=None, tenants=None, tenant_path=None, heads=None)
         entries.append(entry)
     return entries
 

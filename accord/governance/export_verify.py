@@ -6,8 +6,10 @@
    file's SHA-256 and size against the manifest;
 2. the digests: each hashes to its ``hash``, is signed (when signed; by the pinned key),
    links to the previous one, and the tenant's stream heads it lists rebuild, through
-   the tenant's audit path, the digest's Merkle root; the digest kept outside the
-   export (``kept``), when given, must be the export's digest of its number;
+   the tenant's audit path, the digest's Merkle root (an entry that lists none, its
+   heads not having moved, rebuilds it from the last listed ones); the digest kept
+   outside the export (``kept``), when given, must be the export's digest of its number,
+   and its entry must prove the tenant's heads at it (later digests may be forged);
 3. every record, in file order, stream by stream
    (:class:`~accord.governance.verify.ChainChecker`): its ``seq`` follows, its ``prev``
    is the previous record's ``hash``, it hashes to its ``hash``, its images hash to the
@@ -20,8 +22,9 @@
 Before its chain, each record must be the manifest tenant's (its ``tenant_id`` and its
 stream's name; the digest entries' ``tenant`` too), and its line the record's canonical
 JSON byte for byte (a duplicate key is another text); a stream met again after another
-is a break; the covering digest must carry the tenant's heads; unknown versions of the
-manifest or of a digest are refused. A record, line or file of a shape no export writes
+is a break; no two records share an ``_id`` (an ObjectId); the covering digest must
+carry the tenant's heads; unknown versions of the manifest or of a digest are refused;
+the files the manifest names are plain names in the export, regular files. A record, line or file of a shape no export writes
 is a problem naming it, and the rest is still checked.
 
 Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
@@ -36,6 +39,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
+from array import array
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from json.scanner import make_scanner
@@ -129,11 +134,34 @@ class ExportReport:
 
 
 def _load(path: Path) -> Any:
-    """``path``'s JSON; a RecursionError (nesting too deep) as the ValueError it means."""
+    """``path``'s JSON; a RecursionError (nesting too deep) as the ValueError it means. A
+    FIFO or a device (``/dev/zero``) is refused before it is read: reading it would wait
+    for a writer, or never end."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path.name} is not a regular file")
     try:
         return json.loads(path.read_text())
     except RecursionError:
         raise ValueError("nested too deep") from None
+
+
+#: The text of an ``ObjectId`` as the export spells it (lowercase: one spelling per id).
+_OID = re.compile(r"[0-9a-f]{24}")
+
+
+def _file_name(name: Any) -> str | None:
+    """Why ``name``, a file the manifest lists, is not the name of a file in the export
+    (a path elsewhere: ``../x``, ``/dev/zero``); None when it is one."""
+    if (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    ):
+        return None
+    return (f"the manifest's file name {name!r} is not the name of a file in the export "
+            "(a path elsewhere, which the export's check does not cover): altered")  # fmt: skip
 
 
 def _sha(path: Path) -> tuple[str, int]:
@@ -157,7 +185,7 @@ def verify_export(
     try:
         _verify(directory, kept, pinned, report)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
-            OSError) as exc:  # fmt: skip
+            OverflowError, OSError) as exc:  # fmt: skip
         report.problems.append(ExportProblem(
             f"the export is malformed, so it cannot be verified ({type(exc).__name__}: {exc})"
         ))  # fmt: skip
@@ -220,12 +248,15 @@ def _verify(
     dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
     owned: dict[str, bool] = {}  # stream -> whether its name is the tenant's
     recorded: dict[str, list[tuple[Any, Any]]] = {}  # stream -> its cut records' inserts
+    ids = _IdKeys()
     for location, record, columns, raw in _records(directory, manifest, report.problems):
         report.records += 1
         stream = str(record.get("stream"))
         rid = _record_id(record)
         seq = record.get("seq")
         seen.add(stream)
+        if rid is not None:
+            ids.add(rid)
         if stream in dead:
             continue
         try:
@@ -280,6 +311,10 @@ def _verify(
         located[stream] = (int(seq), rid, location)  # type: ignore[arg-type]
     report.streams = len(seen)
     broken = {p.stream for p in report.problems if p.stream is not None}
+    repeated = ids.repeated()
+    if repeated:  # an _id is outside the hash: only its being unique can be checked
+        report.problems.extend(_shared_ids(directory, manifest, repeated, broken))
+        broken = {p.stream for p in report.problems if p.stream is not None}
     for stream in sorted(set(heads) | seen):
         if stream in broken:
             continue
@@ -361,7 +396,57 @@ def _record_problem(
     if canonical_read(record) != text:
         return ("the line is not the record's canonical JSON as the export writes it (a "
                 "duplicate key, or another spelling): altered")  # fmt: skip
+    rid = record.get("_id")
+    if not (isinstance(rid, dict) and len(rid) == 1 and isinstance(rid.get("$oid"), str)
+            and _OID.fullmatch(rid["$oid"])):  # fmt: skip
+        # the _id is outside the hash, but it is what names the record (a proof, an
+        # erasure): every record has an ObjectId, spelled one way
+        return "its _id is not an ObjectId, as every record's is: altered"
     return None
+
+
+class _IdKeys:
+    """Every record's ``_id``, kept as the 8 bytes of its ``hash()``, not as a set of the
+    ids (about 100 bytes each: 100 MB at a million records); two records whose keys are
+    equal are confirmed to share their ``_id``, or not (another id of the same key), by
+    a second read of the files (:func:`_shared_ids`), which only an export with such a
+    pair pays for. ``hash()`` of a string is keyed per process, so a forger cannot make
+    every id collide to make that read hold them all."""
+
+    def __init__(self) -> None:
+        self._keys = array("q")
+
+    def add(self, rid: str) -> None:
+        self._keys.append(hash(rid))
+
+    def repeated(self) -> set[int]:
+        """The keys met more than once."""
+        import numpy as np
+
+        keys = np.sort(np.frombuffer(self._keys, dtype=np.int64))
+        return set(keys[1:][keys[1:] == keys[:-1]].tolist())
+
+
+def _shared_ids(
+    directory: Path, manifest: Mapping[str, Any], repeated: set[int], broken: set[str]
+) -> Iterator[ExportProblem]:
+    """A problem for each record whose ``_id`` an earlier record has (the files read
+    again; their ``_id`` keys among ``repeated``), but in the streams found ``broken``."""
+    first: dict[str, tuple[str, Any, str]] = {}  # _id -> (stream, seq, where) of its first
+    for location, record, _, _ in _records(directory, manifest, []):
+        rid = _record_id(record)
+        if rid is None or hash(rid) not in repeated:
+            continue
+        stream, seq = str(record.get("stream")), record.get("seq")
+        other = first.setdefault(rid, (stream, seq, location))
+        if other[2] == location or stream in broken:
+            continue
+        broken.add(stream)  # each stream named once, at its first problem
+        yield ExportProblem(
+            f"the record shares its _id with the record at {other[2]} (stream {other[0]}, "
+            f"seq {other[1]}): an _id names one record, so one of them is a copy or forged",
+            stream, seq if _is_int(seq) else None, rid, location,
+        )  # fmt: skip
 
 
 def _cut_problem(cut: Any, first: int, info: Mapping[str, Any]) -> str | None:
@@ -396,8 +481,14 @@ def _check_digests(
 ) -> list[dict[str, Any]]:  # fmt: skip
     add = report.problems.append
     info = manifest.get("digests_file") or {}
+    wrong = _file_name(info.get("name", "digests.json"))
+    if wrong is not None:
+        add(ExportProblem(wrong))
+        return []
     path = directory / str(info.get("name", "digests.json"))
     try:
+        if path.exists() and not path.is_file():  # a FIFO would wait for a writer
+            raise ValueError(f"{path.name} is not a regular file (replaced)")
         sha, _ = _sha(path)
         digests = _load(path)
     except (OSError, ValueError) as exc:
@@ -408,6 +499,8 @@ def _check_digests(
                           expected=info.get("sha256"), found=sha))  # fmt: skip
     report.digests = len(digests)
     prev = GENESIS
+    carried: tuple[str, int] | None = None  # (tenant root, streams) of the last listed heads
+    proved: set[int] = set()  # the digests at which the export proves the tenant's heads
     for n, entry in enumerate(digests, start=1):
         digest = entry["digest"]
         problem = digest_problem(digest, pinned)
@@ -419,11 +512,16 @@ def _check_digests(
         if problem is None and entry.get("tenant") != tenant:
             problem = (f"digest {n}'s entry is of tenant {entry.get('tenant')!r}, not the "
                        f"manifest's {tenant!r} (another tenant's export)")  # fmt: skip
+        held = None
         if problem is None:
-            problem = _tenant_problem(entry)
+            problem, held = _tenant_problem(entry, carried)
         if problem:
             add(ExportProblem(problem))
             return []  # a digest that does not hold proves nothing
+        if held is not None:
+            proved.add(n)
+        if entry.get("heads") is not None:
+            carried = held
         prev = digest["hash"]
     if not digests:
         add(ExportProblem(f"file {path.name} holds no digest: nothing proves the records"))
@@ -452,23 +550,46 @@ def _check_digests(
                               "(the export's digests were rewritten)", expected=kept.get("hash"),
                               found=mine["hash"]))  # fmt: skip
             return []
+        elif mine["seq"] not in proved:
+            # the digests after the one kept may be forged (unless a key is pinned): what
+            # the kept one commits to must be proved, or a rewritten history passes
+            add(ExportProblem(
+                f"digest {mine['seq']}, the digest kept, proves none of tenant {tenant!r}'s "
+                "stream heads in this export: its entry lists none and has no audit path to "
+                "them (removed; or the digest predates the tenant's streams, or the export "
+                "predates 2026-12-07), so it proves none of the records: verify against a "
+                "later digest, or export again"
+            ))  # fmt: skip
+            return []
     return list(digests)
 
 
-def _tenant_problem(entry: Mapping[str, Any]) -> str | None:
+def _tenant_problem(
+    entry: Mapping[str, Any], carried: tuple[str, int] | None
+) -> tuple[str | None, tuple[str, int] | None]:
+    """Why ``entry``'s heads of the tenant do not rebuild its digest's root (None when
+    they do), and the (tenant root, streams) it proves at that digest (None when it
+    proves none). An entry that lists no heads (``null``: they did not move) proves
+    ``carried``, the last listed ones, through its audit path; one without a path
+    (an export written before 2026-12-07, or before the tenant's first stream) or
+    without heads listed before it is there for its link only, and proves nothing."""
     digest = entry["digest"]
-    if entry.get("heads") is None:
-        return None  # a digest in the export for its link only (export.digest_entries)
-    heads = [(str(s), int(seq), str(h)) for s, seq, h in entry["heads"]]
-    if not heads:
-        return None  # the tenant had no stream yet at this digest
-    tenant_root = tenant_root_from(heads)
-    leaf = tenant_leaf(str(entry["tenant"]), tenant_root, len(heads))
+    listed = entry.get("heads")
+    if listed is None:
+        if entry.get("tenant_path") is None or carried is None:
+            return None, None  # nothing to prove (a covering or kept digest must prove)
+        tenant_root, streams = carried
+    else:
+        heads = [(str(s), int(seq), str(h)) for s, seq, h in listed]
+        if not heads:
+            return None, None  # the tenant had no stream yet at this digest
+        tenant_root, streams = tenant_root_from(heads), len(heads)
+    leaf = tenant_leaf(str(entry["tenant"]), tenant_root, streams)
     found = root_via(int(entry["tenant_index"]), int(entry["tenants"]), leaf, entry["tenant_path"])
     if found != digest["root"]:
         return (f"digest {digest['seq']}: the tenant's stream heads in the export do not "
-                f"rebuild its Merkle root (heads altered, removed or added)")  # fmt: skip
-    return None
+                f"rebuild its Merkle root (heads altered, removed or added)"), None  # fmt: skip
+    return None, (tenant_root, streams)
 
 
 #: One (file:line, record, its CSV/Parquet columns or None, its text as in the file).
@@ -488,6 +609,10 @@ def _records(
     file that cannot be read (not a file, corrupt) is named, and the others still read."""
     add = problems.append
     for info in manifest.get("files", []):
+        wrong = _file_name(info.get("name"))
+        if wrong is not None:
+            add(ExportProblem(wrong))
+            continue
         path = directory / str(info.get("name"))
         if not path.exists():
             add(ExportProblem(f"file {path.name} is missing (removed)"))
@@ -517,26 +642,56 @@ def _records(
 
 def _jsonl(path: Path, hashed: Any, add: Any) -> Generator[Row, None, int]:
     """The records of a JSONL file, read in large blocks that are hashed (``hashed``) as
-    they are split into lines; returns the file's size."""
-    name, n, size, rest = path.name, 0, 0, b""
+    they are split into lines; returns the file's size. A line longer than
+    :data:`LINE_LIMIT` is named, not held."""
+    name, n, size = path.name, 0, 0
     with open(path, "rb") as f:
-        while True:
-            block = f.read(1 << 22)
-            if block:
-                hashed.update(block)
-                size += len(block)
-                lines = (rest + block).split(b"\n")
-                rest = lines.pop()
+        for line in _lines(f, hashed):
+            n += 1
+            where = f"{name}:line {n}"
+            if line is None:
+                add(ExportProblem(f"the line is longer than {LINE_LIMIT} bytes, far longer "
+                                  "than any record: altered", location=where))  # fmt: skip
+                continue
+            record = _parse(line.decode("utf-8", "replace"), where, add)
+            if record is not None:
+                yield where, record, None, line
+        size = f.tell()
+    return size
+
+
+#: The longest JSONL line read: as :data:`CSV_FIELD_LIMIT` (a record's JSON).
+LINE_LIMIT = 1 << 30
+
+
+def _lines(f: Any, hashed: Any) -> Iterator[bytes | None]:
+    """The lines of ``f`` (without their newline), read in blocks of 4 MiB that are hashed
+    as they are read; None for a line longer than :data:`LINE_LIMIT`. A line spanning
+    blocks is kept as a list of its pieces, joined once at its end (joining at each block
+    copied it again per block: a line of n blocks cost n^2/2 blocks of copying)."""
+    pieces: list[bytes] = []  # the unfinished line
+    held, over = 0, False  # its length so far; whether it is past the limit (then dropped)
+    while block := f.read(1 << 22):
+        hashed.update(block)
+        lines = block.split(b"\n")
+        rest = lines.pop()  # after the block's last newline: the start of the next line
+        if lines and (pieces or over):  # the first line ends one begun in earlier blocks
+            end = lines.pop(0)
+            yield None if over or held + len(end) > LINE_LIMIT else b"".join([*pieces, end])
+            pieces, held, over = [], 0, False
+        if max(map(len, lines), default=0) <= LINE_LIMIT:  # the usual case, in C
+            yield from lines
+        else:
+            yield from (line if len(line) <= LINE_LIMIT else None for line in lines)
+        if rest and not over:
+            held += len(rest)
+            over = held > LINE_LIMIT
+            if over:
+                pieces = []
             else:
-                lines, rest = ([rest] if rest else []), b""
-            for line in lines:
-                n += 1
-                where = f"{name}:line {n}"
-                record = _parse(line.decode("utf-8", "replace"), where, add)
-                if record is not None:
-                    yield where, record, None, line
-            if not block:
-                return size
+                pieces.append(rest)
+    if pieces or over:  # the last line, without its newline
+        yield None if over else b"".join(pieces)
 
 
 def _double_constant(name: str) -> Double:

@@ -138,7 +138,8 @@ def check_proof(
     or None when it does. Needs no database."""
     try:
         return _proof_problem(proof, digest, pinned)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError,
+            RecursionError) as exc:  # fmt: skip  # a seq of 1e400 is inf: int() overflows
         return f"the proof is malformed ({type(exc).__name__}: {exc})"
 
 
@@ -261,6 +262,10 @@ def check_extends(
                  a.seq, b and b.seq)  # fmt: skip
             continue
         cut = cuts.get(stream)
+        if cut is not None and _cut_seq(cut) is None:
+            fail("the stream's audit cut is malformed (altered)", stream, a.seq, "a seq",
+                 cut.get("seq"))  # fmt: skip
+            continue
         if cut is not None and a.seq <= int(cut["seq"]):
             if a.seq == int(cut["seq"]) and a.hash != cut.get("hash"):
                 fail("the audit cut of the stream does not hold the hash the earlier digest "
@@ -272,6 +277,13 @@ def check_extends(
             continue
         _check_segment(uow, db, stream, a, b, report)
     return report
+
+
+def _cut_seq(cut: Mapping[str, Any]) -> int | None:
+    """The seq a cut ends at, or None when it holds none (written past the validator:
+    ``int()`` of it raised a traceback)."""
+    seq = cut.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 
 def _check_segment(
@@ -338,6 +350,10 @@ def check_live_against(
     cuts = latest_cuts(uow, db, context=_reader())
     for stream, head in sorted(heads.items()):
         cut = cuts.get(stream)
+        if cut is not None and _cut_seq(cut) is None:
+            found.append(ChainBreak(stream, head.seq, "the stream's audit cut is malformed "
+                                    "(altered)", "a seq", cut.get("seq")))  # fmt: skip
+            continue
         if cut is not None and head.seq <= int(cut["seq"]):
             # the records it held are cut: the cut names the last one's hash
             if head.seq == int(cut["seq"]) and head.hash != cut.get("hash"):

@@ -28,7 +28,7 @@ from accord.governance.holding import list_holds
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.governance.redaction import ERASE_OPERATION, erase_images
-from accord.governance.subjects import find_subject
+from accord.governance.subjects import find_subject, subject_values
 from accord.platform.artifacts import ENCRYPTION_KEY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
@@ -76,9 +76,13 @@ def destroy_subject_keys(
     threads: Iterable[tuple[str, str]],
     tenant_id: str | None = None,
 ) -> int:
-    """Destroy the keys of ``threads`` ((tenant, thread) pairs: the subject's) and those
-    of the subject's own values (a scalar subject field equal to ``subject``, or a list
-    such as a memory namespace holding it), in ``tenant_id`` only when given."""
+    """Destroy the keys of ``threads`` ((tenant, thread) pairs: the subject's), of the
+    threads whose writes named the subject (``subjects``: a thread deleted before the
+    erasure, which no document finds any more, whose backups its key still opens), and
+    those of the subject's own values (a scalar subject field equal to ``subject``, or a
+    list such as a memory namespace holding it; any of
+    :func:`~accord.governance.subjects.subject_values`), in ``tenant_id`` only when
+    given."""
     destroyed = 0
     by_tenant: dict[str, list[str]] = {}
     for tenant, thread in threads:
@@ -88,10 +92,12 @@ def destroy_subject_keys(
             where = {"tenant_id": tenant, "scope": "thread",
                      "thread_id": {"$in": sorted(names)[start : start + _PAGE]}}  # fmt: skip
             destroyed += destroy_keys(uow, db, policy, where)
-    where_subject: dict[str, Any] = {"scope": "subject", "subject": subject}
+    values = list(subject_values(subject))
+    named: dict[str, Any] = {"$or": [{"scope": "subject", "subject": {"$in": values}},
+                                     {"scope": "thread", "subjects": {"$in": values}}]}  # fmt: skip
     if tenant_id is not None:
-        where_subject["tenant_id"] = tenant_id
-    return destroyed + destroy_keys(uow, db, policy, where_subject)
+        named["tenant_id"] = tenant_id
+    return destroyed + destroy_keys(uow, db, policy, named)
 
 
 def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,13 +49,16 @@ from accord.platform.context import ReadContext
 
 __all__ = [
     "PAGE", "SubjectData", "Target", "collection_of", "export_subject", "find_subject",
-    "subject_hash", "validate_subject",
+    "same_subject", "subject_hash", "subject_values", "validate_subject",
 ]  # fmt: skip
 
 #: Documents read per page.
 PAGE = 1000
 #: The longest subject identifier accepted (as a legal hold's value).
 MAX_SUBJECT = 500
+#: The longest tenant (``accord.checkpointers.validation.MAX_ID_LENGTH``: no tenant's
+#: documents have a longer one).
+MAX_TENANT = 1024
 OPERATION = "governance.subject"
 Progress = Callable[[str, int], None]
 
@@ -79,16 +83,16 @@ def validate_subject(subject: Any, tenant_id: Any = None) -> tuple[str, str | No
     if not isinstance(subject, str):
         raise InvalidInputError(
             f"a data subject is identified by a string (a value of the policy's "
-            f"subject_fields), got {type(subject).__name__} {subject!r}"
+            f"subject_fields), got {type(subject).__name__} {_shown(subject)}"
         )
     if not subject.strip() or len(subject) > MAX_SUBJECT:
         raise InvalidInputError(
             f"a data subject's identifier must be 1 to {MAX_SUBJECT} characters and not "
-            f"blank, got {subject!r}"
+            f"blank, got {_shown(subject)}"
         )
     if not _encodes(subject):
         raise InvalidInputError(
-            f"{subject!r} is not a data subject's identifier: it is not valid Unicode text "
+            f"{_shown(subject)} is not a data subject's identifier: it is not valid Unicode text "
             "(a lone surrogate, as a non-UTF-8 byte in a command line becomes); nothing "
             "was read or changed"
         )
@@ -100,14 +104,28 @@ def validate_subject(subject: Any, tenant_id: Any = None) -> tuple[str, str | No
         )
     if subject.startswith("$") or "\x00" in subject:
         raise InvalidInputError(
-            f"{subject!r} is not a data subject's identifier: it starts with '$' (a query "
+            f"{_shown(subject)} is not a data subject's identifier: it starts with '$' (a query "
             "operator) or holds a NUL; nothing was read or changed"
+        )
+    if isinstance(tenant_id, str) and not _encodes(tenant_id):
+        raise InvalidInputError(
+            f"the tenant {_shown(tenant_id)} is not valid Unicode text (a lone surrogate, as "
+            "a non-UTF-8 byte in a command line becomes); nothing was read or changed"
         )
     if tenant_id is not None and (not isinstance(tenant_id, str) or not tenant_id.strip()
                                   or tenant_id.startswith("$")
-                                  or not _encodes(tenant_id)):  # fmt: skip
-        raise InvalidInputError(f"a tenant is a non-empty string, got {tenant_id!r}")
+                                  or len(tenant_id) > MAX_TENANT):  # fmt: skip
+        raise InvalidInputError(
+            f"a tenant is a non-empty string of at most {MAX_TENANT} characters, got "
+            f"{_shown(tenant_id)}"
+        )
     return subject, tenant_id
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value``'s repr for an error message, cut (a megabyte of id is no message)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _encodes(text: str) -> bool:
@@ -116,6 +134,34 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+#: A decimal integer as an identifier spells it (no sign but ``-``, no leading zero).
+_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,18}")
+
+
+def subject_values(subject: str) -> tuple[Any, ...]:
+    """The stored values that name ``subject``: the identifier, its NFC and NFD forms
+    (canonically equivalent text, typed one way and stored the other: ``"josé"`` with
+    one code point or two) and, for a decimal integer in int64's range, the number (an
+    application whose ``user_id`` is an ``int``: a command line only gives text).
+    Letter case is not folded: ``Alice`` and ``alice`` may be two subjects."""
+    values: list[Any] = [subject]
+    for form in ("NFC", "NFD"):
+        text = unicodedata.normalize(form, subject)
+        if text not in values:
+            values.append(text)
+    if _INTEGER.fullmatch(subject) and -(2**63) <= int(subject) < 2**63:
+        values.append(int(subject))
+    return tuple(values)
+
+
+def same_subject(value: Any, subject: str) -> bool:
+    """Whether ``value`` (a legal hold's) names the same subject as ``subject``."""
+    return isinstance(value, str) and (
+        value in subject_values(subject)
+        or unicodedata.normalize("NFC", value) == unicodedata.normalize("NFC", subject)
+    )
 
 
 def subject_hash(subject: str) -> str:
@@ -152,6 +198,11 @@ class SubjectData:
     subject: str
     tenant_id: str | None
     db: str
+    #: the stored values that name the subject (:func:`subject_values`)
+    values: tuple[Any, ...] = ()
+    #: the last name of every subject field of the policy (``meta.user_id``: ``user_id``),
+    #: by which audit images are searched for a numeric identifier
+    leaves: frozenset[str] = frozenset()
     #: (tenant, thread) of the subject's threads
     threads: set[tuple[str, str]] = field(default_factory=set)
     #: class name -> its documents of the subject (threads' classes not included)
@@ -171,8 +222,10 @@ class SubjectData:
 
 
 def _match(subject: str, fields: tuple[str, ...], tenant_id: str | None) -> dict[str, Any]:
-    """Documents whose subject fields name ``subject`` (an array field: one element)."""
-    match: dict[str, Any] = {"$or": [{f: subject} for f in fields]}
+    """Documents whose subject fields name ``subject`` (any of :func:`subject_values`; an
+    array field: one element)."""
+    values = list(subject_values(subject))
+    match: dict[str, Any] = {"$or": [{f: {"$in": values}} for f in fields]}
     if tenant_id is not None:
         match["tenant_id"] = tenant_id
     return match
@@ -209,7 +262,9 @@ def find_subject(uow: Any, db: str, policy: Policy, subject: str,
     """Where ``subject``'s documents are in ``db`` (module docstring), read through
     ``uow`` (a sync kernel). Only ``tenant_id``'s when given."""
     subject, tenant_id = validate_subject(subject, tenant_id)
-    found = SubjectData(subject, tenant_id, db)
+    leaves = frozenset(f.rsplit(".", 1)[-1] for c in policy.classes.values()
+                       for f in c.subject_fields)  # fmt: skip
+    found = SubjectData(subject, tenant_id, db, subject_values(subject), leaves)
     for name in THREAD_CLASSES:
         coll = collection_of(policy, name)
         if coll is None:

@@ -257,7 +257,10 @@ def verify_chain(
         problem = cut_problems(stream, chain)
         if problem is not None:
             broken_cuts.append(ChainBreak(stream, *problem))
-        starts[stream] = (int(chain[-1].get("seq") or 0), str(chain[-1].get("hash")))
+        seq = chain[-1].get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            starts[stream] = (seq, str(chain[-1].get("hash")))
+        # else its chain breaks where its records start (int() of it raised)
     checker = ChainChecker(starts, hash_of=read_chain_hash)
     recorded: dict[tuple[str, str], set[Any]] = {}  # (stream, cut id) -> image hashes recorded
     for batch in uow.iterate_batches(
@@ -280,9 +283,11 @@ def verify_chain(
         latest = chain[-1]
         if checker.broken(stream) or any(b.stream == stream for b in broken_cuts):
             continue
+        if not _is_int(latest.get("seq")):
+            continue  # (its chain broke where the records start)
         if image_hash(latest) not in recorded.get((stream, str(latest.get("_id"))), set()):
             checker.report.breaks.append(ChainBreak(
-                stream, int(latest.get("seq") or 0), "the stream's latest audit cut is not "
+                stream, latest["seq"], "the stream's latest audit cut is not "
                 "the one its chain recorded (forged or altered)", image_hash(latest),
                 sorted(h for h in recorded.get((stream, str(latest.get("_id"))), ()) if h),
             ))  # fmt: skip

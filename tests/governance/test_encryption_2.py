@@ -1,0 +1,81 @@
+"""Crypto-shredding, continued (docs/governance.md, "Crypto-shredding"): the keys an
+erasure must destroy although no document finds them any more.
+
+Fixtures and the graph are those of ``test_encryption.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from pymongo import MongoClient
+
+from accord import runtime
+from accord.errors import KeyDestroyed
+from accord.governance.crypto import MasterKey
+from accord.runtime import Accord
+from tests.governance.test_encryption import SECRET_A, A, B, _graph, db_name, master
+
+__all__ = ["db_name", "master"]  # the fixtures, imported for pytest
+
+
+def _config(thread: str, user: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread, "user_id": user}}
+
+
+def test_erasing_a_subject_destroys_the_key_of_its_thread_deleted_before(
+    client: MongoClient, db_name: str, master: MasterKey
+) -> None:
+    """A thread deleted before the erasure (``delete_thread``, the retention sweep) is no
+    longer found by any document, and its key was left: a backup taken before the
+    deletion still read the subject's words after the erasure. The thread's key records
+    the subjects its writes named, and the erasure destroys it by them."""
+    root = Accord(client=client, db_name=db_name)
+    saver = root.checkpointer()
+    graph = _graph(saver, root.store())
+    graph.invoke({"messages": [HumanMessage(f"old {SECRET_A}", id="h1")]}, _config("old", A))
+    graph.invoke({"messages": [HumanMessage(f"new {SECRET_A}", id="h2")]}, _config("new", A))
+    graph.invoke({"messages": [HumanMessage("mine", id="h3")]}, _config("b-old", B))
+    live = client[db_name]
+    backup = {n: list(live[n].find()) for n in live.list_collection_names() if n != "accord_keys"}
+    saver.delete_thread("old")
+    saver.delete_thread("b-old")
+
+    report = runtime.erase_subject_data(client, A, db_name, compact=False)
+    assert report.threads == 1 and report.keys_destroyed == 2  # "new", and "old"
+    left = list(live["accord_keys"].find())
+    assert [k["thread_id"] for k in left] == ["b-old"]  # another subject's is kept
+    assert A.encode() not in b"".join(str(k).encode() for k in left)
+
+    restored = client[db_name + "_restored"]
+    for name, docs in backup.items():
+        if docs:
+            restored[name].insert_many(docs)
+    restored["accord_keys"].insert_many(left)
+    old = _graph(Accord(client=client, db_name=restored.name).checkpointer(), None)
+    for thread in ("old", "new"):
+        with pytest.raises(KeyDestroyed):
+            old.get_state({"configurable": {"thread_id": thread}})
+    assert old.get_state({"configurable": {"thread_id": "b-old"}}).values["messages"]
+
+
+def test_a_thread_key_records_each_subject_that_writes_the_thread(
+    client: MongoClient, db_name: str, master: MasterKey
+) -> None:
+    """A thread two subjects write: its key names both (added once, not per write), so
+    erasing either destroys it; another thread's key is untouched."""
+    root = Accord(client=client, db_name=db_name)
+    graph = _graph(root.checkpointer(), root.store())
+    for user, n in ((A, 1), (B, 2), (A, 3), (B, 4)):
+        graph.invoke({"messages": [HumanMessage(f"turn {n}", id=f"h{n}")]}, _config("both", user))
+    graph.invoke({"messages": [HumanMessage("alone", id="h9")]}, _config("solo", B))
+    keys = {k["thread_id"]: k for k in client[db_name]["accord_keys"].find()}
+    assert sorted(keys["both"]["subjects"]) == [A, B]
+    assert keys["solo"]["subjects"] == [B]
+    saver = root.checkpointer()
+    saver.delete_thread("both")
+    report = runtime.erase_subject_data(client, A, db_name, compact=False)
+    assert report.threads == 0 and report.keys_destroyed == 1
+    assert [k["thread_id"] for k in client[db_name]["accord_keys"].find()] == ["solo"]
