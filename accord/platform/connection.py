@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
@@ -167,21 +169,41 @@ def resolve_uri(uri: str | None = None, data_dir: str | os.PathLike[str] | None 
     return uri or settings.mongodb_uri or ensure_engine(data_dir)
 
 
+def _uri_timeout(uri: str) -> bool:
+    """Whether ``uri`` sets serverSelectionTimeoutMS; one that is no number of
+    milliseconds is a ConfigurationError (pymongo only warns, and waits its 30 s)."""
+    query = parse_qs(uri.partition("?")[2], keep_blank_values=True)
+    values = [v for k, vs in query.items() if k.lower() == "serverselectiontimeoutms" for v in vs]
+    for value in values:
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = math.nan
+        if not 0 <= ms < math.inf:
+            raise ConfigurationError(
+                f"cannot use the MongoDB URI {reachability.redact(uri)!r}: its "
+                f"serverSelectionTimeoutMS={value!r} is not a number of milliseconds"
+            )
+    return bool(values)
+
+
 def client_options(uri: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` plus accord's server-selection timeout, unless the URI or ``kwargs``
     set one (pymongo's own default, 30 s, is long to wait for a typo'd host)."""
     given = {k.lower() for k in kwargs}
-    query = uri.partition("?")[2].lower()
-    if "serverselectiontimeoutms" in given or "serverselectiontimeoutms=" in query:
+    if "serverselectiontimeoutms" in given or _uri_timeout(uri):
         return kwargs
     seconds = Settings().server_selection_timeout
     return {**kwargs, "serverSelectionTimeoutMS": int(seconds * 1000)}
 
 
 def _client(cls: Any, uri: str, kwargs: dict[str, Any]) -> Any:
+    options = client_options(uri, kwargs)  # (its own ConfigurationError, not wrapped)
     try:
-        return cls(uri, **client_options(uri, kwargs))
-    except PyMongoError as exc:  # a malformed URI, an SRV record that does not resolve
+        return cls(uri, **options)
+    except (PyMongoError, ValueError, TypeError) as exc:
+        # a malformed URI, an SRV record that does not resolve, a port past 65535
+        # (pymongo's ValueError), an option of the wrong type
         raise ConfigurationError(
             f"cannot use the MongoDB URI {reachability.redact(uri)!r}: {exc}"
         ) from exc

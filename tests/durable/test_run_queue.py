@@ -373,6 +373,9 @@ def test_a_fork_whose_copy_was_cut_short_finishes_the_copy(
         (lambda q: q.list(limit=0), "limit"),
         (lambda q: q.wait("x", timeout=0), "timeout"),
         (lambda q: q.resume("x", decision="maybe"), "decision"),
+        # a lone surrogate (a non-UTF-8 byte a command line became): pymongo's traceback
+        (lambda q: q.submit(STEPS, {}, thread_id="t\udcff"), "thread_id is not valid Unicode"),
+        (lambda q: q.get("r\udcff"), "run_id is not valid Unicode"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(

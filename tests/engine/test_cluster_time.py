@@ -152,6 +152,16 @@ def test_snapshot_history_window_is_bounded(tmp_path) -> None:  # type: ignore[n
         server.stop()
 
 
+@pytest.mark.embedded_only
+@pytest.mark.parametrize("window", [float("inf"), float("nan"), -1.0, 86_401.0])
+def test_a_snapshot_history_window_past_a_day_is_refused(tmp_path, window: float) -> None:  # type: ignore[no-untyped-def]
+    # inf was taken: every snapshot read at a cluster time then failed (OverflowError)
+    from accord.platform.embedded import EmbeddedServer
+
+    with pytest.raises(ValueError, match="snapshot_history must be 0 to 86400 seconds"):
+        EmbeddedServer(tmp_path / "db", port=0, sync=False, snapshot_history=window)
+
+
 def test_collection_created_in_a_transaction_is_invisible_until_commit(
     client: MongoClient, mongo_uri: str, db
 ) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 from pymongo import AsyncMongoClient, MongoClient
 
 from accord.checkpointers import AccordSaver, AsyncAccordSaver
-from accord.errors import DatabaseUnreachable
+from accord.errors import ConfigurationError, DatabaseUnreachable
 from accord.platform import connect
 from accord.platform.reachability import redact
 
@@ -137,3 +137,12 @@ def test_the_demo_says_what_to_do_without_a_traceback(dead_uri: str) -> None:
 )
 def test_uris_are_shown_without_their_password(uri: str, shown: str) -> None:
     assert redact(uri) == shown
+
+
+@pytest.mark.parametrize(
+    "uri", ["mongodb://127.0.0.1:99999/", "mongodb://127.0.0.1/?serverSelectionTimeoutMS=x"]
+)
+def test_a_uri_pymongo_cannot_use_is_a_configuration_error(uri: str) -> None:
+    # a port past 65535 was pymongo's raw ValueError (the CLI's traceback)
+    with pytest.raises(ConfigurationError, match="cannot use the MongoDB URI"):
+        connect(uri)

@@ -73,6 +73,10 @@ class EmbeddedServer:
         admin_user: tuple[str, str] | None = None,
     ) -> None:
         self.dbpath = Path(dbpath)
+        if not 0 <= snapshot_history <= 86_400:  # (also NaN; inf made every snapshot read fail)
+            raise ValueError(
+                f"snapshot_history must be 0 to 86400 seconds, got {snapshot_history!r}"
+            )
         self.snapshot_history = snapshot_history
         self.repair = repair
         self._stop_lock = threading.Lock()
