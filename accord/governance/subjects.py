@@ -27,7 +27,7 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -345,8 +345,15 @@ def find_subject(uow: Any, db: str, policy: Policy, subject: str,
 # --- export ----------------------------------------------------------------------------
 
 
-def _file_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", name) + ".jsonl"
+def _file_name(name: str, taken: Iterable[str]) -> str:
+    """The file of class ``name``: the name made safe for any file system, with a hash of
+    the name when another class's file has it already (``business:a b`` and
+    ``business:a-b``, or two names that differ in case only: the second overwrote the
+    first)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    if f"{safe}.jsonl".lower() in {t.lower() for t in taken}:
+        safe += "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return safe + ".jsonl"
 
 
 def export_subject(uow: Any, db: str, policy: Policy, subject: str, out: str | os.PathLike[str],
@@ -367,7 +374,7 @@ def export_subject(uow: Any, db: str, policy: Policy, subject: str, out: str | o
     files: dict[str, dict[str, Any]] = {}
 
     def write(name: str, artifact: str, collection: str, batches: Iterator[list[dict[str, Any]]]) -> None:  # fmt: skip
-        path = root / _file_name(name)
+        path = root / _file_name(name, files)
         digest, count, size = hashlib.sha256(), 0, 0
         with path.open("wb") as f:
             for docs in batches:

@@ -178,3 +178,33 @@ def test_a_huge_identifier_is_refused_with_a_short_message(mongo_uri: str, db_na
         result = CliRunner().invoke(cli, ["governance", *args, "--db", db_name, "--uri", mongo_uri])
         assert result.exit_code == 1, result.output[:300]
         assert "characters)" in result.output and len(result.output) < 500, result.output[:300]
+
+
+def test_classes_whose_names_make_one_file_name_are_exported_apart(
+    client: MongoClient, db_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``business:a b`` and ``business:a-b`` make the same safe file name (and
+    ``business:A-b`` does on a case-insensitive file system): the second class's file
+    overwrote the first's, so its records were missing from the export."""
+    names = ("a b", "a-b", "A-b")
+    path = tmp_path / "policy.toml"
+    path.write_text("".join(
+        f'[classes."business:{n}"]\nsubject_fields = ["user_id"]\n'
+        'roles = { runtime = ["find", "insert"], admin = ["find", "insert"] }\n'
+        for n in names
+    ))  # fmt: skip
+    monkeypatch.setenv("ACCORD_POLICY", str(path))
+    Accord(client=client, db_name=db_name).checkpointer()  # applies the policy
+    for n in names:
+        client[db_name][n].insert_one({"_id": n, "tenant_id": "default", "user_id": "u-9"})
+    out = tmp_path / "export"
+    manifest = runtime.export_subject_data(client, "u-9", out, db_name)
+    by_class = {f["class"]: (name, f["documents"]) for name, f in manifest["files"].items()}
+    assert {c: d for c, (_, d) in by_class.items() if c.startswith("business:")} == {
+        f"business:{n}": 1 for n in names
+    }
+    files = {name.lower() for name, _ in by_class.values()}
+    assert len(files) == len(by_class)  # distinct, whatever the file system's case
+    for n in names:
+        (line,) = (out / by_class[f"business:{n}"][0]).read_text().splitlines()
+        assert json_util.loads(line)["_id"] == n
