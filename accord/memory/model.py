@@ -92,6 +92,7 @@ def check_request(req: PutRequest) -> PutRequest:
     if req.value is None:
         return req
     validation.check_value(req.value)
+    _check_provenance(req.provenance)
     if req.text is not None:
         validation.check_text(req.text)
     for i, (path, text) in enumerate(req.field_texts):
@@ -100,6 +101,26 @@ def check_request(req: PutRequest) -> PutRequest:
     validation.check_kind(req.kind)
     validation.check_ttl(req.ttl_minutes, "ttl_minutes")
     return req
+
+
+def _check_provenance(provenance: Any) -> None:
+    """A put's provenance: a :class:`Provenance` of strings (``None`` raised an
+    AttributeError from deep in the write)."""
+    if not isinstance(provenance, Provenance):
+        raise validation.InvalidField(
+            "provenance", f"must be a Provenance, got {validation.preview(provenance)}"
+        )
+    for name in ("source", "tenant_id", "thread_id", "checkpoint_id"):
+        value = getattr(provenance, name)
+        if value is not None and not isinstance(value, str):
+            raise validation.InvalidField(
+                f"provenance.{name}", f"must be a string, got {validation.preview(value)}"
+            )
+    ids = provenance.message_ids
+    if not isinstance(ids, tuple | list) or not all(isinstance(i, str) for i in ids):
+        raise validation.InvalidField(
+            "provenance.message_ids", f"must be a tuple of strings, got {validation.preview(ids)}"
+        )
 
 
 # -- identifiers and documents -----------------------------------------------------------------

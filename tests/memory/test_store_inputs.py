@@ -235,3 +235,41 @@ def test_list_namespaces_holds_every_match_condition_as_in_memory_store(store: T
         store.batch([ListNamespacesOp(match_conditions=(
             MatchCondition("prefix", ("a",)), MatchCondition("prefix", ("b",)),
         ), limit=-1, offset=0)])  # fmt: skip
+
+
+def test_accords_own_embedder_object_serves_a_store_index(client: MongoClient) -> None:
+    """``index={"embed": HashingEmbedder()}`` was taken by LangGraph's ensure_embeddings
+    for a function: the first put failed with "'HashingEmbedder' object is not callable"."""
+    from accord.memory.embedders import HashingEmbedder
+
+    db = "store_" + uuid.uuid4().hex[:10]
+    try:
+        store = AccordStore(client, db_name=db, index={"dims": 64, "embed": HashingEmbedder(64)})
+        store.setup()
+        store.put(("ns",), "tea", {"text": "green tea with lemon"})
+        store.put(("ns",), "car", {"text": "a red sports car"})
+        (best, *_) = store.search(("ns",), query="which tea")
+        assert best.key == "tea"
+        with pytest.raises(
+            InvalidInputError, match="'dims' is 32, its embedder makes vectors of 64"
+        ):
+            AccordStore(client, db_name=db, index={"dims": 32, "embed": HashingEmbedder(64)})
+    finally:
+        client.drop_database(db)
+
+
+def test_a_put_request_without_provenance_is_refused(client: MongoClient) -> None:
+    """``provenance=None`` raised AttributeError from deep in the write."""
+    from accord.memory.model import PutRequest
+    from accord.memory.synchronous.service import MemoryService
+
+    db = "store_" + uuid.uuid4().hex[:10]
+    try:
+        service = MemoryService(client, db_name=db)
+        service.setup()
+        bad = PutRequest(("ns",), "k", {"a": 1}, text="x", provenance=None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="provenance: must be a Provenance"):
+            service.apply([bad])
+        assert client[db].long_term_memory.count_documents({}) == 0
+    finally:
+        client.drop_database(db)

@@ -49,7 +49,7 @@ from pymongo import MongoClient
 from accord.errors import InvalidInputError
 from accord.memory import model, validation
 from accord.memory.conventions import RunTenants, ServesAsyncCalls, ServesSyncCalls
-from accord.memory.embedders import LangChainEmbedder
+from accord.memory.embedders import Embedder, LangChainEmbedder
 from accord.memory.model import Memory, PutRequest
 from accord.memory.synchronous.service import MemoryService
 from accord.platform.connection import client_options
@@ -69,6 +69,14 @@ def _embedder_for(index: IndexConfig | None) -> Any:
     if isinstance(embed, str) and (
         embed.startswith(("voyage:", "local:")) or embed in ("hashing", "local")
     ):
+        return embed
+    if isinstance(embed, Embedder):  # accord's own (HashingEmbedder(), ...): used as it is
+        # (LangGraph's ensure_embeddings took it for a function: "not callable" at the
+        # first put)
+        if embed.dims is not None and embed.dims != index["dims"]:
+            raise InvalidInputError(
+                f"IndexConfig 'dims' is {index['dims']}, its embedder makes vectors of {embed.dims}"
+            )
         return embed
     return LangChainEmbedder(ensure_embeddings(embed), dims=index["dims"])
 
