@@ -60,7 +60,7 @@ class Record:
 
 
 def records(entries: Sequence[Mapping[str, Any]]) -> list[Record]:
-    """The records of ``entries`` (undo documents sorted by ``at``, ``n``), in order of
+    """The records of ``entries`` (undo documents sorted by :data:`undo_log.SORT`), in order of
     first write. Entries whose record could not be named (``record_id`` None) must have
     been resolved by the caller (see :func:`unresolved`)."""
     found: dict[tuple[str, Any], Record] = {}
@@ -81,8 +81,11 @@ def records(entries: Sequence[Mapping[str, Any]]) -> list[Record]:
 
 def record_key(collection: str, record_id: Any) -> tuple[str, Any]:
     """A record's key in the maps the saver builds (``_id`` values that are documents
-    or arrays are keyed by their repr)."""
-    return (collection, repr(record_id) if isinstance(record_id, dict | list) else record_id)
+    or arrays are keyed by their repr, booleans apart from the numbers Python takes them
+    for: :func:`accord.platform.undo_log.scalar_key`)."""
+    if isinstance(record_id, dict | list):
+        return (collection, repr(record_id))
+    return (collection, undo_log.scalar_key(record_id))
 
 
 def unresolved(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ A refusal raises :class:`~accord.errors.InvalidInputError`; nothing of the task 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
+from datetime import datetime
 from typing import Any
 
 from accord.checkpointers import validation
@@ -69,7 +70,7 @@ def _problem(spec: Any, tenant: str, thread_id: str, reserved: Set[str]) -> str 
     if node is not None and not isinstance(node, str):
         return f"'node' must be a string, got {type(node).__name__}"
     if kind == APPEND_EVENT:
-        return _event_problem(spec, tenant, thread_id)
+        return _event_problem(spec, tenant, thread_id, node)
     if kind == COMMIT_ARTIFACT:
         if spec.get("collection") != gridfs_layout.FILES:
             return f"an artifact commit targets {gridfs_layout.FILES!r} only"
@@ -132,7 +133,9 @@ def tenancy_problem(spec: Mapping[str, Any], tenant: str) -> str | None:
     return op_problem(business_op(spec), tenant)
 
 
-def _event_problem(spec: Mapping[str, Any], tenant: str, thread_id: str) -> str | None:
+def _event_problem(
+    spec: Mapping[str, Any], tenant: str, thread_id: str, node: str | None
+) -> str | None:
     if spec.get("collection") != workflow_log.COLLECTION:
         return f"a workflow event goes to {workflow_log.COLLECTION!r} only"
     if set(spec) - _COMMON - {"document"}:
@@ -148,8 +151,16 @@ def _event_problem(spec: Mapping[str, Any], tenant: str, thread_id: str) -> str 
         return str(exc)
     if doc.get("seq") is not None:
         return "an event's seq is given by accord when the task commits, not staged"
-    if doc.get("thread_id") not in (None, thread_id):
+    # who wrote it and when, as business.append_event records them: before 2026-12-07 a
+    # put_writes caller could log an event without its thread (None), under any node
+    # label of any type, at any "time"
+    if doc.get("thread_id") != thread_id:
         return f"the event's thread_id {doc.get('thread_id')!r:.60} is not the run's thread"
+    label = doc.get("node")
+    if not isinstance(label, str | None) or (node is not None and label != node):
+        return f"the event's node {label!r:.60} is not the staging node"
+    if not isinstance(doc.get("at"), datetime):
+        return f"the event's 'at' must be the time it was staged, got {doc.get('at')!r:.60}"
     event_id = doc.get("_id")
     if not isinstance(event_id, str) or not event_id.startswith("event:"):
         return "an event's _id is given by business.append_event"

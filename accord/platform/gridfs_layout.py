@@ -112,6 +112,13 @@ def text(value: Any, name: str, *, optional: bool = False) -> str | None:
             f"{name} must be a non-empty string of at most {_MAX_TEXT} characters without "
             f"NUL, got {value!r:.80}"
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: MongoDB stores UTF-8 only
+        raise InvalidInputError(
+            f"{name} holds a lone surrogate at character {exc.start}; it must be valid "
+            f"Unicode, got {value!r:.80}"
+        ) from None
     return value
 
 
@@ -128,9 +135,10 @@ def ref_of(value: Any) -> ArtifactRef:
         )
     art_id, dig = fields.get("id"), fields.get("digest")
     length, ctype = fields.get("length"), fields.get("content_type")
-    if not isinstance(art_id, str) or not _ID.match(art_id):
+    # fullmatch: re's "$" also matches before a final newline ("art_<32 hex>\n")
+    if not isinstance(art_id, str) or not _ID.fullmatch(art_id):
         raise InvalidInputError(f"artifact id must look like 'art_<32 hex>', got {art_id!r:.80}")
-    if not isinstance(dig, str) or not _DIGEST.match(dig):
+    if not isinstance(dig, str) or not _DIGEST.fullmatch(dig):
         raise InvalidInputError(f"artifact digest must be 64 hex characters, got {dig!r:.80}")
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise InvalidInputError(f"artifact length must be a non-negative int, got {length!r}")

@@ -18,8 +18,11 @@ write into :data:`COLLECTION` (artifact class ``business_undo``) in the same tra
 ``after_version`` / ``after_absent``
     the record's ``_version`` after the write / whether the write removed it: a rollback
     restores only records still in that state (no other writer changed them since);
-``at``, ``n``
-    when (the transaction's clock) and the write's position in its batch.
+``at``, ``order``, ``n``
+    when (this process's clock, kept in milliseconds), a number that increases with
+    every batch this process seals (it orders two batches of one millisecond: a thread's
+    steps are written by one process at a time) and the write's position in its batch.
+    A rollback reads a thread's entries sorted by (``at``, ``order``, ``n``).
 
 Batches without such groups (a plain checkpoint step, a task without business writes)
 cost nothing: no read, no write. Each business update / replace / delete costs one read
@@ -33,6 +36,8 @@ matches several records may make the database update another one: name records b
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +50,9 @@ from accord.platform.artifacts import BUSINESS, BUSINESS_UNDO
 from accord.platform.hooks import HookCollection, SealBatch, SealRead
 from accord.platform.plan import Group, Op
 
-__all__ = ["COLLECTION", "INDEXES", "UndoLogHook", "VERSION_FIELD", "decode"]
+__all__ = [
+    "COLLECTION", "INDEXES", "SORT", "UndoLogHook", "VERSION_FIELD", "decode", "scalar_key",
+]  # fmt: skip
 
 #: Where the before-images live (in the database of the business records).
 COLLECTION = BUSINESS_UNDO.default_collection or "accord_business_undo"
@@ -66,6 +73,23 @@ INDEXES = [
         name="tenant_record_at",
     ),  # fmt: skip
 ]
+
+
+#: The order of a thread's entries: write order (module docstring).
+SORT = [("at", ASCENDING), ("order", ASCENDING), ("n", ASCENDING)]
+
+_order_lock = threading.Lock()
+_last_order = 0
+
+
+def next_order() -> int:
+    """A number greater than every one this process gave before: the clock in
+    nanoseconds, or the last number + 1 when the clock did not move on. (``at`` alone
+    ties: BSON keeps milliseconds, and a fast thread commits two steps in one.)"""
+    global _last_order
+    with _order_lock:
+        _last_order = max(time.time_ns(), _last_order + 1)
+        return _last_order
 
 
 def encode(doc: Mapping[str, Any] | None) -> Binary | None:
@@ -93,7 +117,14 @@ def _record_key(db: str, collection: str, record_id: Any) -> tuple[str, str, Any
     value's type as MongoDB does."""
     if isinstance(record_id, Mapping | list | tuple):
         return (db, collection, ("bson", bson.encode({"_id": record_id})))
-    return (db, collection, record_id)
+    return (db, collection, scalar_key(record_id))
+
+
+def scalar_key(record_id: Any) -> Any:
+    """``record_id`` as a dict key that tells records apart as MongoDB does: Python holds
+    ``True == 1`` (and hashes them alike), MongoDB does not; numbers of different types
+    (1, 1.0) are one ``_id`` to both."""
+    return ("bool", record_id) if isinstance(record_id, bool) else record_id
 
 
 def _exact_id(value: Any) -> bool:
@@ -163,6 +194,7 @@ class UndoLogHook:
         # (keyed by _record_key: a compound _id is a dict, not hashable)
         seen: dict[tuple[str, str, Any], int | None] = {}
         n = 0
+        order = next_order() if _recorded(batch) else 0
         for i, group in _recorded(batch):
             origin = group.origin or {}
             tenant = None
@@ -220,6 +252,7 @@ class UndoLogHook:
                             "after_version": after,
                             "after_absent": after_absent,
                             "at": at,
+                            "order": order,
                             "n": n,
                             "txn": batch.transaction_id,
                         },

@@ -128,7 +128,7 @@ class AsyncSaverRollback(AsyncSaverMaintenance):
             ReadContext(scope.tenant_id, scope.thread_id, operation="rollback.read"),
             BUSINESS_UNDO.name, self.business_db, undo_log.COLLECTION,
             {**scope.thread_filter, "checkpoint_id": {"$gte": target}},
-            sort=[("at", 1), ("n", 1)],
+            sort=undo_log.SORT,
         )  # fmt: skip
         for e in undo_plan.unresolved(entries):
             filt = {**(undo_log.decode(e.get("locate")) or {}), "tenant_id": scope.tenant_id}

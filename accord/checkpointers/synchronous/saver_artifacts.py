@@ -41,6 +41,9 @@ _CHUNKS_PER_TXN = 64
 #: Orphans examined per ``gc_artifacts`` round.
 _GC_BATCH = 500
 _MAX_METADATA = 64 * 1024
+#: Nesting of an artifact's metadata, at most (the files document holds it at its second
+#: level; MongoDB stores 180 levels).
+_MAX_METADATA_DEPTH = 100
 
 
 class _NotPending(Exception):
@@ -307,8 +310,16 @@ def _metadata(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"metadata must be a dict, got {type(value).__name__}")
     doc = dict(value)
+    _metadata_depth(doc)
     try:
         size = len(bson.encode(doc))
+    except UnicodeEncodeError as exc:  # was raised raw: BSON strings are UTF-8
+        raise InvalidInputError(
+            f"metadata holds a lone surrogate at character {exc.start} of a string; "
+            f"strings must be valid Unicode"
+        ) from None
+    except OverflowError:  # was raised raw by the driver
+        raise InvalidInputError("metadata holds an int of more than 64 bits") from None
     except (TypeError, bson.errors.InvalidDocument) as exc:
         raise InvalidInputError(f"metadata must be a BSON document: {exc}") from None
     if size > _MAX_METADATA:
@@ -318,3 +329,18 @@ def _metadata(value: Any) -> dict[str, Any]:
     if any(not isinstance(k, str) or k.startswith("$") or "." in k for k in doc):
         raise InvalidInputError("metadata keys must be strings without a leading '$' or '.'")
     return doc
+
+
+def _metadata_depth(doc: Mapping[str, Any]) -> None:
+    """Refuse metadata nested deeper than :data:`_MAX_METADATA_DEPTH` (the database refused
+    it only when the files document was inserted, naming no field)."""
+    stack: builtins.list[tuple[Any, int]] = [(doc, 1)]
+    while stack:  # iterative: no input depth can exhaust the stack here
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            if depth > _MAX_METADATA_DEPTH:
+                raise InvalidInputError(
+                    f"metadata is nested more than {_MAX_METADATA_DEPTH} levels deep"
+                )
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
