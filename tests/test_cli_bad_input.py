@@ -76,20 +76,41 @@ def test_engine_start_refuses_an_unusable_host_or_window(
 # --- any command: an exception no command expected -----------------------------------------
 
 
+#: ``accord ARGS`` in a child whose connect() has a bug: an exception no command expects
+#: (before, rich printed a traceback of about 40 lines for one, such as pymongo's plain
+#: ValueError for a port past 65535, now a ConfigurationError of its own)
+_BUGGY = """
+import sys
+import accord.platform, accord.platform.connection
+def connect(*args, **kwargs):
+    raise RuntimeError("a bug in connect")
+accord.platform.connect = accord.platform.connection.connect = connect
+from accord.platform.cli import app
+app(sys.argv[1:], prog_name="accord")
+"""
+
+
 def test_an_unexpected_error_is_one_line_and_its_traceback_is_at_debug() -> None:
-    # pymongo raises a plain ValueError for a port out of range: 40 lines of traceback
-    env = {**os.environ, "MONGODB_URI": "mongodb://localhost:99999/"}
-    command = [sys.executable, "-m", "accord.platform.cli"]
-    run = subprocess.run([*command, "runs", "ls"], capture_output=True, text=True,
-                         timeout=120, env=env)  # fmt: skip
+    command = [sys.executable, "-c", _BUGGY]
+    run = subprocess.run([*command, "runs", "ls"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr and "╭" not in run.stderr, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Port must be an integer" in lines[0], run.stderr
+    assert len(lines) == 1 and "RuntimeError: a bug in connect" in lines[0], run.stderr
     assert "accord --debug" in lines[0]
     debug = subprocess.run([*command, "--debug", "runs", "ls"], capture_output=True,
-                           text=True, timeout=120, env=env)  # fmt: skip
+                           text=True, timeout=120)  # fmt: skip
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_a_port_past_65535_is_one_line_naming_the_uri() -> None:
+    env = {**os.environ, "MONGODB_URI": "mongodb://localhost:99999/"}
+    run = subprocess.run([sys.executable, "-m", "accord.platform.cli", "runs", "ls"],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert run.returncode == 1
+    (line,) = run.stderr.strip().splitlines()
+    assert "cannot use the MongoDB URI 'mongodb://localhost:99999/'" in line
+    assert "Port must be an integer" in line
 
 
 # --- accord runs: values that are not UTF-8 ------------------------------------------------
