@@ -28,6 +28,7 @@ import inspect
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -377,6 +378,10 @@ class VoyageEmbedder:
 # -- resolution ---------------------------------------------------------------------------------
 
 
+#: Set once the default embedder was announced at WARNING in this process.
+_ANNOUNCED_DEFAULT = threading.Event()
+
+
 def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
     """An :class:`Embedder` for ``spec``.
 
@@ -387,7 +392,12 @@ def resolve_embedder(spec: Any = None, dims: int | None = None) -> Embedder:
     """
     if spec is None:
         embedder = HashingEmbedder(dims or DEFAULT_DIMS)
-        log.warning(
+        # once per process (then at DEBUG): every root and store resolves its embedder,
+        # and the demo said the same line twice
+        level = logging.DEBUG if _ANNOUNCED_DEFAULT.is_set() else logging.WARNING
+        _ANNOUNCED_DEFAULT.set()
+        log.log(
+            level,
             "no embedder configured: long-term memory uses accord's deterministic hashing "
             "embedder (%d dimensions; lexical similarity, not semantic). Configure Voyage AI "
             "or any LangChain Embeddings for semantic search.",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -27,10 +29,22 @@ def test_hashing_is_deterministic_unit_and_lexical():
 
 
 def test_resolve_defaults_to_hashing_and_says_so(caplog):
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("DEBUG"):  # (WARNING the first time in a process)
         e = resolve_embedder(None)
     assert isinstance(e, HashingEmbedder) and e.dims == 256
     assert "hashing embedder" in caplog.text
+
+
+def test_the_default_embedder_is_announced_once_per_process():
+    """Every root and store resolves its embedder: the demo printed the line twice."""
+    code = (
+        "import logging; logging.basicConfig(level=logging.WARNING)\n"
+        "from accord.memory.embedders import resolve_embedder\n"
+        "resolve_embedder(None); resolve_embedder(None, 64)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("no embedder configured") == 1, run.stderr
 
 
 def test_an_unknown_provider_string_is_a_configuration_error():
