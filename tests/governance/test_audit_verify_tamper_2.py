@@ -23,32 +23,18 @@ from accord.governance.canonical import canonical
 from accord.governance.digests import Head, HeadTree, digest_hash, external, write_digest
 from accord.governance.export_verify import verify_export
 from accord.governance.proofs import check_proof, prove
-from accord.governance.signing import generate, load_private
 from tests.governance.test_audit_digests import write
 from tests.governance.test_audit_export import ACME, _find, _lines, _recompute_manifest, _write
 from tests.governance.test_audit_verify_tamper import (
     T2,
-    _auditor,
     _cli,
     _edit_manifest,
     _export,
     _named,
+    trail,
 )
 
-
-@pytest.fixture()
-def trail(client: MongoClient, db_name: str, tmp_path: Path) -> dict[str, Any]:
-    """acme: 12 orders and two threads; globex: 4 orders; a signed digest, also as a file
-    (test_audit_verify_tamper's)."""
-    write(client, db_name, "acme", 0, 12)
-    write(client, db_name, "acme", 0, 5, thread="t1")
-    write(client, db_name, "acme", 0, 3, thread="t2")
-    write(client, db_name, "globex", 0, 4)
-    generate(tmp_path / "k")
-    uow = _auditor(client)
-    digest = external(write_digest(uow, db_name, key=load_private(tmp_path / "k")))
-    (tmp_path / "d.json").write_text(json.dumps(digest))
-    return {"uow": uow, "db": db_name, "digest": digest, "file": tmp_path / "d.json"}
+__all__ = ["trail"]  # the fixture, imported for pytest
 
 
 def _line(record: dict[str, Any]) -> str:
