@@ -35,7 +35,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from accord.checkpointers import schema
+from accord.checkpointers import schema, validation
 from accord.errors import AccordError, InvalidInputError
 from accord.platform.artifacts import RUN
 from accord.platform.cli_output import SafeConsole, database_name, server_uri
@@ -60,57 +60,23 @@ THREADS = typer.Option(
 )
 
 
-def _accords_collections() -> dict[str, str]:
-    """accord's own collections by their default names: collection name -> class."""
-    from accord.platform.artifacts import CLASSES
-
-    return {
-        c.default_collection: name
-        for name, c in CLASSES.items()
-        if c.default_collection and not c.tenant_writable
-    }
-
-
-def _collection_problem(value: str) -> str | None:
-    """Why ``value`` is no collection name MongoDB takes, or None."""
-    if not value or len(value.encode("utf-8", "surrogatepass")) > 255:
-        return "must be 1 to 255 bytes long"
-    if "$" in value or "\x00" in value:
-        return "may not hold '$' or NUL"
-    if value.startswith(("system.", ".")) or value.endswith("."):
-        return "may not start with 'system.' or '.', nor end with '.'"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
-    return None
-
-
 def not_accords(value: str) -> str:
-    """``migrate``'s --checkpoints/--writes check: a MongoDBSaver collection, never one of
-    accord's own (``--checkpoints accord_run_queue`` read the run queue as checkpoints and
-    recorded it as a migrated MongoDBSaver collection)."""
-    problem = _collection_problem(value)
-    if problem:
-        raise typer.BadParameter(f"{value!r} is not a collection name: it {problem}")
-    owner = _accords_collections().get(value)
-    if owner is not None:
-        raise typer.BadParameter(
-            f"{value!r} is accord's own {owner!r} collection, not MongoDBSaver's; nothing "
-            f"was read or written. Name MongoDBSaver's collection (its defaults: "
-            f"'checkpoints', 'checkpoint_writes')"
-        )
-    return value
+    """``migrate``'s --checkpoints/--writes check, the library's
+    (:func:`~accord.checkpointers.validation.foreign_collection`) at the command line."""
+    try:
+        return validation.foreign_collection(value, "the collection")
+    except InvalidInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def runs_collection_name(value: str) -> str:
     """``--runs-collection``'s check: a run registry, never another of accord's collections
     (``threads release --runs-collection accord_policies`` wrote a lease document into the
     policies)."""
-    problem = _collection_problem(value)
+    problem = validation.collection_problem(value)
     if problem:
         raise typer.BadParameter(f"{value!r} is not a collection name: it {problem}")
-    owner = _accords_collections().get(value)
+    owner = validation.accords_class_of(value)
     if owner is not None and owner != RUN.name:
         raise typer.BadParameter(
             f"{value!r} is accord's own {owner!r} collection, not a run registry; nothing "

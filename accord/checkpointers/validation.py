@@ -14,6 +14,8 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from accord.errors import InvalidInputError
+from accord.platform.artifacts import CLASSES
+from accord.platform.text import surrogate_at
 
 MAX_ID_LENGTH = 1024
 # longest grace `gc_artifacts` takes (no task runs a year; inf overflowed the cutoff)
@@ -27,13 +29,10 @@ MAX_DEPTH = 180
 def unicode_problem(value: str) -> str | None:
     """Why ``value`` cannot be sent to MongoDB as UTF-8 (a lone surrogate such as
     ``"\\ud800"``, what a JSON ``"\\ud800"`` decodes to), or None."""
-    if value.isascii():
+    at = surrogate_at(value)
+    if at is None:
         return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return f"holds a lone surrogate at character {exc.start}; strings must be valid Unicode"
-    return None
+    return f"holds a lone surrogate at character {at}; strings must be valid Unicode"
 
 
 def identifier(value: Any, name: str, *, allow_empty: bool = False) -> str:
@@ -221,3 +220,43 @@ def collection_name(value: Any, reserved: Set[str]) -> str:
             f"the application's own collections."
         )
     return name
+
+
+def collection_problem(value: str) -> str | None:
+    """Why ``value`` is no collection name MongoDB takes, or None."""
+    if not value or len(value.encode("utf-8", "surrogatepass")) > 255:
+        return "must be 1 to 255 bytes long"
+    if "$" in value or "\x00" in value:
+        return "may not hold '$' or NUL"
+    if value.startswith(("system.", ".")) or value.endswith("."):
+        return "may not start with 'system.' or '.', nor end with '.'"
+    if surrogate_at(value) is not None:
+        return "is not valid UTF-8"
+    return None
+
+
+def accords_class_of(collection: str) -> str | None:
+    """The class of accord's own collection named ``collection`` by default (``runs``:
+    ``run``), or None."""
+    for name, cls in CLASSES.items():
+        if cls.default_collection == collection and not cls.tenant_writable:
+            return name
+    return None
+
+
+def foreign_collection(value: Any, name: str) -> str:
+    """A collection of another saver (MongoDBSaver's) that accord reads: a collection
+    name, never one of accord's own (``accord_run_queue`` as checkpoints was read and
+    recorded as a migrated MongoDBSaver collection). InvalidInputError naming ``name``."""
+    value = identifier(value, name)
+    problem = collection_problem(value)
+    if problem:
+        raise InvalidInputError(f"{name} {value!r:.80} is not a collection name: it {problem}")
+    owner = accords_class_of(value)
+    if owner is not None:
+        raise InvalidInputError(
+            f"{name} {value!r} is accord's own {owner!r} collection, not MongoDBSaver's; "
+            f"nothing was read or written. Name MongoDBSaver's collection (its defaults: "
+            f"'checkpoints', 'checkpoint_writes')"
+        )
+    return value

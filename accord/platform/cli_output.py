@@ -25,6 +25,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from accord.errors import ConfigurationError
+from accord.platform.text import surrogate_at
 
 
 class SafeConsole(Console):
@@ -88,18 +89,6 @@ def database_name(value: str | None) -> str | None:
     return value
 
 
-def _surrogate_at(value: str) -> int | None:
-    """Where ``value`` holds a lone surrogate (what Python makes of command-line bytes that
-    are not UTF-8), or None."""
-    if value.isascii():
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
-
-
 def text(value: Any) -> Any:
     """Typer callback of a text argument or option (or a repeatable one): refuse a value
     MongoDB cannot store, exit 2 naming it. Bytes that are not UTF-8 on the command line
@@ -108,7 +97,7 @@ def text(value: Any) -> Any:
     for item in value if isinstance(value, list | tuple) else [value]:
         if not isinstance(item, str):
             continue
-        at = _surrogate_at(item)
+        at = surrogate_at(item)
         if at is not None:
             raise typer.BadParameter(
                 f"{item!r} is not valid UTF-8 (a byte that is not UTF-8 at character {at}); "

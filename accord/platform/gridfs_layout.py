@@ -34,6 +34,7 @@ from pymongo import ASCENDING, IndexModel
 
 from accord.errors import ArtifactCorrupted, InvalidInputError
 from accord.platform.artifacts import ARTIFACT, ARTIFACT_CHUNK
+from accord.platform.text import surrogate_at
 
 __all__ = [
     "BUCKET", "CHUNKS", "CHUNK_SIZE", "COMMITTED", "FILES", "PENDING", "ArtifactRef",
@@ -112,13 +113,12 @@ def text(value: Any, name: str, *, optional: bool = False) -> str | None:
             f"{name} must be a non-empty string of at most {_MAX_TEXT} characters without "
             f"NUL, got {value!r:.80}"
         )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate: MongoDB stores UTF-8 only
+    at = surrogate_at(value)
+    if at is not None:
         raise InvalidInputError(
-            f"{name} holds a lone surrogate at character {exc.start}; it must be valid "
+            f"{name} holds a lone surrogate at character {at}; it must be valid "
             f"Unicode, got {value!r:.80}"
-        ) from None
+        )
     return value
 
 

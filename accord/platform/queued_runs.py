@@ -45,6 +45,7 @@ import bson
 
 from accord.errors import InvalidInputError
 from accord.platform.hosts import ProcessId
+from accord.platform.text import surrogate_at
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -96,13 +97,10 @@ def check_id(value: Any, name: str) -> str:
             f"{name} must be a non-empty string of at most 1024 characters without NUL, "
             f"got {type(value).__name__} ({value!r:.80})"
         )
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # (pymongo's traceback, after the queue's first read)
-            raise InvalidInputError(
-                f"{name} is not valid Unicode text (a lone surrogate), got {value!r:.80}"
-            ) from None
+    if surrogate_at(value) is not None:  # (pymongo's traceback, after the queue's first read)
+        raise InvalidInputError(
+            f"{name} is not valid Unicode text (a lone surrogate), got {value!r:.80}"
+        )
     return value
 
 

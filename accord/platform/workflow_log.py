@@ -37,6 +37,7 @@ from accord.errors import InvalidInputError
 from accord.platform.artifacts import WORKFLOW_EVENT
 from accord.platform.hooks import HookCollection, SealBatch, SealConflict, SealRead
 from accord.platform.plan import Counts, Expect, Group, Op
+from accord.platform.text import surrogate_at
 
 __all__ = [
     "COLLECTION", "INDEXES", "MAX_EVENT_BYTES", "WorkflowLogHook", "event_doc", "head_id",
@@ -61,13 +62,12 @@ def workflow_name(value: Any) -> str:
             f"workflow must be a non-empty string of at most {_MAX_NAME} characters without "
             f"NUL, got {value!r:.80}"
         )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate: MongoDB stores UTF-8 only
+    at = surrogate_at(value)
+    if at is not None:
         raise InvalidInputError(
-            f"workflow holds a lone surrogate at character {exc.start}; names must be valid "
+            f"workflow holds a lone surrogate at character {at}; names must be valid "
             f"Unicode, got {value!r:.80}"
-        ) from None
+        )
     return value
 
 

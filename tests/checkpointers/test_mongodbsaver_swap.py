@@ -228,6 +228,11 @@ def test_a_migration_of_nothing_is_refused_and_writes_nothing(client: MongoClien
     assert missing not in client.list_database_names()
     with pytest.raises(InvalidInputError, match="is not a collection name"):
         MongoDBSaverMigration(client, missing, checkpoint_collection_name="$x")
+    # accord's own collection as MongoDBSaver's: refused by the library, not only the CLI
+    with pytest.raises(InvalidInputError, match="is accord's own 'queued_run' collection"):
+        MongoDBSaverMigration(client, missing, checkpoint_collection_name="accord_run_queue")
+    with pytest.raises(InvalidInputError, match="is accord's own 'checkpoint_write' collection"):
+        MongoDBSaverMigration(client, missing, writes_collection_name="accord_checkpoint_writes")
 
 
 def test_an_interrupted_migration_resumes(client: MongoClient, legacy_db: str) -> None:

@@ -98,14 +98,12 @@ class AsyncMongoDBSaverMigration:
         self.db_name = validation.identifier(db_name, "db_name")
         self.target_db = validation.identifier(target_db or db_name, "target_db")
         self.tenant_id = validation.identifier(tenant_id, "tenant_id")
-        self.checkpoints = validation.identifier(
+        self.checkpoints = validation.foreign_collection(
             checkpoint_collection_name, "checkpoint_collection_name"
         )
-        self.writes = validation.identifier(writes_collection_name, "writes_collection_name")
-        for name, value in (("checkpoint_collection_name", self.checkpoints),
-                            ("writes_collection_name", self.writes)):  # fmt: skip
-            if "$" in value or value.startswith(("system.", ".")) or value.endswith("."):
-                raise InvalidInputError(f"{name} {value!r} is not a collection name")
+        self.writes = validation.foreign_collection(
+            writes_collection_name, "writes_collection_name"
+        )
         self.threads = None if threads is None else validation.thread_ids(threads, "threads")
         self.serde = serde or JsonPlusSerializer()
         for forced in ("unmigrated", "outbox_events", "tenant_id"):
