@@ -54,7 +54,7 @@ from accord.checkpointers import langgraph_internals
 from accord.checkpointers.plans import APPEND_EVENT, VERSION_FIELD, bookkeeping_problem
 from accord.checkpointers.staged import tenancy_problem
 from accord.checkpointers.storage import BUSINESS_CHANNEL
-from accord.checkpointers.validation import collection_name, identifier
+from accord.checkpointers.validation import collection_name, identifier, nested_deeper
 from accord.errors import ConfigurationError, InvalidInputError
 from accord.platform import workflow_log
 
@@ -203,17 +203,11 @@ def _copy(value: Any, name: str) -> Any:
     """A deep copy of ``value`` (the node may keep mutating its objects after staging
     them), refused with InvalidInputError when MongoDB could not store it: nested over
     :data:`MAX_DEPTH` levels, keys that are not strings, values BSON has no type for."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:  # iterative: no input depth can exhaust the stack here
-        item, depth = stack.pop()
-        if isinstance(item, Mapping | list | tuple):
-            if depth > MAX_DEPTH:
-                raise InvalidInputError(
-                    f"{name} is nested more than {MAX_DEPTH} levels deep (MongoDB's limit); "
-                    f"nothing was staged."
-                )
-            children = item.values() if isinstance(item, Mapping) else item
-            stack.extend((child, depth + 1) for child in children)
+    if nested_deeper(value, MAX_DEPTH):
+        raise InvalidInputError(
+            f"{name} is nested more than {MAX_DEPTH} levels deep (MongoDB's limit); "
+            f"nothing was staged."
+        )
     try:
         bson.encode({"v": value})
     except UnicodeEncodeError:  # BSON strings are UTF-8: no lone surrogate ("\ud800")

@@ -260,3 +260,18 @@ def foreign_collection(value: Any, name: str) -> str:
             f"'checkpoints', 'checkpoint_writes')"
         )
     return value
+
+
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value``'s documents and arrays nest more than ``limit`` levels (``value``
+    itself is level 1). Iterative: no input depth can exhaust the stack here, and a cycle
+    ends at the limit."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False

@@ -472,16 +472,12 @@ def _written(op: Op) -> Mapping[str, Any] | None:
         return None
     if op.kind in ("insert", "replace"):
         return doc
-    expanded: dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     for name in ("$set", "$setOnInsert"):
         body = doc.get(name)
-        for k, v in body.items() if isinstance(body, Mapping) else ():
-            expanded = _set(expanded, k, v)
-    filt = op.filter or {}
-    for k in ("tenant_id", "thread_id"):
-        if k not in expanded and isinstance(filt.get(k), str):
-            expanded[k] = filt[k]
-    return expanded
+        if isinstance(body, Mapping):
+            merged.update(body)
+    return _expanded(merged, op)
 
 
 def _raced(counts: Counts) -> SealConflict:
@@ -539,6 +535,12 @@ def _source(op: Op, fields: tuple[str, ...], group: Group) -> Mapping[str, Any] 
             f"once; each value is bound to its document, so write them one document at a "
             f"time. Nothing was written"
         )
+    return _expanded(merged, op)
+
+
+def _expanded(merged: Mapping[str, Any], op: Op) -> dict[str, Any]:
+    """An update's ``$set``/``$setOnInsert`` fields (dotted paths expanded) with the
+    filter's ``tenant_id``/``thread_id``: the document as far as the update says it."""
     expanded: dict[str, Any] = {}
     for k, v in merged.items():
         expanded = _set(expanded, k, v)

@@ -310,7 +310,9 @@ def _metadata(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"metadata must be a dict, got {type(value).__name__}")
     doc = dict(value)
-    _metadata_depth(doc)
+    # (the database refused it only when the files document was inserted, naming no field)
+    if validation.nested_deeper(doc, _MAX_METADATA_DEPTH):
+        raise InvalidInputError(f"metadata is nested more than {_MAX_METADATA_DEPTH} levels deep")
     try:
         size = len(bson.encode(doc))
     except UnicodeEncodeError as exc:  # was raised raw: BSON strings are UTF-8
@@ -329,18 +331,3 @@ def _metadata(value: Any) -> dict[str, Any]:
     if any(not isinstance(k, str) or k.startswith("$") or "." in k for k in doc):
         raise InvalidInputError("metadata keys must be strings without a leading '$' or '.'")
     return doc
-
-
-def _metadata_depth(doc: Mapping[str, Any]) -> None:
-    """Refuse metadata nested deeper than :data:`_MAX_METADATA_DEPTH` (the database refused
-    it only when the files document was inserted, naming no field)."""
-    stack: builtins.list[tuple[Any, int]] = [(doc, 1)]
-    while stack:  # iterative: no input depth can exhaust the stack here
-        item, depth = stack.pop()
-        if isinstance(item, Mapping | list | tuple):
-            if depth > _MAX_METADATA_DEPTH:
-                raise InvalidInputError(
-                    f"metadata is nested more than {_MAX_METADATA_DEPTH} levels deep"
-                )
-            children = item.values() if isinstance(item, Mapping) else item
-            stack.extend((child, depth + 1) for child in children)
