@@ -194,8 +194,9 @@ class UndoLogHook:
         # (keyed by _record_key: a compound _id is a dict, not hashable)
         seen: dict[tuple[str, str, Any], int | None] = {}
         n = 0
-        order = next_order() if _recorded(batch) else 0
-        for i, group in _recorded(batch):
+        recorded = _recorded(batch)
+        order = next_order() if recorded else 0
+        for i, group in recorded:
             origin = group.origin or {}
             tenant = None
             for j, op in enumerate(group.ops):

@@ -5,7 +5,8 @@ an internal error), treats booleans as numbers, takes ``[x]`` for a unary operat
 the array itself, returns ints from ``$ceil`` of a double and raises where mongod gives
 an infinity (``$exp`` of 1000). These functions take parsed operands (None: null or
 missing) and return mongod's result or raise its error: the type checks with mongod's
-codes, the result types (a double in gives a double out, a long that overflows becomes a
+codes as read in its source (docs/engine.md says which were not checked against a running
+server), the result types (a double in gives a double out, a long that overflows becomes a
 double, a decimal operand makes the result decimal).
 """
 
