@@ -335,6 +335,15 @@ class ArtifactNotFound(AccordError):
     read; store the data again."""
 
 
+class ArtifactPending(ArtifactNotFound):
+    """The artifact exists but is pending: the step that stored it has not committed (its
+    task is still running, failed, or its process died; or a rollback undid the step).
+    Nothing was read; a reader never sees an artifact before its step commits. Read it
+    again once the step committed; one that never commits is collected by
+    ``gc_artifacts``. (A subclass of :class:`ArtifactNotFound`: code that handles a
+    missing artifact handles this too.)"""
+
+
 class ArtifactCorrupted(AccordError):
     """An artifact's stored bytes do not match its reference (length or SHA-256 digest),
     or chunks are missing. Nothing is returned; the stored copy is kept for inspection

@@ -308,6 +308,11 @@ class ActiveRun:
                 del self.writing[ns]
         self.signal.notify()
 
+    def writes_pending(self) -> bool:
+        """Whether task writes of the run (any namespace) are queued or being committed."""
+        with self._mutex:
+            return bool(self.writing)
+
     def put_queued(self, ns: str, checkpoint_id: str) -> bool:
         """Whether the put of ``checkpoint_id`` is queued or being committed."""
         with self._mutex:

@@ -22,6 +22,7 @@ from accord.checkpointers import business
 from accord.errors import (
     ArtifactCorrupted,
     ArtifactNotFound,
+    ArtifactPending,
     ConfigurationError,
     InvalidInputError,
 )
@@ -99,6 +100,9 @@ def test_a_failed_task_leaves_an_orphan_that_is_collected(
         graph.invoke({"refs": []}, config("t4"))
     (doc,) = _files(client, db_name)
     assert doc["status"] == gl.PENDING
+    ref = ArtifactRef(doc["_id"], doc["sha256"], doc["length"], doc["contentType"])
+    with pytest.raises(ArtifactPending, match="pending.*has not committed"):
+        saver.get_artifact(ref)  # before 2026-12-07: its bytes, until collected
     assert saver.gc_artifacts(grace=3600) == 0  # within its grace: kept
     assert saver.gc_artifacts(grace=0) == 1
     assert _files(client, db_name) == []
@@ -287,3 +291,53 @@ def test_async_node_and_saver(mongo_uri: str, client: MongoClient, db_name: str)
 
     assert asyncio.run(main()) == BIG
     assert _files(client, db_name)[0]["status"] == gl.COMMITTED
+
+
+class Chain(TypedDict):
+    refs: Annotated[list[Any], operator.add]
+    read: Annotated[list[Any], operator.add]
+
+
+def test_a_later_node_reads_what_an_earlier_one_stored(saver: Any) -> None:
+    """Under "async" durability (LangGraph's default) the next node runs while the task
+    that stored the artifact is still being committed: its read waits for that commit
+    rather than being refused as pending (or, before 2026-12-07, reading bytes no step
+    had committed)."""
+
+    def store(state: Chain, config: RunnableConfig) -> dict[str, Any]:
+        return {"refs": [saver.put_artifact(config, b"report").as_dict()]}
+
+    def read(state: Chain) -> dict[str, Any]:
+        return {"read": [saver.get_artifact(state["refs"][-1])]}
+
+    g = StateGraph(Chain)
+    g.add_node("store", store)
+    g.add_node("read", read)
+    g.add_edge(START, "store")
+    g.add_edge("store", "read")
+    graph: Any = g.compile(checkpointer=saver)
+    for i in range(10):
+        out = graph.invoke({"refs": [], "read": []}, config(f"chain{i}"), durability="async")
+        assert out["read"] == [b"report"]
+
+
+def test_a_node_cannot_read_back_its_own_pending_artifact(saver: Any) -> None:
+    """The task that stored an artifact reads it as pending (at once: its writes come
+    only after it returns); nothing of a step is visible before the step commits."""
+    seen: list[str] = []
+
+    def store(state: State, config: RunnableConfig) -> dict[str, Any]:
+        ref = saver.put_artifact(config, b"mine")
+        try:
+            saver.get_artifact(ref)
+        except ArtifactPending as exc:
+            seen.append(type(exc).__name__)
+        return {"refs": [ref.as_dict()]}
+
+    g = StateGraph(State)
+    g.add_node("store", store)
+    g.add_edge(START, "store")
+    graph: Any = g.compile(checkpointer=saver)
+    out = graph.invoke({"refs": []}, config("own"))
+    assert seen == ["ArtifactPending"]
+    assert saver.get_artifact(out["refs"][0]) == b"mine"  # committed with its step

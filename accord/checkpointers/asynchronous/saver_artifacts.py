@@ -1,7 +1,7 @@
 """Artifacts by pointer: ``put_artifact`` stores large outputs and files in GridFS's layout
-(:mod:`accord.platform.gridfs_layout`) before the step, ``get_artifact`` reads them back
-checked against their digest, ``gc_artifacts`` collects the orphans of steps that never
-committed.
+(:mod:`accord.platform.gridfs_layout`) before the step, ``get_artifact`` reads the committed
+ones back checked against their digest (a pending one is refused: ``ArtifactPending``),
+``gc_artifacts`` collects the orphans of steps that never committed.
 
 Inside a node, an artifact is stored *pending* (its own transactions, before the step)
 and its reference is committed by the transaction that records the task as finished
@@ -22,11 +22,17 @@ from typing import Any
 
 import bson
 from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_config
 
 from accord.checkpointers import langgraph_internals, plans, validation
 from accord.checkpointers.asynchronous.saver_writes import AsyncSaverWrites
 from accord.checkpointers.storage import BUSINESS_CHANNEL, Scope
-from accord.errors import ArtifactNotFound, ConfigurationError, InvalidInputError
+from accord.errors import (
+    ArtifactNotFound,
+    ArtifactPending,
+    ConfigurationError,
+    InvalidInputError,
+)
 from accord.platform import gridfs_layout as gl
 from accord.platform.artifacts import ARTIFACT, ARTIFACT_CHUNK
 from accord.platform.asynchronous.catalog import AsyncCatalog
@@ -150,7 +156,14 @@ class AsyncSaverArtifacts(AsyncSaverWrites):
         """The bytes of the artifact ``ref`` (an :class:`ArtifactRef` or its dict form) of
         ``tenant_id`` (default: the saver's tenant), checked against the reference.
 
+        Only a committed artifact is read: one whose step has not committed is refused
+        (:class:`ArtifactPending`), except that a node of a run this saver holds, reading
+        an artifact an earlier task of the run stored, waits for that task's writes to
+        commit ("async" durability saves them while the next step runs).
+
         Raises:
+            ArtifactPending: the artifact's step has not committed (a subclass of
+                ``ArtifactNotFound``).
             ArtifactNotFound: no such artifact for the tenant.
             ArtifactCorrupted: its stored bytes differ from the reference (length,
                 digest, missing chunks).
@@ -159,14 +172,9 @@ class AsyncSaverArtifacts(AsyncSaverWrites):
         tenant = self.tenant_named(tenant_id)
         await self._artifact_setup()
         context = ReadContext(tenant_id=tenant, operation="artifact.read")
-        files = await self.uow.find_one(
-            context, ARTIFACT.name, self.db_name, gl.FILES, {"_id": art.id, "tenant_id": tenant}
-        )
-        if files is None:  # a copy's state refers to the original: a copy of it (forks)
-            files = await self.uow.find_one(
-                context, ARTIFACT.name, self.db_name, gl.FILES,
-                {"alias_of": art.id, "tenant_id": tenant, "status": gl.COMMITTED},
-            )  # fmt: skip
+        files = await self._files_of(context, art.id, tenant)
+        if files is not None and files.get("status") == gl.PENDING:
+            files = await self._once_committed(context, files)
         if files is None:
             raise ArtifactNotFound(
                 f"no artifact {art.id!r} for tenant {tenant!r}: never stored, deleted with "
@@ -177,6 +185,70 @@ class AsyncSaverArtifacts(AsyncSaverWrites):
             {"files_id": files["_id"], "tenant_id": tenant}, sort=[("n", 1)],
         )  # fmt: skip
         return gl.assemble(art, files, chunks)
+
+    async def _files_of(
+        self, context: ReadContext, art_id: str, tenant: str
+    ) -> dict[str, Any] | None:
+        """The files document of ``art_id``: the original unless it is pending and a
+        committed copy of it exists (a copy's state refers to the original: forks), then
+        that copy."""
+        files = await self.uow.find_one(
+            context, ARTIFACT.name, self.db_name, gl.FILES, {"_id": art_id, "tenant_id": tenant}
+        )
+        if files is not None and files.get("status") != gl.PENDING:
+            return files  # type: ignore[no-any-return]
+        copy = await self.uow.find_one(
+            context, ARTIFACT.name, self.db_name, gl.FILES,
+            {"alias_of": art_id, "tenant_id": tenant, "status": gl.COMMITTED},
+        )  # fmt: skip
+        return copy if copy is not None else files  # type: ignore[no-any-return]
+
+    async def _once_committed(
+        self, context: ReadContext, files: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``files`` (pending) once its step committed, when the reader is a later task of
+        a run of this saver whose writes are under way; else :class:`ArtifactPending`."""
+        run = self._reader_run(files)
+        if run is not None:
+            thread, task = str(files.get("thread_id")), str(files.get("task_id"))
+            key = (str(files.get("tenant_id")), thread, str(files.get("checkpoint_id")))
+            staged = self._staged_of(run)
+            # its task's writes: recorded or queued first, then the run's queue committed
+            # (every namespace: the artifact's is its task's, not its writes')
+            await staged.signal.await_for(lambda: not staged.noted(key, task), self.timeout)
+            await run.signal.await_for(
+                lambda: not run.writes_pending() or run.failure is not None, self.timeout
+            )
+            again = await self.uow.find_one(
+                context, ARTIFACT.name, self.db_name, gl.FILES,
+                {"_id": files["_id"], "tenant_id": files.get("tenant_id")},
+            )  # fmt: skip
+            if again is not None and again.get("status") != gl.PENDING:
+                return again  # type: ignore[no-any-return]
+        raise ArtifactPending(
+            f"artifact {files['_id']!r} of thread {files.get('thread_id')!r} is pending: the "
+            f"step that stored it (task {files.get('task_id')!r}) has not committed: it is "
+            f"still running, it failed or its process died, or a rollback undid it. Nothing "
+            f"was read; read it once the step committed (gc_artifacts collects it if it "
+            f"never does). A node cannot read back an artifact it stored itself: keep the "
+            f"bytes it stored."
+        )
+
+    def _reader_run(self, files: Mapping[str, Any]) -> Any | None:
+        """The run of this saver the calling node belongs to, on the artifact's thread,
+        unless the caller is the task that stored it (None outside a node)."""
+        try:
+            config = get_config()
+        except RuntimeError:
+            return None
+        conf = validation.configurable(config)
+        info = getattr(conf.get(langgraph_internals.CONFIG_RUNTIME), "execution_info", None)
+        mine = (getattr(info, "checkpoint_id", None), getattr(info, "task_id", None))
+        if mine == (files.get("checkpoint_id"), files.get("task_id")):
+            return None  # its own artifact: its writes come only after it returns
+        scope = Scope(str(files.get("tenant_id")), str(files.get("thread_id")),
+                      str(files.get("checkpoint_ns") or ""))  # fmt: skip
+        return self._run_of(scope, config)
 
     async def agc_artifacts(self, *, grace: float = 3600.0) -> int:
         """Delete the orphaned artifacts (every tenant): pending ones, stored more than
