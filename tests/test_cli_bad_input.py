@@ -59,6 +59,13 @@ def refused(result: Result, *words: str, code: int = 2) -> None:
         (["--snapshot-history-window", "inf"], "from 0 to a day"),
         (["--snapshot-history-window", "nan"], "from 0 to a day"),
         (["--snapshot-history-window", "1e12"], "from 0 to a day"),
+        # no upper bound before 2026-12-07: past the open-file limit the cap never acted
+        # (accept() failed with EMFILE, the engine could not open its own files)
+        (["--max-conns", "100000000"], "--max-conns"),
+        (["--max-conns", "0"], "from 1 to"),
+        # printed without its control characters: the path shown was another one
+        (["--dbpath", "bad\nname"], "--dbpath"),
+        (["--dbpath", "bad\x1b[31mname"], "control character"),
     ],
 )
 def test_engine_start_refuses_an_unusable_host_or_window(
@@ -71,6 +78,55 @@ def test_engine_start_refuses_an_unusable_host_or_window(
         connection.stop_engine(dbpath)
     refused(result, named)
     assert not (dbpath / "mongod.lock").exists()
+    assert not any(tmp_path.iterdir())  # no data directory made, whatever it was named
+
+
+def test_the_engine_refuses_more_connections_than_files_it_may_open(tmp_path: Path) -> None:
+    from accord.errors import EngineStartError
+    from accord.platform.embedded.server import EmbeddedServer, connection_limit
+
+    assert 1 <= connection_limit() <= 65_536
+    with pytest.raises(EngineStartError, match="max_connections must be from 1 to"):
+        EmbeddedServer(tmp_path, port=0, sync=False, max_connections=connection_limit() + 1)
+
+
+# --- any command: a bad setting is a usage error (exit 2) ----------------------------------
+
+
+#: a command of each family that reads the settings (before 2026-12-07 a bad one exited 1
+#: from runs, worker, threads and governance, 2 from the others)
+_FAMILIES = [
+    ["runs", "ls"],
+    ["runs", "calls"],
+    ["worker", "--graph", "tests.durable.queue_graphs:approval", "--until-idle"],
+    ["threads", "show", "t1"],
+    ["threads", "gc-artifacts"],
+    ["governance", "holds"],
+    ["memory", "dead"],
+    ["audit", "digest"],
+    ["checkpoints", "migrate"],
+]
+
+
+@pytest.mark.parametrize("args", _FAMILIES, ids=lambda a: "-".join(a[:2]))
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("ACCORD_SERVER_SELECTION_TIMEOUT", "-1"), ("MONGODB_URI", "mongodb://localhost:99999/")],
+)
+def test_a_bad_setting_exits_2_from_every_command_family(
+    args: list[str], variable: str, value: str
+) -> None:
+    result = CliRunner().invoke(app, args, env={variable: value})
+    refused(result, variable if variable != "MONGODB_URI" else "cannot use the MongoDB URI")
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+
+
+def test_an_unreachable_server_is_an_operational_failure_exit_1() -> None:
+    # (memory exited 2 for it before 2026-12-07, the others 1)
+    env = {"MONGODB_URI": "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=100"}
+    for args in (["memory", "dead"], ["runs", "ls"], ["threads", "show", "t1"]):
+        refused(CliRunner().invoke(app, args, env=env), "unreachable", code=1)
 
 
 # --- any command: an exception no command expected -----------------------------------------
@@ -107,7 +163,7 @@ def test_a_port_past_65535_is_one_line_naming_the_uri() -> None:
     env = {**os.environ, "MONGODB_URI": "mongodb://localhost:99999/"}
     run = subprocess.run([sys.executable, "-m", "accord.platform.cli", "runs", "ls"],
                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
-    assert run.returncode == 1
+    assert run.returncode == 2  # a bad setting: a usage error (1 before 2026-12-07)
     (line,) = run.stderr.strip().splitlines()
     assert "cannot use the MongoDB URI 'mongodb://localhost:99999/'" in line
     assert "Port must be an integer" in line
@@ -173,7 +229,7 @@ def test_threads_release_refuses_a_collection_the_catalog_gives_another_class(
     )
     monkeypatch.setenv("MONGODB_URI", mongo_uri)
     result = invoke("threads", "release", "t1", "--db", db_name, "--runs-collection", "app_events")
-    refused(result, "'outbox'", "catalog", code=1)
+    refused(result, "'outbox'", "catalog")  # a bad flag: 2 (1 before 2026-12-07)
     assert client[db_name]["app_events"].count_documents({}) == 0
 
 

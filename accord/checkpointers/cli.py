@@ -38,7 +38,7 @@ from rich.progress import (
 from accord.checkpointers import schema, validation
 from accord.errors import AccordError, InvalidInputError
 from accord.platform.artifacts import RUN
-from accord.platform.cli_output import SafeConsole, database_name, server_uri
+from accord.platform.cli_output import SafeConsole, database_name, fail, server_uri
 
 if TYPE_CHECKING:
     from accord.platform.synchronous.leases import RunLeases
@@ -170,8 +170,7 @@ def migrate(
 
             report = migration.run(on_progress=shown)
     except AccordError as exc:
-        console.error(exc)
-        raise typer.Exit(2) from exc
+        raise fail(console, exc) from exc
     finally:
         if client is not None:
             client.close()
@@ -261,8 +260,7 @@ def show(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -> N
         holder = leases.holder(tenant, thread)
         client.close()
     except AccordError as err:
-        console.error(err, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(console, err) from None
     if holder.run_id is None:
         out.print(f"thread {thread!r} (tenant {tenant!r}) is held by no run", markup=False)
     else:
@@ -284,8 +282,7 @@ def release(thread: str, db: str = DB, tenant: str = TENANT, runs: str = RUNS) -
         before = leases.take_over(tenant, thread)
         client.close()
     except AccordError as err:
-        console.error(err, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(console, err) from None
     if before.run_id is None:
         out.print(
             f"thread {thread!r} (tenant {tenant!r}) was held by no run; it is free, and its "
@@ -336,8 +333,7 @@ def delete(
         console.error(err, prefix="refused: ")
         raise typer.Exit(1) from None
     except AccordError as err:
-        console.error(err)
-        raise typer.Exit(1) from None
+        raise fail(console, err) from None
     kept = "; its long-term memories are kept" if keep_memories else ""
     out.print(f"deleted thread {thread!r} (tenant {tenant!r}) in {db}{kept}", markup=False)
 

@@ -21,7 +21,7 @@ import typer
 
 from accord.checkpointers import schema
 from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name, text
+from accord.platform.cli_output import SafeConsole, database_name, fail, text
 
 runs_app = typer.Typer(
     help="Runs: the queue of runs (submit, ls, show, approve, reject, resume, cancel, fork) "
@@ -68,8 +68,7 @@ def list_calls(
         finally:
             client.close()
     except AccordError as exc:
-        err_console.error(exc, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(err_console, exc) from None
     if not found:
         out.print(f"no unsettled recorded calls (tenant {tenant!r})")
         return
@@ -108,8 +107,7 @@ def resolve(
         finally:
             client.close()
     except AccordError as exc:
-        err_console.error(exc, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(err_console, exc) from None
     out.print(f"settled call {key} of thread {thread!r}; its task replays the result")
 
 
@@ -149,7 +147,8 @@ def _json(value: str | None, option: str) -> Any:
 
 
 def _on_queue(db: str, action: Any) -> Any:
-    """Run ``action(queue)``; an accord error is printed and exits 1."""
+    """Run ``action(queue)``; an accord error is printed and exits (``fail``: 2 for a
+    bad flag or setting, else 1)."""
     try:
         client, queue = _queue(db)
         try:
@@ -157,8 +156,7 @@ def _on_queue(db: str, action: Any) -> Any:
         finally:
             client.close()
     except AccordError as exc:
-        err_console.error(exc, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(err_console, exc) from None
 
 
 CREDENTIAL = typer.Option(
@@ -428,8 +426,7 @@ def worker_command(
                              poll=poll, grace=grace, lease=lease, until_idle=until_idle,
                              max_attempts=max_attempts)  # fmt: skip
     except AccordError as exc:
-        err_console.error(exc, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(err_console, exc) from None
     err_console.print(f"accord worker: executed {executed} run(s); exiting")
 
 

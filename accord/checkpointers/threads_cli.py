@@ -15,6 +15,7 @@ import typer
 from accord.checkpointers.cli import DB, TENANT, console, out, threads_app
 from accord.checkpointers.validation import MAX_ARTIFACT_GRACE
 from accord.errors import AccordError
+from accord.platform.cli_output import fail
 
 
 def _saver(db: str) -> tuple[Any, Any]:
@@ -45,8 +46,7 @@ def rollback(
         client, saver = _saver(db)
         done = saver.rollback({"configurable": {"thread_id": thread, "tenant_id": tenant}}, to=to)
     except AccordError as err:
-        console.error(err, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(console, err) from None
     finally:
         if client is not None:
             client.close()
@@ -76,8 +76,7 @@ def gc_artifacts(
         client, saver = _saver(db)
         collected = saver.gc_artifacts(grace=grace)
     except AccordError as err:
-        console.error(err, prefix="")
-        raise typer.Exit(1) from None
+        raise fail(console, err) from None
     finally:
         if client is not None:
             client.close()

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name, print_whole, text, whole
+from accord.errors import AccordError, PolicyError
+from accord.platform.cli_output import SafeConsole, database_name, fail, print_whole, text, whole
 
 governance_app = typer.Typer(
     help="The governance policy: show, check, plan, apply; legal holds; retention sweeps; "
@@ -59,9 +59,9 @@ def _policy(path: Path | None) -> Any:
     return resolve_policy(path)
 
 
-def _fail(err: AccordError) -> None:
-    console.print(f"[red]error:[/red] {escape(str(err))}")
-    raise typer.Exit(1) from None
+def _fail(err: AccordError) -> NoReturn:
+    """One line on stderr; exit 2 for a bad flag, policy file or setting, else 1."""
+    raise fail(console, err) from None
 
 
 @governance_app.command("show")
@@ -131,6 +131,9 @@ def check(policy: Path) -> None:
 
     try:
         load_policy(policy)
+    except PolicyError as err:  # its problems are what check reports: exit 1, as a linter's
+        console.error(err)
+        raise typer.Exit(1) from None
     except AccordError as err:
         _fail(err)
     out.print(f"{escape(str(policy))}: a valid policy")

@@ -27,13 +27,13 @@ from typing import Any
 import typer
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
-from rich.markup import escape
 from rich.table import Table
 
 from accord.errors import AccordError, ConfigurationError
 from accord.platform.cli_output import (
     SafeConsole,
     database_name,
+    fail,
     print_whole,
     server_uri,
     text,
@@ -88,8 +88,9 @@ def _connect(uri: str | None, dbpath: Path | None, db: str | None) -> tuple[str,
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {escape(_one_line(exc))}", highlight=False)
-    return typer.Exit(2)
+    """One line on stderr; exit 2 for a bad flag or setting, else 1 (before 2026-12-07,
+    2 for every error: an unreachable server too)."""
+    return fail(console, exc, message=_one_line(exc))
 
 
 def _one_line(exc: Exception) -> str:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import logging
 import math
+import unicodedata
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from accord.errors import AccordError
 from accord.platform import connection
-from accord.platform.cli_output import SafeConsole
+from accord.platform.cli_output import USAGE, SafeConsole, fail, is_usage_error
 from accord.platform.embedded.discovery import DEFAULT_PORT
 from accord.platform.logs import describe
 from accord.platform.settings import Settings
@@ -27,13 +27,17 @@ logger = logging.getLogger("accord.cli")
 
 class _App(typer.Typer):
     """The ``accord`` app: an exception no command turned into a message is one line on
-    stderr and exit 1, its traceback at DEBUG (``accord --debug``). Before, rich printed a
-    traceback of 40 lines (``MONGODB_URI=mongodb://h:99999 accord runs ls``)."""
+    stderr and exit 1 (2 for a usage error: a bad setting or flag), its traceback at
+    DEBUG (``accord --debug``). Before, rich printed a traceback of 40 lines
+    (``MONGODB_URI=mongodb://h:99999 accord runs ls``)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:  # SystemExit (click's exits, typer.Exit) passes
+            if is_usage_error(exc):  # a bad setting read where no command expected it
+                err_console.error(exc)
+                raise SystemExit(USAGE) from None
             err_console.error(
                 f"{describe(exc)} (accord did not expect this; what the command did before "
                 f"it is not known: check before retrying; `accord --debug ...` shows the "
@@ -82,7 +86,27 @@ def main(
         logging.getLogger("accord").setLevel(logging.DEBUG)
 
 
-DBPATH = typer.Option(Path(".accord/data"), "--dbpath", help="Data directory of the engine.")
+def _control_at(text: str) -> int | None:
+    """Where ``text`` holds its first control character (newline, tab, escape ...)."""
+    return next((i for i, c in enumerate(text) if unicodedata.category(c) == "Cc"), None)
+
+
+def _dbpath(value: Path) -> Path:
+    # (before 2026-12-07 a path holding a newline or an escape was printed without it:
+    # the path shown, and the `accord engine stop --dbpath ...` line, were another one)
+    text = str(value)
+    at = _control_at(text)
+    if at is not None:
+        raise typer.BadParameter(
+            f"{text!r} holds a control character ({text[at]!r} at character {at}), which "
+            f"no message could show as it is; choose a directory name without one"
+        )
+    return value
+
+
+DBPATH = typer.Option(
+    Path(".accord/data"), "--dbpath", callback=_dbpath, help="Data directory of the engine."
+)
 
 
 def _positive(value: float) -> float:
@@ -109,6 +133,19 @@ def _host(value: str) -> str:
             f"{value!r} is no address; give a host name or IP (127.0.0.1 for this machine "
             f"only, 0.0.0.0 for every interface)"
         )
+    return value
+
+
+def _max_conns(value: int | None) -> int | None:
+    # (no upper bound before 2026-12-07: past the open-file limit the cap never acted,
+    # accept() failed with EMFILE and the engine could not open its own files)
+    from accord.platform.embedded.server import check_max_connections
+
+    if value is not None:
+        try:
+            check_max_connections(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
     return value
 
 
@@ -146,12 +183,14 @@ def engine_start(
         help="Seconds of history kept for snapshot reads at a past cluster time "
         "(mongod's minSnapshotHistoryWindowInSeconds: 300).",
     ),
-    max_conns: int = typer.Option(
-        1000,
+    max_conns: int | None = typer.Option(
+        None,
         "--max-conns",
-        min=1,
+        callback=_max_conns,
+        show_default=False,
         help="Most client connections open at once; more are closed on arrival "
-        "(mongod's net.maxIncomingConnections).",
+        "(mongod's net.maxIncomingConnections). 1000 by default (fewer when 80% of the "
+        "open-file limit, ulimit -n, is lower); at most that 80%, and 65536.",
     ),
     repair: bool = typer.Option(
         False,
@@ -203,9 +242,9 @@ def engine_start(
         str(transaction_lifetime),
         "--snapshot-history-window",
         str(snapshot_history_window),
-        "--max-conns",
-        str(max_conns),
     ]
+    if max_conns is not None:  # (else the engine's default, from its own open-file limit)
+        options += ["--max-conns", str(max_conns)]
     if repair:
         options.append("--repair")
     if enable_test_commands:
@@ -217,9 +256,8 @@ def engine_start(
             dbpath.resolve(), port=port, host=host, sync=not no_sync,
             timeout=Settings().engine_start_timeout, options=options,
         )  # fmt: skip
-    except AccordError as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from exc
+    except AccordError as exc:  # an engine that cannot start: 2, as the engine's own exit
+        raise fail(err_console, exc, failed=2) from exc
     console.print(f"engine started: {uri}  (dbpath {dbpath})", highlight=False)
     console.print(f"stop it with: accord engine stop --dbpath {dbpath}", highlight=False)
 
@@ -251,8 +289,11 @@ def engine_ls() -> None:
         console.print("no engine running")
         return
     for e in running:
+        # an engine started by other code on a path --dbpath refuses: quoted, escaped
+        path = str(e["dbpath"])
+        shown = repr(path) if _control_at(path) is not None else path
         console.print(
-            f"{e['dbpath']}  {connection.engine_uri(e['port'], e['host'])}  pid {e['pid']}",
+            f"{shown}  {connection.engine_uri(e['port'], e['host'])}  pid {e['pid']}",
             highlight=False, soft_wrap=True,
         )  # fmt: skip
 

@@ -18,13 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.errors import MarkupError
 from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
 
-from accord.errors import ConfigurationError
+from accord.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    MissingExtraError,
+)
 from accord.platform.text import surrogate_at
 
 
@@ -51,6 +56,38 @@ class SafeConsole(Console):
         text = Text(prefix, style="red")
         text.append(str(message), style=None if prefix else "red")
         super().print(text, highlight=False)
+
+
+#: Exit code of a command that could not run as given: a bad flag, argument, setting
+#: (``MONGODB_URI``, ``ACCORD_*``) or input file, a missing extra; click's own for usage.
+USAGE = 2
+#: Exit code of a command that ran and failed (an unreachable server, a refusal, a conflict).
+FAILED = 1
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the command cannot run as given (fix the flag or the
+    environment and run it again), rather than that it ran and failed. (pydantic's
+    ValidationError: a flag a model refused, such as ``api-key --name``.)"""
+    usage = (ConfigurationError, InvalidInputError, MissingExtraError, ValidationError)
+    return isinstance(exc, usage)
+
+
+def fail(
+    console: SafeConsole,
+    exc: Exception,
+    *,
+    message: str | None = None,
+    prefix: str = "error: ",
+    failed: int = FAILED,
+) -> typer.Exit:
+    """Print ``exc`` (or ``message``) as one line on ``console`` (stderr) and return the
+    ``typer.Exit`` to raise: :data:`USAGE` for a usage error, else ``failed``. The one
+    place every command family reports an error, so a bad setting exits 2 from each of
+    them (before 2026-12-07, 1 from ``runs``, ``worker``, ``threads`` and ``governance``,
+    2 from the others)."""
+    console.error(str(exc) if message is None else message, prefix=prefix)
+    return typer.Exit(USAGE if is_usage_error(exc) else failed)
 
 
 def whole(title: str, values: Iterable[str]) -> Column:

@@ -99,7 +99,7 @@ def test_the_queue_from_the_cli(
     bad = run("runs", "submit", graph, "--input", "{nope")
     assert bad.exit_code == 2 and "not JSON" in bad.output
     refused = run("runs", "submit", "not a graph")
-    assert refused.exit_code == 1 and "module.path:attribute" in refused.output
+    assert refused.exit_code == 2 and "module.path:attribute" in refused.output  # a bad GRAPH
     submitted = run("runs", "submit", graph, "--input", '{"run": "cli"}', "--key", "cli-1")
     assert submitted.exit_code == 0, submitted.output
     run_id = submitted.output.split()[0]
@@ -158,4 +158,4 @@ def test_what_a_message_quotes_is_printed_as_it_is(
     monkeypatch.setenv("ACCORD_SERVER_SELECTION_TIMEOUT", "-1")
     monkeypatch.delenv("MONGODB_URI")
     env = cli.invoke(app, ["runs", "ls", "--db", db_name])
-    assert env.exit_code == 1 and "ACCORD_SERVER_SELECTION_TIMEOUT" in env.output, env.output
+    assert env.exit_code == 2 and "ACCORD_SERVER_SELECTION_TIMEOUT" in env.output, env.output

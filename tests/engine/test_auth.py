@@ -271,6 +271,39 @@ def test_cursors_belong_to_their_user(server: AuthServer, dbname: str):
     thief.close()
 
 
+def test_kill_any_cursor_counts_on_the_cursors_own_namespace(server: AuthServer, dbname: str):
+    """mongod checks killAnyCursor on the cursor's namespace (checkAuthForKillCursors with
+    cc.nss()), whatever collection the killCursors command names: before 2026-12-07 the
+    engine checked the named one, so killAnyCursor on a collection of one's own killed
+    another user's cursor on any collection."""
+    server.admin[dbname].allowed.insert_many([{"_id": i} for i in range(10)])
+    _find_one_role(server, dbname)
+    server.admin[dbname].command(
+        "createRole", "own_killer",
+        privileges=[{"resource": {"db": dbname, "collection": "own"},
+                     "actions": ["find", "killAnyCursor"]}],
+        roles=[],
+    )  # fmt: skip
+    owner = _user(server, dbname, "owner", ["reader"])
+    thief = _user(server, dbname, "killer", ["own_killer"])
+    with owner.start_session() as opened, owner.start_session() as other:
+        db = owner[dbname]
+        cursor_id = db.command("find", "allowed", batchSize=2, session=opened)["cursor"]["id"]
+        with pytest.raises(OperationFailure) as exc:
+            thief[dbname].command("killCursors", "own", cursors=[cursor_id])
+        assert _code(exc) == 13
+        more = db.command("getMore", cursor_id, collection="allowed", batchSize=2,
+                          session=opened)  # fmt: skip
+        assert [d["_id"] for d in more["cursor"]["nextBatch"]] == [2, 3]  # alive
+        # the same user in another logical session may kill it, as on mongod (which
+        # checks the user, not the session: drivers kill collected cursors outside it)
+        assert other.session_id != opened.session_id
+        killed = db.command("killCursors", "allowed", cursors=[cursor_id], session=other)
+        assert killed["cursorsKilled"] == [cursor_id]
+    owner.close()
+    thief.close()
+
+
 def test_listings_show_what_the_user_may_touch(server: AuthServer, dbname: str):
     server.admin[dbname].allowed.insert_one({})
     server.admin[dbname].other.insert_one({})

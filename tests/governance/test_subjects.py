@@ -168,7 +168,7 @@ def test_export_holds_each_class_with_a_manifest(
     # an existing, non-empty directory is refused
     again = CliRunner().invoke(cli, ["governance", "export-subject", SUBJECT, "--out", str(out),
                                      "--db", db_name, "--uri", mongo_uri])  # fmt: skip
-    assert again.exit_code == 1 and "not an empty directory" in again.output
+    assert again.exit_code == 2 and "not an empty directory" in again.output
 
 
 def test_erasure_leaves_no_trace_and_the_chain_verifies(
@@ -344,7 +344,7 @@ def test_bad_identifiers_are_refused_by_the_cli(mongo_uri: str, db_name: str) ->
         result = CliRunner().invoke(
             cli, ["governance", "erase", bad, "--yes", "--db", db_name, "--uri", mongo_uri]
         )
-        assert result.exit_code == 1 and "subject" in result.output, result.output
+        assert result.exit_code == 2 and "subject" in result.output, result.output
 
 
 def test_a_tenant_scoped_erasure_leaves_no_trace_in_accords_own_records(

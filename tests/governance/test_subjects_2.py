@@ -176,7 +176,7 @@ def test_a_huge_identifier_is_refused_with_a_short_message(mongo_uri: str, db_na
                  ["erase", "u-7", "--tenant", "t" * 100_000, "--yes"],
                  ["export-subject", "$" + "x" * 100_000, "--out", "unused"]):  # fmt: skip
         result = CliRunner().invoke(cli, ["governance", *args, "--db", db_name, "--uri", mongo_uri])
-        assert result.exit_code == 1, result.output[:300]
+        assert result.exit_code == 2, result.output[:300]
         assert "characters)" in result.output and len(result.output) < 500, result.output[:300]
 
 

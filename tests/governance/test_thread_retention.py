@@ -473,4 +473,4 @@ def test_a_class_hold_must_name_a_class(client: MongoClient, db_name: str) -> No
     result = CliRunner().invoke(cli, ["governance", "hold", "acme", "--by", "tenant",
                                       "--tenant", "other", "--db", db_name,
                                       "--uri", _uri(client)])  # fmt: skip
-    assert result.exit_code == 1 and "no --tenant" in result.output, result.output
+    assert result.exit_code == 2 and "no --tenant" in result.output, result.output

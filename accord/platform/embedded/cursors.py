@@ -93,6 +93,11 @@ class CursorManager:
         found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
         return getattr(found, "owner", None)
 
+    def ns_of(self, cursor_id: int) -> str | None:
+        """The namespace a live cursor reads (None: no such cursor)."""
+        found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
+        return None if found is None else str(found.ns)
+
     def exists(self, cursor_id: int) -> bool:
         return cursor_id in self.cursors or cursor_id in self.streams
 

@@ -32,7 +32,7 @@ def serve(
     snapshot_history: float = 300.0,
     repair: bool = False,
     enable_test_commands: bool = False,
-    max_connections: int = 1000,
+    max_connections: int | None = None,
     auth: bool = False,
 ) -> int:
     """Serve ``dbpath`` until a signal stops the engine; returns the process exit code.

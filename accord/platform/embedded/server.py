@@ -34,14 +34,54 @@ from accord.platform.embedded.ttl import expire_once
 
 log = logging.getLogger("accord.engine")
 
+
 # A message must arrive whole within this long of its header: a client that declares a
 # large message and sends it slowly is disconnected instead of holding its buffer.
 MESSAGE_TIMEOUT_S = 30.0
 # mongod's net.maxIncomingConnections; each connection has its buffers (and, once it ran
 # a command the loop does not run itself, a thread).
 MAX_CONNECTIONS = 1000
+# The most connections whatever the open-file limit: each may hold a thread (a stack, an
+# entry against the user's process limit), and mongod's documented default was this.
+CONNECTIONS_CEILING = 65_536
+# The share of the open-file limit connections may take (mongod's rule on UNIX): the rest
+# is the engine's own files (database, WAL, journal, lock, log, selector, wake-up pipe).
+CONNECTIONS_SHARE_OF_FILES = 0.8
 # A shutdown slower than this logs where its time went.
 SLOW_SHUTDOWN_S = 2.0
+
+
+def connection_limit() -> int:
+    """The most connections the engine may be told to accept: 80% of this process's
+    open-file limit (``ulimit -n``), at most :data:`CONNECTIONS_CEILING`. A cap above the
+    file limit never acts: ``accept`` fails with EMFILE first, the pending connection
+    keeps the loop waking, and the engine's own files can no longer be opened."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return CONNECTIONS_CEILING
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return CONNECTIONS_CEILING
+    return max(1, min(CONNECTIONS_CEILING, int(soft * CONNECTIONS_SHARE_OF_FILES)))
+
+
+def check_max_connections(value: int | None) -> int:
+    """``value`` if it is from 1 to :func:`connection_limit`, else ValueError naming the
+    range; None: :data:`MAX_CONNECTIONS`, or fewer when the open-file limit is lower
+    (as mongod lowers its default)."""
+    limit = connection_limit()
+    if value is None:
+        return min(MAX_CONNECTIONS, limit)
+    if not 1 <= value <= limit:
+        raise ValueError(
+            f"must be from 1 to {limit} (80% of the open-file limit, ulimit -n, at most "
+            f"{CONNECTIONS_CEILING}: each connection holds a socket and may hold a thread), "
+            f"got {value}"
+        )
+    return value
+
+
 # Longest the housekeeping thread puts off compacting the heap while reads are under way.
 HEAP_COMPACTION_DELAY_S = 10.0
 
@@ -67,7 +107,7 @@ class EmbeddedServer:
         snapshot_history: float = HISTORY_WINDOW_S,
         repair: bool = False,
         enable_test_commands: bool = False,
-        max_connections: int = MAX_CONNECTIONS,
+        max_connections: int | None = None,
         message_timeout: float = MESSAGE_TIMEOUT_S,
         auth: bool = False,
         admin_user: tuple[str, str] | None = None,
@@ -94,9 +134,12 @@ class EmbeddedServer:
             raise EngineStartError("the first admin user needs both a name and a password")
         self.admin_user = admin_user
         self.connection_ids = itertools.count(1)
-        if max_connections < 1 or message_timeout <= 0:
-            raise EngineStartError("max_connections and message_timeout must be positive")
-        self.max_connections = max_connections
+        if message_timeout <= 0:
+            raise EngineStartError("message_timeout must be positive")
+        try:
+            self.max_connections = check_max_connections(max_connections)
+        except ValueError as exc:
+            raise EngineStartError(f"max_connections {exc}") from None
         self.message_timeout = message_timeout
         self._connections = 0
         self._connections_lock = threading.Lock()

@@ -243,11 +243,16 @@ def _kill_cursors(r: Request) -> bool:
     ids = r.cmd.get("cursors")
     if not isinstance(coll, str) or not isinstance(ids, list):
         return True  # the handler reports the malformed command
-    ns = f"{r.db}.{coll}"
     for cid in ids:
         owner = r.cursors.owner_of(cid) if isinstance(cid, int) else None
         if owner is None:
             continue  # not found is not an authorization matter: the reply says so
+        # killAnyCursor on the cursor's own namespace, as mongod's checkAuthForKillCursors
+        # (cc.nss()): the command's namespace is not checked against the cursor's, so
+        # killAnyCursor on a collection of one's own killed anyone's cursor (before
+        # 2026-12-07). No session check: mongod kills by user, and pymongo kills the
+        # cursors it garbage-collected without their session.
+        ns = r.cursors.ns_of(cid) or f"{r.db}.{coll}"
         if owner[0] != r.sess.owner() and not r.sess.allows_ns(ns, "killAnyCursor"):
             return False
     return True
