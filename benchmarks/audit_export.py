@@ -181,6 +181,10 @@ def main() -> None:
                 exported = run([accord_cli, "audit", "export", "--tenant", TENANT,
                                 "--format", fmt, "--out", str(out), *common], proc.pid)  # fmt: skip
                 size = sum(p.stat().st_size for p in out.iterdir()) / 2**20
+                # what the verifier's bounds on these two files are measured against
+                print(f"{fmt}: manifest.json {(out / 'manifest.json').stat().st_size:,} B, "
+                      f"digests.json {(out / 'digests.json').stat().st_size:,} B",
+                      file=sys.stderr)  # fmt: skip
                 rows.append(("export", fmt, exported, size))
                 verified = run([accord_cli, "audit", "verify", str(out), "--json"], proc.pid)
                 report = json.loads(verified["stdout"])

@@ -33,7 +33,7 @@ from typing import Any
 import typer
 
 from accord.errors import AccordError
-from accord.platform.cli_output import SafeConsole, database_name, text
+from accord.platform.cli_output import SafeConsole, database_name, fail, text
 
 audit_app = typer.Typer(
     help="The audit trail: verify its hash chains, digest, prove, export.",
@@ -95,14 +95,20 @@ PART_SIZE_OPT = typer.Option(
 SINCE = typer.Option(None, "--since", help="Each stream from its first record at or after this.")
 UNTIL = typer.Option(None, "--until", help="Up to the last digest taken at or before this.")
 CLASS_OPT = typer.Option(None, "--class", help="Only the streams holding records of this class.")
+AUDIT_PERIOD = typer.Option(
+    None, "--audit-period", help="Hold audit cuts to this period (e.g. 7y; default the "
+    "stored policy's audit period, or an export's manifest's).",
+)  # fmt: skip
 KEPT_DIGEST = typer.Option(
     None, "--digest", help="The digest kept outside, which a proof or export must match."
 )
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err.error(exc)
-    return typer.Exit(2)
+    """One line on stderr, exit 2: the command could not run, whether a flag or setting
+    was bad or the database failed (exit 1 is ``verify``'s finding: problems in an
+    export, so a script never takes a failure to run for a tampered export)."""
+    return fail(err, exc, failed=2)
 
 
 def _print_json(value: Any) -> None:
@@ -327,6 +333,7 @@ def verify(
     uri: str | None = URI,
     dbpath: Path | None = DBPATH,
     as_json: bool = JSON_OUT,
+    audit_period: str | None = AUDIT_PERIOD,
 ) -> None:
     """Recompute the audit chains (live, or an export), check a digest's extension or
     an inclusion proof; report the first break of each broken stream."""
@@ -335,16 +342,17 @@ def verify(
     try:
         pinned = load_public(public_key) if public_key is not None else None
         kept = _load_digest(digest_file) if digest_file is not None else None
+        period = _period(audit_period)
     except AccordError as exc:
         raise _fail(exc) from exc
     if proof is not None:
         _verify_proof(proof, kept, pinned, as_json)
     elif directory is not None:
-        _verify_export(directory, kept, pinned, as_json)
+        _verify_export(directory, kept, pinned, as_json, period)
     elif start is not None or to is not None:
         _verify_extension(start, to, pinned, db, uri, dbpath, as_json)
     else:
-        _verify_live(tenant, db, uri, dbpath, as_json, kept, pinned)
+        _verify_live(tenant, db, uri, dbpath, as_json, kept, pinned, period)
 
 
 def _verify_proof(path: Path, kept: Any, pinned: Any, as_json: bool) -> None:
@@ -393,14 +401,27 @@ def _verify_extension(
         raise typer.Exit(1)
 
 
-def _verify_export(directory: Path, kept: Any, pinned: Any, as_json: bool) -> None:
+def _period(value: str | None) -> Any:
+    """``--audit-period``'s duration (policy.py's syntax: 7y, 90d), None when not given."""
+    from accord.errors import InvalidInputError
+    from accord.governance.policy import parse_duration
+
+    try:
+        return parse_duration(value) if value is not None else None
+    except ValueError as exc:
+        raise InvalidInputError(f"--audit-period: {exc}") from None
+
+
+def _verify_export(
+    directory: Path, kept: Any, pinned: Any, as_json: bool, period: Any = None
+) -> None:
     from accord.errors import InvalidInputError
     from accord.governance.export_verify import verify_export
 
     try:
         if not directory.is_dir():  # nothing to check: the check could not run (2), not fail (1)
             raise InvalidInputError(f"{directory} is not a directory (an export to verify)")
-        report = verify_export(directory, kept=kept, pinned=pinned)
+        report = verify_export(directory, kept=kept, pinned=pinned, audit_period=period)
     except AccordError as exc:
         raise _fail(exc) from exc
     if as_json:
@@ -463,14 +484,15 @@ def export(
 
 def _verify_live(
     tenant: str | None, db: str | None, uri: str | None, dbpath: Path | None, as_json: bool,
-    kept: Mapping[str, Any] | None = None, pinned: Any = None,
+    kept: Mapping[str, Any] | None = None, pinned: Any = None, period: Any = None,
 ) -> None:  # fmt: skip
     from accord.governance.proofs import check_live_against
     from accord.governance.verify import verify_chain
 
     try:
         with _kernel(uri, dbpath, db) as (uow, name):
-            report = verify_chain(uow, name, tenant=tenant, principal=uow.principal)
+            report = verify_chain(uow, name, tenant=tenant, principal=uow.principal,
+                                  audit_period=period, pinned=pinned)  # fmt: skip
             if kept is not None:  # the chains must still hold what the kept digest saw
                 broken = {b.stream for b in report.breaks}
                 report.breaks.extend(

@@ -8,15 +8,18 @@ default 7 years) removes a stream's prefix by **cutting** it (docs/governance.md
 
 1. :func:`cut_expired` (run by ``accord governance sweep``) finds, per stream, the last
    record ``k`` such that records 1..k are all older than the period, never past the
-   seq the newest digest committed to (so the newest digest can still be checked; a
-   stream no digest covers is not cut), and checks that prefix's chain (a broken
-   prefix is not cut: that would hide the break);
+   seq committed by the newest digest taken at least the period before the sweep's
+   ``now`` (so every record cut was committed outside before it expired; a stream no
+   such digest covers is not cut), and checks that prefix's chain (a broken prefix is
+   not cut: that would hide the break);
 2. one transaction (a plan with operation :data:`CUT_ACTION`, run by an admin) inserts
    the **cut** (``accord_audit_cuts``, class ``audit_digest``): ``stream``, ``n`` (1, 2,
    ... per stream), ``seq`` = k, ``hash`` = record k's hash, ``prev_cut`` (the previous
    cut's ``cut_hash``, GENESIS first), ``first_seq``, ``count``, ``first_at`` /
    ``last_at`` of the removed records, ``records_digest`` (SHA-256 over their hashes,
-   in order), ``at``, ``by``, and ``cut_hash`` (SHA-256 of the canonical body); and
+   in order), ``at`` (the sweep's ``now``), ``by``, ``period_s`` (the period applied,
+   seconds; a v2 cut, since 2026-12-07) and ``cut_hash`` (SHA-256 of the canonical
+   body); and
    deletes records ``first_seq``..k of the stream (guarded: exactly ``count``). Only
    this shape passes the audit hook's ``check`` and the policy hook
    (:func:`is_audit_cut`, admin only); the audit hook's ``seal`` records both groups in
@@ -25,7 +28,10 @@ default 7 years) removes a stream's prefix by **cutting** it (docs/governance.md
    digest;
 3. verifying starts each stream at its latest cut (record k+1's ``prev`` must be its
    ``hash``), checks the cuts' own chain (``n``, ``prev_cut``, ``cut_hash``) and that
-   the latest cut is the one the stream's chain recorded (:func:`cut_problems`).
+   the latest cut is the one the stream's chain recorded (:func:`cut_problems`), and
+   that each cut is justified by the digests (:func:`cut_justification`): its period is
+   the one expected, a digest taken that period before it committed every record it
+   removed, and no digest that already held its record predates it.
 
 A legal hold on the stream's tenant, its thread, or the ``audit`` class stops the cut:
 the sweep skips it, and the kernel's hold guard refuses a cut a hold placed meanwhile
@@ -36,9 +42,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -54,18 +61,24 @@ from accord.platform.context import AUDITOR, Principal, ReadContext, WriteContex
 from accord.platform.plan import Counts, Expect, Group, Op, Plan
 
 __all__ = [
-    "CUTS", "CUT_ACTION", "CUT_INDEXES", "CUT_VALIDATOR", "CutReport", "cut_entries",
-    "cut_expired", "cut_hash", "cut_problems", "image_hash", "is_audit_cut", "latest_cuts",
-    "thread_of",
+    "CLOCK_SKEW", "CUTS", "CUT_ACTION", "CUT_FIELDS", "CUT_FIELDS_V2", "CUT_INDEXES",
+    "CUT_VALIDATOR", "Commit", "CutReport", "Justification", "audit_period", "commits_of",
+    "cut_entries", "cut_expired", "cut_fields", "cut_hash", "cut_justification",
+    "cut_problems", "enforced_audit_period", "image_hash", "is_audit_cut", "justify_cut",
+    "latest_cuts", "thread_of", "when",
 ]  # fmt: skip
 
 CUTS = "accord_audit_cuts"
 CUT_ACTION = "audit.cut"
-#: The fields ``cut_hash`` covers (all but ``_id`` and ``cut_hash``).
+#: The fields ``cut_hash`` covers in a v1 cut (all but ``_id`` and ``cut_hash``).
 CUT_FIELDS = (
     "v", "stream", "tenant_id", "n", "seq", "hash", "prev_cut", "first_seq", "count",
     "first_at", "last_at", "records_digest", "at", "by",
 )  # fmt: skip
+#: ... in a v2 cut (since 2026-12-07): also the period it applied, in seconds.
+CUT_FIELDS_V2 = (*CUT_FIELDS, "period_s")
+#: How far two clocks (the sweep's, a digest taker's) may disagree.
+CLOCK_SKEW = timedelta(minutes=5)
 _HEX64 = {"bsonType": "string", "pattern": "^[0-9a-f]{64}$"}
 _POSITIVE = {"bsonType": ["int", "long"], "minimum": 1}
 CUT_VALIDATOR: dict[str, Any] = {
@@ -78,6 +91,7 @@ CUT_VALIDATOR: dict[str, Any] = {
             "hash": _HEX64, "prev_cut": _HEX64, "records_digest": _HEX64, "cut_hash": _HEX64,
             "first_at": {"bsonType": "date"}, "last_at": {"bsonType": "date"},
             "at": {"bsonType": "date"}, "by": {"bsonType": "string"},
+            "v": {"enum": [1, 2]}, "period_s": _POSITIVE,  # required of v2 by the hook
         },
     }
 }  # fmt: skip
@@ -89,8 +103,15 @@ CUT_INDEXES = [
 
 
 def cut_hash(cut: Mapping[str, Any]) -> str:
-    """SHA-256 of the canonical body of ``cut`` (stored, or as JSON in an export)."""
-    return hashlib.sha256(canonical({k: cut.get(k) for k in CUT_FIELDS})).hexdigest()
+    """SHA-256 of the canonical body of ``cut`` (stored, or as JSON in an export): its
+    version's fields (a v1 cut hashes as it always did)."""
+    body = {k: cut.get(k) for k in cut_fields(cut)}
+    return hashlib.sha256(canonical(body)).hexdigest()
+
+
+def cut_fields(cut: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields ``cut``'s version hashes."""
+    return CUT_FIELDS_V2 if cut.get("v") == 2 else CUT_FIELDS
 
 
 def image_hash(doc: Mapping[str, Any]) -> str:
@@ -152,7 +173,12 @@ def is_audit_cut(operation: str, plan: Plan) -> bool:
     cut = op.doc
     if op.kind != "insert" or not isinstance(cut, Mapping) or rm.kind != "delete_many":
         return False
-    if set(cut) != {"_id", "cut_hash", *CUT_FIELDS} or cut.get("cut_hash") != cut_hash(cut):
+    if cut.get("v") not in (1, 2) or set(cut) != {"_id", "cut_hash", *cut_fields(cut)}:
+        return False
+    if cut.get("cut_hash") != cut_hash(cut):
+        return False
+    period = cut.get("period_s", 1)
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
         return False
     seq, count = cut.get("seq"), cut.get("count")
     if not isinstance(seq, int) or not isinstance(count, int) or not 1 <= count <= seq:
@@ -239,6 +265,163 @@ def cut_problems(
     return None
 
 
+@dataclass(frozen=True)
+class Commit:
+    """What one digest committed of a stream: the digest's number, its time (from its
+    signed body) and the stream's head seq in it."""
+
+    digest: int
+    at: datetime
+    seq: int
+
+
+@dataclass(frozen=True)
+class Justification:
+    """The verdict on one cut (:func:`justify_cut`): ``problem`` (None: justified), and
+    the digests it rests on, for a caller that must check them: ``witness`` (taken a
+    period before the cut, it committed every record the cut removed) and ``covering``
+    (the first that held the cut's own record; None: none yet)."""
+
+    problem: str | None
+    witness: int | None = None
+    covering: int | None = None
+
+
+def commits_of(
+    changes: Sequence[tuple[int, int]], digests: Sequence[tuple[int, datetime]]
+) -> list[Commit]:
+    """A stream's commits, from ``changes`` ((digest, head seq) of the digests that moved
+    its head, in order) and ``digests`` ((number, at) of the digests that count, in
+    order: signed ones, when a key is pinned): each change as of the first digest that
+    counts at or after it and before the next change."""
+    numbers = [n for n, _ in digests]
+    found: list[Commit] = []
+    for i, (n, seq) in enumerate(changes):
+        j = bisect_left(numbers, n)
+        end = changes[i + 1][0] if i + 1 < len(changes) else None
+        if j < len(numbers) and (end is None or numbers[j] < end):
+            found.append(Commit(numbers[j], digests[j][1], seq))
+    return found
+
+
+def when(value: Any) -> datetime | None:
+    """A UTC datetime from a stored date, an export's ``{"$date": text}`` or a digest's
+    ISO text; None when it is none of them."""
+    if isinstance(value, Mapping):
+        value = value.get("$date")
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return _utc(value) if isinstance(value, datetime) else None
+
+
+def _human(seconds: int) -> str:
+    for unit, size in (("years", 365 * 86400), ("days", 86400), ("hours", 3600),
+                       ("minutes", 60)):  # fmt: skip
+        if seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} seconds"
+
+
+def _iso(at: datetime) -> str:
+    return at.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def justify_cut(
+    cut: Mapping[str, Any],
+    commits: Sequence[Commit],
+    *,
+    recorded_by: int,
+    now: datetime,
+    min_period: timedelta,
+    skew: timedelta = CLOCK_SKEW,
+) -> Justification:
+    """Whether ``cut`` removed only expired records, judged by the digests, whose times
+    are signed and kept outside (docs/governance.md, "Expiring the audit trail"):
+
+    a. its period (a v1 cut: ``min_period``) is at least ``min_period``;
+    b. a digest taken at least that period before the cut's ``at`` committed its stream
+       at ``seq`` or later (so every removed record existed a period before the cut);
+    c. its ``at`` is not later than (``skew`` allowed) the first digest that committed
+       its stream at ``recorded_by`` (the seq of the cut's own record, or one after
+       it) or later, nor than ``now`` when none did: a cut cannot be dated forward to
+       make (b) hold.
+
+    ``commits``: the stream's commits, in digest order (those where its head moved
+    suffice: digest times grow). Pure."""
+    name = f"audit cut {cut.get('n')} of stream {cut.get('stream')}"
+    k, at = cut.get("seq"), when(cut.get("at"))
+    if not isinstance(k, int) or at is None:
+        return Justification(f"{name} holds no seq or date (altered)")
+    minimum = max(1, int(min_period.total_seconds()))
+    period = cut.get("period_s") if cut.get("v") == 2 else minimum
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+        return Justification(f"{name} holds no period (altered)")
+    if period < minimum:
+        return Justification(
+            f"{name} applied a period of {_human(period)}, shorter than the {_human(minimum)} "
+            f"expected (the audit class's period): records younger than that were cut"
+        )
+    older = [c for c in commits if c.at <= at - timedelta(seconds=period)]
+    witness = max(older, key=lambda c: (c.seq, c.digest), default=None)
+    if witness is None or witness.seq < k:
+        return Justification(
+            f"{name} removed records through seq {k} that no digest older than its period "
+            f"{_human(period)} committed (such digests committed it through seq "
+            f"{witness.seq if witness else 0}): young records were cut"
+        )
+    covering = next((c for c in commits if c.seq >= recorded_by), None)
+    if covering is not None and at > covering.at + skew:
+        return Justification(
+            f"{name} is dated {_iso(at)}, after digest {covering.digest} ({_iso(covering.at)}) "
+            f"already held it: its date was moved forward", witness.digest, covering.digest,
+        )  # fmt: skip
+    if covering is None and at > now + skew:
+        return Justification(f"{name} is dated {_iso(at)}, in the future ({_iso(now)} now)",
+                             witness.digest)  # fmt: skip
+    return Justification(None, witness.digest, covering.digest if covering else None)
+
+
+def cut_justification(
+    cut: Mapping[str, Any],
+    commits: Sequence[Commit],
+    *,
+    recorded_by: int,
+    now: datetime,
+    min_period: timedelta,
+    skew: timedelta = CLOCK_SKEW,
+) -> str | None:
+    """Why ``cut`` is not justified by the digests (:func:`justify_cut`), or None."""
+    return justify_cut(
+        cut, commits, recorded_by=recorded_by, now=now, min_period=min_period, skew=skew
+    ).problem
+
+
+def audit_period(policy: Any) -> timedelta | None:
+    """The ``audit`` class's retention period in ``policy`` (None: kept forever)."""
+    cls = policy.of(AUDIT.name)
+    retention = getattr(cls, "retention", None) if cls is not None else None
+    return getattr(retention, "expire_after", None) if retention is not None else None
+
+
+#: The name of governance's policy hook on a kernel (:class:`~.enforcement.PolicyHook`).
+_POLICY_HOOK = "governance-policy"
+
+
+def enforced_audit_period(uow: Any, db: str) -> timedelta | None:
+    """The audit period of the policy ``uow`` enforces on ``db`` (the stored one, as last
+    read; the built-in default when the kernel has no policy hook)."""
+    hook = next((h for h in getattr(uow.hooks, "all", ()) if getattr(h, "name", None)
+                 == _POLICY_HOOK), None)  # fmt: skip
+    if hook is None:
+        from accord.governance.loading import default_policy
+
+        return audit_period(default_policy())
+    return audit_period(hook.rules(db).policy)
+
+
 def is_cut_record(record: Mapping[str, Any]) -> bool:
     """Whether ``record`` is the audit record of a cut's insert."""
     return record.get("action") == CUT_ACTION and record.get("collection") == CUTS
@@ -258,12 +441,6 @@ class CutReport:
     broken: list[str] = field(default_factory=list)
 
 
-def _period(policy: Any) -> Any:
-    cls = policy.of(AUDIT.name)
-    retention = getattr(cls, "retention", None) if cls is not None else None
-    return getattr(retention, "expire_after", None) if retention is not None else None
-
-
 def cut_expired(
     uow: Any,
     db: str,
@@ -281,20 +458,26 @@ def cut_expired(
     """Cut, in at most ``limit`` streams of ``db``, the records older than the ``audit``
     class's period (module docstring) through ``uow``, a kernel with the audit hook on,
     acting as ``principal`` (an admin); at most ``batch`` records per cut (a longer
-    prefix takes several cuts, one transaction each, ``pause`` between them)."""
+    prefix takes several cuts, one transaction each, ``pause`` between them). ``now``
+    (default the clock) is the cuts' ``at``: a test's future ``now`` dates them there."""
     report = CutReport()
-    period = _period(policy)
+    period = audit_period(policy)
     if period is None:
         return report
     if holds.holds_class(AUDIT.name, records):
         report.held = 1
         return report
+    # whole seconds, at least one: the period the cut records is the one applied
+    period = timedelta(seconds=max(1, int(period.total_seconds())))
+    now = _utc(now or datetime.now(UTC))  # one clock: the cutoff's and the cuts' ``at``
+    cutoff = now - period
     context = ReadContext("*", principal=principal, operation="governance.sweep.audit")
-    digests = list_digests(uow, db)
-    if not digests:
-        return report  # nothing is committed outside yet: nothing may go
-    covered = heads_at(uow, db, int(digests[-1]["seq"]))
-    cutoff = (now or datetime.now(UTC)) - period
+    # only what a digest committed a period ago may go: the verifier asks the same
+    # (justify_cut), of digests signed and kept outside, whose times no one can move
+    old = [d for d in list_digests(uow, db) if (taken := when(d.get("at"))) and taken <= cutoff]
+    if not old:
+        return report  # nothing was committed outside a period ago: nothing may go
+    covered = heads_at(uow, db, int(old[-1]["seq"]))
     # one pass over the trail: per stream, its last old record and its first young one
     # (a prefix goes only while every record in it is old: clocks of writers may differ)
     rows = uow.aggregate(context, AUDIT.name, db, records, [
@@ -323,7 +506,8 @@ def cut_expired(
         cut_any = False
         while k > (int(last["seq"]) if last else 0):
             upto = min(k, (int(last["seq"]) if last else 0) + batch)
-            cut = _build(uow, context, db, records, stream, tenant, last, upto, principal)
+            cut = _build(uow, context, db, records, stream, tenant, last, upto, principal,
+                         at=now, period=period)  # fmt: skip
             if cut is None:
                 report.broken.append(stream)
                 break
@@ -346,7 +530,8 @@ def cut_expired(
 
 def _build(
     uow: Any, context: ReadContext, db: str, records: str, stream: str, tenant: str,
-    last: Mapping[str, Any] | None, k: int, principal: Principal,
+    last: Mapping[str, Any] | None, k: int, principal: Principal, *, at: datetime,
+    period: timedelta,
 ) -> dict[str, Any] | None:  # fmt: skip
     """The cut of ``stream`` at ``k``, after checking the prefix it removes links from the
     previous cut (None when it does not: a broken chain is not cut, `verify` names it)."""
@@ -368,12 +553,12 @@ def _build(
     if seq != k or first_at is None or last_at is None:
         return None
     cut: dict[str, Any] = {
-        "_id": ObjectId(), "v": 1, "stream": stream, "tenant_id": tenant,
+        "_id": ObjectId(), "v": 2, "stream": stream, "tenant_id": tenant,
         "n": int(last["n"]) + 1 if last else 1, "seq": k, "hash": prev,
         "prev_cut": str(last["cut_hash"]) if last else GENESIS, "first_seq": first,
         "count": k - first + 1, "first_at": ms(_utc(first_at)), "last_at": ms(_utc(last_at)),
         "records_digest": hashlib.sha256(b"".join(hashes)).hexdigest(),
-        "at": ms(datetime.now(UTC)), "by": principal.describe(),
+        "at": ms(at), "by": principal.describe(), "period_s": int(period.total_seconds()),
     }  # fmt: skip
     cut["cut_hash"] = cut_hash(cut)
     return cut

@@ -55,7 +55,8 @@ if TYPE_CHECKING:  # cryptography is imported when a digest is signed or checked
 __all__ = [
     "DIGESTS", "DIGEST_ACTION", "DIGEST_HEADS", "DIGEST_HEAD_INDEXES", "DIGEST_VALIDATOR",
     "FORMAT_NAME", "Head", "HeadTree", "body_of", "digest_hash", "digest_problem",
-    "external", "heads_at", "list_digests", "read_heads", "write_digest",
+    "external", "head_changes", "heads_at", "heads_hold", "list_digests", "read_heads",
+    "write_digest",
 ]  # fmt: skip
 
 DIGESTS = "accord_audit_digests"
@@ -232,6 +233,23 @@ def heads_at(uow: Any, db: str, seq: int, *, tenant: str | None = None) -> dict[
     ):  # fmt: skip
         found[doc["stream"]] = Head(doc["tenant_id"], int(doc["seq"]), doc["hash"])
     return found
+
+
+def head_changes(uow: Any, db: str, streams: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
+    """Per stream of ``streams``, the (digest, head seq) of every digest that moved its
+    head, in digest order."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for doc in uow.iterate(
+        _reader(), AUDIT_DIGEST.name, db, DIGEST_HEADS, {"stream": {"$in": sorted(streams)}},
+        sort=[("stream", 1), ("digest", 1)], batch_size=1000,
+    ):  # fmt: skip
+        found.setdefault(str(doc["stream"]), []).append((int(doc["digest"]), int(doc["seq"])))
+    return found
+
+
+def heads_hold(uow: Any, db: str, digest: Mapping[str, Any]) -> bool:
+    """Whether the heads stored for ``digest`` rebuild its root (else they were rewritten)."""
+    return HeadTree(heads_at(uow, db, int(digest["seq"]))).root == digest.get("root")
 
 
 def heads_by_digest(

@@ -3,7 +3,8 @@
 What :func:`erase_subject` does, in this order (what it finds: :mod:`accord.governance.subjects`):
 
 1. **legal holds**: if any hold covers what it would erase (a subject hold on the ID, a
-   tenant, thread or class hold on data of the subject), it raises
+   tenant, thread or class hold on data of the subject, or on a thread deleted before
+   whose data key the erasure would destroy: :func:`key_holds`), it raises
    :class:`~accord.errors.SubjectHeld` naming each hold, before anything is written;
    then the subject's data keys are destroyed and the audit images of what was found
    erased (step 4's first pass);
@@ -30,13 +31,17 @@ subject's identifier itself (documents are deleted by ``_id`` or by thread); whe
 or a thread id holds it, the last pass of step 4 erases the images of that record, whose
 hashes stay. Idempotent: run it again after a crash and it finishes the job (a run that
 writes the subject's thread meanwhile can leave documents behind: stop its runs first).
+
+No filter grows with the subject's size: every list of ids or threads in one holds at
+most :data:`~accord.governance.subjects.PAGE` values. ``ErasureReport.deleted`` counts
+what the deletes deleted (the kernel's counts), not what was found.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -48,11 +53,12 @@ from accord.governance.holding import list_holds
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.governance.redaction import ERASE_OPERATION, erase_images
-from accord.governance.shredding import destroy_subject_keys
+from accord.governance.shredding import destroy_subject_keys, thread_keys_naming
 from accord.governance.subjects import (
     PAGE,
     THREAD_CLASSES,
     SubjectData,
+    chunks,
     find_subject,
     same_subject,
     subject_hash,
@@ -70,7 +76,10 @@ from accord.platform.artifacts import (
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["ErasureReport", "covering_holds", "erase_subject", "overlap", "redact_audit_images"]
+__all__ = [
+    "ErasureReport", "covering_holds", "erase_subject", "key_holds", "overlap",
+    "redact_audit_images",
+]  # fmt: skip
 
 Progress = Callable[[str, int], None]
 
@@ -93,6 +102,8 @@ class ErasureReport:
     subject_sha256: str
     db: str
     threads: int = 0
+    #: class -> documents the erasure's deletes deleted (the kernel's counts: a document
+    #: found, then deleted by someone else before the erasure got to it, is not counted)
     deleted: dict[str, int] = field(default_factory=dict)
     audit_images_erased: int = 0
     #: data keys destroyed (crypto-shredding: copies made before are unreadable)
@@ -135,6 +146,33 @@ def covering_holds(holds: Iterable[Hold], found: SubjectData) -> list[Hold]:
     return out
 
 
+def key_holds(holds: Iterable[Hold], subject: str,
+              gone: Mapping[tuple[str, str], Iterable[Any]]) -> list[Hold]:  # fmt: skip
+    """The holds that cover the data key of a thread deleted before (``gone``: (tenant,
+    thread) -> the subjects its key names; :func:`~accord.governance.shredding.
+    thread_keys_naming`), which the erasure would destroy: a hold keeps what is left of
+    its thread, the key too, so that backups stay readable for the case. A hold on the
+    thread, on its tenant, on a class of a thread's data, or on another subject its key
+    names (a thread both were in)."""
+    out = []
+    for hold in holds:
+        if hold.kind == "thread":
+            hit = (hold.tenant_id, hold.value) in gone
+        elif hold.kind == "tenant":
+            hit = any(tenant == hold.value for tenant, _ in gone)
+        elif hold.kind == "class":
+            hit = bool(gone) and hold.value in THREAD_CLASSES
+        else:
+            hit = not same_subject(hold.value, subject) and any(
+                hold.tenant_id in (None, tenant) and any(same_subject(hold.value, str(v))
+                                                         for v in names)
+                for (tenant, _), names in gone.items()
+            )  # fmt: skip
+        if hit:
+            out.append(hold)
+    return out
+
+
 def overlap(a: SubjectData, b: SubjectData) -> bool:
     """Whether two subjects' data share a thread or a document."""
     if a.threads & b.threads:
@@ -160,12 +198,16 @@ def _shares(uow: Any, db: str, policy: Policy, hold: Hold, found: SubjectData) -
     return overlap(theirs, found)
 
 
-def _refuse(held: list[Hold], db: str) -> SubjectHeld:
+def _refuse(held: list[Hold], db: str, keys: Iterable[Hold] = ()) -> SubjectHeld:
+    """The error naming each hold of ``held`` (those of ``keys`` hold the data key of a
+    thread deleted before: said, since no document of it is left to see)."""
+    of_keys = {h.id for h in keys}
     named = "; ".join(
         f"{h.describe()}"
         + (f" (reason {h.reason!r})" if h.reason else "")
         + (f", placed by {h.by}" if h.by else "")
         + (f" at {h.at:%Y-%m-%d %H:%M}" if h.at else "")
+        + (", which keeps the data key of a thread deleted before" if h.id in of_keys else "")
         for h in held
     )
     return SubjectHeld(
@@ -205,15 +247,15 @@ def _delete_thread(uow: Any, db: str, found: SubjectData, tenant: str, thread: s
     first = {name: ids_of(name, coll) for name, coll in collections}
     if all(len(ids) < PAGE for ids in first.values()):
         groups = [group(name, coll, first[name]) for name, coll in collections if first[name]]
-        if groups:
-            uow.execute(Plan(_context(uow, tenant, thread), groups))
+        result = uow.execute(Plan(_context(uow, tenant, thread), groups)) if groups else None
         for name, _ in collections:
-            done(name, len(first[name]))
+            done(name, result[f"erase:{name}"].deleted if result is not None else 0)
         return
     for name, coll in collections:
         while ids := ids_of(name, coll):
-            uow.execute(Plan(_context(uow, tenant, thread), [group(name, coll, ids)]))
-            done(name, len(ids))
+            one = group(name, coll, ids)
+            result = uow.execute(Plan(_context(uow, tenant, thread), [one]))
+            done(name, result[one.name].deleted)
 
 
 def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport,
@@ -222,15 +264,15 @@ def _delete_targets(uow: Any, db: str, found: SubjectData, report: ErasureReport
     for name in order:
         target = found.targets[name]
         for tenant, ids in sorted(target.ids.items()):
-            for start in range(0, len(ids), PAGE):
-                batch = ids[start : start + PAGE]
-                uow.execute(Plan(_context(uow, tenant), [
-                    Group(f"erase:{name}", db, target.collection, target.artifact,
-                          [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": batch}})]),
-                ]))  # fmt: skip
-                report.deleted[name] = report.deleted.get(name, 0) + len(batch)
+            for batch in chunks(ids, PAGE):
+                ops = [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": batch}})]
+                group = Group(f"erase:{name}", db, target.collection, target.artifact, ops)
+                result = uow.execute(Plan(_context(uow, tenant), [group]))
+                # what was deleted (found, then deleted by another meanwhile: not counted)
+                deleted = result[group.name].deleted
+                report.deleted[name] = report.deleted.get(name, 0) + deleted
                 if progress is not None:
-                    progress(name, len(batch))
+                    progress(name, deleted)
 
 
 def _field_text(name: str, value: Any) -> str:
@@ -312,8 +354,14 @@ def erase_subject(uow: Any, db: str, policy: Policy, subject: str, *,
     # a thread; erasing the other subject must too)
     held += [h for h in holds if h.kind == "subject" and h not in held
              and _shares(uow, db, policy, h, found)]  # fmt: skip
-    if held:
-        raise _refuse(held, db)
+    # a thread deleted before, whose key the erasure destroys by the subjects it names:
+    # a hold on it keeps its key (no document of it is left for the checks above)
+    gone = {pair: names for pair, names in
+            thread_keys_naming(uow, db, policy, found.subject, tenant_id).items()
+            if pair not in found.threads}  # fmt: skip
+    kept = [h for h in key_holds(holds, found.subject, gone) if h not in held]
+    if held or kept:
+        raise _refuse(held + kept, db, kept)
     report = ErasureReport(subject_hash(found.subject), db, threads=len(found.threads))
     # keys first: a run interrupted after this still finds the threads (by their
     # checkpoints) and deletes them; their copies elsewhere are unreadable from here on

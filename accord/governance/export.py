@@ -51,7 +51,7 @@ import queue
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -61,7 +61,7 @@ import orjson
 
 from accord import __version__
 from accord.errors import InvalidInputError, MissingExtraError
-from accord.governance.audit_cuts import latest_cuts
+from accord.governance.audit_cuts import enforced_audit_period, latest_cuts
 from accord.governance.audit_records import RECORDS
 from accord.governance.canonical import READ_CODEC, canonical_read, to_json
 from accord.governance.digests import (
@@ -91,6 +91,11 @@ EXPORT_FORMAT = "accord-audit-export"
 EXPORT_VERSION = 1
 DIGEST_VERSION = 1
 PART_SIZE = 100_000
+#: A Parquet row group ends at this many rows, or (since 2026-12-07) once its records'
+#: JSON reaches :data:`ROW_GROUP_BYTES`: the verifier reads a row group's column chunks
+#: as they are, and refuses one past its bound (export_verify.ROW_GROUP_BYTES).
+ROW_GROUP_ROWS = 5_000
+ROW_GROUP_BYTES = 32 << 20
 PROGRESS = ".export-progress.json"
 #: CSV and Parquet columns (each a field of the record; ``record`` is all of it).
 COLUMNS = (
@@ -130,6 +135,7 @@ class _Part:
         self._sha = hashlib.sha256()
         self._size = 0
         self._rows: list[dict[str, Any]] = []
+        self._held = 0  # the bytes of the unwritten rows' records (parquet)
         self._writer: Any = None
         if fmt == "parquet":
             self._file: Any = None
@@ -158,9 +164,11 @@ class _Part:
         if self.fmt == "csv":
             self._emit(_csv_rows(rows))
         else:
-            self._rows.extend(rows)
-            if len(self._rows) >= 5_000:
-                self._flush_rows()
+            for row, data in zip(rows, lines, strict=True):  # a batch may fill several
+                self._rows.append(row)
+                self._held += len(data)
+                if len(self._rows) >= ROW_GROUP_ROWS or self._held >= ROW_GROUP_BYTES:
+                    self._flush_rows()
 
     def _flush_rows(self) -> None:
         pa, pq = pyarrow_modules()
@@ -171,7 +179,7 @@ class _Part:
         if self._writer is None:
             self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
         self._writer.write_table(table)
-        self._rows = []
+        self._rows, self._held = [], 0
 
     def close(self) -> dict[str, Any]:
         if self.fmt == "parquet":
@@ -409,10 +417,13 @@ def export(
     key: Ed25519PrivateKey | None = None,
     part_size: int = PART_SIZE,
     progress: Callable[[int, int], None] | None = None,
+    audit_period: timedelta | None = None,
 ) -> dict[str, Any]:
     """Export ``tenant``'s audit trail to ``out`` (module docstring), resuming an
     interrupted export of the same arguments; returns the manifest. ``progress(done,
-    total)`` is called after each batch."""
+    total)`` is called after each batch. The manifest records ``audit_period`` (default
+    the audit class's period of the policy ``uow`` enforces), which the verifier holds
+    the audit cuts to."""
     if fmt not in FORMATS:
         raise InvalidInputError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt == "parquet":
@@ -479,9 +490,11 @@ def export(
             part.abandon()
     if progress is not None:
         progress(done, total)
+    period = audit_period if audit_period is not None else enforced_audit_period(uow, db)
     manifest = _finish(out, params, state["parts"], streams, digests, key,
                        cuts={s: to_json(c) for s, c in cuts.items()
-                             if s in streams and streams[s].first_seq == int(c["seq"]) + 1})  # fmt: skip
+                             if s in streams and streams[s].first_seq == int(c["seq"]) + 1},
+                       audit_period=period)  # fmt: skip
     (out / PROGRESS).unlink(missing_ok=True)
     return manifest
 
@@ -665,6 +678,7 @@ def _finish(
     streams: Mapping[str, _Stream], digests: list[dict[str, Any]],
     key: Ed25519PrivateKey | None,
     cuts: Mapping[str, Any] | None = None,
+    audit_period: timedelta | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     digest_bytes = json.dumps(digests, indent=1, sort_keys=True).encode() + b"\n"
     (out / "digests.json").write_bytes(digest_bytes)
@@ -678,6 +692,8 @@ def _finish(
     }  # fmt: skip
     if cuts:  # where the cut streams start (audit_cuts.py); absent without cuts
         manifest["cuts"] = dict(sorted(cuts.items()))
+    if audit_period is not None:  # what the verifier holds the cuts to (since 2026-12-07)
+        manifest["audit_period_s"] = max(1, int(audit_period.total_seconds()))
     if key is not None:
         from accord.governance.signing import sign
 

@@ -27,6 +27,16 @@ carry the tenant's heads; unknown versions of the manifest or of a digest are re
 the files the manifest names are plain names in the export, regular files. A record, line or file of a shape no export writes
 is a problem naming it, and the rest is still checked.
 
+**Bounded memory** (since 2026-12-07): the export may be an attacker's, so nothing is
+read whole on its word. ``manifest.json`` and ``digests.json`` are refused past
+:data:`MANIFEST_LIMIT` and :data:`DIGESTS_LIMIT` bytes (``json_limit`` raises both for a
+genuine export of that many streams or digests) before they are read; a JSONL line or a
+CSV row past :data:`LINE_LIMIT` is named and dropped as it is read; a Parquet file's
+footer and each row group's metadata (rows, bytes, each column chunk's bytes) are checked
+against :data:`PARQUET_FOOTER_LIMIT`, :data:`ROW_GROUP_ROWS` and :data:`ROW_GROUP_BYTES`
+before the row group is read, and it is read in batches of at most about
+:data:`BATCH_BYTES`.
+
 Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
 and what was expected. An attacker who edits records and recomputes the manifest
 (hashes, counts, ranges) is still caught by 3 and 4; one who also rewrites the chains
@@ -39,15 +49,26 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 from array import array
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accord.governance.audit_cuts import cut_hash, image_hash, is_cut_record
+from accord.governance.audit_cuts import (
+    Commit,
+    audit_period,
+    commits_of,
+    cut_hash,
+    cut_justification,
+    image_hash,
+    is_cut_record,
+    when,
+)
 from accord.governance.audit_records import GENESIS
 from accord.governance.canonical import Double, canonical_read
 from accord.governance.digests import digest_problem, root_via, tenant_leaf, tenant_root_from
@@ -66,6 +87,31 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = ["ExportProblem", "ExportReport", "verify_export"]
+
+#: The largest ``manifest.json`` read, in bytes. A real one holds about 300 bytes per
+#: stream (its range; with an audit cut, about 800) and 200 per records file: 16 MiB is
+#: some 20,000 to 50,000 streams (a 1M-record export of 100 streams: 29 KB).
+MANIFEST_LIMIT = 16 << 20
+#: The largest ``digests.json`` read, in bytes. A real one holds about 1 KB per digest
+#: plus, for each digest that moved the tenant's heads, about 130 bytes per stream of the
+#: tenant: 64 MiB is e.g. 5,000 such digests of 100 streams (a 1M-record export of 100
+#: streams and one digest: 14 KB).
+DIGESTS_LIMIT = 64 << 20
+#: The largest Parquet footer (the file's metadata) read: a real one holds about 250
+#: bytes per column chunk (16 per row group; a binary column's statistics at most 8 KB),
+#: some 80 KB per 100,000-record file.
+PARQUET_FOOTER_LIMIT = 16 << 20
+#: The most rows in a Parquet row group: the export writes at most 5,000 (and pyarrow,
+#: by default, at most 2^20).
+ROW_GROUP_ROWS = 1 << 20
+#: The most bytes of a Parquet row group (its data uncompressed, and compressed; each
+#: column chunk's too): the export (since 2026-12-07) ends a row group at
+#: :data:`~accord.governance.export.ROW_GROUP_BYTES` of records, one record past at most
+#: (a record is at most about 32 MiB of JSON).
+ROW_GROUP_BYTES = 256 << 20
+#: About how many bytes of a row group one Parquet batch holds (rows by the row group's
+#: average row; at most 2,000 rows, at least one).
+BATCH_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -133,16 +179,35 @@ class ExportReport:
         return f"{text}: {verdict}"
 
 
-def _load(path: Path) -> Any:
-    """``path``'s JSON; a RecursionError (nesting too deep) as the ValueError it means. A
-    FIFO or a device (``/dev/zero``) is refused before it is read: reading it would wait
-    for a writer, or never end."""
+class _Oversized(ValueError):
+    """A file larger than the verifier reads (its message says what to do)."""
+
+
+def _load(path: Path, limit: int, holds: str) -> Any:
+    """``path``'s JSON, read only when it is at most ``limit`` bytes (else
+    :class:`_Oversized`: ``holds`` says what a real one holds); a RecursionError (nesting
+    too deep) as the ValueError it means. A FIFO or a device (``/dev/zero``) is refused
+    before it is read: reading it would wait for a writer, or never end."""
     if path.exists() and not path.is_file():
         raise ValueError(f"{path.name} is not a regular file")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""  # +1: a file that grew is seen
+    if size > limit or len(data) > limit:
+        raise _Oversized(
+            f"{path.name} is {max(size, len(data)):,} bytes, over the verifier's limit of "
+            f"{limit:,} ({_mib(limit)}) for it, so it is not read (a real one holds {holds}): "
+            "altered, or a genuine export larger than that, which verify_export(..., "
+            "json_limit=BYTES) reads"
+        )  # fmt: skip
     try:
-        return json.loads(path.read_text())
+        return json.loads(data.decode())
     except RecursionError:
         raise ValueError("nested too deep") from None
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
 
 
 #: The text of an ``ObjectId`` as the export spells it (lowercase: one spelling per id).
@@ -178,12 +243,20 @@ def verify_export(
     *,
     kept: Mapping[str, Any] | None = None,
     pinned: Ed25519PublicKey | None = None,
+    audit_period: timedelta | None = None,
+    now: datetime | None = None,
+    json_limit: int | None = None,
 ) -> ExportReport:
     """Verify the export in ``directory`` (module docstring). A file of the wrong shape
-    (not what the export writes) fails the verification, naming what could not be read."""
+    (not what the export writes) fails the verification, naming what could not be read.
+    Audit cuts are held to ``audit_period`` (default the manifest's ``audit_period_s``)
+    at ``now`` (default the clock). ``json_limit`` (bytes) replaces
+    :data:`MANIFEST_LIMIT` and :data:`DIGESTS_LIMIT`: a genuine export of more streams or
+    digests than they allow (memory: several times it)."""
     report = ExportReport()
+    limits = (MANIFEST_LIMIT, DIGESTS_LIMIT) if json_limit is None else (json_limit,) * 2
     try:
-        _verify(directory, kept, pinned, report)
+        _verify(directory, kept, pinned, report, cut_rules=(audit_period, now), limits=limits)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
             OverflowError, OSError) as exc:  # fmt: skip
         report.problems.append(ExportProblem(
@@ -194,11 +267,17 @@ def verify_export(
 
 def _verify(
     directory: Path, kept: Mapping[str, Any] | None, pinned: Ed25519PublicKey | None,
-    report: ExportReport,
+    report: ExportReport, cut_rules: tuple[timedelta | None, datetime | None] = (None, None),
+    limits: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
     add = report.problems.append
+    limits = limits or (MANIFEST_LIMIT, DIGESTS_LIMIT)  # (manifest.json, digests.json)
     try:
-        manifest = _load(directory / "manifest.json")
+        manifest = _load(directory / "manifest.json", limits[0],
+                         "about 300 bytes per stream and 200 per records file")  # fmt: skip
+    except _Oversized as exc:
+        add(ExportProblem(str(exc)))
+        return
     except (OSError, ValueError) as exc:
         add(ExportProblem(f"no readable manifest.json in {directory}: {exc}"))
         return
@@ -221,7 +300,7 @@ def _verify(
     for path in sorted(directory.iterdir()):
         if path.name not in listed and path.name not in ("manifest.json", PROGRESS):
             add(ExportProblem(f"file {path.name} is not in the manifest (added)"))
-    digests = _check_digests(directory, manifest, tenant, kept, pinned, report)
+    digests = _check_digests(directory, manifest, tenant, kept, pinned, report, limits[1])
     heads = {s: (seq, h) for s, seq, h in digests[-1].get("heads") or ()} if digests else {}
     checkpoints: dict[str, dict[int, tuple[int, str]]] = {}
     for entry in digests:
@@ -247,7 +326,7 @@ def _verify(
     previous: dict[str, tuple[str | None, str]] = {}  # stream -> its last record's (id, where)
     dead: set[str] = set()  # streams found wrong by more than the chain: checked no further
     owned: dict[str, bool] = {}  # stream -> whether its name is the tenant's
-    recorded: dict[str, list[tuple[Any, Any]]] = {}  # stream -> its cut records' inserts
+    recorded: dict[str, list[tuple[Any, Any, int]]] = {}  # stream -> its cut inserts, seqs
     ids = _IdKeys()
     for location, record, columns, raw in _records(directory, manifest, report.problems):
         report.records += 1
@@ -301,7 +380,9 @@ def _verify(
         if is_cut_record(record):  # where its audit cut is recorded (checked at the end)
             for op in record.get("ops") or ():
                 if isinstance(op, Mapping) and op.get("op") == "insert":
-                    recorded.setdefault(stream, []).append((op.get("doc_id"), op.get("image_hash")))
+                    recorded.setdefault(stream, []).append(
+                        (op.get("doc_id"), op.get("image_hash"), int(seq))  # type: ignore[arg-type]
+                    )
         mark = checkpoints.get(stream, {}).get(int(seq)) if isinstance(seq, int) else None
         if mark is not None and mark[1] != record.get("hash"):
             add(ExportProblem(f"digest {mark[0]} holds another hash for this seq (the chain "
@@ -335,12 +416,20 @@ def _verify(
                               last[0], None, located.get(stream, (0, None, None))[2], head,
                               last))  # fmt: skip
     broken = {p.stream for p in report.problems if p.stream is not None}
+    commits = _commits(digests, manifest.get("cuts") or {})
     for stream, cut in (manifest.get("cuts") or {}).items():
         if stream in broken or stream not in streams:
             continue
         # as verify --live: the cut must be the one the stream's chain recorded, or a cut
         # forged in the manifest would vouch for any records deleted before it
-        if (cut.get("_id"), image_hash(cut)) not in recorded.get(stream, ()):
+        by = next((seq for i, h, seq in recorded.get(stream, ())
+                   if (i, h) == (cut.get("_id"), image_hash(cut))), None)  # fmt: skip
+        if by is not None:  # ... and justified by the digests, as verify --live asks
+            unjustified = _cut_unjustified(cut, commits.get(stream, []), by, manifest,
+                                           cut_rules)  # fmt: skip
+            if unjustified:
+                add(ExportProblem(unjustified, stream, int(cut["seq"])))
+        else:
             add(ExportProblem(
                 "the stream's audit cut is not recorded in its exported records (forged in "
                 "the manifest, or the covering digest predates the cut's record: take a "
@@ -449,6 +538,46 @@ def _shared_ids(
         )  # fmt: skip
 
 
+def _commits(digests: list[dict[str, Any]], cuts: Mapping[str, Any]) -> dict[str, list[Commit]]:
+    """Per cut stream, what the export's (verified) digests committed of it: an entry
+    that lists the tenant's heads where the stream's moved (one pass over them)."""
+    timed = [(int(e["digest"]["seq"]), when(e["digest"].get("at"))) for e in digests]
+    counted = [(n, at) for n, at in timed if at is not None]
+    changes: dict[str, list[tuple[int, int]]] = {}
+    for entry in digests:
+        for s, seq, _ in entry.get("heads") or ():
+            moved = changes.setdefault(s, []) if s in cuts else None
+            if moved is not None and (not moved or moved[-1][1] != int(seq)):
+                moved.append((int(entry["digest"]["seq"]), int(seq)))
+    return {s: commits_of(c, counted) for s, c in changes.items()}
+
+
+def _cut_unjustified(
+    cut: Mapping[str, Any], commits: list[Commit], by: int, manifest: Mapping[str, Any],
+    cut_rules: tuple[timedelta | None, datetime | None],
+) -> str | None:  # fmt: skip
+    """Why the stream's audit cut (its record at seq ``by``) is not justified by the
+    export's digests (:func:`~.audit_cuts.cut_justification`), against the period given,
+    else the manifest's ``audit_period_s`` (an export before 2026-12-07 has none: the
+    default policy's)."""
+    period, now = cut_rules
+    if period is None:
+        recorded = manifest.get("audit_period_s")
+        if recorded is None:
+            from accord.governance.loading import default_policy
+
+            period = audit_period(default_policy())
+        elif isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+            period = timedelta(seconds=recorded)
+        else:
+            return f"the manifest's audit_period_s {recorded!r} is no period (altered)"
+    if period is None:
+        return ("the stream was cut, but no audit period is expected (the default policy "
+                "keeps audit records forever): pass the one expected, --audit-period")  # fmt: skip
+    return cut_justification(cut, commits, recorded_by=by, now=now or datetime.now(UTC),
+                             min_period=period)  # fmt: skip
+
+
 def _cut_problem(cut: Any, first: int, info: Mapping[str, Any]) -> str | None:
     """Why the manifest's audit cut of a stream is not where its records start."""
     if not isinstance(cut, Mapping) or cut.get("cut_hash") != cut_hash(cut):
@@ -477,7 +606,7 @@ def _check_manifest_signature(
 
 def _check_digests(
     directory: Path, manifest: Mapping[str, Any], tenant: str, kept: Mapping[str, Any] | None,
-    pinned: Ed25519PublicKey | None, report: ExportReport,
+    pinned: Ed25519PublicKey | None, report: ExportReport, limit: int,
 ) -> list[dict[str, Any]]:  # fmt: skip
     add = report.problems.append
     info = manifest.get("digests_file") or {}
@@ -489,8 +618,12 @@ def _check_digests(
     try:
         if path.exists() and not path.is_file():  # a FIFO would wait for a writer
             raise ValueError(f"{path.name} is not a regular file (replaced)")
+        digests = _load(path, limit, "about 1 KB per digest and, in each that moved the "
+                        "tenant's heads, 130 bytes per stream")  # fmt: skip
         sha, _ = _sha(path)
-        digests = _load(path)
+    except _Oversized as exc:
+        add(ExportProblem(str(exc)))
+        return []
     except (OSError, ValueError) as exc:
         add(ExportProblem(f"the digests file cannot be read: {exc}"))
         return []
@@ -595,9 +728,15 @@ def _tenant_problem(
 #: One (file:line, record, its CSV/Parquet columns or None, its text as in the file).
 Row = tuple[str, dict[str, Any], dict[str, Any] | None, bytes | str]
 
-#: The largest CSV field read: a record is at most 16 MiB of BSON, and its JSON (its
-#: images escaped twice) can be several times that; csv's default is 128 KiB.
-CSV_FIELD_LIMIT = 1 << 30
+#: The longest JSONL line (bytes) or CSV row (characters) read (since 2026-12-07; it was
+#: 1 GiB): a record is a document of at most 16 MiB, whose images (at most 8 MiB of JSON
+#: text) are escaped once more in its JSON, so its line is at most about 32 MiB. A longer
+#: one is named and dropped as it is read: held to the limit, never past it, and never
+#: joined or parsed. (A Parquet record is bounded by its row group's bytes.)
+LINE_LIMIT = 64 << 20
+#: The largest CSV field csv reads (csv's default is 128 KiB); each row is held to
+#: :data:`LINE_LIMIT` before csv sees it.
+CSV_FIELD_LIMIT = LINE_LIMIT
 
 
 def _records(
@@ -650,8 +789,7 @@ def _jsonl(path: Path, hashed: Any, add: Any) -> Generator[Row, None, int]:
             n += 1
             where = f"{name}:line {n}"
             if line is None:
-                add(ExportProblem(f"the line is longer than {LINE_LIMIT} bytes, far longer "
-                                  "than any record: altered", location=where))  # fmt: skip
+                add(ExportProblem(_too_long("line", "bytes"), location=where))
                 continue
             record = _parse(line.decode("utf-8", "replace"), where, add)
             if record is not None:
@@ -660,8 +798,10 @@ def _jsonl(path: Path, hashed: Any, add: Any) -> Generator[Row, None, int]:
     return size
 
 
-#: The longest JSONL line read: as :data:`CSV_FIELD_LIMIT` (a record's JSON).
-LINE_LIMIT = 1 << 30
+def _too_long(what: str, unit: str) -> str:
+    return (f"the {what} is longer than {LINE_LIMIT:,} {unit} ({_mib(LINE_LIMIT)}, the "
+            "verifier's limit), longer than any record's JSON (at most about 32 MiB): "
+            "altered; not read")  # fmt: skip
 
 
 def _lines(f: Any, hashed: Any) -> Iterator[bytes | None]:
@@ -737,8 +877,10 @@ def _read(path: Path, add: Any) -> Iterator[Row]:
     # the process-wide limit, only ever raised: a record is far larger than csv's default
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        reader = csv.DictReader(f)
+        lines = _RowLines(f)
+        reader = csv.DictReader(lines)
         while True:
+            lines.held = 0  # each row (its lines together) to the limit
             try:
                 row = next(reader)
             except StopIteration:
@@ -746,6 +888,10 @@ def _read(path: Path, add: Any) -> Iterator[Row]:
             except csv.Error as exc:
                 add(ExportProblem(f"file {path.name} cannot be read on ({exc}): altered",
                                   location=f"{path.name}:line {reader.line_num}"))  # fmt: skip
+                return
+            except _RowTooLong:  # where the next row starts is lost with it: stop there
+                add(ExportProblem(f"{_too_long('row', 'characters')}; the file is read no further",
+                                  location=f"{path.name}:line {reader.line_num + 1}"))  # fmt: skip
                 return
             where = f"{path.name}:line {reader.line_num}"
             text = row.get("record") or ""
@@ -756,29 +902,139 @@ def _read(path: Path, add: Any) -> Iterator[Row]:
                 yield where, record, row, text
 
 
+class _RowTooLong(Exception):
+    """A CSV row longer than :data:`LINE_LIMIT` (raised through csv's reader)."""
+
+
+class _RowLines:
+    """The lines of a text file for :mod:`csv`, each read to at most what is left of
+    :data:`LINE_LIMIT` for its row (``held``, reset per row by the reader's caller): a
+    line or a row past it raises :class:`_RowTooLong` before more of it is read (csv
+    itself reads a line whole, and a quoted field goes on over lines)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.held = 0
+
+    def __iter__(self) -> _RowLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._f.readline(LINE_LIMIT + 1 - self.held)
+        if not line:
+            raise StopIteration
+        self.held += len(line)
+        if self.held > LINE_LIMIT:
+            raise _RowTooLong
+        return str(line)
+
+
+def _footer_problem(path: Path) -> str | None:
+    """Why ``path``'s Parquet footer is not read (None when it may be): longer than
+    :data:`PARQUET_FOOTER_LIMIT`, or than the file. A file without Parquet's magic is
+    left to pyarrow, which says so."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 12:
+            return None
+        f.seek(size - 8)
+        tail = f.read(8)
+    if tail[4:] != b"PAR1":
+        return None
+    length = int.from_bytes(tail[:4], "little")
+    if length > min(PARQUET_FOOTER_LIMIT, size - 12):
+        return (f"its footer (metadata) is {length:,} bytes, over the verifier's limit of "
+                f"{PARQUET_FOOTER_LIMIT:,} ({_mib(PARQUET_FOOTER_LIMIT)}) or the file's size "
+                "(a real one is some 80 KB per 100,000 records), so it is not read")  # fmt: skip
+    return None
+
+
+def _row_group_problem(group: Any) -> str | None:
+    """Why a row group (its metadata) is not read (None when it may be): more rows than
+    :data:`ROW_GROUP_ROWS`, or more bytes than :data:`ROW_GROUP_BYTES` (its data, or any
+    column chunk, uncompressed or compressed)."""
+    if not 0 <= group.num_rows <= ROW_GROUP_ROWS:
+        return (f"holds {group.num_rows:,} rows, over the verifier's limit of "
+                f"{ROW_GROUP_ROWS:,} (the export writes at most 5,000)")  # fmt: skip
+    chunks = [group.column(j) for j in range(group.num_columns)]
+    sizes = {
+        "its data uncompressed": _group_bytes(group),
+        "its data compressed": sum(c.total_compressed_size for c in chunks),
+        **{f"column {c.path_in_schema}": max(c.total_uncompressed_size, c.total_compressed_size)
+           for c in chunks},
+    }  # fmt: skip
+    for what, size in sizes.items():
+        if not 0 <= size <= ROW_GROUP_BYTES:
+            return (f"holds {size:,} bytes ({what}), over the verifier's limit of "
+                    f"{ROW_GROUP_BYTES:,} ({_mib(ROW_GROUP_BYTES)}; the export ends a row "
+                    "group at 32 MiB of records, and one before 2026-12-07 at 5,000 rows)")  # fmt: skip
+    return None
+
+
+def _group_bytes(group: Any) -> int:
+    """A row group's bytes uncompressed, as its metadata says (the larger of its total
+    and its column chunks' sum: either may be the one a forger made small)."""
+    chunks = (group.column(j).total_uncompressed_size for j in range(group.num_columns))
+    return max(group.total_byte_size, sum(chunks))
+
+
+def _batch_rows(group: Any) -> int:
+    """How many of a row group's rows to read at once: about :data:`BATCH_BYTES` by its
+    average row (its metadata's), at most 2,000 (a record is usually 1 KB), at least 1."""
+    return max(1, min(2_000, BATCH_BYTES * max(group.num_rows, 1) // max(_group_bytes(group), 1)))
+
+
 def _parquet(path: Path, add: Any) -> Iterator[Row]:
+    """The rows of a Parquet file, row group by row group, each group's metadata checked
+    before it is read (:func:`_row_group_problem`); the file is read through a 1 MiB
+    buffer (pyarrow's default reads a column chunk whole)."""
     _, pq = pyarrow_modules()
-    line = 0
+    wrong = _footer_problem(path)
+    if wrong is not None:
+        add(ExportProblem(f"file {path.name} is not read: {wrong}: altered"))
+        return
     try:
-        batches = pq.ParquetFile(str(path)).iter_batches(batch_size=2_000)
+        parquet = pq.ParquetFile(str(path), buffer_size=1 << 20)
+        meta = parquet.metadata
     except (OSError, ValueError) as exc:  # pyarrow's errors: ArrowInvalid is a ValueError
         add(ExportProblem(f"file {path.name} is not a readable Parquet file ({exc}): altered"))
         return
+    line = 0
+    for n in range(meta.num_row_groups):
+        group = meta.row_group(n)
+        wrong = _row_group_problem(group)
+        if wrong is not None:
+            add(ExportProblem(f"file {path.name}'s row group {n} {wrong}, so it and the rest "
+                              "of the file are not read: altered, or written by an export "
+                              "before 2026-12-07 (export again)",
+                              location=f"{path.name}:row {line + 1}"))  # fmt: skip
+            return
+        batches = parquet.iter_batches(batch_size=_batch_rows(group), row_groups=[n])
+        line = yield from _parquet_rows(path.name, batches, line, add)
+        if line < 0:  # a corrupt page: the rest cannot be read
+            return
+
+
+def _parquet_rows(
+    name: str, batches: Iterator[Any], line: int, add: Any
+) -> Generator[Row, None, int]:
+    """The rows of one row group's ``batches`` (after row ``line`` of the file); returns
+    the last row's number, or -1 when a batch cannot be read (named)."""
     while True:
         try:
             batch = next(batches)
         except StopIteration:
-            return
+            return line
         except (OSError, ValueError) as exc:  # a corrupt page: the rest cannot be read
-            add(ExportProblem(f"file {path.name} cannot be read past row {line} ({exc}): "
-                              "altered", location=f"{path.name}:row {line + 1}"))  # fmt: skip
-            return
+            add(ExportProblem(f"file {name} cannot be read past row {line} ({exc}): "
+                              "altered", location=f"{name}:row {line + 1}"))  # fmt: skip
+            return -1
         columns = batch.to_pydict()
         names = list(columns)
         for values in zip(*columns.values(), strict=True):
             row = dict(zip(names, values, strict=True))
             line += 1
-            where = f"{path.name}:row {line}"
+            where = f"{name}:row {line}"
             text = str(row.get("record"))
             record = _parse(text, where, add)
             if record is not None:

@@ -4,6 +4,8 @@ exports, a stolen disk) becomes unreadable.
 * :func:`destroy_subject_keys`: the keys of a data subject's threads and of the
   subject's own values (``accord governance erase``, before the documents are deleted,
   so a run of the erasure interrupted after this step still finds the threads);
+  :func:`thread_keys_naming` lists the thread keys it would destroy by the subject
+  (those of threads deleted before included), so the erasure can check their holds;
 * :func:`shred_tenant`: every key of a tenant (``accord governance shred-tenant``);
 * and, not a shredding, :func:`rewrap_keys`: the master key's rotation (every data key
   re-wrapped under the current master key, ``accord governance rewrap-keys``).
@@ -28,14 +30,18 @@ from accord.governance.holding import list_holds
 from accord.governance.holds import Hold
 from accord.governance.policy import Policy
 from accord.governance.redaction import ERASE_OPERATION, erase_images
-from accord.governance.subjects import find_subject, subject_values
+from accord.governance.subjects import chunks, find_subject, pages, subject_values
 from accord.platform.artifacts import ENCRYPTION_KEY
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
 
-__all__ = ["destroy_keys", "destroy_subject_keys", "rewrap_keys", "shred_tenant"]
+__all__ = [
+    "PAGE", "destroy_keys", "destroy_subject_keys", "rewrap_keys", "shred_tenant",
+    "thread_keys_naming",
+]  # fmt: skip
 
-_PAGE = 1000
+#: Keys read and destroyed per page, and the most thread ids one filter lists.
+PAGE = 1000
 
 
 def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) -> int:
@@ -50,7 +56,7 @@ def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) ->
     while True:
         docs = uow.find(ReadContext("*", operation=ERASE_OPERATION), ENCRYPTION_KEY.name, db,
                         coll, dict(where), projection={"_id": 1, "tenant_id": 1},
-                        sort=[("_id", 1)], limit=_PAGE)  # fmt: skip
+                        sort=[("_id", 1)], limit=PAGE)  # fmt: skip
         if not docs:
             return destroyed
         by_tenant: dict[str, list[Any]] = {}
@@ -59,12 +65,13 @@ def destroy_keys(uow: Any, db: str, policy: Policy, where: Mapping[str, Any]) ->
         for tenant, ids in sorted(by_tenant.items()):
             group = Group("erase:encryption_key", db, coll, ENCRYPTION_KEY.name,
                           [Op("delete_many", {"tenant_id": tenant, "_id": {"$in": ids}})])  # fmt: skip
-            uow.execute(Plan(WriteContext(tenant, principal=uow.principal,
-                                          operation=ERASE_OPERATION), [group]))  # fmt: skip
+            context = WriteContext(tenant, principal=uow.principal, operation=ERASE_OPERATION)
+            result = uow.execute(Plan(context, [group]))
             erase_images(uow, db, RECORDS, {"tenant_id": tenant, "collection": coll,
                                             "ops.doc_id": {"$in": ids}}, at)  # fmt: skip
-            destroyed += len(ids)
-        if len(docs) < _PAGE:
+            # what the delete deleted: a key destroyed meanwhile by another is not ours
+            destroyed += result[group.name].deleted
+        if len(docs) < PAGE:
             return destroyed
 
 
@@ -88,9 +95,8 @@ def destroy_subject_keys(
     for tenant, thread in threads:
         by_tenant.setdefault(tenant, []).append(thread)
     for tenant, names in sorted(by_tenant.items()):
-        for start in range(0, len(names), _PAGE):
-            where = {"tenant_id": tenant, "scope": "thread",
-                     "thread_id": {"$in": sorted(names)[start : start + _PAGE]}}  # fmt: skip
+        for part in chunks(sorted(names), PAGE):
+            where = {"tenant_id": tenant, "scope": "thread", "thread_id": {"$in": part}}
             destroyed += destroy_keys(uow, db, policy, where)
     values = list(subject_values(subject))
     named: dict[str, Any] = {"$or": [{"scope": "subject", "subject": {"$in": values}},
@@ -98,6 +104,27 @@ def destroy_subject_keys(
     if tenant_id is not None:
         named["tenant_id"] = tenant_id
     return destroyed + destroy_keys(uow, db, policy, named)
+
+
+def thread_keys_naming(
+    uow: Any, db: str, policy: Policy, subject: str, tenant_id: str | None = None
+) -> dict[tuple[str, str], set[Any]]:
+    """(tenant, thread) -> the subjects its key names, of every thread key whose
+    ``subjects`` name ``subject`` (in ``tenant_id`` only when given): the keys
+    :func:`destroy_subject_keys` destroys by the subject, whose threads may have been
+    deleted before (a legal hold on such a thread keeps its key: the erasure checks)."""
+    where: dict[str, Any] = {"scope": "thread", "subjects": {"$in": list(subject_values(subject))}}
+    if tenant_id is not None:
+        where["tenant_id"] = tenant_id
+    out: dict[tuple[str, str], set[Any]] = {}
+    for docs in pages(uow, ENCRYPTION_KEY.name, db, keys_collection(policy), where,
+                      projection={"tenant_id": 1, "thread_id": 1, "subjects": 1},
+                      operation=ERASE_OPERATION):  # fmt: skip
+        for d in docs:
+            names = d.get("subjects")
+            pair = (str(d.get("tenant_id")), str(d.get("thread_id")))
+            out.setdefault(pair, set()).update(names if isinstance(names, list) else ())
+    return out
 
 
 def shred_tenant(uow: Any, db: str, policy: Policy, tenant_id: str) -> int:
@@ -148,7 +175,7 @@ def rewrap_keys(uow: Any, db: str, policy: Policy, master: MasterKey) -> int:
     while True:
         docs = uow.find(ReadContext("*", operation="encryption.rewrap"), ENCRYPTION_KEY.name,
                         db, coll, {"master": {"$ne": master.fingerprint}},
-                        sort=[("_id", 1)], limit=_PAGE)  # fmt: skip
+                        sort=[("_id", 1)], limit=PAGE)  # fmt: skip
         if not docs:
             return done
         by_tenant: dict[str, list[Op]] = {}

@@ -17,7 +17,9 @@ collection the policy names). What accord holds about it, per class:
 * **business** records of every ``business:NAME`` class with subject fields.
 
 Everything is read through the kernel (``ReadContext``, the caller's principal: the
-CLI's operating-system user, role admin), in pages of :data:`PAGE` documents by ``_id``.
+CLI's operating-system user, role admin), in pages of :data:`PAGE` documents by ``_id``;
+a filter that lists threads, memories or documents lists at most :data:`PAGE` of them
+(:func:`chunks`), so no command grows with the subject's size.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import bson
 from bson import json_util
 
 from accord.errors import InvalidInputError
@@ -48,11 +52,12 @@ from accord.platform.artifacts import (
 from accord.platform.context import ReadContext
 
 __all__ = [
-    "PAGE", "SubjectData", "Target", "collection_of", "export_subject", "find_subject",
-    "same_subject", "subject_hash", "subject_values", "validate_subject",
+    "PAGE", "SubjectData", "Target", "chunks", "collection_of", "export_subject",
+    "find_subject", "same_subject", "subject_hash", "subject_values", "validate_subject",
 ]  # fmt: skip
 
-#: Documents read per page.
+#: Documents read per page, and the most values one ``$in`` list of a filter holds
+#: (a subject's 10^5 thread ids in one filter could pass MongoDB's 16 MB command limit).
 PAGE = 1000
 #: The longest subject identifier accepted (as a legal hold's value).
 MAX_SUBJECT = 500
@@ -221,6 +226,28 @@ class SubjectData:
         return [i for ids in target.ids.values() for i in ids] if target else []
 
 
+_T = TypeVar("_T")
+
+
+def chunks(values: Sequence[_T], size: int | None = None) -> Iterator[list[_T]]:
+    """``values`` in slices of at most ``size`` (default :data:`PAGE`, read when called,
+    so a test can lower it): one ``$in`` list per slice keeps each command bounded."""
+    step = size or PAGE
+    for start in range(0, len(values), step):
+        yield list(values[start : start + step])
+
+
+def _listed(field: str, by_tenant: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Clauses ``{tenant_id, field: {$in: ...}}`` for ``by_tenant``'s values, :data:`PAGE`
+    values a clause (each clause is read on its own: an ``$or`` of them all would be
+    one filter as large as the lists)."""
+    return [
+        {"tenant_id": tenant, field: {"$in": part}}
+        for tenant, values in by_tenant.items()
+        for part in chunks(values)
+    ]
+
+
 def _match(subject: str, fields: tuple[str, ...], tenant_id: str | None) -> dict[str, Any]:
     """Documents whose subject fields name ``subject`` (any of :func:`subject_values`; an
     array field: one element)."""
@@ -250,11 +277,24 @@ def pages(
             return
 
 
-def _ids(uow: Any, artifact: str, db: str, collection: str, filt: Mapping[str, Any],
-         into: dict[str, list[Any]]) -> None:  # fmt: skip
-    for docs in pages(uow, artifact, db, collection, filt, projection={"_id": 1, "tenant_id": 1}):
-        for d in docs:
-            into.setdefault(str(d.get("tenant_id")), []).append(d["_id"])
+def _ids(uow: Any, artifact: str, db: str, collection: str,
+         clauses: Iterable[Mapping[str, Any]], into: dict[str, list[Any]]) -> None:  # fmt: skip
+    """Add to ``into`` (tenant -> ids) the ids of the documents matching any of
+    ``clauses``, each read on its own (bounded filters), each document once."""
+    seen = {(t, _id_key(i)) for t, ids in into.items() for i in ids}
+    for clause in clauses:
+        for docs in pages(uow, artifact, db, collection, clause,
+                          projection={"_id": 1, "tenant_id": 1}):  # fmt: skip
+            for d in docs:
+                key = (str(d.get("tenant_id")), _id_key(d["_id"]))
+                if key not in seen:  # (matched by an earlier clause too)
+                    seen.add(key)
+                    into.setdefault(key[0], []).append(d["_id"])
+
+
+def _id_key(value: Any) -> bytes:
+    """A hashable, exact key of an ``_id`` (which may be a document)."""
+    return bson.encode({"_": value})
 
 
 def find_subject(uow: Any, db: str, policy: Policy, subject: str,
@@ -281,18 +321,8 @@ def find_subject(uow: Any, db: str, policy: Policy, subject: str,
     threads_by_tenant: dict[str, list[str]] = {}
     for tenant, thread in sorted(found.threads):
         threads_by_tenant.setdefault(tenant, []).append(thread)
-
-    def of_threads(extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return extra + [
-            {"tenant_id": tenant, "thread_id": {"$in": threads}}
-            for tenant, threads in threads_by_tenant.items()
-        ]
-
-    def provenance() -> list[dict[str, Any]]:
-        return [
-            {"tenant_id": tenant, "provenance.thread_id": {"$in": threads}}
-            for tenant, threads in threads_by_tenant.items()
-        ]
+    of_threads = _listed("thread_id", threads_by_tenant)
+    derived = _listed("provenance.thread_id", threads_by_tenant)  # memories of the threads
 
     for name, cls in policy.classes.items():
         base = class_of(name)
@@ -303,11 +333,11 @@ def find_subject(uow: Any, db: str, policy: Policy, subject: str,
             continue
         either = [_match(subject, cls.subject_fields, tenant_id)] if cls.subject_fields else []
         if base == OUTBOX.name:
-            either = of_threads(either)
+            either += of_threads
         if not either:
             continue
         target = Target(name, base, coll)
-        _ids(uow, base, db, coll, {"$or": either}, target.ids)
+        _ids(uow, base, db, coll, either, target.ids)
         found.targets[name] = target
     # memories: by their subject fields, or derived from one of the subject's threads
     memory = policy.of(LONG_TERM_MEMORY.name)
@@ -316,28 +346,23 @@ def find_subject(uow: Any, db: str, policy: Policy, subject: str,
         either = (
             [_match(subject, memory.subject_fields, tenant_id)] if memory.subject_fields else []
         )
-        either += provenance()
         target = Target(LONG_TERM_MEMORY.name, LONG_TERM_MEMORY.name, memory_coll)
-        if either:
-            _ids(uow, target.artifact, db, memory_coll, {"$or": either}, target.ids)
+        _ids(uow, target.artifact, db, memory_coll, either + derived, target.ids)
         found.targets[target.name] = target
         history = policy.of(MEMORY_HISTORY.name)
         history_coll = collection_of(policy, MEMORY_HISTORY.name)
         if history_coll is not None:
-            either = [{"tenant_id": t, "memory_id": {"$in": ids}} for t, ids in target.ids.items()]
+            either = _listed("memory_id", target.ids)
             if history is not None and history.subject_fields:
                 either.append(_match(subject, history.subject_fields, tenant_id))
-            either += provenance()
             versions = Target(MEMORY_HISTORY.name, MEMORY_HISTORY.name, history_coll)
-            if either:
-                _ids(uow, versions.artifact, db, history_coll, {"$or": either}, versions.ids)
+            _ids(uow, versions.artifact, db, history_coll, either + derived, versions.ids)
             found.targets[versions.name] = versions
         vectors_coll = collection_of(policy, MEMORY_VECTOR.name)
         if vectors_coll is not None:
             vectors = Target(MEMORY_VECTOR.name, MEMORY_VECTOR.name, vectors_coll)
-            either = [{"tenant_id": t, "memory_id": {"$in": ids}} for t, ids in target.ids.items()]
-            if either:
-                _ids(uow, vectors.artifact, db, vectors_coll, {"$or": either}, vectors.ids)
+            _ids(uow, vectors.artifact, db, vectors_coll, _listed("memory_id", target.ids),
+                 vectors.ids)  # fmt: skip
             found.targets[vectors.name] = vectors
     return found
 
@@ -354,6 +379,13 @@ def _file_name(name: str, taken: Iterable[str]) -> str:
     if f"{safe}.jsonl".lower() in {t.lower() for t in taken}:
         safe += "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return safe + ".jsonl"
+
+
+def _pages_of(uow: Any, artifact: str, db: str, collection: str,
+              clauses: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:  # fmt: skip
+    """The pages of each clause in turn (the clauses match disjoint documents: threads
+    or ids, each in one clause)."""
+    return chain.from_iterable(pages(uow, artifact, db, collection, c) for c in clauses)
 
 
 def export_subject(uow: Any, db: str, policy: Policy, subject: str, out: str | os.PathLike[str],
@@ -396,19 +428,13 @@ def export_subject(uow: Any, db: str, policy: Policy, subject: str, out: str | o
     for name, coll in found.thread_collections.items():
         if name == RUN.name:
             continue  # leases and fences: no data of the subject
-        either = [{"tenant_id": t, "thread_id": {"$in": ths}} for t, ths in by_tenant.items()]
-        batches = pages(uow, name, db, coll, {"$or": either}) if either else iter(())
-        write(name, name, coll, batches)
+        write(name, name, coll, _pages_of(uow, name, db, coll, _listed("thread_id", by_tenant)))
     for name, target in found.targets.items():
         if target.artifact == MEMORY_VECTOR.name:
             continue  # numbers derived from the memories, which are exported
-        either = [{"tenant_id": t, "_id": {"$in": ids}} for t, ids in target.ids.items()]
-        batches = (
-            pages(uow, target.artifact, db, target.collection, {"$or": either})
-            if either
-            else iter(())
-        )
-        write(name, target.artifact, target.collection, batches)
+        write(name, target.artifact, target.collection,
+              _pages_of(uow, target.artifact, db, target.collection,
+                        _listed("_id", target.ids)))  # fmt: skip
     manifest = {
         "generator": "accord governance export-subject",
         "generated_at": datetime.now(UTC).isoformat(timespec="milliseconds"),

@@ -26,11 +26,22 @@ any other way (an async client, an export).
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from accord.governance.audit_cuts import all_cuts, cut_problems, image_hash, is_cut_record
+from accord.governance.audit_cuts import (
+    all_cuts,
+    commits_of,
+    cut_problems,
+    enforced_audit_period,
+    image_hash,
+    is_cut_record,
+    justify_cut,
+    when,
+)
 from accord.governance.audit_records import (
     GENESIS,
     HEADS,
@@ -40,8 +51,12 @@ from accord.governance.audit_records import (
     chain_hash,
 )
 from accord.governance.canonical import READ_CODEC, canonical_read
+from accord.governance.digests import digest_problem, head_changes, heads_hold, list_digests
 from accord.platform.artifacts import AUDIT
 from accord.platform.context import AUDITOR, Principal, ReadContext
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 __all__ = ["AuditReport", "ChainBreak", "ChainChecker", "read_chain_hash", "verify_chain"]
 
@@ -61,10 +76,10 @@ class ChainBreak:
         if not self.stream:  # about a digest, not one stream
             return self.problem
         at = f"seq {self.seq}" if self.seq is not None else "its head"
-        return (
-            f"stream {self.stream} breaks at {at}: {self.problem} "
-            f"(expected {self.expected!r}, found {self.found!r})"
-        )
+        text = f"stream {self.stream} breaks at {at}: {self.problem}"
+        if self.expected is None and self.found is None:  # the problem says it all
+            return text
+        return f"{text} (expected {self.expected!r}, found {self.found!r})"
 
 
 @dataclass
@@ -241,10 +256,17 @@ def verify_chain(
     records: str = RECORDS,
     heads: str = HEADS,
     principal: Principal | None = None,
+    audit_period: timedelta | None = None,
+    now: datetime | None = None,
+    pinned: Ed25519PublicKey | None = None,
 ) -> AuditReport:
     """Verify every audit stream of database ``db_name`` (only ``tenant``'s, when given)
     through ``uow`` (a sync kernel), reading as ``principal`` (default the ``auditor``
-    service). Returns the report; nothing is written."""
+    service). Each audit cut must be justified by the digests
+    (:func:`~.audit_cuts.justify_cut`) against ``audit_period`` (default the audit
+    class's period of the policy ``uow`` enforces on the database) at ``now`` (default
+    the clock); with ``pinned``, only digests signed by that key count. Returns the
+    report; nothing is written."""
     context = ReadContext(
         tenant or "*", principal=principal or Principal.service(AUDITOR),
         operation="audit.verify",
@@ -263,6 +285,7 @@ def verify_chain(
         # else its chain breaks where its records start (int() of it raised)
     checker = ChainChecker(starts, hash_of=read_chain_hash)
     recorded: dict[tuple[str, str], set[Any]] = {}  # (stream, cut id) -> image hashes recorded
+    recorded_at: dict[tuple[str, str], int] = {}  # (stream, cut id) -> seq of its record
     for batch in uow.iterate_batches(
         context, AUDIT.name, db_name, records, where, sort=[("stream", 1), ("seq", 1)],
         batch_size=1000, codec_options=READ_CODEC,
@@ -274,6 +297,7 @@ def verify_chain(
                     if isinstance(op, Mapping) and op.get("op") == "insert":
                         key = (str(record.get("stream")), str(op.get("doc_id")))
                         recorded.setdefault(key, set()).add(op.get("image_hash"))
+                        recorded_at.setdefault(key, int(record["seq"]))
     head_docs = uow.find(context, AUDIT.name, db_name, heads, where)
     checker.heads(head_docs)
     for b in broken_cuts:
@@ -291,4 +315,63 @@ def verify_chain(
                 "the one its chain recorded (forged or altered)", image_hash(latest),
                 sorted(h for h in recorded.get((stream, str(latest.get("_id"))), ()) if h),
             ))  # fmt: skip
+    broken = {b.stream for b in checker.report.breaks}
+    justify = {s: c for s, c in cuts.items() if s not in broken}
+    if justify:
+        period = audit_period if audit_period is not None else enforced_audit_period(uow, db_name)
+        checker.report.breaks.extend(_unjustified(
+            uow, db_name, justify, recorded_at, period, now or datetime.now(UTC), pinned
+        ))  # fmt: skip
     return checker.report
+
+
+def _unjustified(
+    uow: Any, db: str, cuts: Mapping[str, list[dict[str, Any]]],
+    recorded_at: Mapping[tuple[str, str], int], period: timedelta | None, now: datetime,
+    pinned: Ed25519PublicKey | None,
+) -> list[ChainBreak]:  # fmt: skip
+    """The first cut of each stream of ``cuts`` (verified chains) the digests do not
+    justify. The digests that count: those that hold (hashed, signed by ``pinned``); the
+    heads stored for the ones a verdict rests on must rebuild their roots."""
+    if period is None:
+        return [ChainBreak(s, c[0].get("seq"), f"audit cut 1 of stream {s} removed records, "
+                           "but the policy keeps audit records forever (no period: pass the "
+                           "one expected, --audit-period)", None, None)
+                for s, c in sorted(cuts.items())]  # fmt: skip
+    digests = {int(d["seq"]): d for d in list_digests(uow, db) if digest_problem(d, pinned) is None}
+    timed = [(n, at) for n, d in sorted(digests.items()) if (at := when(d.get("at")))]
+    numbers = [n for n, _ in timed]
+    changes = head_changes(uow, db, cuts)
+    holds: dict[int, bool] = {}  # digest -> whether its stored heads rebuild its root
+
+    def rewritten(n: int | None) -> bool:
+        if n is None or n not in digests:
+            return False
+        if n not in holds:
+            holds[n] = heads_hold(uow, db, digests[n])
+        return not holds[n]
+
+    found: list[ChainBreak] = []
+    for stream, chain in sorted(cuts.items()):
+        commits = commits_of(changes.get(stream, []), timed)
+        latest = int(chain[-1]["seq"])
+        for cut in chain:
+            # the seq of its record; one cut since (its record gone) says: at most latest
+            by = recorded_at.get((stream, str(cut.get("_id"))), latest)
+            verdict = justify_cut(cut, commits, recorded_by=by, now=now, min_period=period)
+            before = _before(numbers, verdict.covering)
+            problem = verdict.problem
+            if problem is None and (rewritten(verdict.witness) or rewritten(before)):
+                problem = (f"audit cut {cut.get('n')} of stream {stream} rests on digests whose "
+                           "stored heads do not rebuild their roots (rewritten)")  # fmt: skip
+            if problem is not None:
+                found.append(ChainBreak(stream, cut.get("seq"), problem, None, None))
+                break
+    return found
+
+
+def _before(numbers: list[int], covering: int | None) -> int | None:
+    """The digest that counts (of ``numbers``, ascending) just before ``covering`` (the
+    last when None): its heads show the cut's record was not held earlier."""
+    i = len(numbers) if covering is None else bisect_left(numbers, covering)
+    return numbers[i - 1] if i > 0 else None

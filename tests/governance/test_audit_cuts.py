@@ -38,6 +38,10 @@ from accord.platform.plan import Group, Op, Plan
 ORDERS = '["acme","collection","orders"]'
 T1 = '["acme","thread","t1"]'
 LATER = datetime.now(UTC) + timedelta(days=8 * 366)  # past the default 7 years
+#: a sweep's ``now`` dates its cuts: the digests after it, and the verifier's now, follow
+#: that clock (a digest taken at real time after a cut dated LATER would say it was
+#: dated forward)
+MINUTE = timedelta(minutes=1)
 
 
 def _uri(client: MongoClient) -> str:
@@ -103,20 +107,23 @@ def test_a_cut_keeps_every_kept_record_verifiable(
     recorded = client[db_name][RECORDS].find_one({"stream": ORDERS, "seq": 9})
     assert recorded["action"] == CUT_ACTION and recorded["ops"][0]["doc_id"] == cut["_id"]
     auditor = _auditor(client)
-    assert verify_chain(auditor, db_name).ok, verify_chain(auditor, db_name).breaks
+    assert verify_chain(auditor, db_name, now=LATER).ok, verify_chain(auditor, db_name).breaks
     assert check_live_against(auditor, db_name, external(first)) == []
-    # a second pass has nothing more to cut; a new digest lets the next prefix go
+    # a second pass has nothing more to cut; a digest a period older lets the next go
     assert _cut(client, db_name).streams == 0
-    second = write_digest(auditor, db_name)
+    second = write_digest(auditor, db_name, at=LATER + MINUTE)
     assert not check_extends(auditor, db_name, external(first), external(second)).problems
     write(client, db_name, "acme", 8, 1)
-    report = _cut(client, db_name)
+    assert _cut(client, db_name, now=LATER + 2 * MINUTE).streams == 0  # not a period old
+    later = LATER + timedelta(days=8 * 366)
+    report = _cut(client, db_name, now=later)
     assert report.streams == 3  # the prefixes up to the second digest's heads
     assert _seqs(client, db_name, ORDERS) == [11, 12, 13]
     cuts = list(client[db_name][CUTS].find({"stream": ORDERS}).sort("n", 1))
     assert [c["n"] for c in cuts] == [1, 2] and cuts[1]["prev_cut"] == cuts[0]["cut_hash"]
-    assert verify_chain(auditor, db_name).ok, verify_chain(auditor, db_name).breaks
-    # the CLI, with the digests kept outside
+    assert verify_chain(auditor, db_name, now=later).ok, verify_chain(auditor, db_name).breaks
+    third = write_digest(auditor, db_name, at=later + MINUTE)  # covers the second cut
+    # the CLI (the clock's now: every cut is covered by a digest), with digests kept outside
     (tmp_path / "d1.json").write_text(json.dumps(external(first)))
     (tmp_path / "d2.json").write_text(json.dumps(external(second)))
     env = {"MONGODB_URI": _uri(client)}
@@ -125,7 +132,6 @@ def test_a_cut_keeps_every_kept_record_verifiable(
                                           "--digest", str(tmp_path / kept)], env=env)  # fmt: skip
         assert result.exit_code == 0, result.output
     # an export after the cut verifies offline; a kept record's proof still holds
-    third = write_digest(auditor, db_name)
     out = tmp_path / "export"
     manifest = export(auditor, db_name, out, tenant="acme")
     assert manifest["streams"][ORDERS]["first_seq"] == 11 and ORDERS in manifest["cuts"]
@@ -148,7 +154,7 @@ def test_tampering_with_a_cut_is_found(client: MongoClient, db_name: str) -> Non
     original = cuts.find_one({"stream": ORDERS})
 
     def problems() -> list[str]:
-        report = verify_chain(auditor, db_name)
+        report = verify_chain(auditor, db_name, now=LATER)
         return [b.describe() for b in report.breaks if b.stream == ORDERS]
 
     assert problems() == []
@@ -206,7 +212,10 @@ def test_only_an_admins_well_formed_cut_deletes_audit_records(
     assert _seqs(client, db_name, ORDERS) == list(range(1, 9))
     admin.execute(cut_plan(db_name, cut, records=RECORDS, principal=Principal.os_user()))
     assert _seqs(client, db_name, ORDERS) == [3, 4, 5, 6, 7, 8, 9, 10]
-    assert verify_chain(_auditor(client), db_name).ok
+    # the chain links from the cut; but no digest a period old committed what it removed
+    breaks = verify_chain(_auditor(client), db_name).breaks
+    assert [(b.stream, b.seq) for b in breaks] == [(ORDERS, 2)], breaks
+    assert "young records were cut" in breaks[0].problem
 
 
 def test_a_legal_hold_stops_the_cut(client: MongoClient, db_name: str) -> None:
@@ -243,7 +252,7 @@ def test_the_sweep_cuts_by_the_audit_class_period(
     report = runtime.sweep(client, db_name, policy=parse_policy(text, "p.toml"))
     assert (report.audit_streams, report.audit_records) == (3, 11), report.describe()
     assert "cut 11 expired audit records from 3 streams" in report.describe()
-    assert verify_chain(_auditor(client), db_name).ok
+    assert verify_chain(_auditor(client), db_name, audit_period=timedelta(seconds=1)).ok
 
 
 def test_a_prefix_that_does_not_link_is_not_cut(client: MongoClient, db_name: str) -> None:
@@ -252,7 +261,7 @@ def test_a_prefix_that_does_not_link_is_not_cut(client: MongoClient, db_name: st
     report = _cut(client, db_name)
     assert report.broken == [ORDERS] and report.streams == 2  # the other streams are cut
     assert _seqs(client, db_name, ORDERS) == list(range(1, 9))  # the break stays visible
-    breaks = verify_chain(_auditor(client), db_name).breaks
+    breaks = verify_chain(_auditor(client), db_name, now=LATER).breaks
     assert [(b.stream, b.seq) for b in breaks] == [(ORDERS, 3)]
 
 
@@ -266,4 +275,4 @@ def test_a_long_prefix_is_cut_in_batches_each_a_cut_of_its_own(
     cuts = list(client[db_name][CUTS].find({"stream": ORDERS}).sort("n", 1))
     assert [(c["first_seq"], c["seq"]) for c in cuts] == [(1, 4), (5, 6)]
     assert _seqs(client, db_name, ORDERS) == [7, 8, 9, 10, 11, 12]  # two cuts, two records each
-    assert verify_chain(_auditor(client), db_name).ok
+    assert verify_chain(_auditor(client), db_name, now=LATER).ok
