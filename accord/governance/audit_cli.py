@@ -99,6 +99,11 @@ AUDIT_PERIOD = typer.Option(
     None, "--audit-period", help="Hold audit cuts to this period (e.g. 7y; default the "
     "stored policy's audit period, or an export's manifest's).",
 )  # fmt: skip
+MAX_JSON_MIB = typer.Option(
+    None, "--max-json-mib", min=1, max=1 << 20,
+    help="Read an export's manifest.json and digests.json up to this size (MiB; default "
+    "16 and 64): a genuine export of more streams or digests than those allow.",
+)  # fmt: skip
 KEPT_DIGEST = typer.Option(
     None, "--digest", help="The digest kept outside, which a proof or export must match."
 )
@@ -334,6 +339,7 @@ def verify(
     dbpath: Path | None = DBPATH,
     as_json: bool = JSON_OUT,
     audit_period: str | None = AUDIT_PERIOD,
+    max_json_mib: int | None = MAX_JSON_MIB,
 ) -> None:
     """Recompute the audit chains (live, or an export), check a digest's extension or
     an inclusion proof; report the first break of each broken stream."""
@@ -348,7 +354,8 @@ def verify(
     if proof is not None:
         _verify_proof(proof, kept, pinned, as_json)
     elif directory is not None:
-        _verify_export(directory, kept, pinned, as_json, period)
+        limit = max_json_mib << 20 if max_json_mib is not None else None
+        _verify_export(directory, kept, pinned, as_json, period, limit)
     elif start is not None or to is not None:
         _verify_extension(start, to, pinned, db, uri, dbpath, as_json)
     else:
@@ -413,7 +420,12 @@ def _period(value: str | None) -> Any:
 
 
 def _verify_export(
-    directory: Path, kept: Any, pinned: Any, as_json: bool, period: Any = None
+    directory: Path,
+    kept: Any,
+    pinned: Any,
+    as_json: bool,
+    period: Any = None,
+    json_limit: int | None = None,
 ) -> None:
     from accord.errors import InvalidInputError
     from accord.governance.export_verify import verify_export
@@ -421,7 +433,8 @@ def _verify_export(
     try:
         if not directory.is_dir():  # nothing to check: the check could not run (2), not fail (1)
             raise InvalidInputError(f"{directory} is not a directory (an export to verify)")
-        report = verify_export(directory, kept=kept, pinned=pinned, audit_period=period)
+        report = verify_export(directory, kept=kept, pinned=pinned, audit_period=period,
+                               json_limit=json_limit)  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc
     if as_json:

@@ -197,8 +197,8 @@ def _load(path: Path, limit: int, holds: str) -> Any:
         raise _Oversized(
             f"{path.name} is {max(size, len(data)):,} bytes, over the verifier's limit of "
             f"{limit:,} ({_mib(limit)}) for it, so it is not read (a real one holds {holds}): "
-            "altered, or a genuine export larger than that, which verify_export(..., "
-            "json_limit=BYTES) reads"
+            "altered, or a genuine export larger than that, which `accord audit verify "
+            "--max-json-mib N` (verify_export(..., json_limit=BYTES)) reads"
         )  # fmt: skip
     try:
         return json.loads(data.decode())

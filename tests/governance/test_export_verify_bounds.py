@@ -74,7 +74,7 @@ def test_a_manifest_of_gigabytes_is_refused_unread(trail: dict[str, Any], tmp_pa
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"manifest.json is {3 * GIB:,} bytes, over the verifier's "
                                   f"limit of {export_verify.MANIFEST_LIMIT:,}"), problems  # fmt: skip
-    assert "json_limit" in problems[0]  # what to do with a genuine one
+    assert "--max-json-mib" in problems[0]  # what to do with a genuine one
     _fails_clearly(out, f"manifest.json is {3 * GIB:,} bytes")
 
 
@@ -97,6 +97,12 @@ def test_json_limit_reads_a_genuine_export_past_the_default(
     assert any("over the verifier's limit of 100 " in p
                for p in _problems(out, json_limit=100)), size  # fmt: skip
     assert verify_export(out, json_limit=size + (out / "digests.json").stat().st_size).ok
+    # the CLI's flag: a limit past the default reads it, a bad one is a usage error
+    _grow(out / "manifest.json", export_verify.MANIFEST_LIMIT + 1)
+    assert _cli("verify", str(out)).exit_code == 1
+    grown = _cli("verify", str(out), "--max-json-mib", "17")
+    assert "over the verifier's limit" not in grown.output, grown.output
+    assert _cli("verify", str(out), "--max-json-mib", "0").exit_code == 2
 
 
 # --- JSONL lines and CSV rows --------------------------------------------------------------
