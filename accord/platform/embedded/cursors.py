@@ -52,6 +52,8 @@ class Cursor:
     docs: list[Any]
     pos: int = 0
     session: bytes | None = None
+    # The transaction (its txnNumber in ``session``) that opened it; None: none did.
+    txn_number: int | None = None
     last_used: float = field(default_factory=time.monotonic)
     # Who opened it, when the engine checks privileges: (user, re-check of the privileges
     # that opened it); see auth/checks.py.
@@ -128,6 +130,34 @@ class CursorManager:
             f"{prefix} created in session {_lsid_text(owner)}, in session {_lsid_text(session)}"
         )
         raise EngineError(Code.Location50738, message)
+
+    def bind_transaction(self, cursor_id: int, txn_number: int) -> None:
+        """Record that ``cursor_id`` was opened in transaction ``txn_number`` of its session
+        (the dispatcher, right after a command in a transaction)."""
+        found = self.cursors.get(cursor_id)
+        if found is not None:
+            found.txn_number = txn_number
+
+    def check_transaction(self, cursor_id: int, txn_number: int | None) -> None:
+        """Refuse a ``getMore`` outside the transaction that opened the cursor, or inside
+        one on a cursor opened outside it, with mongod's codes (50739, 50740, 50741): a
+        transaction's cursor reads its snapshot and uncommitted writes, which no other
+        transaction (nor a read after it ended) may see. Checked after ``check_session``."""
+        found = self.cursors.get(cursor_id) or self.streams.get(cursor_id)
+        if found is None:
+            return
+        opened_in: int | None = getattr(found, "txn_number", None)
+        if opened_in == txn_number:
+            return
+        prefix = f"Cannot run getMore on cursor {cursor_id}, which was"
+        if opened_in is None:
+            message = f"{prefix} not created in a transaction, in transaction {txn_number}"
+            raise EngineError(Code.Location50739, message)
+        if txn_number is None:
+            message = f"{prefix} created in transaction {opened_in}, without a txnNumber"
+            raise EngineError(Code.Location50740, message)
+        message = f"{prefix} created in transaction {opened_in}, in transaction {txn_number}"
+        raise EngineError(Code.Location50741, message)
 
     def new_id(self) -> int:
         return next(self._ids)

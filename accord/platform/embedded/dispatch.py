@@ -641,7 +641,16 @@ class Dispatcher:
             txn.yields = False
         if reply.get("writeErrors") or reply.get("nErrors"):
             engine.abort(txn, "a write in the transaction failed")
+        self._bind_cursor(reply, number)
         return reply
+
+    def _bind_cursor(self, reply: Doc, number: int) -> None:
+        """Record that a cursor a command opened belongs to transaction ``number``: only
+        a ``getMore`` in that transaction may read it (mongod's 50739-50741). It is not
+        killed when the transaction ends: ``killCursors`` (or the timeout) ends it."""
+        cursor = reply.get("cursor")
+        if isinstance(cursor, dict) and cursor.get("id"):
+            self.cursors.bind_transaction(int(cursor["id"]), number)
 
     def _commit(self, session: Session, number: int, call: _Call) -> Doc:
         if session.txn_state == "committed":

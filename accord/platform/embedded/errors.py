@@ -158,6 +158,9 @@ class Code(IntEnum):
     Location50736 = 50736  # getMore in a session on a cursor opened outside one
     Location50737 = 50737  # getMore without an lsid on a cursor opened in a session
     Location50738 = 50738  # getMore in another session than the cursor's
+    Location50739 = 50739  # getMore in a transaction on a cursor opened outside one
+    Location50740 = 50740  # getMore outside a transaction on a transaction's cursor
+    Location50741 = 50741  # getMore in another transaction than the cursor's
     Location50911 = 50911  # a transaction with this txnNumber was already started
     Location51047 = 51047  # stage not allowed within a $lookup's sub-pipeline
     Location51156 = 51156  # error executing a regular expression (mongod: PCRE's match limit)

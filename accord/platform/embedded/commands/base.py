@@ -39,6 +39,12 @@ class Context:
     auth: AuthSession | None = None
     authz: Authorizer | None = None
 
+    @property
+    def txn_number(self) -> int | None:
+        """The txnNumber of the multi-document transaction the command runs in (None:
+        outside one; a retryable write's txnNumber is not a transaction's)."""
+        return self.txn.txn_number if self.in_transaction else None
+
 
 Handler = Callable[[Context, Doc], Doc]
 COMMANDS: dict[str, Handler] = {}

@@ -266,8 +266,10 @@ def cmd_get_more(ctx: Context, cmd: Doc) -> Doc:
     name = cmd.get("collection")
     if not isinstance(name, str) or not name:
         raise type_mismatch("getMore needs the 'collection' the cursor belongs to, as a string")
-    # A cursor is read only in the session that opened it (mongod's 50736-50738).
+    # A cursor is read only in the session and transaction that opened it (mongod's
+    # 50736-50738, then 50739-50741).
     ctx.cursors.check_session(int(cursor_id), ctx.session_key)
+    ctx.cursors.check_transaction(int(cursor_id), ctx.txn_number)
     # Command cursors (listCollections, client bulkWrite, ...) live on "$cmd.*" namespaces.
     stream = ctx.cursors.streams.get(int(cursor_id))
     if stream is not None:
