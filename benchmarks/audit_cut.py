@@ -23,6 +23,7 @@ from pymongo import MongoClient
 
 from accord import runtime
 from accord.governance.audit_cuts import cut_expired
+from accord.governance.audit_hook import AuditHook
 from accord.governance.digests import write_digest
 from accord.governance.holds import Holds
 from accord.governance.loading import default_policy
@@ -55,8 +56,10 @@ def main(streams: int = 20, per: int = 1000) -> dict[str, float]:
             verify_before = time.perf_counter() - t
             write_digest(auditor, DB)
             admin = runtime.kernel(client, principal=Principal.os_user(), audit="metadata")
-            t = time.perf_counter()
             later = datetime.now(UTC) + timedelta(days=8 * 366)  # the cuts are dated then
+            # ... and the kernel runs then (it refuses a cut dated ahead of its clock)
+            next(h for h in admin.hooks.all if isinstance(h, AuditHook)).clock = lambda: later
+            t = time.perf_counter()
             report = cut_expired(admin, DB, default_policy(), Holds.of([]),
                                  principal=Principal.os_user(), now=later)  # fmt: skip
             cut = time.perf_counter() - t

@@ -22,7 +22,9 @@ default 7 years) removes a stream's prefix by **cutting** it (docs/governance.md
    body); and
    deletes records ``first_seq``..k of the stream (guarded: exactly ``count``). Only
    this shape passes the audit hook's ``check`` and the policy hook
-   (:func:`is_audit_cut`, admin only); the audit hook's ``seal`` records both groups in
+   (:func:`is_audit_cut`, admin only); the audit hook's ``seal`` refuses, inside the
+   transaction, a cut the digests do not justify (:func:`refuse_unjustified`, since
+   2026-12-07), and records both groups in
    the cut stream itself (:func:`cut_entries`), so the cut's content is covered by the
    chain (the record of its insert holds the cut's image hash) and so by every later
    digest;
@@ -46,7 +48,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from bson import ObjectId
 from pymongo import IndexModel
@@ -54,18 +56,27 @@ from pymongo import IndexModel
 from accord.errors import AccordError, InvalidInputError, LegalHoldError
 from accord.governance.audit_records import GENESIS, RECORDS, Mode, chain_hash, group_body
 from accord.governance.canonical import canonical, ms
-from accord.governance.digests import heads_at, list_digests
+from accord.governance.digests import (
+    DIGEST_HEADS,
+    DIGESTS,
+    digest_problem,
+    digest_time,
+    heads_at,
+    list_digests,
+)
 from accord.governance.holds import Holds
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
 from accord.platform.context import AUDITOR, Principal, ReadContext, WriteContext
+from accord.platform.hooks import SealRead
 from accord.platform.plan import Counts, Expect, Group, Op, Plan
 
 __all__ = [
     "CLOCK_SKEW", "CUTS", "CUT_ACTION", "CUT_FIELDS", "CUT_FIELDS_V2", "CUT_INDEXES",
-    "CUT_VALIDATOR", "Commit", "CutReport", "Justification", "audit_period", "commits_of",
-    "cut_entries", "cut_expired", "cut_fields", "cut_hash", "cut_justification",
-    "cut_problems", "enforced_audit_period", "image_hash", "is_audit_cut", "justify_cut",
-    "latest_cuts", "thread_of", "when",
+    "CUT_VALIDATOR", "Commit", "CutReport", "Justification", "WITNESSES", "audit_period",
+    "commits_of", "cut_entries", "cut_expired", "cut_fields", "cut_hash", "cut_justification",
+    "cut_of", "cut_period", "cut_problems", "enforced_audit_period", "image_hash",
+    "is_audit_cut", "justification_reads", "justify_cut", "latest_cuts", "refuse_unjustified",
+    "thread_of", "when",
 ]  # fmt: skip
 
 CUTS = "accord_audit_cuts"
@@ -280,11 +291,20 @@ class Justification:
     """The verdict on one cut (:func:`justify_cut`): ``problem`` (None: justified), and
     the digests it rests on, for a caller that must check them: ``witness`` (taken a
     period before the cut, it committed every record the cut removed) and ``covering``
-    (the first that held the cut's own record; None: none yet)."""
+    (the first that held the cut's own record; None: none yet). ``finding``: the
+    problem without what it means once the cut is done (for a refusal before it)."""
 
     problem: str | None
     witness: int | None = None
     covering: int | None = None
+    finding: str | None = None
+
+
+def _unjustified(finding: str, meaning: str = "", witness: int | None = None,
+                 covering: int | None = None) -> Justification:  # fmt: skip
+    """A verdict against a cut: ``finding``, then (after the fact) ``meaning``."""
+    problem = f"{finding}: {meaning}" if meaning else finding
+    return Justification(problem, witness, covering, finding)
 
 
 def commits_of(
@@ -354,34 +374,45 @@ def justify_cut(
     name = f"audit cut {cut.get('n')} of stream {cut.get('stream')}"
     k, at = cut.get("seq"), when(cut.get("at"))
     if not isinstance(k, int) or at is None:
-        return Justification(f"{name} holds no seq or date (altered)")
+        return _unjustified(f"{name} holds no seq or date (altered)")
     minimum = max(1, int(min_period.total_seconds()))
-    period = cut.get("period_s") if cut.get("v") == 2 else minimum
-    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-        return Justification(f"{name} holds no period (altered)")
+    period = cut_period(cut, min_period)
+    if period is None:
+        return _unjustified(f"{name} holds no period (altered)")
     if period < minimum:
-        return Justification(
+        return _unjustified(
             f"{name} applied a period of {_human(period)}, shorter than the {_human(minimum)} "
-            f"expected (the audit class's period): records younger than that were cut"
-        )
+            f"expected (the audit class's period)", "records younger than that were cut"
+        )  # fmt: skip
     older = [c for c in commits if c.at <= at - timedelta(seconds=period)]
     witness = max(older, key=lambda c: (c.seq, c.digest), default=None)
     if witness is None or witness.seq < k:
-        return Justification(
+        return _unjustified(
             f"{name} removed records through seq {k} that no digest older than its period "
             f"{_human(period)} committed (such digests committed it through seq "
-            f"{witness.seq if witness else 0}): young records were cut"
-        )
+            f"{witness.seq if witness else 0})", "young records were cut"
+        )  # fmt: skip
     covering = next((c for c in commits if c.seq >= recorded_by), None)
     if covering is not None and at > covering.at + skew:
-        return Justification(
+        return _unjustified(
             f"{name} is dated {_iso(at)}, after digest {covering.digest} ({_iso(covering.at)}) "
-            f"already held it: its date was moved forward", witness.digest, covering.digest,
+            f"already held it", "its date was moved forward", witness.digest, covering.digest,
         )  # fmt: skip
     if covering is None and at > now + skew:
-        return Justification(f"{name} is dated {_iso(at)}, in the future ({_iso(now)} now)",
-                             witness.digest)  # fmt: skip
+        return _unjustified(f"{name} is dated {_iso(at)}, in the future ({_iso(now)} now)",
+                            witness=witness.digest)  # fmt: skip
     return Justification(None, witness.digest, covering.digest if covering else None)
+
+
+def cut_period(cut: Mapping[str, Any], min_period: timedelta) -> int | None:
+    """The period ``cut`` applied, in seconds: its ``period_s`` (v2), else the one
+    expected, ``min_period`` (a v1 cut states none); None when it holds no valid one."""
+    if cut.get("v") != 2:
+        return max(1, int(min_period.total_seconds()))
+    period = cut.get("period_s")
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+        return None
+    return period
 
 
 def cut_justification(
@@ -422,6 +453,90 @@ def enforced_audit_period(uow: Any, db: str) -> timedelta | None:
     return audit_period(hook.rules(db).policy)
 
 
+# --- refusing an unjustified cut, in its transaction -----------------------------------
+
+#: How many of the newest digests taken a period before a cut its transaction reads: the
+#: newest is the witness (a stream's head only grows); the others stand in for one that
+#: does not hash to its hash.
+WITNESSES = 8
+
+
+def cut_of(plan: Plan) -> Mapping[str, Any] | None:
+    """The cut a cut plan (:func:`cut_plan`) inserts; None when it holds none."""
+    ops = plan.groups[0].ops if plan.groups else []
+    doc = ops[0].doc if ops else None
+    return doc if isinstance(doc, Mapping) else None
+
+
+def justification_reads(
+    key: str, db: str, cut: Mapping[str, Any], period: timedelta | None
+) -> list[SealRead]:
+    """What the transaction of ``cut`` (in ``db``) reads for :func:`refuse_unjustified`,
+    under ``key``: the newest :data:`WITNESSES` digests taken at least its period before
+    its ``at``, and the first digest head of its stream at or past its ``seq`` (the first
+    digest that committed every record it removes: a stream's head only grows). Two
+    index seeks, however long the trail and its digests; none when nothing can justify it (no ``period`` expected, no valid period,
+    seq or date: refused without reading)."""
+    at, seq = when(cut.get("at")), cut.get("seq")
+    applied = cut_period(cut, period) if period is not None else None
+    if at is None or applied is None or not isinstance(seq, int):
+        return []
+    before = digest_time(at - timedelta(seconds=applied))
+    return [
+        SealRead(f"{key}:digests", db, DIGESTS, {"at": {"$lte": before}}, limit=WITNESSES,
+                 sort=[("at", -1)]),
+        SealRead(f"{key}:heads", db, DIGEST_HEADS, {"stream": cut.get("stream"),
+                 "seq": {"$gte": seq}}, limit=1, sort=[("seq", 1), ("digest", 1)]),
+    ]  # fmt: skip
+
+
+def refuse_unjustified(
+    key: str,
+    cut: Mapping[str, Any],
+    found: Mapping[str, list[Any]],
+    *,
+    period: timedelta | None,
+    now: datetime,
+    skew: timedelta = CLOCK_SKEW,
+) -> None:
+    """Refuse ``cut`` (:class:`~accord.errors.InvalidInputError`) unless the digests read
+    in its transaction (``found``, under ``key``: :func:`justification_reads`) justify it
+    against the audit ``period`` expected (None: audit records are kept forever) by
+    :func:`justify_cut`: (b) judged at the cut's own ``at``, (c) against ``now``, the
+    clock (its own record is being written: no digest holds it yet). The digests count
+    when they hash to their hash (and their signature, if any, holds); whether their
+    stored heads rebuild their roots, and a pinned key, are the verifier's (a cut's
+    transaction reads two documents, not the heads of every stream)."""
+    name = f"audit cut {cut.get('n')} of stream {cut.get('stream')}"
+    if period is None:
+        _refuse(f"{name} removes audit records, but the policy keeps them forever")
+    rows = found.get(f"{key}:heads") or []
+    changes = [(int(r["digest"]), int(r["seq"])) for r in rows[:1]]
+    digests = sorted(
+        (int(d["seq"]), taken) for d in found.get(f"{key}:digests") or []
+        if digest_problem(d) is None and (taken := when(d.get("at"))) is not None
+    )  # fmt: skip
+    commits = commits_of(changes, digests)
+    # the seq of the cut's own record: past every head a digest committed
+    written = max((c.seq for c in commits), default=int(cut.get("seq") or 0)) + 1
+    verdict = justify_cut(cut, commits, recorded_by=written, now=now, min_period=period,
+                          skew=skew)  # fmt: skip
+    if verdict.problem is not None:
+        _refuse(verdict.finding or verdict.problem)
+
+
+#: How the kernel's refusal of an unjustified cut begins.
+REFUSED = "audit cut refused, nothing was cut"
+
+
+def _refuse(finding: str) -> NoReturn:
+    raise InvalidInputError(
+        f"{REFUSED}: {finding}. A cut removes only records a "
+        f"digest committed at least the audit period before it (take digests with `accord "
+        f'audit digest`; docs/governance.md, "What a cut proves")'
+    )
+
+
 def is_cut_record(record: Mapping[str, Any]) -> bool:
     """Whether ``record`` is the audit record of a cut's insert."""
     return record.get("action") == CUT_ACTION and record.get("collection") == CUTS
@@ -439,6 +554,9 @@ class CutReport:
     held: int = 0
     #: streams whose expired prefix does not link (not cut: ``verify`` names the break)
     broken: list[str] = field(default_factory=list)
+    #: the kernel's refusals of a cut the digests do not justify (its message: the
+    #: sweep's clock ahead of the kernel's, or digests rewritten)
+    refused: list[str] = field(default_factory=list)
 
 
 def cut_expired(
@@ -518,6 +636,8 @@ def cut_expired(
             except AccordError as exc:  # a hold placed meanwhile, a concurrent cut: next pass
                 if isinstance(exc, LegalHoldError):
                     report.held += 1
+                elif isinstance(exc, InvalidInputError) and str(exc).startswith(REFUSED):
+                    report.refused.append(str(exc))
                 break
             report.records += int(cut["count"])
             last, cut_any = cut, True

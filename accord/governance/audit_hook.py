@@ -24,6 +24,13 @@ transaction as every write, and records refused operations.
     the hook seals again on heads read in the transaction, so a stream's ``seq`` has
     neither gaps nor duplicates and an aborted transaction leaves neither its write nor
     its record.
+
+    A cut (:mod:`accord.governance.audit_cuts`, since 2026-12-07) also reads, in its
+    transaction, the digests that could justify it (the newest taken its period before
+    it, its stream's first digest head at or past its seq), and ``seal`` refuses it
+    (:class:`~accord.errors.InvalidInputError`, nothing written) unless they do
+    (:func:`~accord.governance.audit_cuts.justify_cut`) against the audit period of the
+    policy enforced on its database, and its date is not ahead of ``clock``.
 ``refused``
     a plan or read refused with ``PermissionDenied`` is recorded (``outcome:
     "refused"``, with the reason), in a transaction of its own: the kernel runs the plan
@@ -41,7 +48,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -52,8 +59,12 @@ from accord.governance.audit_cuts import (
     CUT_INDEXES,
     CUT_VALIDATOR,
     CUTS,
+    audit_period,
     cut_entries,
+    cut_of,
     is_audit_cut,
+    justification_reads,
+    refuse_unjustified,
 )
 from accord.governance.audit_heads import HeadCache
 from accord.governance.audit_records import (
@@ -77,6 +88,7 @@ from accord.governance.digests import (
     DIGEST_HEAD_INDEXES,
     DIGEST_HEAD_VALIDATOR,
     DIGEST_HEADS,
+    DIGEST_INDEXES,
     DIGEST_VALIDATOR,
     DIGESTS,
 )
@@ -129,7 +141,10 @@ class AuditHook:
         classes: the artifact classes audited (default every class).
         policy: the policy enforced on a database, by name (the kernel's policy hook's:
             the newest stored version, re-read as enforcement re-reads it); each class's
-            ``audit`` mode comes from it. Required by ``policy``.
+            ``audit`` mode comes from it, and the audit period a cut is held to (without
+            it, the built-in default policy's). Required by ``policy``.
+        clock: the time a cut's date may not be ahead of (a test's sweep dated years
+            ahead runs its kernel on the same clock).
     """
 
     name = "audit"
@@ -142,6 +157,7 @@ class AuditHook:
         heads: str = HEADS,
         classes: Sequence[str] | None = None,
         policy: Callable[[str], Any] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if mode not in MODES:
             raise ConfigurationError(f"audit mode must be one of {MODES}, got {mode!r}")
@@ -159,6 +175,7 @@ class AuditHook:
             raise ConfigurationError("the audit records and heads need two collections")
         self.mode = mode
         self.policy = policy
+        self.clock = clock
         #: (policy id, class, business collection) -> (that policy, the mode or None)
         self._modes: dict[tuple[int, str, str | None], tuple[Any, Mode | None]] = {}
         self.records = records
@@ -174,7 +191,7 @@ class AuditHook:
         return {
             self.records: HookCollection(AUDIT.name, VALIDATOR, RECORD_INDEXES),
             self.heads: HookCollection(AUDIT.name, None, HEAD_INDEXES),
-            DIGESTS: HookCollection(AUDIT_DIGEST.name, DIGEST_VALIDATOR),
+            DIGESTS: HookCollection(AUDIT_DIGEST.name, DIGEST_VALIDATOR, DIGEST_INDEXES),
             DIGEST_HEADS: HookCollection(
                 AUDIT_DIGEST.name, DIGEST_HEAD_VALIDATOR, DIGEST_HEAD_INDEXES
             ),
@@ -223,10 +240,14 @@ class AuditHook:
             wanted = self.cache.to_read(batch.transaction_id, batch.attempt, keys)
         for db, stream in sorted(wanted):
             streams[db].append(stream)
-        return [
+        reads = [
             SealRead(f"audit:{db}", db, self.heads, {"_id": {"$in": names}})
             for db, names in sorted(streams.items())
         ]
+        if batch.attempt > 0:  # a cut is judged in its transaction, not in the probe
+            for key, db, cut in self._cuts(batch):
+                reads.extend(justification_reads(key, db, cut, self.audit_period(db)))
+        return reads
 
     def seal(self, batch: SealBatch, found: Mapping[str, list[Any]]) -> Sequence[Group]:
         if batch.attempt == 0:  # the kernel's probe: whether there is a record, not which
@@ -236,6 +257,8 @@ class AuditHook:
         at = ms(datetime.now(UTC))
         txn = batch.transaction_id
         read = self.cache.read_for(txn, batch.attempt)
+        for reads, db, cut in self._cuts(batch):  # before anything is written
+            refuse_unjustified(reads, cut, found, period=self.audit_period(db), now=self.clock())
         heads: dict[tuple[str, str], tuple[int, str]] = dict.fromkeys(read, (0, GENESIS))
         for name, docs in found.items():
             if name.startswith("audit:"):
@@ -278,6 +301,22 @@ class AuditHook:
                 expect=Expect(error=_stale, matched=len(swaps)),
             ))  # fmt: skip
         return groups
+
+    def _cuts(self, batch: SealBatch) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+        """(key of its reads, database, cut) of every audit cut of the batch."""
+        for i, plan in enumerate(batch.plans):
+            cut = cut_of(plan)
+            if cut is not None and is_audit_cut(plan.context.operation, plan):
+                yield f"cut:{i}", plan.groups[0].db, cut
+
+    def audit_period(self, db: str) -> timedelta | None:
+        """The audit class's period in the policy enforced on ``db`` (the built-in
+        default's without ``policy``); None: audit records are kept forever."""
+        if self.policy is not None:
+            return audit_period(self.policy(db))
+        from accord.governance.loading import default_policy
+
+        return audit_period(default_policy())
 
     def _entries(
         self, batch: SealBatch, at: datetime, *, build: bool = True

@@ -53,9 +53,10 @@ if TYPE_CHECKING:  # cryptography is imported when a digest is signed or checked
     )
 
 __all__ = [
-    "DIGESTS", "DIGEST_ACTION", "DIGEST_HEADS", "DIGEST_HEAD_INDEXES", "DIGEST_VALIDATOR",
+    "DIGESTS", "DIGEST_ACTION", "DIGEST_HEADS", "DIGEST_HEAD_INDEXES", "DIGEST_INDEXES",
+    "DIGEST_VALIDATOR",
     "FORMAT_NAME", "Head", "HeadTree", "body_of", "digest_hash", "digest_problem",
-    "external", "head_changes", "heads_at", "heads_hold", "list_digests", "read_heads",
+    "digest_time", "external", "head_changes", "heads_at", "heads_hold", "list_digests", "read_heads",
     "write_digest",
 ]  # fmt: skip
 
@@ -93,8 +94,12 @@ DIGEST_HEAD_VALIDATOR: dict[str, Any] = {
         },
     }
 }  # fmt: skip
+#: a cut's transaction reads the newest digests taken before a time (audit_cuts.py)
+DIGEST_INDEXES = [IndexModel([("at", -1)], name="at")]
 DIGEST_HEAD_INDEXES = [
     IndexModel([("stream", 1), ("digest", 1)], name="stream_digest", unique=True),
+    # a cut's transaction: the first digest that committed a stream at or past a seq
+    IndexModel([("stream", 1), ("seq", 1), ("digest", 1)], name="stream_seq"),
     IndexModel([("tenant_id", 1), ("digest", 1)], name="tenant_digest"),
 ]
 
@@ -163,6 +168,12 @@ def root_via(index: int, size: int, leaf: bytes, path: Sequence[str]) -> str | N
 def body_of(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A digest's signed body, from a stored or external digest."""
     return {k: doc[k] for k in BODY_FIELDS if k in doc}
+
+
+def digest_time(at: datetime) -> str:
+    """A digest's ``at``: ISO 8601 UTC text to the millisecond (one width, so that two
+    compare as text as they do as times: a query on ``at`` needs no parse)."""
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def digest_hash(body: Mapping[str, Any]) -> str:
@@ -294,10 +305,9 @@ def write_digest(
                 f"audit verify --live`); no digest written"
             )
     tree = HeadTree(current)
-    when = (at or datetime.now(UTC)).astimezone(UTC)
     body = {
         "v": 1, "seq": seq, "prev": previous[0]["hash"] if previous else GENESIS,
-        "at": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"), "db": db,
+        "at": digest_time(at or datetime.now(UTC)), "db": db,
         "root": tree.root, "tenants": len(tree.tenants), "streams": len(current),
         "records": sum(h.seq for h in current.values()),
     }  # fmt: skip

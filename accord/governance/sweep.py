@@ -71,6 +71,8 @@ class SweepReport:
     audit_records: int = 0
     #: audit streams whose expired prefix does not link: not cut (``accord audit verify``)
     audit_broken: list[str] = field(default_factory=list)
+    #: cuts the kernel refused as not justified by the digests (each its message)
+    audit_refused: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def describe(self) -> str:
@@ -90,6 +92,12 @@ class SweepReport:
                 f"; {len(self.audit_broken)} audit streams were not cut because their chain "
                 f"breaks (run `accord audit verify --live`)"
                 if self.audit_broken
+                else ""
+            )
+            + (
+                f"; {len(self.audit_refused)} audit cuts were refused by the kernel: "
+                f"{self.audit_refused[0]}"
+                if self.audit_refused
                 else ""
             )
         )
@@ -137,7 +145,7 @@ def sweep_once(
             pause=(lambda: time.sleep(pause)) if pause else None,
         )  # fmt: skip
         report.audit_streams, report.audit_records = cut.streams, cut.records
-        report.audit_broken = cut.broken
+        report.audit_broken, report.audit_refused = cut.broken, cut.refused
         report.held_skipped += cut.held
     report.seconds = time.monotonic() - started
     return report

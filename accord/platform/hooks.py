@@ -129,13 +129,15 @@ class RefreshHook(Protocol):
 @dataclass(frozen=True)
 class SealRead:
     """A read a seal hook needs inside the transaction: the documents of ``collection``
-    matching ``filter`` (at most ``limit``; 0: all), handed back under ``key``."""
+    matching ``filter``, in ``sort`` order (None: the server's), at most ``limit`` (0:
+    all), handed back under ``key``."""
 
     key: str
     db: str
     collection: str
     filter: Mapping[str, Any]
     limit: int = 0
+    sort: Sequence[tuple[str, int]] | None = None
 
 
 @dataclass

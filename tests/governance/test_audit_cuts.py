@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from accord import runtime
 from accord.errors import PermissionDenied
 from accord.governance.audit_cuts import CUT_ACTION, CUTS, cut_expired, cut_hash, cut_plan
+from accord.governance.audit_hook import AuditHook
 from accord.governance.audit_records import GENESIS, RECORDS
 from accord.governance.canonical import ms
 from accord.governance.digests import external, write_digest
@@ -42,6 +43,9 @@ LATER = datetime.now(UTC) + timedelta(days=8 * 366)  # past the default 7 years
 #: that clock (a digest taken at real time after a cut dated LATER would say it was
 #: dated forward)
 MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
+#: a policy whose audit records expire after a second
+LAX = '[classes.audit]\nretention = { expire_after = "1s", after = "created" }\n'
 
 
 def _uri(client: MongoClient) -> str:
@@ -68,12 +72,23 @@ def _auditor(client: MongoClient) -> Any:
     return runtime.kernel(client, principal=Principal.service(AUDITOR), audit="metadata")
 
 
-def _admin(client: MongoClient) -> Any:
-    return runtime.kernel(client, principal=Principal.os_user(), audit="metadata")
+def _admin(client: MongoClient, clock: datetime | None = None) -> Any:
+    """An admin's kernel; with ``clock``, its clock stands there (the audit hook refuses a
+    cut dated ahead of its clock: a sweep dated years ahead runs on a kernel then)."""
+    uow = runtime.kernel(client, principal=Principal.os_user(), audit="metadata")
+    if clock is not None:
+        hook = next(h for h in uow.hooks.all if isinstance(h, AuditHook))
+        hook.clock = lambda: clock
+    return uow
 
 
-def _cut(client: MongoClient, db: str, holds: Holds | None = None, now: datetime = LATER) -> Any:
-    admin = _admin(client)
+def _cut(
+    client: MongoClient, db: str, holds: Holds | None = None, now: datetime = LATER,
+    clock: datetime | None = None,
+) -> Any:  # fmt: skip
+    """The sweep's cuts dated ``now``, on a kernel whose clock is ``clock`` (default
+    ``now``: the sweep runs then)."""
+    admin = _admin(client, clock=clock or now)
     return cut_expired(admin, db, default_policy(), holds or Holds.of([]),
                        principal=Principal.os_user(), now=now)  # fmt: skip
 
@@ -179,14 +194,15 @@ def test_tampering_with_a_cut_is_found(client: MongoClient, db_name: str) -> Non
     assert not verify_chain(auditor, db_name).ok
 
 
-def _manual_cut(client: MongoClient, db: str, k: int) -> dict[str, Any]:
-    """A well-formed cut of the orders stream at ``k`` (as the sweep would build it)."""
+def _manual_cut(client: MongoClient, db: str, k: int, at: datetime | None = None) -> dict[str, Any]:
+    """A well-formed v1 cut of the orders stream at ``k`` (as the sweep would build it),
+    dated ``at`` (default now)."""
     rows = list(client[db][RECORDS].find({"stream": ORDERS, "seq": {"$lte": k}}).sort("seq", 1))
     cut = {
         "_id": ObjectId(), "v": 1, "stream": ORDERS, "tenant_id": "acme", "n": 1, "seq": k,
         "hash": rows[-1]["hash"], "prev_cut": GENESIS, "first_seq": 1, "count": k,
         "first_at": rows[0]["at"], "last_at": rows[-1]["at"], "records_digest": "0" * 64,
-        "at": ms(datetime.now(UTC)), "by": "test",
+        "at": ms(at or datetime.now(UTC)), "by": "test",
     }  # fmt: skip
     cut["cut_hash"] = cut_hash(cut)
     return cut
@@ -196,12 +212,15 @@ def test_only_an_admins_well_formed_cut_deletes_audit_records(
     client: MongoClient, db_name: str
 ) -> None:
     _setup(client, db_name)
-    policy = default_policy()
+    # an admin whose kernel enforces a 1 s audit period (a policy file of their own): the
+    # kernel judges the cut by it; the verifier, by the policy stored (the default here)
+    policy = parse_policy(LAX, "p.toml")
     service = runtime.kernel(client, principal=Principal.service(AUDITOR), audit="metadata",
                              policy=policy)  # fmt: skip
     admin = runtime.kernel(client, principal=Principal.os_user(), audit="metadata",
                            policy=policy)  # fmt: skip
-    cut = _manual_cut(client, db_name, 2)
+    # dated 2 s on: the digest of _setup is then a period (1 s) old
+    cut = _manual_cut(client, db_name, 2, at=datetime.now(UTC) + 2 * SECOND)
     with pytest.raises(PermissionDenied, match="may not remove audit"):  # the policy
         service.execute(cut_plan(db_name, cut, records=RECORDS,
                                  principal=Principal.service(AUDITOR)))  # fmt: skip
@@ -245,11 +264,10 @@ def test_the_sweep_cuts_by_the_audit_class_period(
 ) -> None:
     monkeypatch.delenv("ACCORD_POLICY", raising=False)
     _setup(client, db_name)
-    text = '[classes.audit]\nretention = { expire_after = "1s", after = "created" }\n'
     import time
 
     time.sleep(1.2)
-    report = runtime.sweep(client, db_name, policy=parse_policy(text, "p.toml"))
+    report = runtime.sweep(client, db_name, policy=parse_policy(LAX, "p.toml"))
     assert (report.audit_streams, report.audit_records) == (3, 11), report.describe()
     assert "cut 11 expired audit records from 3 streams" in report.describe()
     assert verify_chain(_auditor(client), db_name, audit_period=timedelta(seconds=1)).ok
@@ -269,7 +287,7 @@ def test_a_long_prefix_is_cut_in_batches_each_a_cut_of_its_own(
     client: MongoClient, db_name: str
 ) -> None:
     _setup(client, db_name)
-    report = cut_expired(_admin(client), db_name, default_policy(), Holds.of([]),
+    report = cut_expired(_admin(client, clock=LATER), db_name, default_policy(), Holds.of([]),
                          principal=Principal.os_user(), now=LATER, batch=4)  # fmt: skip
     assert (report.streams, report.records) == (3, 11)
     cuts = list(client[db_name][CUTS].find({"stream": ORDERS}).sort("n", 1))

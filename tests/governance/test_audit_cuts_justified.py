@@ -4,6 +4,13 @@ removed, its period is the one expected, and it is not dated after a digest that
 held it. A legitimate sweep's cuts verify, live and offline; a cut an admin forges
 through the kernel to remove young records, one claiming a tiny period, and one dated
 forward are each named by ``verify --live`` and by the export verifier.
+
+Since 2026-12-07 the kernel refuses such a cut in its transaction (the audit hook's
+seal reads the digests that could justify it): young records, a period shorter than the
+policy's, a date ahead of the kernel's clock, a witness digest that does not hash to its
+hash: each refused, nothing deleted, no cut written. The verifier's tests then record
+their cuts as a kernel from before that did (:func:`_unchecked`), or through a kernel
+enforcing a policy of its own (a 1 s period).
 """
 
 from __future__ import annotations
@@ -12,9 +19,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pymongo import MongoClient
 from typer.testing import CliRunner
 
+from accord import runtime
+from accord.errors import InvalidInputError
+from accord.governance import audit_hook
 from accord.governance.audit_cuts import (
     CUTS,
     Commit,
@@ -23,24 +34,26 @@ from accord.governance.audit_cuts import (
     cut_justification,
     cut_plan,
 )
-from accord.governance.audit_records import RECORDS
+from accord.governance.audit_records import HEADS, RECORDS
 from accord.governance.canonical import ms
 from accord.governance.digests import write_digest
 from accord.governance.export import export
 from accord.governance.export_verify import verify_export
 from accord.governance.holds import Holds
-from accord.governance.loading import default_policy
+from accord.governance.loading import default_policy, parse_policy
 from accord.governance.verify import verify_chain
 from accord.platform.cli import app as cli
 from accord.platform.context import Principal
 from tests.governance.test_audit_cuts import (
     LATER,
+    LAX,
     MINUTE,
     ORDERS,
     _admin,
     _auditor,
     _cut,
     _manual_cut,
+    _seqs,
     _setup,
     _uri,
 )
@@ -48,13 +61,41 @@ from tests.governance.test_audit_cuts import (
 SEVEN_YEARS = timedelta(days=7 * 365)
 
 
-def _forged(client: MongoClient, db: str, k: int, *, at: datetime, period_s: int) -> Any:
+def _forged(
+    client: MongoClient, db: str, k: int, *, at: datetime, period_s: int, uow: Any = None
+) -> Any:
     """An admin's well-formed v2 cut of the orders stream through seq ``k``, dated
-    ``at``, claiming ``period_s``, run through the kernel (the hooks let it through)."""
+    ``at``, claiming ``period_s``, run through the kernel ``uow`` (default an admin's)."""
     cut = {**_manual_cut(client, db, k), "v": 2, "at": ms(at), "period_s": period_s}
     cut["cut_hash"] = cut_hash(cut)
-    _admin(client).execute(cut_plan(db, cut, records=RECORDS, principal=Principal.os_user()))
+    uow = uow or _admin(client)
+    uow.execute(cut_plan(db, cut, records=RECORDS, principal=Principal.os_user()))
     return cut
+
+
+def _unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels as they were before 2026-12-07: the audit hook lets any well-formed cut
+    through (a cut recorded then is still named by the verifier)."""
+    monkeypatch.setattr(audit_hook, "refuse_unjustified", lambda *args, **kwargs: None)
+
+
+def _lax_admin(client: MongoClient) -> Any:
+    """An admin's kernel enforcing a policy of its own, whose audit period is 1 s."""
+    return runtime.kernel(client, principal=Principal.os_user(), audit="metadata",
+                          policy=parse_policy(LAX, "p.toml"))  # fmt: skip
+
+
+def _untouched(client: MongoClient, db: str, heads: dict[str, Any]) -> None:
+    """Nothing of a refused cut was written: the orders stream whole, no cut, every
+    audit head where it was."""
+    assert _seqs(client, db, ORDERS) == list(range(1, 9))
+    assert client[db][CUTS].count_documents({}) == 0
+    assert {h["_id"]: h["seq"] for h in client[db][HEADS].find()} == heads
+    assert verify_chain(_auditor(client), db).ok
+
+
+def _heads(client: MongoClient, db: str) -> dict[str, Any]:
+    return {h["_id"]: h["seq"] for h in client[db][HEADS].find()}
 
 
 def _live(client: MongoClient, db: str, **options: Any) -> list[str]:
@@ -95,9 +136,10 @@ def test_the_sweep_cuts_only_what_a_digest_a_period_old_committed(
 
 
 def test_an_admins_cut_of_young_records_is_named_live_and_offline(
-    client: MongoClient, db_name: str, tmp_path: Path
+    client: MongoClient, db_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _setup(client, db_name)
+    _unchecked(monkeypatch)  # recorded as before 2026-12-07 (the kernel refuses it now)
     _forged(client, db_name, 5, at=datetime.now(UTC), period_s=int(SEVEN_YEARS.total_seconds()))
     live = [p for p in _live(client, db_name) if ORDERS in p]
     assert len(live) == 1, live
@@ -115,8 +157,10 @@ def test_a_cut_claiming_a_tiny_period_fails_against_the_period_expected(
     client: MongoClient, db_name: str, tmp_path: Path
 ) -> None:
     _setup(client, db_name)
-    # a second past the digest: by its own 1s period, the digest committed what it cut
-    _forged(client, db_name, 5, at=datetime.now(UTC) + timedelta(seconds=2), period_s=1)
+    # a second past the digest: by its own 1s period, the digest committed what it cut;
+    # a kernel enforcing a 1 s period of its own lets it through
+    _forged(client, db_name, 5, at=datetime.now(UTC) + timedelta(seconds=2), period_s=1,
+            uow=_lax_admin(client))  # fmt: skip
     live = _live(client, db_name)
     assert any("applied a period of 1 seconds, shorter than the 7 years expected" in p
                for p in live), live  # fmt: skip
@@ -142,6 +186,72 @@ def test_a_cut_dated_after_the_digest_that_holds_it_fails(
     assert len(live) == 1 and "after digest 2" in live[0] and "moved forward" in live[0], live
     offline = _offline(client, db_name, tmp_path / "x", now=LATER)
     assert any("after digest 2" in p and "moved forward" in p for p in offline), offline
+
+
+# --- the kernel refuses an unjustified cut, in its transaction (since 2026-12-07) ----------
+
+
+def test_the_kernel_refuses_an_admins_cut_of_young_records(
+    client: MongoClient, db_name: str
+) -> None:
+    _setup(client, db_name)
+    heads = _heads(client, db_name)
+    seven_years = int(SEVEN_YEARS.total_seconds())
+    with pytest.raises(InvalidInputError) as refused:
+        _forged(client, db_name, 5, at=datetime.now(UTC), period_s=seven_years)
+    text = str(refused.value)
+    assert text.startswith("audit cut refused, nothing was cut: audit cut 1 of stream")
+    assert "through seq 5 that no digest older than its period 7 years committed" in text
+    _untouched(client, db_name, heads)
+    # a v1 cut (no period stated) is held to the policy's
+    with pytest.raises(InvalidInputError, match="no digest older than its period 7 years"):
+        _admin(client).execute(cut_plan(db_name, _manual_cut(client, db_name, 2),
+                                        records=RECORDS, principal=Principal.os_user()))  # fmt: skip
+    _untouched(client, db_name, heads)
+    # the sweep's cuts, a period after the digest, still go
+    assert (_cut(client, db_name).streams, _seqs(client, db_name, ORDERS)[0]) == (3, 7)
+    assert _live(client, db_name, now=LATER) == []
+
+
+def test_the_kernel_refuses_a_cut_claiming_a_period_shorter_than_the_policys(
+    client: MongoClient, db_name: str
+) -> None:
+    _setup(client, db_name)
+    heads = _heads(client, db_name)
+    with pytest.raises(InvalidInputError, match="applied a period of 1 seconds, shorter than "
+                       "the 7 years expected"):  # fmt: skip
+        _forged(client, db_name, 5, at=datetime.now(UTC) + timedelta(seconds=2), period_s=1)
+    _untouched(client, db_name, heads)
+
+
+def test_the_kernel_refuses_a_cut_dated_ahead_of_its_clock(
+    client: MongoClient, db_name: str
+) -> None:
+    _setup(client, db_name)
+    heads = _heads(client, db_name)
+    seven_years = int(SEVEN_YEARS.total_seconds())
+    with pytest.raises(InvalidInputError, match=r"is dated .*, in the future"):
+        _forged(client, db_name, 5, at=LATER, period_s=seven_years)
+    _untouched(client, db_name, heads)
+    # a sweep dated LATER on a kernel whose clock says now: each cut refused, and said
+    report = _cut(client, db_name, clock=datetime.now(UTC))
+    assert report.streams == 0 and len(report.refused) == 3, report
+    assert all("in the future" in r for r in report.refused), report.refused
+    _untouched(client, db_name, heads)
+
+
+def test_a_digest_that_does_not_hash_to_its_hash_justifies_no_cut(
+    client: MongoClient, db_name: str
+) -> None:
+    digest = _setup(client, db_name)
+    heads = _heads(client, db_name)
+    # its date moved back 8 years in the database (not re-hashed): it does not count
+    moved = digest["at"].replace(digest["at"][:4], str(int(digest["at"][:4]) - 8), 1)
+    client[db_name]["accord_audit_digests"].update_one({"_id": 1}, {"$set": {"at": moved}})
+    with pytest.raises(InvalidInputError, match="no digest older than its period"):
+        _forged(client, db_name, 5, at=datetime.now(UTC), period_s=int(SEVEN_YEARS.total_seconds()))
+    assert _seqs(client, db_name, ORDERS) == list(range(1, 9))
+    assert client[db_name][CUTS].count_documents({}) == 0 and _heads(client, db_name) == heads
 
 
 def test_the_check_itself() -> None:

@@ -338,7 +338,10 @@ class AsyncUnitOfWork:
             found: dict[str, list[Any]] = {}
             for read in hook.seal_reads(batch):
                 cursor = self.client[read.db][read.collection].find(
-                    dict(read.filter), limit=read.limit, session=session
+                    dict(read.filter),
+                    sort=list(read.sort) if read.sort else None,
+                    limit=read.limit,
+                    session=session,
                 )
                 try:
                     found[read.key] = await cursor.to_list(None)

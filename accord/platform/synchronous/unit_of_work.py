@@ -336,7 +336,10 @@ class UnitOfWork:
             found: dict[str, list[Any]] = {}
             for read in hook.seal_reads(batch):
                 cursor = self.client[read.db][read.collection].find(
-                    dict(read.filter), limit=read.limit, session=session
+                    dict(read.filter),
+                    sort=list(read.sort) if read.sort else None,
+                    limit=read.limit,
+                    session=session,
                 )
                 try:
                     found[read.key] = cursor.to_list(None)
