@@ -49,8 +49,8 @@ from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan, insert_once
 
 __all__ = [
-    "BATCH", "Cover", "change_in_batches", "hold_filters", "holds_collection", "list_holds",
-    "place", "release", "runs_collection", "subject_held_threads",
+    "BATCH", "Cover", "Exclusion", "change_in_batches", "hold_covers", "holds_collection",
+    "list_holds", "place", "release", "runs_collection", "subject_held_threads",
 ]  # fmt: skip
 
 #: Documents changed per transaction.
@@ -127,18 +127,14 @@ def _targets(policy: Policy) -> list[tuple[str, str, TtlRule | None, tuple[str, 
     return out
 
 
-def hold_filters(
-    uow: Any, db: str, policy: Policy, holds: list[Hold], artifact: str, collection: str,
+def hold_covers(
+    uow: Any, db: str, policy: Policy, holds: Sequence[Hold], artifact: str, collection: str,
     fields: tuple[str, ...],
-) -> list[Any]:  # fmt: skip
-    """The filters of the documents of ``collection`` that ``holds`` cover (any of them:
-    an ``$nor`` of them leaves out what the holds cover), each listing at most a page of
-    values."""
-    return [
-        f for h in holds
-        if (c := _covers(uow, db, policy, h, artifact, collection, fields)) is not None
-        for f in c.filters()
-    ]  # fmt: skip
+) -> list[Cover]:  # fmt: skip
+    """What each of ``holds`` covers in ``collection`` (a hold covering nothing there is
+    left out): to leave it out of a change, :meth:`Exclusion.of` them."""
+    return [c for h in holds
+            if (c := _covers(uow, db, policy, h, artifact, collection, fields)) is not None]  # fmt: skip
 
 
 def _filter(hold: Hold, artifact: str, collection: str, fields: tuple[str, ...]) -> Any:
@@ -186,6 +182,46 @@ class Cover:
         """Whether ``doc`` (read with :attr:`field`) is one of the listed documents (a
         cover by ``filter`` is matched by the server instead)."""
         return _key(value_at(doc, self.field)) in self.keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """What a change leaves out because holds cover it, never as one ``$nor`` of every id:
+    the small filters (tenant, thread, class, subject fields) go to the server in a
+    ``$nor`` (:meth:`narrow`), the id-list covers are checked in memory on each document
+    read (:meth:`held`, reading :attr:`read`)."""
+
+    plain: tuple[dict[str, Any], ...] = ()
+    listed: tuple[Cover, ...] = ()
+
+    @classmethod
+    def of(cls, covers: Sequence[Cover]) -> Exclusion:
+        """Split ``covers`` into the server's part and the in-memory part."""
+        return cls(
+            plain=tuple(c.filter for c in covers if c.filter is not None),
+            listed=tuple(c for c in covers if c.filter is None),
+        )
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """The fields :meth:`held` needs of a document besides its ``_id``."""
+        return tuple(sorted({c.field for c in self.listed}))
+
+    @property
+    def unless(self) -> Callable[[Mapping[str, Any]], bool] | None:
+        """:meth:`held`, or None when nothing is checked in memory (no read needed)."""
+        return self.held if self.listed else None
+
+    def narrow(self, which: Mapping[str, Any]) -> dict[str, Any]:
+        """``which`` without what the plain filters cover."""
+        if not self.plain:
+            return dict(which)
+        nor = {"$nor": list(self.plain)}
+        return {"$and": [dict(which), nor]} if which else nor
+
+    def held(self, doc: Mapping[str, Any]) -> bool:
+        """Whether a listed cover covers ``doc`` (read with :attr:`read`)."""
+        return any(c.covers(doc) for c in self.listed)
 
 
 def _covers(
@@ -292,13 +328,9 @@ def _give_back(
     cover = _covers(uow, db, policy, hold, artifact, collection, fields)
     if cover is None:
         return 0
-    still = [c for h in others
-             if (c := _covers(uow, db, policy, h, artifact, collection, fields)) is not None]  # fmt: skip
     # small filters are left out by the server; listed ids page by page (no $nor of all)
-    plain = [c.filter for c in still if c.filter is not None]
-    listed = [c for c in still if c.filter is None]
-    unless = (lambda doc: any(c.covers(doc) for c in listed)) if listed else None
-    read = tuple(sorted({c.field for c in listed}))
+    still = Exclusion.of(hold_covers(uow, db, policy, others, artifact, collection, fields))
+    unless, read = still.unless, still.read
     ttl = rule.expire_after if rule is not None else thread_ttl(policy)
     unstamped: dict[str, Any] = {EXPIRE_AT: {"$exists": False},
                                  HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
@@ -307,9 +339,7 @@ def _give_back(
     now = datetime.now(UTC)
     back = 0
     for part in cover.filters():
-        which = part
-        if plain:
-            which = {"$and": [which, {"$nor": plain}]} if which else {"$nor": plain}
+        which = still.narrow(part)
         back += _move(uow, db, collection, artifact, which, rename=(HELD_EXPIRE_AT, EXPIRE_AT),
                       operation="governance.release", progress=progress, unless=unless,
                       read=read)  # fmt: skip

@@ -6,7 +6,10 @@ date by the difference (``expire_at + new - old``: the same event, a new period)
 bounded batches through the kernel; a class that starts expiring gets ``now + period``
 (what was written before has no better event time); one that stops loses ``expire_at``.
 Held documents (``held_expire_at``) move too, and nothing a hold covers gets a new
-expiry. The run registry's thread expiry moves with the thread period.
+expiry. The run registry's thread expiry moves with the thread period. What a hold
+covers is left out as :func:`~accord.governance.holding.release` leaves it out
+(:class:`~accord.governance.holding.Exclusion`): small filters in a ``$nor``, a subject's
+id lists checked in memory on each batch, so no filter grows with the subject.
 
 Crash safety: each batch commits with the position reached, on the stored version's
 document, and the version says ``retention = "pending"`` until the last batch; ``apply``
@@ -19,10 +22,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from accord.errors import PermissionDenied
-from accord.governance.holding import BATCH, hold_filters, list_holds, runs_collection
+from accord.governance.holding import BATCH, Exclusion, hold_covers, list_holds, runs_collection
 from accord.governance.policy import Policy
 from accord.governance.retention import (
     EXPIRE_AT,
@@ -34,6 +37,7 @@ from accord.governance.retention import (
     thread_ttl,
     ttl_targets,
 )
+from accord.governance.subjects import chunks
 from accord.platform.artifacts import POLICY, RUN
 from accord.platform.context import ReadContext, WriteContext
 from accord.platform.plan import Group, Op, Plan
@@ -69,8 +73,15 @@ def _shift(field: str, delta: timedelta) -> list[dict[str, Any]]:
     return [{"$set": {field: {"$add": [f"${field}", ms]}}}]
 
 
-#: One step of a recompute: (collection, artifact class, which documents, the change).
-Step = tuple[str, str, dict[str, Any], Any]
+class Step(NamedTuple):
+    """One step of a recompute: the documents of ``collection`` matching ``which`` but
+    those ``leave`` holds (checked on each batch), and the change made to them."""
+
+    collection: str
+    artifact: str
+    which: dict[str, Any]
+    change: Any
+    leave: Exclusion = Exclusion()
 
 
 def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
@@ -98,10 +109,10 @@ def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
     steps: list[Step] = []
     for collection, artifact, was, rule, fields in jobs:
         if rule is None:  # stops expiring
-            steps.append((collection, artifact, {EXPIRE_AT: {"$exists": True}},
-                          {"$unset": {EXPIRE_AT: ""}}))  # fmt: skip
-            steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
-                          {"$unset": {HELD_EXPIRE_AT: ""}}))  # fmt: skip
+            steps.append(Step(collection, artifact, {EXPIRE_AT: {"$exists": True}},
+                              {"$unset": {EXPIRE_AT: ""}}))  # fmt: skip
+            steps.append(Step(collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
+                              {"$unset": {HELD_EXPIRE_AT: ""}}))  # fmt: skip
         elif was is None or was.event != rule.event:  # starts, or from another event
             at = now + rule.expire_after
             if was is not None:
@@ -112,11 +123,11 @@ def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
                 for field in (EXPIRE_AT, HELD_EXPIRE_AT):
                     stamped: dict[str, Any] = {field: {"$exists": True}}
                     if rule.event == "done":
-                        steps.append((collection, artifact,
-                                      {**stamped, "status": {"$nin": list(rule.finished)}},
-                                      {"$unset": {field: ""}}))  # fmt: skip
+                        steps.append(Step(collection, artifact,
+                                          {**stamped, "status": {"$nin": list(rule.finished)}},
+                                          {"$unset": {field: ""}}))  # fmt: skip
                         stamped["status"] = finished_filter(rule)
-                    steps.append((collection, artifact, stamped, {"$set": {field: at}}))
+                    steps.append(Step(collection, artifact, stamped, {"$set": {field: at}}))
             if artifact == RUN.name and any(
                 h.kind == "class" and h.value in THREAD_CLASSES for h in holds
             ):
@@ -125,16 +136,17 @@ def _steps(uow: Any, db: str, old: Policy | None, new: Policy) -> list[Step]:
                                          HELD_EXPIRE_AT: {"$exists": False}}  # fmt: skip
             if rule.event == "done":
                 unstamped["status"] = finished_filter(rule)
-            held = hold_filters(uow, db, new, holds, artifact, collection, fields)
-            which = {"$and": [unstamped, {"$nor": held}]} if held else unstamped
+            # held: left alone, stamped at the release (no $nor of a subject's every id)
+            held = Exclusion.of(hold_covers(uow, db, new, holds, artifact, collection, fields))
             # (threads too: one idle since, with no next commit, was never swept)
-            steps.append((collection, artifact, which, {"$set": {EXPIRE_AT: at}}))
+            steps.append(Step(collection, artifact, held.narrow(unstamped),
+                              {"$set": {EXPIRE_AT: at}}, held))  # fmt: skip
         else:  # the same event, another period: NOT idempotent, so done exactly once
             delta = rule.expire_after - was.expire_after
-            steps.append((collection, artifact, {EXPIRE_AT: {"$exists": True}},
-                          _shift(EXPIRE_AT, delta)))  # fmt: skip
-            steps.append((collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
-                          _shift(HELD_EXPIRE_AT, delta)))  # fmt: skip
+            steps.append(Step(collection, artifact, {EXPIRE_AT: {"$exists": True}},
+                              _shift(EXPIRE_AT, delta)))  # fmt: skip
+            steps.append(Step(collection, artifact, {HELD_EXPIRE_AT: {"$exists": True}},
+                              _shift(HELD_EXPIRE_AT, delta)))  # fmt: skip
     return steps
 
 
@@ -144,14 +156,12 @@ def check_allowed(uow: Any, db: str, old: Policy | None, new: Policy) -> None:
     policy granting the admin ``find`` only on ``business:orders`` stored its version,
     then failed at the first batch, and every apply after it failed the same way)."""
     principal = uow.principal
-    for collection, artifact, which, _ in _steps(uow, db, old, new):
+    for step in _steps(uow, db, old, new):
+        collection, artifact = step.collection, step.artifact
         cls = new.of(artifact, collection)
         granted = frozenset() if cls is None else cls.allowed(principal.role, principal.name)
         missing = sorted({"find", "update"} - granted)
-        if missing == ["update"] and not uow.find(
-            ReadContext("*", operation=OPERATION), artifact, db, collection, which,
-            projection={"_id": 1}, limit=1,
-        ):  # fmt: skip
+        if missing == ["update"] and not _any_to_change(uow, db, step):
             continue  # nothing to update
         if missing:
             name = cls.name if cls is not None else artifact
@@ -166,6 +176,37 @@ def check_allowed(uow: Any, db: str, old: Policy | None, new: Policy) -> None:
 
 def _quoted(name: str) -> str:
     return f'"{name}"' if ":" in name else name
+
+
+def _any_to_change(uow: Any, db: str, step: Step) -> bool:
+    """Whether ``step`` changes any document: one read, or, where ids a hold lists are
+    checked in memory, batches until one is not held."""
+    last: Any = None
+    while docs := _read(uow, db, step, last, 1 if step.leave.unless is None else BATCH):
+        if _to_change(step, docs):
+            return True
+        last = docs[-1]["_id"]
+    return False
+
+
+def _read(uow: Any, db: str, step: Step, after: Any, limit: int) -> list[dict[str, Any]]:
+    """The next ``limit`` documents of ``step`` past ``_id`` ``after`` (None: from the
+    first), in ``_id`` order, with what :attr:`Step.leave` checks."""
+    which = step.which
+    page = {"$and": [dict(which), {"_id": {"$gt": after}}]} if after is not None else dict(which)
+    projection = {"_id": 1, "tenant_id": 1, **dict.fromkeys(step.leave.read, 1)}
+    return list(uow.find(ReadContext("*", operation=OPERATION), step.artifact, db,
+                         step.collection, page, projection=projection, sort=[("_id", 1)],
+                         limit=limit))  # fmt: skip
+
+
+def _to_change(step: Step, docs: list[dict[str, Any]]) -> dict[Any, list[Any]]:
+    """Per tenant, the ids of ``docs`` that ``step`` changes (no hold covers them)."""
+    by_tenant: dict[Any, list[Any]] = defaultdict(list)
+    for d in docs:
+        if not step.leave.held(d):
+            by_tenant[d.get("tenant_id")].append(d["_id"])
+    return by_tenant
 
 
 def recompute(
@@ -193,40 +234,37 @@ def recompute(
     last: Any = cursor.get("after") if cursor else None
     changed = 0
     while step < len(steps):
-        collection, artifact, which, change = steps[step]
-        page = {"$and": [dict(which), {"_id": {"$gt": last}}]} if last is not None else dict(which)
-        docs = uow.find(ReadContext("*", operation=OPERATION), artifact, db, collection, page,
-                        projection={"_id": 1, "tenant_id": 1}, sort=[("_id", 1)],
-                        limit=batch)  # fmt: skip
+        collection = steps[step].collection
+        docs = _read(uow, db, steps[step], last, batch)
         if not docs:
             step, last = step + 1, None
             continue
+        # the position passes the held documents too: left alone, as the $nor left them
         last = docs[-1]["_id"]
-        by_tenant: dict[Any, list[Any]] = defaultdict(list)
-        for d in docs:
-            by_tenant[d.get("tenant_id")].append(d["_id"])
-        plans = [
-            Plan(
-                WriteContext(tenant if isinstance(tenant, str) else "*", operation=OPERATION),
-                [
-                    Group(
-                        f"{OPERATION}:{collection}",
-                        db,
-                        collection,
-                        artifact,
-                        [Op("update_many", {"tenant_id": tenant, "_id": {"$in": ids}}, change)],
-                    ),
-                ],
-            )  # fmt: skip
-            for tenant, ids in by_tenant.items()
-        ]
+        by_tenant = _to_change(steps[step], docs)
+        plans = _updates(db, steps[step], by_tenant)
         plans.append(_position(db, version, {"recompute": {"step": step, "after": last}}))
         uow.execute_all(plans)
-        changed += len(docs)
-        if progress is not None:
-            progress(collection, len(docs))
+        moved = sum(len(ids) for ids in by_tenant.values())
+        changed += moved
+        if progress is not None and moved:
+            progress(collection, moved)
     uow.execute(_position(db, version, {"retention": DONE}, unset="recompute"))
     return changed
+
+
+def _updates(db: str, step: Step, by_tenant: Mapping[Any, list[Any]]) -> list[Plan]:
+    """``step``'s change of ``by_tenant``'s ids: one plan per tenant (each plan names whose
+    documents it changes), its ids a page per operation."""
+    return [
+        Plan(WriteContext(tenant if isinstance(tenant, str) else "*", operation=OPERATION), [
+            Group(f"{OPERATION}:{step.collection}", db, step.collection, step.artifact, [
+                Op("update_many", {"tenant_id": tenant, "_id": {"$in": part}}, step.change)
+                for part in chunks(ids)
+            ]),
+        ])
+        for tenant, ids in by_tenant.items()
+    ]  # fmt: skip
 
 
 #: ``retention`` of a stored version whose ``expire_at`` recompute finished (or that

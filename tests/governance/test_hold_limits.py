@@ -1,7 +1,7 @@
 """Legal holds at scale (docs/governance.md, "Legal holds"): no command of placing or
-releasing a subject hold lists more than a page of threads, memories or ids, the hold
-still reaches every document it covers, and a release stopped anywhere is finished by
-running it again.
+releasing a subject hold, or of ``apply``'s expiry recompute while one is in force, lists
+more than a page of threads, memories or ids, the hold still reaches every document it
+covers, and a release stopped anywhere is finished by running it again.
 
 Population and the watching kernel are those of ``test_erasure_limits.py``; a page of 2
 stands for the 1,000 of production: the subject's 5 threads and 6 memories are more
@@ -20,12 +20,14 @@ from pymongo import MongoClient
 from accord import runtime
 from accord.errors import InvalidInputError
 from accord.governance import subjects
+from accord.governance.apply import apply, plan
 from accord.governance.holding import place, release, subject_held_threads
 from accord.governance.holds import Hold, Holds
+from accord.governance.loading import parse_policy
 from accord.governance.retention import EXPIRE_AT, HELD_EXPIRE_AT
 from accord.platform.context import Principal
 from accord.runtime import Accord
-from tests.governance.test_erasure_limits import THREADS, _populate, _Watched
+from tests.governance.test_erasure_limits import THREADS, _in_lists, _populate, _Watched
 from tests.governance.test_subjects import OTHER, POLICY, SUBJECT, _DiesAfter, _graph, _Killed
 
 #: threads expire a day after their last commit (their run-registry documents carry
@@ -155,3 +157,53 @@ def test_a_release_interrupted_anywhere_is_finished_by_a_rerun(
         assert _state(client, db_name) == _held(state, {SHARED, THEIRS}, {OTHER}), plans
     with pytest.raises(InvalidInputError, match="no hold"):
         release(admin, db_name, mine, policy)
+
+
+class _Reads(_Watched):
+    """:class:`_Watched`, and the most values the ``$in`` lists of one read's filter hold
+    together (:attr:`widest`): an ``$nor`` of many lists of a page each still grows with
+    the subject."""
+
+    def __init__(self, uow: Any) -> None:
+        super().__init__(uow)
+        self.widest = 0
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        self.widest = max(self.widest, sum(_in_lists(args)))
+        return super().__getattr__("find")(*args, **kwargs)
+
+
+def test_a_recompute_leaves_a_held_subject_out_a_page_at_a_time(
+    client: MongoClient, db_name: str, expiring_policy: Path
+) -> None:
+    """Written under a policy that stamps nothing, then held (the subject), then applied
+    with threads and memories expiring: ``apply``'s recompute stamps ``expire_at`` on every
+    document no hold covers and leaves the held ones as they are (stamped at the release),
+    and no ``$in`` of its reads and plans lists more than a page. Before 2026-12-07 the
+    recompute left them out by one ``$nor`` of every run-registry id of the subject's
+    threads and every memory id of its vectors (page-sized lists, but as many as the subject
+    needs), and updated a batch's ids in one ``$in``."""
+    kept = POLICY + "".join(f"[classes.{c}]\nretention = {{}}\n"
+                            for c in ("checkpoint", "short_term_memory", "run"))  # fmt: skip
+    expiring_policy.write_text(kept)  # threads do not expire, nor memories
+    admin = runtime.kernel(client, principal=Principal.os_user())
+    apply(admin, plan(admin, db_name, parse_policy(kept, f"{db_name}.toml")))
+    _populate_more(client, db_name)
+    state = _state(client, db_name)
+    assert set(state["runs"].values()) == {"none"} and len(state["runs"]) > PAGE
+    mine = Hold("subject", SUBJECT)
+    place(admin, db_name, mine, runtime.effective_policy(admin, db_name))
+    expiring_policy.write_text(EXPIRING)
+    watched = _Reads(admin)
+    apply(watched, plan(watched, db_name, parse_policy(EXPIRING, f"{db_name}.toml")), batch=3)
+    assert watched.longest <= PAGE, watched.longest
+    assert watched.widest <= PAGE, watched.widest
+    held = _held(state, set(MINE), {SUBJECT})
+    assert _state(client, db_name) == {
+        name: {k: "none" if v == HELD_EXPIRE_AT else v for k, v in kinds.items()}
+        for name, kinds in held.items()
+    }  # fmt: skip
+    # the release stamps them from now (a new kernel: this one may still enforce v1)
+    fresh = runtime.kernel(client, principal=Principal.os_user())
+    release(fresh, db_name, mine, runtime.effective_policy(fresh, db_name))
+    assert _state(client, db_name) == _held(state, set(), set())
