@@ -416,11 +416,21 @@ def test_the_tenant_limit_holds_across_worker_processes(engine: str, tmp_path: P
         for i in range(3):
             queue.submit(STEPS, {"run": f"b-{i}"}, tenant_id="b")
         extra = ("--concurrency", "1", "--tenant-limit", "1")
+        # the steps wait for ``go`` until each worker holds a run: one that started late
+        # (a loaded machine) would otherwise find the other had run them all
+        go = tmp_path / "go"
         workers = [start_worker(engine, db, STEPS, log, machine=f"m{n}", step_s=0.05,
-                                extra=extra) for n in (1, 2)]  # fmt: skip
+                                extra=extra, hold=go) for n in (1, 2)]  # fmt: skip
         runs = client[db]["accord_run_queue"]
         most = {"a": 0, "b": 0}
         deadline = time.monotonic() + 120
+        while runs.count_documents({"status": "running"}) < 2:
+            assert time.monotonic() < deadline, [stop(w) for w in workers]
+            for tenant in most:
+                n = runs.count_documents({"tenant_id": tenant, "status": "running"})
+                most[tenant] = max(most[tenant], n)
+            time.sleep(0.01)
+        go.touch()
         while runs.count_documents({"status": "done"}) < 9:
             assert time.monotonic() < deadline, [stop(w) for w in workers]
             for tenant in most:
