@@ -31,7 +31,7 @@ default 7 years) removes a stream's prefix by **cutting** it (docs/governance.md
 3. verifying starts each stream at its latest cut (record k+1's ``prev`` must be its
    ``hash``), checks the cuts' own chain (``n``, ``prev_cut``, ``cut_hash``) and that
    the latest cut is the one the stream's chain recorded (:func:`cut_problems`), and
-   that each cut is justified by the digests (:func:`cut_justification`): its period is
+   that each cut is justified by the digests (:func:`justify_cut`): its period is
    the one expected, a digest taken that period before it committed every record it
    removed, and no digest that already held its record predates it.
 
@@ -73,7 +73,7 @@ from accord.platform.plan import Counts, Expect, Group, Op, Plan
 __all__ = [
     "CLOCK_SKEW", "CUTS", "CUT_ACTION", "CUT_FIELDS", "CUT_FIELDS_V2", "CUT_INDEXES",
     "CUT_VALIDATOR", "Commit", "CutReport", "Justification", "WITNESSES", "audit_period",
-    "commits_of", "cut_entries", "cut_expired", "cut_fields", "cut_hash", "cut_justification",
+    "commits_of", "cut_entries", "cut_expired", "cut_fields", "cut_hash",
     "cut_of", "cut_period", "cut_problems", "enforced_audit_period", "image_hash",
     "is_audit_cut", "justification_reads", "justify_cut", "latest_cuts", "refuse_unjustified",
     "thread_of", "when",
@@ -413,21 +413,6 @@ def cut_period(cut: Mapping[str, Any], min_period: timedelta) -> int | None:
     if not isinstance(period, int) or isinstance(period, bool) or period < 1:
         return None
     return period
-
-
-def cut_justification(
-    cut: Mapping[str, Any],
-    commits: Sequence[Commit],
-    *,
-    recorded_by: int,
-    now: datetime,
-    min_period: timedelta,
-    skew: timedelta = CLOCK_SKEW,
-) -> str | None:
-    """Why ``cut`` is not justified by the digests (:func:`justify_cut`), or None."""
-    return justify_cut(
-        cut, commits, recorded_by=recorded_by, now=now, min_period=min_period, skew=skew
-    ).problem
 
 
 def audit_period(policy: Any) -> timedelta | None:

@@ -64,9 +64,9 @@ from accord.governance.audit_cuts import (
     audit_period,
     commits_of,
     cut_hash,
-    cut_justification,
     image_hash,
     is_cut_record,
+    justify_cut,
     when,
 )
 from accord.governance.audit_records import GENESIS
@@ -557,7 +557,7 @@ def _cut_unjustified(
     cut_rules: tuple[timedelta | None, datetime | None],
 ) -> str | None:  # fmt: skip
     """Why the stream's audit cut (its record at seq ``by``) is not justified by the
-    export's digests (:func:`~.audit_cuts.cut_justification`), against the period given,
+    export's digests (:func:`~.audit_cuts.justify_cut`), against the period given,
     else the manifest's ``audit_period_s`` (an export before 2026-12-07 has none: the
     default policy's)."""
     period, now = cut_rules
@@ -574,8 +574,8 @@ def _cut_unjustified(
     if period is None:
         return ("the stream was cut, but no audit period is expected (the default policy "
                 "keeps audit records forever): pass the one expected, --audit-period")  # fmt: skip
-    return cut_justification(cut, commits, recorded_by=by, now=now or datetime.now(UTC),
-                             min_period=period)  # fmt: skip
+    return justify_cut(cut, commits, recorded_by=by, now=now or datetime.now(UTC),
+                       min_period=period).problem  # fmt: skip
 
 
 def _cut_problem(cut: Any, first: int, info: Mapping[str, Any]) -> str | None:

@@ -31,8 +31,8 @@ from accord.governance.audit_cuts import (
     Commit,
     cut_expired,
     cut_hash,
-    cut_justification,
     cut_plan,
+    justify_cut,
 )
 from accord.governance.audit_records import HEADS, RECORDS
 from accord.governance.canonical import ms
@@ -264,7 +264,7 @@ def test_the_check_itself() -> None:
     commits = [Commit(1, t0, 4), Commit(2, t0 + day, 12), Commit(3, t0 + 3 * day, 15)]
 
     def check(c: dict[str, Any] = cut, period: timedelta = day, by: int = 13) -> str | None:
-        return cut_justification(c, commits, recorded_by=by, now=t0 + 9 * day, min_period=period)
+        return justify_cut(c, commits, recorded_by=by, now=t0 + 9 * day, min_period=period).problem
 
     assert check() is None
     assert "young records were cut" in str(check({**cut, "seq": 13}))  # digest 2 held 12
