@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -177,18 +178,29 @@ def _run_failure(db: Any, saver: Any, durability: str, proxy: TopLevelErrors) ->
 def test_a_sibling_task_that_succeeded_is_not_rerun(client: MongoClient, saver: Any) -> None:
     """Parallel tasks: ``a`` fails, ``c`` (same step) commits; the resume runs only ``a``."""
 
+    db = client[saver.db_name]
+
     def c(state: State) -> dict[str, Any]:
         business.update_one("counters", {"_id": "c"}, {"$inc": {"v": 1}}, upsert=True)
         return {"log": ["c"]}
 
+    def a_after_c(state: State) -> dict[str, Any]:
+        # LangGraph cancels a sibling not yet started once a task fails: on a loaded
+        # machine ``a`` failed before ``c``'s thread began (CI saw ``next == ("a", "c")``,
+        # nothing of ``c`` committed), so ``a`` fails only once ``c`` has committed
+        deadline = time.monotonic() + 30
+        while db.counters.find_one({"_id": "c"}) is None:
+            assert time.monotonic() < deadline, "task c never committed"
+            time.sleep(0.01)
+        return a(state)
+
     g = StateGraph(State)
-    g.add_node("a", a)
+    g.add_node("a", a_after_c)
     g.add_node("c", c)
     g.add_edge(START, "a")
     g.add_edge(START, "c")
     g.add_edge("a", END)
     g.add_edge("c", END)
-    db = client[saver.db_name]
     db.ledger.insert_one({"_id": "taken", "tenant_id": "default"})
     graph = g.compile(checkpointer=saver)
     cfg = {"configurable": {"thread_id": "par"}}
