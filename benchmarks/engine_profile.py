@@ -8,7 +8,9 @@ warm up and are not counted), then prints the engine CPU per invoke and per comm
 
     .venv/bin/python -m benchmarks.engine_profile --saver accord --turns 100 [--profile out.prof]
 
-``--saver`` is ``accord``, ``async`` (AsyncAccordSaver) or ``mongodb`` (MongoDBSaver).
+``--saver`` is ``accord``, ``async`` (AsyncAccordSaver) or ``mongodb`` (MongoDBSaver);
+``--audit MODE`` (``accord`` only) runs an ``Accord`` root's saver with that audit mode on
+``benchmarks.audit``'s ``chat`` workload (one business write per turn), to compare modes.
 Figures are thread CPU time (``time.thread_time``) of the threads serving the saver's
 connections, so waiting for the lock or the client costs nothing; the housekeeping
 thread is not counted.
@@ -190,6 +192,11 @@ def main() -> None:
     ap.add_argument("--saver", choices=("accord", "async", "mongodb"), default="accord")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--profile", help="write a cProfile (engine connection threads) here")
+    ap.add_argument(
+        "--audit",
+        choices=("off", "metadata", "full", "policy"),
+        help="accord only: an Accord root's saver with this audit mode",
+    )
     ap.add_argument("--top", type=int, default=40, help="functions to print from the profile")
     ap.add_argument("--sample", action="store_true", help="print a statistical profile")
     args = ap.parse_args()
@@ -225,7 +232,11 @@ def main() -> None:
                     loop.run_until_complete(graph.ainvoke(human(n), THREAD))
             else:
                 client: MongoClient[Any] = MongoClient(uri)
-                if args.saver == "accord":
+                if args.saver == "accord" and args.audit:
+                    from accord.runtime import Accord
+
+                    saver = Accord(client=client, db_name="prof", audit=args.audit).checkpointer()
+                elif args.saver == "accord":
                     from accord.checkpointers import AccordSaver
 
                     saver = AccordSaver(client, db_name="prof")
@@ -234,7 +245,15 @@ def main() -> None:
                     from langgraph.checkpoint.mongodb import MongoDBSaver
 
                     saver = MongoDBSaver(client, db_name="prof")
-                graph = build_graph().compile(checkpointer=saver)
+                if args.audit:
+                    from accord.checkpointers import business
+                    from benchmarks.checkpointer import order
+
+                    # benchmarks.audit's `chat` workload: one business write per turn
+                    chat = build_graph(lambda n: business.insert_one("orders", order(n)))
+                    graph = chat.compile(checkpointer=saver)
+                else:
+                    graph = build_graph().compile(checkpointer=saver)
 
                 def invoke(n: int) -> None:
                     graph.invoke(human(n), THREAD)
