@@ -357,7 +357,7 @@ def verify(
         limit = max_json_mib << 20 if max_json_mib is not None else None
         _verify_export(directory, kept, pinned, as_json, period, limit)
     elif start is not None or to is not None:
-        _verify_extension(start, to, pinned, db, uri, dbpath, as_json)
+        _verify_extension(start, to, pinned, db, uri, dbpath, as_json, period)
     else:
         _verify_live(tenant, db, uri, dbpath, as_json, kept, pinned, period)
 
@@ -380,7 +380,7 @@ def _verify_proof(path: Path, kept: Any, pinned: Any, as_json: bool) -> None:
 
 def _verify_extension(
     start: str | None, to: str | None, pinned: Any, db: str | None, uri: str | None,
-    dbpath: Path | None, as_json: bool,
+    dbpath: Path | None, as_json: bool, period: Any,
 ) -> None:  # fmt: skip
     from accord.errors import InvalidInputError
     from accord.governance.proofs import check_extends
@@ -391,7 +391,7 @@ def _verify_extension(
         with _kernel(uri, dbpath, db) as (uow, name):
             report = check_extends(
                 uow, name, _digest_arg(uow, name, start), _digest_arg(uow, name, to),
-                pinned=pinned,
+                pinned=pinned, audit_period=period,
             )  # fmt: skip
     except AccordError as exc:
         raise _fail(exc) from exc

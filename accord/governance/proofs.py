@@ -21,20 +21,29 @@ when the stored digests from A to B link (each one's ``prev`` is the previous ``
 the heads stored for A and for B hash to A's and B's roots, and for every stream of A
 the record at A's head seq still has A's head hash and the chain from there links,
 record by record, to B's head. Rewriting any record before A (even recomputing every
-later hash and head) changes that record's or a later one's hash, so it fails.
+later hash and head) changes that record's or a later one's hash, so it fails. A stream
+whose records at A's head were cut links from its cut on, and the cut must be justified
+by the digests (:func:`~accord.governance.verify.unjustified_cuts`): removing young
+records between A and B fails too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 from bson.errors import InvalidId
 
 from accord.errors import InvalidInputError
-from accord.governance.audit_cuts import latest_cuts
+from accord.governance.audit_cuts import (
+    all_cuts,
+    enforced_audit_period,
+    is_cut_record,
+    latest_cuts,
+)
 from accord.governance.audit_records import RECORDS, chain_hash
 from accord.governance.canonical import to_json
 from accord.governance.digests import (
@@ -49,7 +58,7 @@ from accord.governance.digests import (
     stream_leaf,
     tenant_leaf,
 )
-from accord.governance.verify import ChainBreak
+from accord.governance.verify import ChainBreak, unjustified_cuts
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST
 from accord.platform.context import AUDITOR, Principal, ReadContext
 
@@ -217,9 +226,15 @@ def check_extends(
     to: Mapping[str, Any],
     *,
     pinned: Ed25519PublicKey | None = None,
+    audit_period: timedelta | None = None,
+    now: datetime | None = None,
 ) -> ExtensionReport:
     """Whether digest ``to`` extends digest ``start`` (module docstring), both as kept
-    outside the database (or as stored), on ``db``'s records."""
+    outside the database (or as stored), on ``db``'s records. A stream whose records at
+    ``start``'s head were cut extends only when its cuts are justified by the digests
+    (:func:`~.verify.unjustified_cuts`) against ``audit_period`` (default the audit
+    class's period of the policy ``uow`` enforces on ``db``) at ``now`` (default the
+    clock)."""
     report = ExtensionReport(int(start["seq"]), int(to["seq"]))
 
     def fail(problem: str, stream: str = "", seq: int | None = None,
@@ -253,7 +268,10 @@ def check_extends(
                         f"commits to (rewritten)", expected=d["root"],
                         found=HeadTree(found).root)  # fmt: skip
     before_heads, after_heads = heads[report.start], heads[report.to]
-    cuts = latest_cuts(uow, db, context=_reader())
+    chains = all_cuts(uow, db, context=_reader())
+    cuts = {s: c[-1] for s, c in chains.items()}
+    relied: list[str] = []  # streams whose extension rests on a cut
+    recorded_at: dict[tuple[str, str], int] = {}  # (stream, cut id) -> its record's seq
     for stream, a in sorted(before_heads.items()):
         report.streams += 1
         b = after_heads.get(stream)
@@ -272,10 +290,18 @@ def check_extends(
                      "holds at its seq", stream, a.seq, a.hash, cut.get("hash"))  # fmt: skip
                 continue
             # the records up to the cut are gone: the segment links from the cut on
-            _check_segment(uow, db, stream, a, b, report,
-                           after=(int(cut["seq"]), str(cut.get("hash"))))  # fmt: skip
+            if _check_segment(uow, db, stream, a, b, report, recorded_at,
+                              after=(int(cut["seq"]), str(cut.get("hash")))):  # fmt: skip
+                relied.append(stream)
             continue
-        _check_segment(uow, db, stream, a, b, report)
+        _check_segment(uow, db, stream, a, b, report, recorded_at)
+    if relied:
+        # A cut removed records the earlier digest committed: only expired ones may go.
+        period = audit_period if audit_period is not None else enforced_audit_period(uow, db)
+        report.problems.extend(unjustified_cuts(
+            uow, db, {s: chains[s] for s in relied}, recorded_at, period,
+            now or datetime.now(UTC), pinned,
+        ))  # fmt: skip
     return report
 
 
@@ -288,10 +314,12 @@ def _cut_seq(cut: Mapping[str, Any]) -> int | None:
 
 def _check_segment(
     uow: Any, db: str, stream: str, a: Head, b: Head, report: ExtensionReport,
-    *, after: tuple[int, str] | None = None,
-) -> None:  # fmt: skip
-    """The records of ``stream`` from ``a.seq`` to ``b.seq`` link from ``a`` to ``b``
-    (from the stream's cut ``after`` (seq, hash) when ``a``'s record was cut)."""
+    recorded_at: dict[tuple[str, str], int], *, after: tuple[int, str] | None = None,
+) -> bool:  # fmt: skip
+    """Whether the records of ``stream`` from ``a.seq`` to ``b.seq`` link from ``a`` to
+    ``b`` (from the stream's cut ``after`` (seq, hash) when ``a``'s record was cut); a
+    problem is added to ``report`` when not. The seq of each cut's own record read on
+    the way goes into ``recorded_at``."""
     expected_seq, last_hash = a.seq, None
     if after is not None:
         expected_seq, last_hash = after[0] + 1, after[1]
@@ -304,7 +332,7 @@ def _check_segment(
         if seq != expected_seq:
             report.problems.append(ChainBreak(stream, expected_seq, "a record is missing, "
                                               "inserted or reordered", expected_seq, seq))  # fmt: skip
-            return
+            return False
         computed = chain_hash(r)
         if seq == a.seq and after is None:
             if r.get("hash") != a.hash or computed != a.hash:
@@ -312,15 +340,21 @@ def _check_segment(
                     stream, seq, "the record the earlier digest holds as this stream's head "
                     "was rewritten", a.hash, computed,
                 ))  # fmt: skip
-                return
+                return False
         elif r.get("prev") != last_hash or computed != r.get("hash"):
             report.problems.append(ChainBreak(stream, seq, "the chain breaks after the earlier "
                                               "digest", last_hash, r.get("prev")))  # fmt: skip
-            return
+            return False
+        if is_cut_record(r):
+            for op in r.get("ops") or ():
+                if isinstance(op, Mapping) and op.get("op") == "insert":
+                    recorded_at.setdefault((stream, str(op.get("doc_id"))), seq)
         last_hash, expected_seq = computed, expected_seq + 1
     if expected_seq != b.seq + 1 or last_hash != b.hash:
         report.problems.append(ChainBreak(stream, expected_seq, "the chain does not reach the "
                                           "later digest's head", b.hash, last_hash))  # fmt: skip
+        return False
+    return True
 
 
 def check_live_against(

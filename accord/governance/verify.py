@@ -58,7 +58,10 @@ from accord.platform.context import AUDITOR, Principal, ReadContext
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-__all__ = ["AuditReport", "ChainBreak", "ChainChecker", "read_chain_hash", "verify_chain"]
+__all__ = [
+    "AuditReport", "ChainBreak", "ChainChecker", "read_chain_hash", "unjustified_cuts",
+    "verify_chain",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -319,20 +322,24 @@ def verify_chain(
     justify = {s: c for s, c in cuts.items() if s not in broken}
     if justify:
         period = audit_period if audit_period is not None else enforced_audit_period(uow, db_name)
-        checker.report.breaks.extend(_unjustified(
+        checker.report.breaks.extend(unjustified_cuts(
             uow, db_name, justify, recorded_at, period, now or datetime.now(UTC), pinned
         ))  # fmt: skip
     return checker.report
 
 
-def _unjustified(
+def unjustified_cuts(
     uow: Any, db: str, cuts: Mapping[str, list[dict[str, Any]]],
     recorded_at: Mapping[tuple[str, str], int], period: timedelta | None, now: datetime,
     pinned: Ed25519PublicKey | None,
 ) -> list[ChainBreak]:  # fmt: skip
-    """The first cut of each stream of ``cuts`` (verified chains) the digests do not
-    justify. The digests that count: those that hold (hashed, signed by ``pinned``); the
-    heads stored for the ones a verdict rests on must rebuild their roots."""
+    """The first cut of each stream of ``cuts`` (stream -> its cuts in ``n`` order, on
+    verified chains) the digests do not justify (:func:`~.audit_cuts.justify_cut`, with
+    the audit ``period`` expected, None: records are kept forever, so any cut is one).
+    ``recorded_at``: (stream, cut id) -> the seq of the cut's own record, where known
+    (else the stream's latest cut bounds it). The digests that count: those that hold
+    (hashed, signed by ``pinned``); the heads stored for the ones a verdict rests on must
+    rebuild their roots."""
     if period is None:
         return [ChainBreak(s, c[0].get("seq"), f"audit cut 1 of stream {s} removed records, "
                            "but the policy keeps audit records forever (no period: pass the "
