@@ -199,3 +199,32 @@ def test_a_refused_get_more_leaves_the_cursor_to_its_transaction(recorded, db) -
         more = rdb.command({**get_more, **txn}, session=session)
         assert _ids(more["cursor"]["nextBatch"]) == [1]
         client.admin.command({"commitTransaction": 1, **txn}, session=session)
+
+
+# -- a transaction's cursors outlive its end, as in mongod -----------------------------------
+
+
+@pytest.mark.parametrize("end", ["commitTransaction", "abortTransaction"])
+def test_a_transactions_cursor_is_not_killed_when_the_transaction_ends(recorded, db, end) -> None:
+    """mongod's commit and abort (TransactionParticipant's ``_finishCommitTransaction``,
+    ``_abortActiveTransaction``, ``_abortTransactionOnSession``, in
+    src/mongo/db/transaction/transaction_participant.cpp) never touch the CursorManager: the
+    cursor stays until ``killCursors``, its session's end or the cursor timeout; its
+    ``getMore`` is refused (50740) and leaves it. Its own test
+    jstests/core/txns/kill_transaction_cursors_after_commit.js kills one after the commit."""
+    client, _ = recorded
+    rdb = client[db.name]
+    rdb.c.insert_many([{"_id": i} for i in range(4)])
+    txn = {"txnNumber": Int64(7), "autocommit": False}
+    with client.start_session(causal_consistency=False) as session:
+        opened = rdb.command(
+            {"find": "c", "batchSize": 1, "startTransaction": True, **txn}, session=session
+        )
+        cursor_id = opened["cursor"]["id"]
+        client.admin.command({end: 1, **txn}, session=session)
+        get_more = {"getMore": cursor_id, "collection": "c"}
+        assert _refused(rdb, get_more, session).code == WITHOUT_A_TXN_NUMBER
+        assert _refused(rdb, get_more, session).code == WITHOUT_A_TXN_NUMBER  # still there
+        reply = rdb.command("killCursors", "c", cursors=[Int64(cursor_id)])
+        assert reply["cursorsKilled"] == [cursor_id]
+        assert reply["cursorsNotFound"] == []

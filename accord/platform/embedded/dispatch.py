@@ -69,6 +69,16 @@ SNAPSHOT_READS = {"find", "aggregate", "distinct"}
 # (``Engine.read_pause``) and that work on the documents they collected with the engine
 # lock released (``Engine.released``); a command that writes never does either.
 YIELDING_READS = {"find", "aggregate", "count", "distinct", "getMore"}
+# The commands a ``txnNumber`` without ``autocommit`` makes retryable (mongod's
+# ``Command::supportsRetryableWrite``, checked by ``validateSessionOptions`` in
+# src/mongo/db/transaction_validation.cpp); on any other command it is refused with 50768.
+RETRYABLE_WRITE_COMMANDS = WRITE_COMMANDS | {"findandmodify"}
+# Commands mongod runs without authentication (``requiresAuth()`` false): a ``txnNumber`` on
+# one is refused with 50889 (src/mongo/db/initialize_operation_session_info.cpp).
+NO_TXN_NUMBER_COMMANDS = {
+    "hello", "isMaster", "ismaster", "ping", "buildInfo", "buildinfo", "saslStart",
+    "saslContinue", "authenticate",
+}  # fmt: skip
 _NO_SIGNATURE = {"hash": bson.Binary(b"\x00" * 20), "keyId": bson.Int64(0)}
 
 
@@ -324,6 +334,7 @@ class Dispatcher:
         if db is None:
             raise EngineError(Code.Location40571, "OP_MSG requests require a $db argument")
         commands.check_db_name(db)
+        _check_session_options(name, cmd)
         # maxTimeMS counts from here: waiting for the engine lock is part of the command.
         # On a change stream's getMore it is the await time, not a limit (as in mongod).
         max_time = cmd.get("maxTimeMS")
@@ -372,11 +383,7 @@ class Dispatcher:
                 raise EngineError(Code.BadValue, "lsid must be an object with a UUID 'id'")
             _check_session_uuid(lsid["id"])
             session = engine.session(bson.encode({"id": lsid["id"]}))
-        txn_number = cmd.get("txnNumber")
-        if txn_number is not None and (
-            not isinstance(txn_number, int) or isinstance(txn_number, bool)
-        ):
-            raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
+        txn_number = cmd.get("txnNumber")  # checked by _check_session_options
         autocommit = cmd.get("autocommit")
         if cmd.get("startTransaction") is not None and autocommit is None:
             # it ran as a plain command: the caller believed it was in a transaction
@@ -394,15 +401,13 @@ class Dispatcher:
                 Code.NotARetryableWriteCommand, f"{name} must be run within a transaction"
             )
         snapshot_at = self._read_point(name, read_concern)
-        if txn_number is not None and name in WRITE_COMMANDS:
-            if session is None:
-                raise EngineError(
-                    Code.NotARetryableWriteCommand,
-                    "txnNumber may only be provided for multi-document transactions and retryable write commands: it needs an lsid",
-                )
+        if txn_number is not None:
+            # A retryable write: _check_session_options refused a txnNumber on anything else
+            # and without an lsid.
+            assert session is not None and name in RETRYABLE_WRITE_COMMANDS
             return self._retryable(handler, db, cmd, session, txn_number, call)
         if (
-            name in WRITE_COMMANDS
+            name in RETRYABLE_WRITE_COMMANDS  # the writes, findandmodify among them
             or name in AUTH_WRITE_COMMANDS
             or commands.writes_output(name, cmd)
         ):
@@ -647,7 +652,9 @@ class Dispatcher:
     def _bind_cursor(self, reply: Doc, number: int) -> None:
         """Record that a cursor a command opened belongs to transaction ``number``: only
         a ``getMore`` in that transaction may read it (mongod's 50739-50741). It is not
-        killed when the transaction ends: ``killCursors`` (or the timeout) ends it."""
+        killed when the transaction commits or aborts (neither does mongod: its
+        TransactionParticipant never touches the CursorManager); ``killCursors``, the
+        session's end or the timeout ends it."""
         cursor = reply.get("cursor")
         if isinstance(cursor, dict) and cursor.get("id"):
             self.cursors.bind_transaction(int(cursor["id"]), number)
@@ -704,6 +711,40 @@ def _statements(cmd: Doc) -> int:
         if isinstance(value, list):
             return len(value)
     return 1
+
+
+def _check_session_options(name: str, cmd: Doc) -> None:
+    """Refuse a ``txnNumber`` that neither a transaction nor a retryable write uses, as
+    mongod does before the privilege check (it would otherwise be ignored: a ``find`` read
+    outside the transaction its caller believed it was in). In mongod's order:
+    ``initializeOperationSessionInfo`` (src/mongo/db/initialize_operation_session_info.cpp)
+    refuses one on a command that needs no authentication (50889), one without an lsid and
+    a negative one (72), then ``validateSessionOptions``
+    (src/mongo/db/transaction_validation.cpp) one without ``autocommit`` on a command that
+    is not a retryable write (50768)."""
+    txn_number = cmd.get("txnNumber")
+    if txn_number is None:
+        return
+    if not isinstance(txn_number, int) or isinstance(txn_number, bool):
+        raise EngineError(Code.TypeMismatch, "txnNumber must be a 64-bit integer")
+    in_transaction = cmd.get("autocommit") is not None
+    if name in NO_TXN_NUMBER_COMMANDS and not in_transaction:
+        raise EngineError(
+            Code.Location50889, "It is illegal to provide a txnNumber for this command"
+        )
+    if cmd.get("lsid") is None:
+        raise EngineError(
+            Code.InvalidOptions, "Transaction number requires a session ID to also be specified"
+        )
+    if txn_number < 0:
+        raise EngineError(Code.InvalidOptions, "Transaction number cannot be negative")
+    if not in_transaction and name not in RETRYABLE_WRITE_COMMANDS:
+        raise EngineError(
+            Code.NotARetryableWriteCommand,
+            "txnNumber may only be provided for multi-document transactions and retryable "
+            f"write commands. autocommit:false was not provided, and {name} is not a "
+            "retryable write command.",
+        )
 
 
 def _check_write_concern(name: str, cmd: Doc, *, in_transaction: bool) -> None:

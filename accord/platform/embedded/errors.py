@@ -161,6 +161,7 @@ class Code(IntEnum):
     Location50739 = 50739  # getMore in a transaction on a cursor opened outside one
     Location50740 = 50740  # getMore outside a transaction on a transaction's cursor
     Location50741 = 50741  # getMore in another transaction than the cursor's
+    Location50889 = 50889  # a txnNumber on a command that needs no authentication
     Location50911 = 50911  # a transaction with this txnNumber was already started
     Location51047 = 51047  # stage not allowed within a $lookup's sub-pipeline
     Location51156 = 51156  # error executing a regular expression (mongod: PCRE's match limit)
