@@ -28,14 +28,19 @@ transaction as every write, and records refused operations.
     A cut (:mod:`accord.governance.audit_cuts`, since 2026-12-07) also reads, in its
     transaction, the digests that could justify it (the newest taken its period before
     it, its stream's first digest head at or past its seq), and ``seal`` refuses it
-    (:class:`~accord.errors.InvalidInputError`, nothing written) unless they do
-    (:func:`~accord.governance.audit_cuts.justify_cut`) against the audit period of the
-    policy enforced on its database, and its date is not ahead of ``clock``.
+    (:class:`RefusedCut`, an :class:`~accord.errors.InvalidInputError`; nothing of the
+    cut is written) unless they do (:func:`~accord.governance.audit_cuts.justify_cut`)
+    against the audit period of the policy enforced on its database, and its date is not
+    ahead of ``clock``. The refusal carries a :class:`~accord.platform.hooks.Refusal` of
+    the cut's insert: the kernel records it after the transaction aborted, as below (since
+    2026-12-08; before, such a refusal left no record).
 ``refused``
     a plan or read refused with ``PermissionDenied`` is recorded (``outcome:
     "refused"``, with the reason), in a transaction of its own: the kernel runs the plan
     this returns (a marker upsert of the stream's head, which this hook's ``seal``
-    turns into the records), outside the refused transaction, which never starts.
+    turns into the records), outside the refused transaction, which never starts. A cut
+    ``seal`` refused is recorded the same way (one record, of the cut's insert), once the
+    refused transaction has aborted, once however many attempts it took.
 
 It also names the collections it writes (:meth:`AuditHook.collections`), which every
 component's catalog setup creates: the records collection with its ``$jsonSchema``
@@ -53,7 +58,7 @@ from typing import Any
 
 from bson import ObjectId
 
-from accord.errors import ConfigurationError, PermissionDenied
+from accord.errors import ConfigurationError, InvalidInputError, PermissionDenied
 from accord.governance.audit_cuts import (
     CUT_ACTION,
     CUT_INDEXES,
@@ -98,7 +103,7 @@ from accord.platform.context import WriteContext
 from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
 from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
 
-__all__ = ["REFUSED_ACTION", "AuditHook"]
+__all__ = ["REFUSED_ACTION", "AuditHook", "RefusedCut"]
 
 #: A placeholder time for the bodies ``seal_reads`` does not build.
 _NOW = datetime(1970, 1, 1, tzinfo=UTC)
@@ -117,6 +122,21 @@ REFUSED_ACTION = "audit.refused"
 #: policy says ``full``); ``policy``: each class in the mode its policy says.
 MODES = ("metadata", "full", "policy")
 _RANK = {"off": 0, "metadata": 1, "full": 2}
+
+
+class RefusedCut(InvalidInputError):
+    """An audit cut the digests do not justify, refused by the audit hook's ``seal``
+    inside the cut's transaction (which aborts: nothing of it is written). ``refusal`` is
+    what the kernel records of it afterwards, in a transaction of its own: the cut's
+    insert, by the cut's principal, with this message as the reason (None: a copy, e.g.
+    unpickled, records nothing again)."""
+
+    def __init__(self, message: str, plan: Plan | None = None) -> None:
+        super().__init__(message)
+        self.refusal: Refusal | None = None
+        if plan is not None:
+            insert = Plan(plan.context, plan.groups[:1])  # the cut (its stream, n, seq, at)
+            self.refusal = Refusal(plan.context, self, plan=insert)
 
 
 @dataclass(frozen=True)
@@ -245,7 +265,7 @@ class AuditHook:
             for db, names in sorted(streams.items())
         ]
         if batch.attempt > 0:  # a cut is judged in its transaction, not in the probe
-            for key, db, cut in self._cuts(batch):
+            for key, db, cut, _ in self._cuts(batch):
                 reads.extend(justification_reads(key, db, cut, self.audit_period(db)))
         return reads
 
@@ -257,8 +277,12 @@ class AuditHook:
         at = ms(datetime.now(UTC))
         txn = batch.transaction_id
         read = self.cache.read_for(txn, batch.attempt)
-        for reads, db, cut in self._cuts(batch):  # before anything is written
-            refuse_unjustified(reads, cut, found, period=self.audit_period(db), now=self.clock())
+        for reads, db, cut, plan in self._cuts(batch):  # before anything is written
+            try:
+                refuse_unjustified(reads, cut, found, period=self.audit_period(db),
+                                   now=self.clock())  # fmt: skip
+            except InvalidInputError as exc:  # recorded by the kernel once this aborted
+                raise RefusedCut(str(exc), plan) from exc
         heads: dict[tuple[str, str], tuple[int, str]] = dict.fromkeys(read, (0, GENESIS))
         for name, docs in found.items():
             if name.startswith("audit:"):
@@ -302,12 +326,12 @@ class AuditHook:
             ))  # fmt: skip
         return groups
 
-    def _cuts(self, batch: SealBatch) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-        """(key of its reads, database, cut) of every audit cut of the batch."""
+    def _cuts(self, batch: SealBatch) -> Iterator[tuple[str, str, Mapping[str, Any], Plan]]:
+        """(key of its reads, database, cut, its plan) of every audit cut of the batch."""
         for i, plan in enumerate(batch.plans):
             cut = cut_of(plan)
             if cut is not None and is_audit_cut(plan.context.operation, plan):
-                yield f"cut:{i}", plan.groups[0].db, cut
+                yield f"cut:{i}", plan.groups[0].db, cut, plan
 
     def audit_period(self, db: str) -> timedelta | None:
         """The audit class's period in the policy enforced on ``db`` (the built-in

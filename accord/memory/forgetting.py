@@ -18,14 +18,19 @@ whose ``provenance.thread_id`` is the thread:
 Every version carries the thread it came from (``provenance``), so this needs no
 re-extraction. Memories whose provenance names no thread (store, HTTP and MCP writes) are
 never touched.
+
+No ``$in`` list of forgetting's reads and writes holds more than :data:`PAGE` values (a
+thread may have derived very many memories: one list of them all would make a command past
+MongoDB's 16 MiB limit); a write's list is split into several operations of one group (same
+transaction, the group's counts are their sum).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from accord.memory import model
 from accord.memory.aggregation import memory_conflict
@@ -34,6 +39,19 @@ from accord.platform.artifacts import OUTBOX
 from accord.platform.plan import Expect, Group, Op
 
 Doc = dict[str, Any]
+
+#: The most values one ``$in`` list of forgetting's reads and writes holds.
+PAGE = 1000
+
+_T = TypeVar("_T")
+
+
+def chunks(values: Sequence[_T]) -> Iterator[list[_T]]:
+    """``values`` in slices of at most :data:`PAGE` (read when called, so a test can lower
+    it): one ``$in`` list per slice keeps each command bounded."""
+    step = PAGE
+    for start in range(0, len(values), step):
+        yield list(values[start : start + step])
 
 
 def thread_of(version: Mapping[str, Any]) -> Any:
@@ -124,11 +142,9 @@ def groups(
         new = restored_document(doc, version, embeddings.get(doc["_id"]))
         replaces.ops.append(Op("replace", {"_id": doc["_id"], "version": doc["version"]}, new))
         old.ops.append(Op("delete", {"_id": version["_id"], "tenant_id": tenant_id}))
-    gone = [d["_id"] for d in decided.delete]
-    if gone:
+    for gone in chunks([d["_id"] for d in decided.delete]):
         old.ops.append(Op("delete_many", {"tenant_id": tenant_id, "memory_id": {"$in": gone}}))
-    reached = [d["_id"] for d, _ in decided.restore] + decided.prune
-    if reached:
+    for reached in chunks([d["_id"] for d, _ in decided.restore] + decided.prune):
         old.ops.append(
             Op(
                 "delete_many",
@@ -147,9 +163,9 @@ def groups(
 def not_yet_done_guard(db: str, outbox: str, event_ids: Sequence[str]) -> Group:
     """That the thread's events not done when its memories were read are still not done:
     one that committed memories meanwhile fails the commit (decided again)."""
-    op = Op("update_many", {"_id": {"$in": list(event_ids)}, "status": "done"},
-            {"$set": {"forgotten": True}})  # fmt: skip
-    return Group("forget:fence", db, outbox, OUTBOX.name, [op],
+    ops = [Op("update_many", {"_id": {"$in": ids}, "status": "done"},
+              {"$set": {"forgotten": True}}) for ids in chunks(event_ids)]  # fmt: skip
+    return Group("forget:fence", db, outbox, OUTBOX.name, ops,
                  expect=Expect(matched=0, error=memory_conflict))  # fmt: skip
 
 

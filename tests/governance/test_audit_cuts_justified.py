@@ -8,7 +8,10 @@ forward are each named by ``verify --live`` and by the export verifier.
 Since 2026-12-07 the kernel refuses such a cut in its transaction (the audit hook's
 seal reads the digests that could justify it): young records, a period shorter than the
 policy's, a date ahead of the kernel's clock, a witness digest that does not hash to its
-hash: each refused, nothing deleted, no cut written. The verifier's tests then record
+hash: each refused, nothing deleted, no cut written. Since 2026-12-08 each refusal is
+recorded, as a ``PermissionDenied`` is: one record (``outcome: "refused"``) in the
+tenant's stream of the cuts collection, written after the cut's transaction aborted,
+once however many attempts it took. The verifier's tests then record
 their cuts as a kernel from before that did (:func:`_unchecked`), or through a kernel
 enforcing a policy of its own (a 1 s period).
 """
@@ -44,6 +47,7 @@ from accord.governance.loading import default_policy, parse_policy
 from accord.governance.verify import verify_chain
 from accord.platform.cli import app as cli
 from accord.platform.context import Principal
+from accord.platform.hooks import SealConflict
 from tests.governance.test_audit_cuts import (
     LATER,
     LAX,
@@ -59,6 +63,8 @@ from tests.governance.test_audit_cuts import (
 )
 
 SEVEN_YEARS = timedelta(days=7 * 365)
+#: The stream a refused cut of tenant acme is recorded in.
+REFUSALS = '["acme","collection","accord_audit_cuts"]'
 
 
 def _forged(
@@ -85,13 +91,22 @@ def _lax_admin(client: MongoClient) -> Any:
                           policy=parse_policy(LAX, "p.toml"))  # fmt: skip
 
 
-def _untouched(client: MongoClient, db: str, heads: dict[str, Any]) -> None:
+def _untouched(client: MongoClient, db: str, heads: dict[str, Any], refused: int = 1) -> None:
     """Nothing of a refused cut was written: the orders stream whole, no cut, every
-    audit head where it was."""
+    audit head where it was but those of the streams the refusals are recorded in, which
+    hold ``refused`` records, each of a refused cut."""
     assert _seqs(client, db, ORDERS) == list(range(1, 9))
     assert client[db][CUTS].count_documents({}) == 0
-    assert {h["_id"]: h["seq"] for h in client[db][HEADS].find()} == heads
+    now = {h["_id"]: h["seq"] for h in client[db][HEADS].find()}
+    assert {k: v for k, v in now.items() if CUTS not in k} == heads
+    assert len(_refusals(client, db)) == refused
     assert verify_chain(_auditor(client), db).ok
+
+
+def _refusals(client: MongoClient, db: str) -> list[dict[str, Any]]:
+    """The audit records of refused cuts, in the order they were written."""
+    return list(client[db][RECORDS].find({"action": "audit.cut", "outcome": "refused"})
+                .sort([("at", 1), ("stream", 1), ("seq", 1)]))  # fmt: skip
 
 
 def _heads(client: MongoClient, db: str) -> dict[str, Any]:
@@ -207,7 +222,7 @@ def test_the_kernel_refuses_an_admins_cut_of_young_records(
     with pytest.raises(InvalidInputError, match="no digest older than its period 7 years"):
         _admin(client).execute(cut_plan(db_name, _manual_cut(client, db_name, 2),
                                         records=RECORDS, principal=Principal.os_user()))  # fmt: skip
-    _untouched(client, db_name, heads)
+    _untouched(client, db_name, heads, refused=2)
     # the sweep's cuts, a period after the digest, still go
     assert (_cut(client, db_name).streams, _seqs(client, db_name, ORDERS)[0]) == (3, 7)
     assert _live(client, db_name, now=LATER) == []
@@ -237,7 +252,8 @@ def test_the_kernel_refuses_a_cut_dated_ahead_of_its_clock(
     report = _cut(client, db_name, clock=datetime.now(UTC))
     assert report.streams == 0 and len(report.refused) == 3, report
     assert all("in the future" in r for r in report.refused), report.refused
-    _untouched(client, db_name, heads)
+    _untouched(client, db_name, heads, refused=4)  # the admin's, the sweep's 3
+    assert sorted(r["reason"] for r in _refusals(client, db_name)[1:]) == sorted(report.refused)
 
 
 def test_a_digest_that_does_not_hash_to_its_hash_justifies_no_cut(
@@ -250,8 +266,62 @@ def test_a_digest_that_does_not_hash_to_its_hash_justifies_no_cut(
     client[db_name]["accord_audit_digests"].update_one({"_id": 1}, {"$set": {"at": moved}})
     with pytest.raises(InvalidInputError, match="no digest older than its period"):
         _forged(client, db_name, 5, at=datetime.now(UTC), period_s=int(SEVEN_YEARS.total_seconds()))
-    assert _seqs(client, db_name, ORDERS) == list(range(1, 9))
-    assert client[db_name][CUTS].count_documents({}) == 0 and _heads(client, db_name) == heads
+    _untouched(client, db_name, heads)
+
+
+def test_a_refused_cut_is_recorded_outside_its_transaction(
+    client: MongoClient, db_name: str
+) -> None:
+    """The refusal of a cut is recorded as a ``PermissionDenied`` is (Issue 24): one
+    record, ``outcome: "refused"``, naming the principal, the action (``audit.cut``), the
+    cut (its insert: the cut's ``_id``) and the refusal's message, in a transaction of its
+    own after the cut's aborted (which wrote nothing: no record of it, none deleted). Before
+    2026-12-08 a cut refused in the hook's seal left no record."""
+    _setup(client, db_name)
+    heads = _heads(client, db_name)
+    records = client[db_name][RECORDS].count_documents({})
+    cut = {**_manual_cut(client, db_name, 5), "v": 2, "at": ms(datetime.now(UTC)),
+           "period_s": int(SEVEN_YEARS.total_seconds())}  # fmt: skip
+    cut["cut_hash"] = cut_hash(cut)
+    with pytest.raises(InvalidInputError) as refused:
+        _admin(client).execute(cut_plan(db_name, cut, records=RECORDS,
+                                        principal=Principal.os_user()))  # fmt: skip
+    _untouched(client, db_name, heads)
+    # the refused transaction recorded nothing: the refusal's record is the one more
+    assert client[db_name][RECORDS].count_documents({}) == records + 1
+    (record,) = _refusals(client, db_name)
+    assert (record["stream"], record["seq"], record["tenant_id"]) == (REFUSALS, 1, "acme")
+    assert (record["outcome"], record["action"]) == ("refused", "audit.cut")
+    assert record["principal"] == {"name": Principal.os_user().name, "role": "admin",
+                                   "kind": "user"}  # fmt: skip
+    assert (record["collection"], record["artifact"]) == (CUTS, "audit_digest")
+    assert record["reason"] == str(refused.value)
+    assert record["reason"].startswith("audit cut refused, nothing was cut: audit cut 1 of")
+    assert [(op["op"], op["doc_id"]) for op in record["ops"]] == [("insert", cut["_id"])]
+
+
+def test_a_refused_cut_retried_is_recorded_once(
+    client: MongoClient, db_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut's transaction is attempted again (a write conflict on its first attempt),
+    and refused on the second: one refusal record, none for the first attempt."""
+    _setup(client, db_name)
+    heads = _heads(client, db_name)
+    judged: list[int] = []
+    real = audit_hook.refuse_unjustified
+
+    def conflicted_once(*args: Any, **kwargs: Any) -> None:
+        judged.append(1)
+        if len(judged) == 1:
+            raise SealConflict("a concurrent writer (test)")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(audit_hook, "refuse_unjustified", conflicted_once)
+    with pytest.raises(InvalidInputError, match="no digest older than its period 7 years"):
+        _forged(client, db_name, 5, at=datetime.now(UTC),
+                period_s=int(SEVEN_YEARS.total_seconds()))  # fmt: skip
+    assert len(judged) == 2  # attempted twice, refused on the second
+    _untouched(client, db_name, heads, refused=1)
 
 
 def test_the_check_itself() -> None:

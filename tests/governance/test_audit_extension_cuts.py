@@ -1,5 +1,5 @@
 """``check_extends`` (``accord audit verify --from A --to B``) judges the cuts it rests on
-(since 2026-12-07): a stream whose records at A's head were cut extends only when the
+(since 2026-12-08): a stream whose records at A's head were cut extends only when the
 digests justify that cut (docs/governance.md, "What a cut proves"). Before, an admin's cut
 of young records between A and B, hashed right, verified as an extension.
 """

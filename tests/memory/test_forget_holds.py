@@ -11,16 +11,20 @@ forgetter decides again and leaves the memory.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 from pymongo import MongoClient
+from pymongo.monitoring import CommandListener, CommandStartedEvent
 
 from accord import runtime
+from accord.governance import subjects
 from accord.governance.holding import place, release
 from accord.governance.holds import Hold
+from accord.memory import forgetting
 from accord.memory.aggregation import AggregatorConfig
 from accord.platform.context import Principal
 from accord.runtime import Accord
@@ -163,3 +167,106 @@ def test_a_hold_placed_before_the_commit_is_seen_by_the_guard(client: MongoClien
     assert placed
     assert "I am vegetarian" in _texts(client, db.name)
     assert _events(client, db.name) == ["pending"]  # waiting for the hold
+
+
+class _InLists(CommandListener):
+    """The length of every ``$in`` list on a memory or event id (``_id``, ``memory_id``)
+    in a command's filters."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def started(self, event: CommandStartedEvent) -> None:
+        self.lengths += _id_lists(dict(event.command))
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+
+def _id_lists(value: Any) -> list[int]:
+    if isinstance(value, Mapping):
+        found = []
+        for key, item in value.items():
+            if key in ("_id", "memory_id") and isinstance(item, Mapping):
+                listed = item.get("$in")
+                if isinstance(listed, list):
+                    found.append(len(listed))
+            found += _id_lists(item)
+        return found
+    if isinstance(value, list | tuple):
+        return [n for item in value for n in _id_lists(item)]
+    return []
+
+
+def test_no_command_of_forgetting_lists_more_than_a_page(
+    mongo_uri: str, client: MongoClient, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread with more derived memories than a page, some held: every ``$in`` list of
+    memory or event ids in the forgetter's commands (its reads of the memories, their
+    history and what the holds cover, and its plan) holds at most a page, and the held
+    memories are still found exactly (every page is read). A page of 2 stands for the
+    1,000 of production. Before 2026-12-08 ``_held`` and ``_decide_all`` read every memory
+    of the thread in one ``$in``."""
+    monkeypatch.setattr(forgetting, "PAGE", 2)
+    monkeypatch.setattr(subjects, "PAGE", 2)  # (governance's hold guard, same commands)
+    listener = _InLists()
+    watched: MongoClient = MongoClient(mongo_uri, event_listeners=[listener])
+    try:
+        acc = Accord(client=watched, db_name=db.name)
+        saver = acc.checkpointer()
+        graph = _chat().compile(checkpointer=saver)
+        aggregator = acc.aggregator(AggregatorConfig(db_name=db.name, hold_recheck=RECHECK))
+        facts = [f"I like colour {n}" for n in range(5)]
+        for thread, user, texts in (("a-1", "alice", facts),
+                                    ("b-1", "bob", ["I live in Oslo"])):  # fmt: skip
+            for text in texts:
+                graph.invoke(
+                    {"messages": [HumanMessage(f"Remember that {text}.")]},
+                    {"configurable": {"thread_id": thread, "user_id": user}},
+                )
+        aggregator.drain()
+        before = _texts(client, db.name)
+        assert set(facts) <= before
+        mine = db.long_term_memory.count_documents({"provenance.thread_id": "a-1"})
+        assert mine > len(facts) > 2
+        saver.delete_thread("a-1")
+        _hold(client, db.name, Hold("subject", "alice"))  # (it would refuse the deletion)
+        listener.lengths.clear()
+        aggregator.drain()
+        assert listener.lengths, "no list of ids was read"
+        assert max(listener.lengths) <= 2, listener.lengths
+    finally:
+        watched.close()
+    after = _texts(client, db.name)
+    assert after == before - {t for t in before if t.startswith("Conversation a-1")}
+    assert set(facts) <= after and "I live in Oslo" in after
+    (event,) = db.outbox.find({"kind": "thread_deleted"})
+    assert (event["status"], event["held_memories"]) == ("pending", len(facts))
+
+
+def test_forgetting_writes_list_at_most_a_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forgetting plan's ``delete_many`` of history versions and the fence on the
+    thread's other events are split into operations of a page each (one group: one
+    transaction, the counts summed), and together still name every id."""
+    monkeypatch.setattr(forgetting, "PAGE", 2)
+
+    def mem(i: int) -> dict[str, Any]:
+        return {"_id": f"m{i}", "version": 1, "updated_at": None}
+
+    decided = forgetting.Forgetting(
+        delete=[mem(i) for i in range(5)],
+        restore=[(mem(i), {"_id": f"h{i}"}) for i in range(5, 8)],
+        prune=["m8", "m9"],
+    )
+    groups = forgetting.groups("t", "default", decided, {}, db="d", memories="m", history="h")
+    (old,) = [g for g in groups if g.name == "forget:history"]
+    many = [(op.filter or {})["memory_id"]["$in"] for op in old.ops if op.kind == "delete_many"]
+    assert all(len(ids) <= 2 for ids in many), many
+    assert sorted(i for ids in many for i in ids) == sorted(f"m{i}" for i in range(10))
+    fence = forgetting.not_yet_done_guard("d", "outbox", [f"e{i}" for i in range(5)])
+    lists = [(op.filter or {})["_id"]["$in"] for op in fence.ops]
+    assert all(len(ids) <= 2 for ids in lists) and sum(lists, []) == [f"e{i}" for i in range(5)]
+    assert fence.expect is not None and fence.expect.matched == 0

@@ -29,6 +29,11 @@ So when the event is done nothing derived only from the thread is left, and noth
 aggregation itself: ``delete_thread`` returns when the thread is deleted; its memories go
 when the aggregator processes the event (``accord memory status`` shows the backlog).
 
+No ``$in`` list of its reads or of the plan holds more than
+:data:`accord.memory.forgetting.PAGE` memory or event ids (a thread may have derived very
+many memories): the memories, their history versions and the holds' reach are read a page
+at a time.
+
 Generated from ``accord/memory/asynchronous/forgetting.py`` by ``tools/synchro.py``: edit that file, not this one.
 """
 
@@ -193,11 +198,13 @@ class ThreadForgetter:
                 continue
             if any(not f for f in which):
                 return set(ids)  # a hold on every memory of the tenant
-            found = self.uow.find(
-                ctx, artifact, db, coll,
-                {"tenant_id": tenant, link: {"$in": ids}, "$or": which}, projection={link: 1},
-            )  # fmt: skip
-            held |= {d[link] for d in found}
+            for part in forgetting.chunks(ids):  # (a page of ids a read: bounded commands)
+                found = self.uow.find(
+                    ctx, artifact, db, coll,
+                    {"tenant_id": tenant, link: {"$in": part}, "$or": which},
+                    projection={link: 1},
+                )  # fmt: skip
+                held |= {d[link] for d in found}
         return held
 
     def _decide(
@@ -232,12 +239,17 @@ class ThreadForgetter:
         ids |= {d["memory_id"] for d in older}
         if not ids:
             return forgetting.Forgetting()
-        docs = self.uow.find(ctx, LONG_TERM_MEMORY.name, db, memories,
-                                   {"_id": {"$in": sorted(ids)}, "tenant_id": tenant})  # fmt: skip
+        docs: list[model.Doc] = []
         versions: dict[str, list[model.Doc]] = {}
-        for h in self.uow.find(
-            ctx, MEMORY_HISTORY.name, db, history,
-            {"tenant_id": tenant, "memory_id": {"$in": [d["_id"] for d in docs]}},
-        ):  # fmt: skip
-            versions.setdefault(h["memory_id"], []).append(h)
+        for part in forgetting.chunks(sorted(ids)):  # a page of memories at a time
+            page = self.uow.find(ctx, LONG_TERM_MEMORY.name, db, memories,
+                                       {"_id": {"$in": part}, "tenant_id": tenant})  # fmt: skip
+            docs += page
+            if not page:
+                continue
+            for h in self.uow.find(
+                ctx, MEMORY_HISTORY.name, db, history,
+                {"tenant_id": tenant, "memory_id": {"$in": [d["_id"] for d in page]}},
+            ):  # fmt: skip
+                versions.setdefault(h["memory_id"], []).append(h)
         return forgetting.decide(thread_id, docs, versions)

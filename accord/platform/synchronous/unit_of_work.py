@@ -29,7 +29,11 @@ Reads. :meth:`UnitOfWork.find` / :meth:`find_one` / :meth:`aggregate` / :meth:`c
 take a :class:`~accord.platform.context.ReadContext` and the artifact class read; the
 ``read`` hooks may refuse the read, narrow its filter, or record it. A refusal (by a check
 or read hook, :class:`~accord.errors.PermissionDenied`) is handed to the ``refused`` hooks,
-whose plans run on their own (an audit record of the denial).
+whose plans run on their own (an audit record of the denial). A seal hook refuses in the
+transaction by raising an :class:`~accord.errors.AccordError` that carries a
+:class:`~accord.platform.hooks.Refusal` as its ``refusal`` (the audit hook's refusal of an
+unjustified audit cut): once the transaction has aborted, that refusal is handed to the
+``refused`` hooks the same way, once, however many attempts the transaction took.
 
 Retries: ``TransientTransactionError`` (write conflicts, a dropped connection, an election,
 a :class:`~accord.platform.hooks.SealConflict`) reruns the transaction and
@@ -266,6 +270,11 @@ class UnitOfWork:
                     )
         except PyMongoError as exc:
             raise write_errors.failure(exc, self.timeout) from exc
+        except AccordError as exc:
+            refusal = getattr(exc, "refusal", None)
+            if isinstance(refusal, Refusal):  # a seal hook's: recorded outside the aborted txn
+                self._refused(refusal)
+            raise
         return PlanResult(counts, found, attempts)
 
     def _single(self, group: Group) -> PlanResult:
