@@ -80,7 +80,8 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
-    "COLUMNS", "DIGEST_VERSION", "EXPORT_FORMAT", "EXPORT_VERSION", "PART_SIZE", "PROGRESS", "Format", "columns_of",
+    "COLUMNS", "DIGEST_VERSION", "EXPORT_FORMAT", "EXPORT_VERSION", "PART_SIZE", "PROGRESS", "REPEATING", "Format",
+    "columns_of",
     "digest_entries", "export", "pyarrow_modules",
 ]  # fmt: skip
 
@@ -102,6 +103,10 @@ COLUMNS = (
     "id", "stream", "seq", "prev", "hash", "tenant_id", "at", "txn", "outcome",
     "principal", "action", "artifact", "db", "collection", "thread_id", "record",
 )  # fmt: skip
+#: The Parquet columns written dictionary-encoded: those whose values repeat. A record's
+#: id, hashes and text are its own (a dictionary of them only grows until pyarrow falls
+#: back to plain), and the verifier reads a dictionary column with more memory.
+REPEATING = tuple(c for c in COLUMNS if c not in ("id", "prev", "hash", "record"))
 
 
 def _reader(tenant: str) -> ReadContext:
@@ -177,7 +182,8 @@ class _Part:
         columns = {c: [row[c] for row in self._rows] for c in COLUMNS}
         table = pa.Table.from_pydict(columns, schema=_parquet_schema(pa))
         if self._writer is None:
-            self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(str(self.path), table.schema, compression="zstd",
+                                            use_dictionary=list(REPEATING))  # fmt: skip
         self._writer.write_table(table)
         self._rows, self._held = [], 0
 

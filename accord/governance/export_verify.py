@@ -34,8 +34,10 @@ genuine export of that many streams or digests) before they are read; a JSONL li
 CSV row past :data:`LINE_LIMIT` is named and dropped as it is read; a Parquet file's
 footer and each row group's metadata (rows, bytes, each column chunk's bytes) are checked
 against :data:`PARQUET_FOOTER_LIMIT`, :data:`ROW_GROUP_ROWS` and :data:`ROW_GROUP_BYTES`
-before the row group is read, and it is read in batches of at most about
-:data:`BATCH_BYTES`.
+before the row group is read, then each column chunk's page headers against its metadata
+(:mod:`~accord.governance.parquet_pages`: pyarrow allocates what a page header claims);
+its string columns are read as dictionaries (a value repeated in every row is held once)
+and decoded in slices of about :data:`BATCH_BYTES`.
 
 Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
 and what was expected. An attacker who edits records and recomputes the manifest
@@ -81,6 +83,7 @@ from accord.governance.export import (
     columns_of,
     pyarrow_modules,
 )
+from accord.governance.parquet_pages import chunk_problem
 from accord.governance.verify import ChainChecker, read_chain_hash
 
 if TYPE_CHECKING:
@@ -110,7 +113,9 @@ ROW_GROUP_ROWS = 1 << 20
 #: (a record is at most about 32 MiB of JSON).
 ROW_GROUP_BYTES = 256 << 20
 #: About how many bytes of a row group one Parquet batch holds (rows by the row group's
-#: average row; at most 2,000 rows, at least one).
+#: average row; at most 2,000 rows, at least one), and the most bytes of a batch decoded
+#: at once (its dictionary columns' values, each row's counted: a slice of the batch; at
+#: least one row).
 BATCH_BYTES = 32 << 20
 
 
@@ -986,56 +991,167 @@ def _batch_rows(group: Any) -> int:
 
 def _parquet(path: Path, add: Any) -> Iterator[Row]:
     """The rows of a Parquet file, row group by row group, each group's metadata checked
-    before it is read (:func:`_row_group_problem`); the file is read through a 1 MiB
-    buffer (pyarrow's default reads a column chunk whole)."""
+    before it is read (:func:`_row_group_problem`), then each of its column chunks' page
+    headers (:func:`~accord.governance.parquet_pages.chunk_problem`); the file is read
+    through a 1 MiB buffer (pyarrow's default reads a column chunk whole), its string
+    columns as dictionaries (:func:`_parquet_rows` decodes them a slice at a time)."""
     _, pq = pyarrow_modules()
     wrong = _footer_problem(path)
     if wrong is not None:
         add(ExportProblem(f"file {path.name} is not read: {wrong}: altered"))
         return
     try:
-        parquet = pq.ParquetFile(str(path), buffer_size=1 << 20)
-        meta = parquet.metadata
+        meta = pq.ParquetFile(str(path), buffer_size=1 << 20).metadata
+        # Only a dictionary repeats a value without its bytes (DELTA_BYTE_ARRAY is refused,
+        # chunk_problem holds each chunk to its declared dictionary): those columns are read
+        # as dictionaries. The others are read plain, so pyarrow need not hash every value
+        # of a row group into a dictionary (an export's unique columns: +55 MiB at 1M).
+        declared = {meta.row_group(n).column(j).path_in_schema
+                    for n in range(meta.num_row_groups)
+                    for j in range(meta.num_columns)
+                    if meta.row_group(n).column(j).has_dictionary_page}  # fmt: skip
+        strings = [meta.schema.column(j).path for j in range(meta.num_columns)
+                   if meta.schema.column(j).physical_type == "BYTE_ARRAY"
+                   and meta.schema.column(j).path in declared]  # fmt: skip
+        parquet = pq.ParquetFile(str(path), buffer_size=1 << 20, metadata=meta,
+                                 read_dictionary=strings)  # fmt: skip
+        wrong = _schema_problem(parquet.schema_arrow)
     except (OSError, ValueError) as exc:  # pyarrow's errors: ArrowInvalid is a ValueError
         add(ExportProblem(f"file {path.name} is not a readable Parquet file ({exc}): altered"))
         return
+    if wrong is not None:
+        add(ExportProblem(f"file {path.name} is not read: {wrong}: altered"))
+        return
+    data_end = path.stat().st_size - 8 - meta.serialized_size  # where the footer starts
     line = 0
-    for n in range(meta.num_row_groups):
-        group = meta.row_group(n)
-        wrong = _row_group_problem(group)
-        if wrong is not None:
-            add(ExportProblem(f"file {path.name}'s row group {n} {wrong}, so it and the rest "
-                              "of the file are not read: altered, or written by an export "
-                              "before 2026-12-07 (export again)",
-                              location=f"{path.name}:row {line + 1}"))  # fmt: skip
-            return
-        batches = parquet.iter_batches(batch_size=_batch_rows(group), row_groups=[n])
-        line = yield from _parquet_rows(path.name, batches, line, add)
-        if line < 0:  # a corrupt page: the rest cannot be read
-            return
+    with open(path, "rb", buffering=0) as raw:
+        for n in range(meta.num_row_groups):
+            group = meta.row_group(n)
+            wrong = _row_group_problem(group)
+            if wrong is not None:
+                wrong += ", so it and the rest of the file are not read: altered, or written "
+                wrong += "by an export before 2026-12-07 (export again)"
+            for j in range(group.num_columns if wrong is None else 0):
+                chunk = group.column(j)
+                pages = chunk_problem(raw, chunk, group.num_rows, data_end)
+                if pages is not None:
+                    wrong = (f"column {chunk.path_in_schema!r}: {pages}, so it and the rest of "
+                             "the file are not read: altered")  # fmt: skip
+                    break
+            if wrong is not None:
+                add(ExportProblem(f"file {path.name}'s row group {n} {wrong}",
+                                  location=f"{path.name}:row {line + 1}"))  # fmt: skip
+                return
+            batches = parquet.iter_batches(batch_size=_batch_rows(group), row_groups=[n])
+            line = yield from _parquet_rows(path.name, batches, line, add)
+            if line < 0:  # a corrupt page: the rest cannot be read
+                return
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """Why a Parquet file of the (pyarrow) ``schema`` it is read as is not read (None
+    when it may be): a column read as anything but strings or bytes (its strings,
+    :data:`~accord.governance.export.COLUMNS`; a dictionary of them where its chunks
+    declare one), or a number (``seq``). Another
+    type (a list, a JSON extension, fixed-size bytes) could hold a value repeated in
+    every row, decoded in each, which the export never writes."""
+    pa, _ = pyarrow_modules()
+    for f in schema:
+        t = f.type
+        value = t.value_type if pa.types.is_dictionary(t) else t
+        strings = any(is_(value) for is_ in (pa.types.is_string, pa.types.is_binary,
+                                             pa.types.is_large_string,
+                                             pa.types.is_large_binary))  # fmt: skip
+        if not (strings or pa.types.is_integer(t) or pa.types.is_floating(t)
+                or pa.types.is_boolean(t)):  # fmt: skip
+            return (f"its column {f.name!r} is of type {t}, which the export never writes "
+                    "(strings, and an int64)")  # fmt: skip
+    return None
+
+
+def _value_bytes(column: Any) -> Any:
+    """Each row's bytes in a dictionary ``column`` decoded (int64; null for a null), from
+    its dictionary's offsets: the size of the batch decoded, without decoding it."""
+    pa, _ = pyarrow_modules()
+    import pyarrow.compute as pc
+
+    values, rows = column.dictionary, column.indices
+    large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    offsets = pa.Array.from_buffers(pa.int64() if large else pa.int32(), len(values) + 1,
+                                    [None, values.buffers()[1]], offset=values.offset)  # fmt: skip
+    ends = pc.take(offsets, pc.add(rows.cast(pa.int64()), 1))
+    return pc.subtract(ends, pc.take(offsets, rows)).cast(pa.int64())
+
+
+def _slices(batch: Any) -> list[tuple[int, int]]:
+    """``batch`` cut in slices (start, length) of about :data:`BATCH_BYTES` decoded (at
+    least one row): a dictionary column may repeat one long value in every row (a few
+    bits a row in the file), and decoding the batch whole would hold every copy."""
+    pa, _ = pyarrow_modules()
+    import pyarrow.compute as pc
+
+    bound = 0  # the batch decoded, at most: each dictionary's longest value in every row
+    for column in batch.columns:
+        if pa.types.is_dictionary(column.type):
+            longest = pc.max(pc.binary_length(column.dictionary)).as_py() or 0
+            bound += longest * (len(column) - column.null_count)
+        else:
+            bound += column.nbytes
+    if bound <= BATCH_BYTES:  # the usual case: the batch as it is
+        return [(0, batch.num_rows)]
+    sizes = [_value_bytes(c).fill_null(0) for c in batch.columns if pa.types.is_dictionary(c.type)]
+    if not sizes:  # numbers only: a few bytes a row
+        return [(0, batch.num_rows)]
+    rows = sizes[0]  # each row's bytes decoded
+    for each in sizes[1:]:
+        rows = pc.add(rows, each)
+    cuts, start, held = [], 0, 0
+    for i, size in enumerate(rows.to_pylist()):
+        if i > start and held + size > BATCH_BYTES:
+            cuts.append((start, i - start))
+            start, held = i, 0
+        held += size
+    cuts.append((start, batch.num_rows - start))
+    return cuts
+
+
+def _decoded(batch: Any) -> dict[str, list[Any]]:
+    """``batch``'s columns as lists (its dictionary columns decoded)."""
+    pa, _ = pyarrow_modules()
+    return {name: (column.dictionary_decode() if pa.types.is_dictionary(column.type)
+                   else column).to_pylist()
+            for name, column in zip(batch.schema.names, batch.columns, strict=True)}  # fmt: skip
 
 
 def _parquet_rows(
     name: str, batches: Iterator[Any], line: int, add: Any
 ) -> Generator[Row, None, int]:
-    """The rows of one row group's ``batches`` (after row ``line`` of the file); returns
-    the last row's number, or -1 when a batch cannot be read (named)."""
+    """The rows of one row group's ``batches`` (after row ``line`` of the file), each
+    decoded in slices of about :data:`BATCH_BYTES` (:func:`_slices`); returns the last
+    row's number, or -1 when a batch cannot be read (named)."""
     while True:
         try:
             batch = next(batches)
+            parts = _slices(batch)
         except StopIteration:
             return line
-        except (OSError, ValueError) as exc:  # a corrupt page: the rest cannot be read
+        except (OSError, ValueError, IndexError) as exc:  # a corrupt page: the rest cannot be read
             add(ExportProblem(f"file {name} cannot be read past row {line} ({exc}): "
                               "altered", location=f"{name}:row {line + 1}"))  # fmt: skip
             return -1
-        columns = batch.to_pydict()
-        names = list(columns)
-        for values in zip(*columns.values(), strict=True):
-            row = dict(zip(names, values, strict=True))
-            line += 1
-            where = f"{name}:row {line}"
-            text = str(row.get("record"))
-            record = _parse(text, where, add)
-            if record is not None:
-                yield where, record, row, text
+        for start, length in parts:
+            try:
+                columns = _decoded(batch.slice(start, length))
+            except (ValueError, IndexError) as exc:  # an index past its dictionary
+                add(ExportProblem(f"file {name} cannot be read past row {line} "
+                                  f"({exc}): altered", location=f"{name}:row {line + 1}"))  # fmt: skip
+                return -1
+            names = list(columns)
+            for values in zip(*columns.values(), strict=True):
+                row = dict(zip(names, values, strict=True))
+                line += 1
+                where = f"{name}:row {line}"
+                text = str(row.get("record"))
+                record = _parse(text, where, add)
+                if record is not None:
+                    yield where, record, row, text
