@@ -100,7 +100,14 @@ from accord.governance.digests import (
 from accord.governance.redaction import is_image_erasure
 from accord.platform.artifacts import AUDIT, AUDIT_DIGEST, CLASSES, ENCRYPTION_KEY
 from accord.platform.context import WriteContext
-from accord.platform.hooks import HookCollection, Refusal, SealBatch, SealConflict, SealRead
+from accord.platform.hooks import (
+    HookCollection,
+    Refusal,
+    SealBatch,
+    SealConflict,
+    SealRead,
+    SealRefusal,
+)
 from accord.platform.plan import COMMAND_KINDS, Counts, Expect, Group, Op, Plan
 
 __all__ = ["REFUSED_ACTION", "AuditHook", "RefusedCut"]
@@ -124,7 +131,7 @@ MODES = ("metadata", "full", "policy")
 _RANK = {"off": 0, "metadata": 1, "full": 2}
 
 
-class RefusedCut(InvalidInputError):
+class RefusedCut(InvalidInputError, SealRefusal):
     """An audit cut the digests do not justify, refused by the audit hook's ``seal``
     inside the cut's transaction (which aborts: nothing of it is written). ``refusal`` is
     what the kernel records of it afterwards, in a transaction of its own: the cut's
@@ -133,7 +140,7 @@ class RefusedCut(InvalidInputError):
 
     def __init__(self, message: str, plan: Plan | None = None) -> None:
         super().__init__(message)
-        self.refusal: Refusal | None = None
+        self.refusal = None
         if plan is not None:
             insert = Plan(plan.context, plan.groups[:1])  # the cut (its stream, n, seq, at)
             self.refusal = Refusal(plan.context, self, plan=insert)

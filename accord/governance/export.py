@@ -80,9 +80,8 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
-    "COLUMNS", "DIGEST_VERSION", "EXPORT_FORMAT", "EXPORT_VERSION", "PART_SIZE", "PROGRESS", "REPEATING", "Format",
-    "columns_of",
-    "digest_entries", "export", "pyarrow_modules",
+    "COLUMNS", "DIGEST_VERSION", "EXPORT_FORMAT", "EXPORT_VERSION", "PART_SIZE", "PROGRESS",
+    "REPEATING", "Format", "columns_of", "digest_entries", "export", "pyarrow_modules",
 ]  # fmt: skip
 
 Format = Literal["jsonl", "csv", "parquet"]

@@ -244,6 +244,16 @@ class DecodeHook(Protocol):
     def decode(self, request: ReadRequest, docs: list[Any], found: list[Any]) -> list[Any]: ...
 
 
+class SealRefusal(Exception):
+    """What a seal hook raises to refuse its transaction and have the refusal recorded
+    (mixed into the error the caller gets, e.g. an ``InvalidInputError``): the kernel lets
+    the transaction abort, then hands ``refusal`` to the ``refused`` hooks, in a
+    transaction of its own, once however many attempts it took. ``refusal`` None: nothing
+    to record (a copy of one already recorded)."""
+
+    refusal: Refusal | None = None
+
+
 class RefusalHook(Protocol):
     name: str
 

@@ -30,9 +30,9 @@ take a :class:`~accord.platform.context.ReadContext` and the artifact class read
 ``read`` hooks may refuse the read, narrow its filter, or record it. A refusal (by a check
 or read hook, :class:`~accord.errors.PermissionDenied`) is handed to the ``refused`` hooks,
 whose plans run on their own (an audit record of the denial). A seal hook refuses in the
-transaction by raising an :class:`~accord.errors.AccordError` that carries a
-:class:`~accord.platform.hooks.Refusal` as its ``refusal`` (the audit hook's refusal of an
-unjustified audit cut): once the transaction has aborted, that refusal is handed to the
+transaction by raising a :class:`~accord.platform.hooks.SealRefusal` carrying a
+:class:`~accord.platform.hooks.Refusal` (the audit hook's refusal of an unjustified audit
+cut): once the transaction has aborted, that refusal is handed to the
 ``refused`` hooks the same way, once, however many attempts the transaction took.
 
 Retries: ``TransientTransactionError`` (write conflicts, a dropped connection, an election,
@@ -78,6 +78,7 @@ from accord.platform.hooks import (
     RefreshHook,
     Refusal,
     SealBatch,
+    SealRefusal,
     new_transaction_id,
 )
 from accord.platform.plan import COMMAND_KINDS, Counts, Group, Plan, PlanResult
@@ -270,10 +271,9 @@ class UnitOfWork:
                     )
         except PyMongoError as exc:
             raise write_errors.failure(exc, self.timeout) from exc
-        except AccordError as exc:
-            refusal = getattr(exc, "refusal", None)
-            if isinstance(refusal, Refusal):  # a seal hook's: recorded outside the aborted txn
-                self._refused(refusal)
+        except SealRefusal as exc:
+            if exc.refusal is not None:  # recorded outside the aborted transaction
+                self._refused(exc.refusal)
             raise
         return PlanResult(counts, found, attempts)
 
