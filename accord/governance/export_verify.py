@@ -36,8 +36,8 @@ footer and each row group's metadata (rows, bytes, each column chunk's bytes) ar
 against :data:`PARQUET_FOOTER_LIMIT`, :data:`ROW_GROUP_ROWS` and :data:`ROW_GROUP_BYTES`
 before the row group is read, then each column chunk's page headers against its metadata
 (:mod:`~accord.governance.parquet_pages`: pyarrow allocates what a page header claims);
-its string columns are read as dictionaries (a value repeated in every row is held once)
-and decoded in slices of about :data:`BATCH_BYTES`.
+a string column whose chunks declare a dictionary is read as one (a value repeated in
+every row is held once), and each batch is decoded in slices of about :data:`BATCH_BYTES`.
 
 Each problem names the first record it found wrong (stream, seq, ``_id``, file and line)
 and what was expected. An attacker who edits records and recomputes the manifest
@@ -993,8 +993,9 @@ def _parquet(path: Path, add: Any) -> Iterator[Row]:
     """The rows of a Parquet file, row group by row group, each group's metadata checked
     before it is read (:func:`_row_group_problem`), then each of its column chunks' page
     headers (:func:`~accord.governance.parquet_pages.chunk_problem`); the file is read
-    through a 1 MiB buffer (pyarrow's default reads a column chunk whole), its string
-    columns as dictionaries (:func:`_parquet_rows` decodes them a slice at a time)."""
+    through a 1 MiB buffer (pyarrow's default reads a column chunk whole), a string
+    column whose chunks declare a dictionary as one (:func:`_parquet_rows` decodes a
+    batch a slice at a time)."""
     _, pq = pyarrow_modules()
     wrong = _footer_problem(path)
     if wrong is not None:
